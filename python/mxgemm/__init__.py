@@ -1,0 +1,5 @@
+"""mxgemm: low-precision (MXFP8 / MXFP4 / FP8) GEMM kernels for AMD Instinct GPUs (gfx950, gfx1250).
+
+Public ops are exported here as they land; see README.md for the layout.
+"""
+__version__ = "0.1.0"
