@@ -1,7 +1,15 @@
-"""The one table of device kernels. Build, dispatch and tests all read it."""
+"""The one table of device kernels. Build, dispatch and tests all read it.
+
+A kernel is one source file (one kernel family) compiled once per (variant, arch). A
+variant is a dict of compile-time parameters: for HIP each becomes ``-D<KEY>=<value>``;
+for FlyDSL they are passed as keyword arguments to the module's ``compile_for_build``.
+Variant parameters are spelled in upper case (``BLOCK_M``, ``NT``) in both languages.
+"""
 from __future__ import annotations
 
 import functools
+import itertools
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -14,3 +22,76 @@ def source_root() -> Path:
         if (root / "csrc" / "include").is_dir():
             return root
     raise FileNotFoundError("mxgemm sources (csrc/) not found next to the package")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str                       # what it is: "smallm_mxfp8_gemv", not "k2"
+    language: str                   # "hip" | "flydsl"
+    source: str                     # path relative to source_root()
+    symbol: str                     # kernel symbol inside the code object
+    archs: tuple = ("gfx950",)
+    variants: tuple = ({},)         # tuple of dicts of compile-time parameters
+    default: bool = True            # built on install / by `python -m mxgemm build`
+    doc: str = ""
+
+    @property
+    def path(self) -> Path:
+        return source_root() / self.source
+
+
+KERNELS: dict[str, Kernel] = {}
+
+
+def register(kernel: Kernel) -> Kernel:
+    if kernel.name in KERNELS:
+        raise ValueError(f"kernel {kernel.name!r} registered twice")
+    if kernel.language not in ("hip", "flydsl"):
+        raise ValueError(f"kernel {kernel.name!r}: language must be hip|flydsl, got {kernel.language!r}")
+    KERNELS[kernel.name] = kernel
+    return kernel
+
+
+def get(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KeyError(f"unknown kernel {name!r}; registered: {sorted(KERNELS)}") from None
+
+
+def variant_grid(**params) -> tuple:
+    """Cartesian product of parameter values: variant_grid(BM=(16, 32), NT=(0, 1))."""
+    keys = list(params)
+    return tuple(dict(zip(keys, vals)) for vals in itertools.product(*(params[k] for k in keys)))
+
+
+def variant_id(variant: dict) -> str:
+    """Canonical, filename-safe spelling of a variant: 'BM16_NT1' ('base' when empty)."""
+    return "_".join(f"{k}{v}" for k, v in sorted(variant.items())) or "base"
+
+
+def find_variant(kernel: Kernel, **params) -> dict:
+    """The registered variant of ``kernel`` matching ``params`` exactly (no silent inventions)."""
+    for v in kernel.variants:
+        if v == params:
+            return v
+    raise KeyError(f"{kernel.name}: no registered variant {params}; have {list(kernel.variants)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The table. One entry per kernel family; keep entries grouped by the issue that owns them.
+# ---------------------------------------------------------------------------------------------
+
+# Sample kernels (foundation): e8m0-scaled MXFP8 dequantise, the same op in both languages.
+register(Kernel(
+    name="mxfp8_dequant", language="hip", source="csrc/kernels/mxfp8_dequant.hip",
+    symbol="mxfp8_dequant", archs=("gfx950", "gfx1250"),
+    doc="x[M,K] e4m3 * 2^(scale[M,K/32]-127) -> f32 [M,K]; sample of the HIP path"))
+register(Kernel(
+    name="mxfp8_dequant_flydsl", language="flydsl", source="flydsl_kernels/mxfp8_dequant.py",
+    symbol="mxfp8_dequant", archs=("gfx950", "gfx1250"),
+    doc="FlyDSL twin of mxfp8_dequant; sample of the FlyDSL path"))
+
+# --- small-M MXFP8 (issue 6) ---
+
+# --- a4w4 MXFP4 MoE gemm2 (issue 7) ---

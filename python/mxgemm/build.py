@@ -1,0 +1,183 @@
+"""Compile registry kernels per (kernel, variant, arch) to gfx assembly (.s) and a code object
+(.hsaco), cached by content hash.
+
+The key hashes everything that can change the output: the kernel source, the shared device
+headers (HIP) or the FlyDSL build driver (FlyDSL), the compile flags, the variant and the
+compiler identity. A repeat build of unchanged sources compiles nothing; editing one kernel
+source rebuilds only that kernel's artefacts.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import registry, toolchain
+
+
+@dataclass
+class Artifact:
+    kernel: str
+    variant: dict
+    arch: str
+    asm_path: Path
+    hsaco_path: Path
+    key: str
+    seconds: float = 0.0            # compile time when this process compiled it, else 0
+    _asm: str | None = field(default=None, repr=False)
+
+    @property
+    def asm(self) -> str:
+        if self._asm is None:
+            self._asm = self.asm_path.read_text()
+        return self._asm
+
+    @property
+    def symbol(self) -> str:
+        return registry.get(self.kernel).symbol
+
+    def isa(self):
+        """Static facts of the kernel (registers, spills, LDS, occupancy): mxgemm.isa."""
+        from . import isa
+        return isa.kernel_info(self.asm, self.symbol)
+
+
+def _hash_files(h, paths):
+    for p in sorted(paths):
+        h.update(str(p.relative_to(registry.source_root())).encode())
+        h.update(p.read_bytes())
+
+
+def cache_key(kernel: registry.Kernel, variant: dict, arch: str) -> str:
+    h = hashlib.sha256()
+    root = registry.source_root()
+    h.update(kernel.path.read_bytes())
+    if kernel.language == "hip":
+        _hash_files(h, (root / "csrc" / "include").rglob("*.h"))
+        comp = toolchain.find_compiler(arch)
+        h.update(repr((comp.kind, comp.version, toolchain.hip_flags(arch, variant))).encode())
+    else:
+        _hash_files(h, [p for p in (root / "flydsl_kernels").glob("*.py") if p != kernel.path])
+        h.update(Path(__file__).with_name("flydsl_build.py").read_bytes())
+        h.update(repr((toolchain.flydsl_version(), arch, sorted(variant.items()))).encode())
+    h.update(kernel.symbol.encode())
+    return h.hexdigest()[:20]
+
+
+def _paths(kernel, variant, arch, key):
+    d = Path(toolchain.cache_dir()) / "kernels" / arch / kernel.name
+    stem = f"{registry.variant_id(variant)}-{key}"
+    return d / f"{stem}.s", d / f"{stem}.hsaco"
+
+
+def _compile(kernel, variant, arch, asm_path: Path, hsaco_path: Path):
+    asm_path.parent.mkdir(parents=True, exist_ok=True)
+    tag = f".tmp{os.getpid()}_{id(variant)}"
+    tmp_s, tmp_h = asm_path.with_name(asm_path.name + tag), hsaco_path.with_name(hsaco_path.name + tag)
+    try:
+        if kernel.language == "hip":
+            toolchain.compile_hip_asm(kernel.path, arch, tmp_s, variant)
+            toolchain.assemble(tmp_s, arch, tmp_h)
+        else:
+            from .flydsl_build import compile_flydsl
+            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h)
+        # hsaco last: its presence marks a complete entry
+        os.replace(tmp_s, asm_path)
+        os.replace(tmp_h, hsaco_path)
+    finally:
+        for t in (tmp_s, tmp_h):
+            t.unlink(missing_ok=True)
+
+
+_MEMO: dict = {}
+
+
+def artifact(name: str, variant: dict | None = None, arch: str = "gfx950") -> Artifact:
+    """The built artefact of one (kernel, variant, arch), compiling it if it is not cached.
+
+    Memoised per process, so the dispatcher's steady state does no hashing or file I/O.
+    """
+    return _artifact(name, variant, arch)[0]
+
+
+def _artifact(name, variant, arch):
+    """(artifact, compiled_by_this_call)."""
+    variant = dict(variant or {})
+    memo_key = (name, registry.variant_id(variant), arch, os.environ.get("MXGEMM_CACHE_DIR"))
+    art = _MEMO.get(memo_key)
+    if art is not None:
+        return art, False
+    kernel = registry.get(name)
+    if arch not in kernel.archs:
+        raise ValueError(f"kernel {name!r} is not built for {arch!r} (archs: {kernel.archs})")
+    if variant not in kernel.variants:
+        raise ValueError(f"kernel {name!r} has no variant {variant}; registered: {list(kernel.variants)}")
+    key = cache_key(kernel, variant, arch)
+    asm_path, hsaco_path = _paths(kernel, variant, arch, key)
+    art = Artifact(name, variant, arch, asm_path, hsaco_path, key)
+    compiled = not hsaco_path.exists()
+    if compiled:
+        t0 = time.perf_counter()
+        _compile(kernel, variant, arch, asm_path, hsaco_path)
+        art.seconds = time.perf_counter() - t0
+    _MEMO[memo_key] = art
+    return art, compiled
+
+
+def plan(kernels=None, archs=None, default_only=False):
+    """All (kernel, variant, arch) triples selected by names and archs."""
+    names = kernels or list(registry.KERNELS)
+    out = []
+    for n in names:
+        k = registry.get(n)
+        if default_only and not k.default:
+            continue
+        for arch in k.archs:
+            if archs and arch not in archs:
+                continue
+            out.extend((n, v, arch) for v in k.variants)
+    return out
+
+
+def build(kernels=None, archs=None, jobs=None, progress=True, default_only=False) -> list[Artifact]:
+    """Build (or find cached) every selected artefact, in parallel, printing progress to stderr."""
+    todo = plan(kernels, archs, default_only)
+    jobs = jobs or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    results, errors, n_new = [], [], 0
+
+    def say(msg):
+        if progress:
+            print(msg, file=sys.stderr, flush=True)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = {pool.submit(_artifact, n, v, a): (n, v, a) for n, v, a in todo}
+        for i, fut in enumerate(as_completed(futs), 1):
+            n, v, a = futs[fut]
+            label = f"{n} [{registry.variant_id(v)}] {a}"
+            try:
+                art, compiled = fut.result()
+            except Exception as e:  # report all failures, then raise
+                errors.append((label, e))
+                say(f"[{i}/{len(todo)}] FAILED {label}: {str(e).splitlines()[0]}")
+                continue
+            results.append(art)
+            n_new += compiled
+            say(f"[{i}/{len(todo)}] {'compiled' if compiled else 'cached  '} {label}"
+                + (f" ({art.seconds:.1f} s)" if compiled else ""))
+    dt = time.perf_counter() - t0
+    if n_new == 0 and not errors:
+        say(f"all {len(results)} artefacts cached, nothing compiled ({dt:.2f} s)")
+    else:
+        say(f"{len(results)} artefacts: {n_new} compiled, {len(results) - n_new} cached, "
+            f"{len(errors)} failed ({dt:.1f} s)")
+    if errors:
+        raise toolchain.ToolchainError("build failed:\n" + "\n".join(f"  {l}: {e}" for l, e in errors))
+    order = {(n, registry.variant_id(v), a): i for i, (n, v, a) in enumerate(todo)}
+    results.sort(key=lambda a: order[(a.kernel, registry.variant_id(a.variant), a.arch)])
+    build.last_compiled = n_new  # for tests and the CLI summary
+    return results

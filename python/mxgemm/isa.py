@@ -1,0 +1,153 @@
+"""Static facts of a compiled kernel, read from its gfx assembly (.s).
+
+No disassembler here understands gfx950, but clang's ``-S`` output carries everything: the
+``.amdhsa_kernel`` directives, the ``.amdgpu_metadata`` YAML (args, register and spill
+counts) and the instruction text.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import yaml
+
+# Per-SIMD limits used for occupancy, from LLVM's AMDGPUBaseInfo / GCNSubtarget and AMD's
+# CDNA3/CDNA4 ISA guides:
+#  gfx950 (CDNA4): unified VGPR+AGPR file of 512 regs per lane per SIMD, allocated in granules
+#    of 8; at most 8 waves per SIMD; 800 SGPRs per SIMD in granules of 16; 160 KiB LDS per CU
+#    (4 SIMDs per CU).
+#  gfx1250 (wave32): 1024 VGPRs per lane per SIMD (granule 8 in wave32), 16 waves per SIMD,
+#    SGPRs not occupancy-limiting (gfx10+), LDS 320 KiB per WGP.
+ARCH_LIMITS = {
+    "gfx950": dict(vgprs=512, vgpr_granule=8, max_waves=8, sgprs=800, sgpr_granule=16,
+                   lds_bytes=160 * 1024, simds_per_cu=4, wave_size=64),
+    "gfx1250": dict(vgprs=1024, vgpr_granule=8, max_waves=16, sgprs=None, sgpr_granule=None,
+                    lds_bytes=320 * 1024, simds_per_cu=4, wave_size=32),
+}
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    arch: str
+    vgprs: int            # architectural VGPRs (metadata .vgpr_count)
+    agprs: int
+    sgprs: int
+    vgpr_spills: int
+    sgpr_spills: int
+    scratch_bytes: int    # private segment size
+    lds_bytes: int        # group segment (static LDS)
+    wave_size: int
+    kernarg_size: int
+    accum_offset: int
+    args: list = field(default_factory=list)            # metadata .args dicts
+    histogram: Counter = field(default_factory=Counter)  # mnemonic -> count
+    compiler_occupancy: int | None = None                 # clang's own "; Occupancy:" comment
+
+    @property
+    def spills(self) -> int:
+        return self.vgpr_spills + self.sgpr_spills
+
+    @property
+    def total_vgprs(self) -> int:
+        """Registers allocated per lane: AGPRs start at accum_offset in gfx90a+'s unified file."""
+        return self.accum_offset + self.agprs if self.agprs else self.vgprs
+
+    def occupancy(self, block_threads: int = 256) -> int:
+        """Waves per SIMD for workgroups of ``block_threads`` threads."""
+        lim = ARCH_LIMITS[self.arch]
+        g = lim["vgpr_granule"]
+        waves = lim["max_waves"]
+        waves = min(waves, lim["vgprs"] // max(g, -(-self.total_vgprs // g) * g))
+        if lim["sgprs"]:
+            sg = lim["sgpr_granule"]
+            waves = min(waves, lim["sgprs"] // max(sg, -(-self.sgprs // sg) * sg))
+        if self.lds_bytes:
+            waves_per_wg = -(-block_threads // self.wave_size)
+            wgs_per_cu = lim["lds_bytes"] // self.lds_bytes
+            waves = min(waves, wgs_per_cu * waves_per_wg // lim["simds_per_cu"])
+        return waves
+
+    def count(self, prefix: str) -> int:
+        """Number of instructions whose mnemonic starts with ``prefix``."""
+        return sum(n for m, n in self.histogram.items() if m.startswith(prefix))
+
+    def summary(self, block_threads: int = 256) -> str:
+        return (f"{self.name} [{self.arch}] vgpr={self.vgprs} agpr={self.agprs} sgpr={self.sgprs} "
+                f"spills={self.spills} scratch={self.scratch_bytes}B lds={self.lds_bytes}B "
+                f"wave{self.wave_size} occupancy={self.occupancy(block_threads)} waves/SIMD "
+                f"insts={sum(self.histogram.values())}")
+
+
+_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(-?\d+)")
+
+
+def _metadata(asm: str) -> dict:
+    m = re.search(r"\.amdgpu_metadata\s*\n(.*?)\n\s*\.end_amdgpu_metadata", asm, re.S)
+    if not m:
+        raise ValueError("no .amdgpu_metadata block in assembly")
+    return yaml.safe_load(m.group(1))
+
+
+def _directives(asm: str, name: str) -> dict:
+    m = re.search(rf"\.amdhsa_kernel {re.escape(name)}\s*\n(.*?)\.end_amdhsa_kernel", asm, re.S)
+    if not m:
+        raise ValueError(f"no .amdhsa_kernel {name} in assembly")
+    return {k: int(v) for k, v in (d.groups() for d in map(_DIRECTIVE.match, m.group(1).splitlines()) if d)}
+
+
+def _body(asm: str, name: str) -> list[str]:
+    """Instruction lines of function ``name`` (from its label to the end of function)."""
+    lines = asm.splitlines()
+    try:
+        start = next(i for i, l in enumerate(lines) if l.split(";")[0].strip() == f"{name}:")
+    except StopIteration:
+        raise ValueError(f"kernel {name} not found in assembly") from None
+    out = []
+    for l in lines[start + 1:]:
+        s = l.split(";")[0].strip()
+        if s.startswith(".Lfunc_end") or s.startswith(".size") or s.startswith(".end_amdhsa"):
+            break
+        if s and not s.startswith(".") and not s.endswith(":"):
+            out.append(s)
+    return out
+
+
+def histogram(asm: str, name: str) -> Counter:
+    return Counter(l.split()[0] for l in _body(asm, name))
+
+
+def kernel_names(asm: str) -> list[str]:
+    return [k[".name"] for k in _metadata(asm)["amdhsa.kernels"]]
+
+
+def kernel_info(asm: str, name: str | None = None) -> KernelInfo:
+    meta = _metadata(asm)
+    kernels = {k[".name"]: k for k in meta["amdhsa.kernels"]}
+    if name is None:
+        if len(kernels) != 1:
+            raise ValueError(f"assembly holds {sorted(kernels)}; name one")
+        name = next(iter(kernels))
+    if name not in kernels:
+        raise ValueError(f"kernel {name!r} not in assembly (has {sorted(kernels)})")
+    k = kernels[name]
+    d = _directives(asm, name)
+    target = meta.get("amdhsa.target", "")
+    arch = re.search(r"gfx\w+", target).group(0)
+    occ = re.search(rf"{re.escape(name)}.*?; Occupancy: (\d+)", asm, re.S)
+    return KernelInfo(
+        name=name, arch=arch,
+        vgprs=k.get(".vgpr_count", 0), agprs=k.get(".agpr_count", 0), sgprs=k.get(".sgpr_count", 0),
+        vgpr_spills=k.get(".vgpr_spill_count", 0), sgpr_spills=k.get(".sgpr_spill_count", 0),
+        scratch_bytes=k.get(".private_segment_fixed_size", 0),
+        lds_bytes=k.get(".group_segment_fixed_size", 0),
+        wave_size=k.get(".wavefront_size", 64), kernarg_size=k.get(".kernarg_segment_size", 0),
+        accum_offset=d.get("accum_offset", 0), args=list(k.get(".args", [])),
+        histogram=histogram(asm, name),
+        compiler_occupancy=int(occ.group(1)) if occ else None,
+    )
+
+
+def all_kernels(asm: str) -> list[KernelInfo]:
+    return [kernel_info(asm, n) for n in kernel_names(asm)]
