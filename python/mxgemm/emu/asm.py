@@ -1,0 +1,142 @@
+"""Parse AMDGPU assembly text: kernels, their instructions and labels, .amdhsa_* directives
+and the .amdgpu_metadata YAML."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+from .isa import Instr, parse_mods, parse_operand, split_operands
+
+_LABEL = re.compile(r"^([.\w$]+):")
+_MNEMONIC = re.compile(r"^([a-z][a-z0-9_]*)\s*(.*)$")
+
+
+@dataclass
+class KernelArg:
+    offset: int
+    size: int
+    value_kind: str
+    address_space: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class KernelMeta:
+    name: str
+    args: list
+    kernarg_size: int
+    group_segment_fixed_size: int
+    vgpr_count: int
+    agpr_count: int
+    sgpr_count: int
+    wavefront_size: int
+    directives: dict = field(default_factory=dict)
+
+    def d(self, key, default=0):
+        return self.directives.get(key, default)
+
+    @property
+    def accum_offset(self):
+        return self.d("accum_offset", self.vgpr_count)
+
+
+@dataclass
+class KernelCode:
+    name: str
+    instrs: list          # list[Instr]
+    labels: dict          # label -> instruction index
+
+
+def _strip_comment(line: str) -> str:
+    i = line.find(";")
+    if i >= 0:
+        line = line[:i]
+    i = line.find("//")
+    if i >= 0:
+        line = line[:i]
+    return line.strip()
+
+
+def parse(text: str):
+    """-> (codes: dict name -> KernelCode, metas: dict name -> KernelMeta)."""
+    lines = text.splitlines()
+    directives, md_lines, md_text, funcs = {}, None, None, set()
+    cur_kd = None
+    for ln in lines:
+        s = _strip_comment(ln)
+        if md_lines is not None:
+            if s.startswith(".end_amdgpu_metadata"):
+                md_text = "\n".join(md_lines)
+                md_lines = None
+                continue
+            md_lines.append(ln)
+            continue
+        if s.startswith(".amdgpu_metadata"):
+            md_lines = []
+        elif s.startswith(".amdhsa_kernel "):
+            cur_kd = s.split()[1]
+            directives[cur_kd] = {}
+        elif s.startswith(".end_amdhsa_kernel"):
+            cur_kd = None
+        elif cur_kd and s.startswith(".amdhsa_"):
+            k, _, v = s[len(".amdhsa_"):].partition(" ")
+            try:
+                directives[cur_kd][k] = int(v.strip(), 0)
+            except ValueError:
+                directives[cur_kd][k] = v.strip()
+        elif s.startswith(".type") and "@function" in s:
+            funcs.add(s.split()[1].rstrip(","))
+    md = yaml.safe_load(md_text) if md_text else {}
+    metas = {}
+    for k in (md or {}).get("amdhsa.kernels", []):
+        name = k[".name"]
+        args = [KernelArg(a[".offset"], a[".size"], a[".value_kind"], a.get(".address_space"), a.get(".name"))
+                for a in k.get(".args", [])]
+        dv = directives.get(name, {})
+        metas[name] = KernelMeta(
+            name, args, k.get(".kernarg_segment_size", dv.get("kernarg_size", 0)),
+            k.get(".group_segment_fixed_size", dv.get("group_segment_fixed_size", 0)),
+            k.get(".vgpr_count", 0), k.get(".agpr_count", 0), k.get(".sgpr_count", 0),
+            k.get(".wavefront_size", 64), dv)
+    for name, dv in directives.items():   # kernel descriptor without metadata
+        if name not in metas:
+            metas[name] = KernelMeta(name, [], dv.get("kernarg_size", 0), dv.get("group_segment_fixed_size", 0),
+                                     dv.get("next_free_vgpr", 0), 0, dv.get("next_free_sgpr", 0), 64, dv)
+    codes = _parse_code(lines, set(metas) | funcs)
+    return codes, metas
+
+
+def _parse_code(lines, names):
+    codes, cur = {}, None
+    for no, ln in enumerate(lines, 1):
+        s = _strip_comment(ln)
+        if not s:
+            continue
+        m = _LABEL.match(s)
+        if m:
+            lab = m.group(1)
+            if lab in names:
+                cur = KernelCode(lab, [], {})
+                codes[lab] = cur
+            elif lab.startswith(".Lfunc_end"):
+                cur = None
+            elif cur is not None:
+                cur.labels[lab] = len(cur.instrs)
+            s = s[m.end():].strip()
+            if not s:
+                continue
+        if cur is None:
+            continue
+        if s.startswith("."):
+            if s.startswith((".section", ".amdhsa_kernel", ".end_amdgpu")):
+                cur = None
+            continue
+        m = _MNEMONIC.match(s)
+        if not m:
+            continue
+        ops, mods = split_operands(m.group(2))
+        cur.instrs.append(Instr(m.group(1), [parse_operand(o) for o in ops], parse_mods(mods), no, ln,
+                                cur.name))
+    return codes
