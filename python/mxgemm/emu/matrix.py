@@ -1,0 +1,239 @@
+"""gfx950 matrix-core (MFMA) semantics on register arrays.
+
+Registers are uint32 numpy arrays shaped [nregs, 64 lanes]. Operand layouts are from the CDNA4
+ISA (§7.1.4-7.1.5, §7.2) as tabled in MFMA_FACTS.md §1; the bf16/f16 and fp8 16x16x32 /
+32x32x16 forms use the ISA's dense layout (lane l holds row l%M, K = kpl*(l/M) + i, the same
+pattern the AMD matrix-core blog shows for 32x32x16 fp8).
+
+Numerics model (all of it lives in `_dot_scaled`; change it there if hardware disagrees):
+  1. every element product a*b and its block scale 2^(SA-127) * 2^(SB-127) are exact;
+  2. the sum over ALL K of the scaled products is computed exactly and rounded ONCE to fp32
+     (RNE, fp32 subnormals kept, overflow -> Inf);
+  3. C is added afterwards with one more fp32 RNE rounding: D = fp32(P + C).
+  NaN/Inf propagate as IEEE: any NaN element or NaN scale (0xFF) in a row/column block makes
+  the output NaN, Inf*0 is NaN, +Inf + -Inf is NaN.
+The ISA documents neither the accumulation order nor its precision (MFMA_FACTS §1 Math), so this
+is the "ideal" model: it is independent of summation order, which makes kernels bit-exact
+against a reference that sums exactly. Exactness: float64 sums are exact when every partial
+sum is a multiple of a common quantum q below 2^53 q; we prove that per output element with a
+cheap bound and fall back to Python-integer sums for the rare elements where it fails
+(wide-range bf8/bf16 data).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .mxcvt import MFMA_FORMAT_CODES, decode_table, e8m0_value, lsb_table
+
+F8F6F4 = frozenset(("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"))
+BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16, "f16": 16}
+
+
+# ---- operand layouts ----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def ab_layout(mn: int, k: int, fmt: str):
+    """(row, kidx) arrays [64, items]: lane l's item i of the A (or B) operand is element
+    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: MFMA_FACTS §1."""
+    lane = np.arange(64)[:, None]
+    groups = 64 // mn                     # lane groups along K: 4 for 16x16, 2 for 32x32
+    g = lane // mn
+    items = k // groups
+    i = np.arange(items)[None, :]
+    if fmt in ("e4m3", "e5m2") and items == 32:
+        # f8f6f4 with FP8/BF8: two 16-byte halves, the second 64 (16x16) or 32 (32x32) K later
+        kidx = 16 * g + i % 16 + (k // 2) * (i // 16)
+    else:
+        # FP6/FP4 f8f6f4 and all dense bf16/f16/fp8 forms: K-contiguous per lane group
+        kidx = items * g + i
+    row = np.broadcast_to(lane % mn, kidx.shape)
+    return np.ascontiguousarray(row), np.ascontiguousarray(kidx)
+
+
+@functools.lru_cache(maxsize=None)
+def cd_layout(mn: int):
+    """(row, col) arrays [nregs, 64] of the fp32 C/D accumulator (ISA §7.1.4.2)."""
+    nregs = mn * mn // 64
+    r = np.arange(nregs)[:, None]
+    lane = np.arange(64)[None, :]
+    col = np.broadcast_to(lane % mn, (nregs, 64))
+    if mn == 16:
+        row = 4 * (lane // 16) + r
+    else:
+        row = (r % 4) + 8 * (r // 4) + 4 * (lane // 32)
+    return np.ascontiguousarray(row), np.ascontiguousarray(col)
+
+
+def unpack_items(regs: np.ndarray, bits: int, items: int) -> np.ndarray:
+    """Element codes [64, items] of a lane-packed operand: the lane's registers form one
+    little-endian bit string and item i is bits [bits*i + bits-1 : bits*i] (ISA §7.1.4)."""
+    regs = np.ascontiguousarray(np.asarray(regs, dtype=np.uint32).T)    # [64, nregs]
+    by = regs.view(np.uint8)                                            # [64, 4*nregs]
+    if bits == 8:
+        return by[:, :items].astype(np.uint32)
+    if bits == 16:
+        return regs.view(np.uint16)[:, :items].astype(np.uint32)
+    if bits == 4:
+        nib = np.stack([by & 0xF, by >> 4], axis=-1).reshape(64, -1)
+        return nib[:, :items].astype(np.uint32)
+    bitv = np.unpackbits(by, axis=1, bitorder="little")[:, : bits * items]
+    return (bitv.reshape(64, items, bits).astype(np.uint32) << np.arange(bits, dtype=np.uint32)).sum(
+        axis=2, dtype=np.uint32)
+
+
+def operand_matrix(regs, mn: int, k: int, fmt: str, transpose: bool = False):
+    """Decode an A operand into float64 [mn, k] (or a B operand into [k, mn] if transpose),
+    plus the matching per-element lsb bounds used by the exactness proof."""
+    row, kidx = ab_layout(mn, k, fmt)
+    codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
+    vals = np.empty((mn, k))
+    lsb = np.empty((mn, k))
+    vals[row, kidx] = decode_table(fmt)[codes]
+    lsb[row, kidx] = lsb_table(fmt)[codes]
+    if transpose:
+        return vals.T, lsb.T
+    return vals, lsb
+
+
+def scale_matrix(scale_u32, opsel: int, mn: int, nblocks: int) -> np.ndarray:
+    """Block scales [mn, nblocks] as float64 factors. Row m's scale for K block kb is byte
+    `opsel` of lane m + mn*kb's scale VGPR (ISA §7.2.1 tables; Triton's scale layout)."""
+    s = np.asarray(scale_u32, dtype=np.uint32)
+    byte = (s >> np.uint32(8 * opsel)) & 0xFF
+    lanes = np.arange(mn)[:, None] + mn * np.arange(nblocks)[None, :]
+    return e8m0_value(byte[lanes])
+
+
+# ---- numerics model -----------------------------------------------------------------------
+
+def _dot_scaled(a, la, b, lb, sa, sb, block: int) -> np.ndarray:
+    """P[m, n] = fp32_RNE( exact sum_kb sa[m,kb] sb[n,kb] sum_{k in kb} a[m,k] b[k,n] ).
+
+    a [M,K], b [K,N] float64 element values; la/lb their lsb bounds; sa [M,nb], sb [N,nb]
+    float64 scale factors (NaN for e8m0 0xFF). THE single place of the MFMA numerics model."""
+    m, k = a.shape
+    n = b.shape[1]
+    nb = k // block
+    ab = a.reshape(m, nb, block)
+    bb = b.reshape(nb, block, n)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = sa[:, None, :] * sb[None, :, :]                            # [M, N, nb]
+        blk = np.einsum("mbk,bkn->mnb", ab, bb)
+        total = (blk * s).sum(axis=2)
+        # exactness proof: all terms are multiples of q; if sum |terms| < 2^52 q, every
+        # partial float64 sum is exact whatever the order
+        mag = (np.einsum("mbk,bkn->mnb", np.abs(ab), np.abs(bb)) * s).sum(axis=2)
+        qa = la.reshape(m, nb, block).min(axis=2)                       # [M, nb]
+        qb = lb.reshape(nb, block, n).min(axis=1).T                     # [N, nb]
+        q = (qa[:, None, :] * qb[None, :, :] * s).min(axis=2)
+        risky = np.isfinite(mag) & (mag > 0) & ~(mag < np.ldexp(q, 52))
+        out = total.astype(np.float32)
+    for i, j in zip(*np.nonzero(risky)):
+        terms = (ab[i] * bb[:, :, j].reshape(nb, block)) * s[i, j][:, None]
+        out[i, j] = round_exact_sum_f32(terms.ravel())
+    return out
+
+
+def round_exact_sum_f32(terms) -> np.float32:
+    """fp32 RNE of the exact sum of finite float64 terms (Python integers, no double rounding)."""
+    parts = [math.frexp(float(t)) for t in terms if t != 0.0]
+    if not parts:
+        return np.float32(0.0)
+    ints = [(int(fr * (1 << 53)), e - 53) for fr, e in parts]
+    e0 = min(e for _, e in ints)
+    n = sum(v << (e - e0) for v, e in ints)
+    return np.float32(round_dyadic_f32(n, e0))
+
+
+def round_dyadic_f32(n: int, e: int) -> float:
+    """fp32 RNE of n * 2^e (integers), returned as a Python float (Inf on overflow)."""
+    if n == 0:
+        return 0.0
+    neg, n = n < 0, abs(n)
+    top = n.bit_length() - 1 + e                     # floor(log2 |value|)
+    shift = (n.bit_length() - 24) if top >= -126 else (-149 - e)
+    if shift > 0:
+        q, r = divmod(n, 1 << shift)
+        half = 1 << (shift - 1)
+        if r > half or (r == half and q & 1):
+            q += 1
+        n, e = q, e + shift
+    try:
+        v = math.ldexp(n, e)
+    except OverflowError:
+        v = math.inf
+    v = math.inf if v >= 2.0 ** 128 else v
+    return -v if neg else v
+
+
+# ---- instructions -------------------------------------------------------------------------
+
+SHAPES = {(16, 16, 128), (32, 32, 64), (16, 16, 32), (32, 32, 16)}
+
+
+def mfma(m: int, n: int, k: int, fmt_a: str, fmt_b: str, a_regs, b_regs, c_f32,
+         scale_a_u32=None, opsel_a: int = 0, scale_b_u32=None, opsel_b: int = 0,
+         neg_c: bool = False, abs_c: bool = False) -> np.ndarray:
+    """D = A*B + C of one MFMA; returns D as uint32 [m*n/64, 64] fp32 bits.
+
+    c_f32: fp32 bit patterns (uint32) [m*n/64, 64]. Scales: VGPR values uint32 [64] (None = the
+    unscaled opcode, i.e. scale 1.0, like ABID[0] = 0). Scale blocks are 32 K wide; the dense
+    forms (K = 32 or 16 per instruction) have no scales and one block."""
+    assert m == n and (m, n, k) in SHAPES, (m, n, k)
+    a, la = operand_matrix(a_regs, m, k, fmt_a)
+    b, lb = operand_matrix(b_regs, n, k, fmt_b, transpose=True)
+    block = min(32, k)
+    nb = k // block
+    sa = np.ones((m, nb)) if scale_a_u32 is None else scale_matrix(scale_a_u32, opsel_a, m, nb)
+    sb = np.ones((n, nb)) if scale_b_u32 is None else scale_matrix(scale_b_u32, opsel_b, n, nb)
+    p = _dot_scaled(a, la, b, lb, sa, sb, block)
+    row, col = cd_layout(m)
+    c = np.asarray(c_f32, dtype=np.uint32).view(np.float32)
+    if abs_c:
+        c = np.abs(c)
+    if neg_c:
+        c = -c
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = p[row, col] + c                 # fp32 + fp32 with one RNE rounding (numpy float32)
+    return d.astype(np.float32).view(np.uint32)
+
+
+def mfma_scale_f8f6f4(m, n, k, a_regs, b_regs, c_f32, cbsz, blgp, scale_a_u32, opsel_a,
+                      scale_b_u32, opsel_b) -> np.ndarray:
+    """v_mfma_scale_f32_{16x16x128,32x32x64}_f8f6f4. cbsz/blgp: A/B format codes 0..4
+    (E4M3, E5M2, E2M3, E3M2, E2M1); opsel_*: the e8m0 byte (0..3) of each lane's scale VGPR,
+    decoded as {op_sel_hi[i], op_sel[i]}. Pass None scales for the unscaled opcode."""
+    return mfma(m, n, k, MFMA_FORMAT_CODES[cbsz], MFMA_FORMAT_CODES[blgp], a_regs, b_regs, c_f32,
+                scale_a_u32, opsel_a, scale_b_u32, opsel_b)
+
+
+def opsel_byte(op_sel, op_sel_hi, src: int) -> int:
+    """Scale byte of source src (0 = A, 1 = B) from the assembly's op_sel / op_sel_hi lists
+    (clang 22 syntax, MFMA_FACTS §1 Scales): byte = op_sel_hi[src] * 2 + op_sel[src]."""
+    lo = op_sel[src] if op_sel and len(op_sel) > src else 0
+    hi = op_sel_hi[src] if op_sel_hi and len(op_sel_hi) > src else 0
+    return (int(hi) << 1) | int(lo)
+
+
+def mnemonic_formats(mnemonic: str):
+    """(m, n, k, fmt_a, fmt_b, scaled) of a v_mfma_* mnemonic this module handles, or None.
+    f8f6f4 forms return fmt None (they come from cbsz/blgp)."""
+    import re
+    mt = re.fullmatch(r"v_mfma_(scale_)?f32_(\d+)x(\d+)x(\d+)_?(\w+)", mnemonic)
+    if not mt:
+        return None
+    scaled, m, n, k, ty = bool(mt.group(1)), *map(int, mt.group(2, 3, 4)), mt.group(5)
+    if (m, n, k) not in SHAPES:
+        return None
+    names = {"fp8": "e4m3", "bf8": "e5m2"}
+    if ty == "f8f6f4":
+        return m, n, k, None, None, scaled
+    if ty in ("bf16", "f16"):
+        return m, n, k, ty, ty, False
+    parts = ty.split("_")
+    if len(parts) == 2 and all(p in names for p in parts):
+        return m, n, k, names[parts[0]], names[parts[1]], False
+    return None

@@ -1,0 +1,189 @@
+"""Small-float codecs and the gfx950 conversion instructions as numpy functions.
+
+Formats are OCP: E4M3 (fp8, NaN = S.1111.111, no Inf), E5M2 (bf8, IEEE-like with Inf),
+E2M3 / E3M2 (fp6) and E2M1 (fp4) with neither Inf nor NaN, E8M0 scales (2^(E-127), 0xFF = NaN).
+Everything here works on whole lane vectors; values travel as float64, which holds every
+small-float value, every fp32 value, and every product of an element with an e8m0 scale
+exactly, so each conversion below rounds exactly once (RNE) like the hardware.
+
+Conversion rules follow the CDNA4 ISA (MFMA_FACTS.md §2):
+  * scaled down-conversion q = RNE(x / 2^(E-127)), up-conversion x = q * 2^(E-127), where E is
+    bits [30:23] of the fp32 scale operand; the ISA leaves the direction open, AMD's host model
+    (amd_hip_ocp_host.hpp) divides on the way down, so do we.
+  * FP8/BF8 overflow: MODE.FP16_OVFL = 1 clamps to +-max, 0 gives NaN (E4M3) / +-Inf (E5M2).
+  * FP4/FP6 always saturate to +-max and have no NaN: NaN inputs (incl. a 0xFF scale) give the
+    max code with the input's sign, as AMD's host model does.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Fmt:
+    name: str
+    ebits: int
+    mbits: int
+    has_inf: bool     # E5M2 only
+    has_nan: bool     # E4M3 and E5M2
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.ebits + self.mbits
+
+    @property
+    def bias(self) -> int:
+        return (1 << (self.ebits - 1)) - 1
+
+
+E4M3 = Fmt("e4m3", 4, 3, False, True)
+E5M2 = Fmt("e5m2", 5, 2, True, True)
+E2M3 = Fmt("e2m3", 2, 3, False, False)
+E3M2 = Fmt("e3m2", 3, 2, False, False)
+E2M1 = Fmt("e2m1", 2, 1, False, False)
+FORMATS = {f.name: f for f in (E4M3, E5M2, E2M3, E3M2, E2M1)}
+# CBSZ / BLGP codes of the f8f6f4 MFMAs (ISA §7.1.5, LLVM MFMAScaleFormats)
+MFMA_FORMAT_CODES = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
+
+
+def _decode_code(f: Fmt, c: int) -> float:
+    sign = -1.0 if c >> (f.bits - 1) & 1 else 1.0
+    e = c >> f.mbits & ((1 << f.ebits) - 1)
+    m = c & ((1 << f.mbits) - 1)
+    emax_field = (1 << f.ebits) - 1
+    if f.has_inf and e == emax_field:
+        return sign * np.inf if m == 0 else np.nan
+    if f.has_nan and not f.has_inf and e == emax_field and m == (1 << f.mbits) - 1:
+        return np.nan
+    if e == 0:
+        return sign * m * 2.0 ** (1 - f.bias - f.mbits)
+    return sign * (1 + m / (1 << f.mbits)) * 2.0 ** (e - f.bias)
+
+
+@functools.lru_cache(maxsize=None)
+def decode_table(name: str) -> np.ndarray:
+    """float64 value of every code of a small format, or of bf16 / f16 (65536 codes)."""
+    if name == "bf16":
+        with np.errstate(invalid="ignore"):
+            return (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+    if name == "f16":
+        return np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
+    f = FORMATS[name]
+    return np.array([_decode_code(f, c) for c in range(1 << f.bits)], dtype=np.float64)
+
+
+@functools.lru_cache(maxsize=None)
+def lsb_table(name: str) -> np.ndarray:
+    """A lower bound of the spacing that each code's value is a multiple of (inf for 0/NaN/Inf).
+    Used by matrix.py to prove that a float64 dot product is exact."""
+    v = decode_table(name)
+    p = {"bf16": 8, "f16": 11}.get(name) or FORMATS[name].mbits + 1
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(v) & (v != 0)
+    _, e = np.frexp(np.where(ok, v, 1.0))
+    return np.where(ok, np.ldexp(1.0, e - p), np.inf)
+
+
+@functools.lru_cache(maxsize=None)
+def _positive_grid(name: str):
+    f = FORMATS[name]
+    n = 1 << (f.bits - 1)
+    vals = decode_table(name)[:n]
+    finite = np.isfinite(vals)
+    return vals[finite], np.arange(n)[finite], float(vals[finite].max())
+
+
+def encode(x, name: str, saturate: bool) -> np.ndarray:
+    """RNE-encode float64 values into a small format's codes (uint32).
+
+    saturate=True clamps overflow (and +-Inf) to +-max; False gives NaN for E4M3 and +-Inf for
+    E5M2. FP6/FP4 always saturate; their NaN inputs give the max code with the sign."""
+    f = FORMATS[name]
+    x = np.asarray(x, dtype=np.float64)
+    grid, codes, vmax = _positive_grid(name)
+    sign = np.signbit(x).astype(np.uint32) << (f.bits - 1)
+    a = np.abs(x)
+    nan = np.isnan(a)
+    a_f = np.where(nan | np.isinf(a), 0.0, a)
+    # quantum of the binade holding a (subnormal binade for tiny values); a/q is exact
+    _, e = np.frexp(np.where(a_f > 0, a_f, 1.0))
+    e = np.maximum(e - 1, 1 - f.bias)
+    q = np.ldexp(1.0, e - f.mbits)
+    r = np.rint(a_f / q) * q                       # np.rint rounds half to even
+    over = (r > vmax) | np.isinf(a)
+    idx = np.searchsorted(grid, np.minimum(r, vmax))
+    out = codes[idx].astype(np.uint32)
+    top = codes[-1]
+    if not f.has_nan:                               # FP6/FP4: saturate, NaN -> max
+        out = np.where(over | nan, top, out)
+    elif saturate:
+        out = np.where(over, top, out)
+        out = np.where(nan, 0x7F if name == "e4m3" else 0x7E, out)
+    else:
+        ovf_code = 0x7F if name == "e4m3" else 0x7C   # NaN / Inf
+        out = np.where(over, ovf_code, out)
+        out = np.where(nan, 0x7F if name == "e4m3" else 0x7E, out)
+    return (out | sign).astype(np.uint32)
+
+
+# ---- scales -------------------------------------------------------------------------------
+
+def e8m0_value(e) -> np.ndarray:
+    """2^(E-127) as float64; E = 0xFF is NaN, E = 0 is 2^-127 (not zero)."""
+    e = np.asarray(e, dtype=np.int64)
+    return np.where(e == 0xFF, np.nan, np.ldexp(1.0, (e - 127).astype(np.int32)))
+
+
+def f32_scale_exponent(scale_u32) -> np.ndarray:
+    """The e8m0 exponent a v_cvt_scalef32_* reads from its fp32 scale operand: bits [30:23]."""
+    return (np.asarray(scale_u32, dtype=np.uint32) >> 23) & 0xFF
+
+
+# ---- fp32 / bf16 / f16 register views -----------------------------------------------------
+
+def f32_of(u32) -> np.ndarray:
+    return np.asarray(u32, dtype=np.uint32).view(np.float32).astype(np.float64)
+
+
+def u32_of_f32(x) -> np.ndarray:
+    """float64 -> fp32 bits with one RNE rounding (numpy's cast; subnormals kept)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float64).astype(np.float32).view(np.uint32)
+
+
+def bf16_round(x) -> np.ndarray:
+    """float64 -> bf16 bits (uint32 in [0, 65535]) with one RNE rounding of the float64 itself
+    (no detour through fp32, which could round twice). NaN stays a quiet NaN."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(np.where(np.isfinite(x), x, 0.0))
+    _, e = np.frexp(np.where(a > 0, a, 1.0))
+    q = np.ldexp(1.0, np.maximum(e - 1, -126) - 7)   # bf16 quantum of a's binade
+    with np.errstate(over="ignore"):
+        r = (np.rint(a / q) * q).astype(np.float32)   # exact: <= 8 significant bits (or Inf)
+    out = r.view(np.uint32) >> 16
+    out = np.where(np.isinf(x), 0x7F80, out)
+    with np.errstate(invalid="ignore"):
+        nan_bits = (x.astype(np.float32).view(np.uint32) >> 16) | 0x40
+    out = np.where(np.isnan(x), nan_bits & 0x7FFF, out)
+    return (out | (np.signbit(x).astype(np.uint32) << 15)).astype(np.uint32)
+
+
+def f16_round(x) -> np.ndarray:
+    """float64 -> f16 bits with RNE. numpy's float64->float16 cast rounds once, directly."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float64).astype(np.float16).view(np.uint16).astype(np.uint32)
+
+
+def bf16_value(bits) -> np.ndarray:
+    return decode_table("bf16")[np.asarray(bits, dtype=np.uint32) & 0xFFFF]
+
+
+def f16_value(bits) -> np.ndarray:
+    return decode_table("f16")[np.asarray(bits, dtype=np.uint32) & 0xFFFF]
+
+
+HALF_DECODE = {"f32": None, "bf16": bf16_value, "f16": f16_value}
+HALF_ENCODE = {"bf16": bf16_round, "f16": f16_round}
