@@ -1,0 +1,136 @@
+"""Quantizers producing payload + scales in the layouts mxgemm kernels consume.
+
+Layouts (row-major, K fastest):
+  MX (1x32 K-blocks):  payload [M, K] float8_e4m3fn / float8_e5m2, or [M, K/2] uint8 packed
+                       e2m1 (element 2i in the low nibble), or [M, K] uint8 fp6 codes;
+                       scales [M, K/32] uint8 e8m0. Weights B [N, K] the same way.
+  DeepGEMM FP8:        per-token 1x128 scales [M, ceil(K/128)] fp32, per-block 128x128
+                       scales [ceil(N/128), ceil(K/128)] fp32 (powers of two with use_ue8m0).
+  Tensorwise FP8:      one fp32 scale (0-dim tensor).
+Dequantised value = decode(code) * scale.
+"""
+import torch
+
+from . import formats as F
+
+MX_BLOCK = 32
+# floor(log2(max)) of each element format: the exponent OCP MX aligns the block amax to
+EMAX = {"e4m3": 8, "e5m2": 15, "e3m2": 4, "e2m3": 2, "e2m1": 2}
+MX_MODES = ("floor", "rceil", "even")
+
+
+def _floor_log2(x: torch.Tensor) -> torch.Tensor:
+    """Exact floor(log2 x) for finite x > 0 (f32 subnormals included), int64."""
+    m, e = torch.frexp(x.double())
+    return e.long() - 1
+
+
+def mx_scale_e8m0(amax: torch.Tensor, fmt: str, mode: str = "floor") -> torch.Tensor:
+    """Block amax (fp32) -> e8m0 scale code, as torchao's to_mx computes it.
+
+    floor (OCP MX v1.0): 2^(floor(log2 amax) - emax); the largest elements may saturate.
+    even:  amax first rounded (half-up) to the element's mantissa width, then floor.
+    rceil: 2^ceil(log2(amax / max)) with amax / max rounded to fp32 first; never saturates.
+    amax == 0 gives code 0 (2^-127), NaN gives 0xFF; exponents clamp to [-127, 127].
+    """
+    amax = amax.float()
+    ebits, mbits, _ = F.SPECS[fmt]
+    if mode == "rceil":
+        d = amax / F.max_value(fmt)
+        exp = _floor_log2(d) + (torch.frexp(d.double())[0] != 0.5).long()  # ceil; exact
+        exp = torch.where(torch.isinf(d), 127, exp)
+    elif mode in ("floor", "even"):
+        if mode == "even":  # add half an element-ulp to the f32 mantissa, truncate to the exponent
+            b = amax.view(torch.int32) + (1 << (22 - mbits))
+            amax = torch.where(torch.isnan(amax), amax, (b & 0x7F800000).view(torch.float32))
+        exp = torch.where(torch.isinf(amax), 128, _floor_log2(amax)) - EMAX[fmt]
+    else:
+        raise ValueError(f"unknown MX scale mode {mode!r}")
+    exp = torch.where(amax == 0, -127, exp)
+    code = exp.clamp(-127, 127) + F.E8M0_BIAS
+    return torch.where(torch.isnan(amax), F.E8M0_NAN, code).to(torch.uint8)
+
+
+def quantize_mx(x: torch.Tensor, fmt: str = "e4m3", mode: str = "floor", block: int = MX_BLOCK):
+    """x [..., K] (fp32/bf16) -> (payload, scales [..., K/block] uint8 e8m0).
+
+    Elements are divided by their block's scale exactly (powers of two) and encoded
+    with RNE, saturating. payload: fp8 torch dtype for e4m3/e5m2, packed uint8
+    [..., K/2] for e2m1, uint8 codes for e3m2/e2m3.
+    """
+    K = x.shape[-1]
+    assert K % block == 0, f"K={K} must be a multiple of the block size {block}"
+    xb = x.float().reshape(*x.shape[:-1], K // block, block)
+    scale = mx_scale_e8m0(xb.abs().amax(-1), fmt, mode)
+    codes = F.encode(xb / F.decode_e8m0(scale).unsqueeze(-1), fmt, saturate=True).reshape(x.shape)
+    if fmt in F.TORCH_DTYPES:
+        return F.to_torch_fp8(codes, fmt), scale
+    return (F.pack_fp4(codes) if fmt == "e2m1" else codes), scale
+
+
+def mx_values(payload: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Unscaled element values of an MX payload (fp4 unpacked), fp32 [..., K]."""
+    codes = F.unpack_fp4(payload) if fmt == "e2m1" else F.as_codes(payload)
+    return F.decode(codes, fmt)
+
+
+def dequantize_mx(payload: torch.Tensor, scale: torch.Tensor, fmt: str = "e4m3",
+                  block: int = MX_BLOCK) -> torch.Tensor:
+    """(payload, e8m0 scales) -> fp32 [..., K]; exact (power-of-two scaling)."""
+    v = mx_values(payload, fmt)
+    return v * F.decode_e8m0(scale).repeat_interleave(block, dim=-1)
+
+
+# ---- DeepGEMM-style FP8 (e4m3) with fp32 scales ----
+FP8_AMAX_EPS = 1e-4  # DeepGEMM clamps amax so all-zero blocks get a finite scale
+
+
+def ceil_to_ue8m0(sf: torch.Tensor) -> torch.Tensor:
+    """Round positive fp32 scales up to a power of two (exponent clamped to [-126, 127])."""
+    b = sf.abs().float().view(torch.int32)
+    exp = ((b >> 23) & 0xFF) + ((b & 0x7FFFFF) != 0).int()
+    return (exp.clamp(1, 254) << 23).view(torch.float32)
+
+
+def _cast_blocks(x: torch.Tensor, bm: int, bk: int, use_ue8m0: bool):
+    """Shared body: x [M, K] -> (e4m3 [M, K], sf [ceil(M/bm), ceil(K/bk)]) with zero padding."""
+    M, K = x.shape
+    pm, pk = -M % bm, -K % bk
+    xp = torch.nn.functional.pad(x.float(), (0, pk, 0, pm))
+    xv = xp.view((M + pm) // bm, bm, (K + pk) // bk, bk)
+    sf = xv.abs().amax(dim=(1, 3)).clamp(min=FP8_AMAX_EPS) / F.FP8_E4M3_MAX
+    if use_ue8m0:
+        sf = ceil_to_ue8m0(sf)
+    y = xv * (1.0 / sf)[:, None, :, None]  # reciprocal then multiply, as DeepGEMM does
+    codes = F.encode(y, "e4m3").view(M + pm, K + pk)[:M, :K].contiguous()
+    return F.to_torch_fp8(codes, "e4m3"), sf
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128):
+    """x [M, K] -> (e4m3 [M, K], sf fp32 [M, ceil(K/gran_k)]): 1 x gran_k activation scales,
+    sf = max(amax, 1e-4) / 448 (rounded up to a power of two with use_ue8m0)."""
+    return _cast_blocks(x, 1, gran_k, use_ue8m0)
+
+
+def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran: int = 128):
+    """w [N, K] -> (e4m3 [N, K], sf fp32 [ceil(N/gran), ceil(K/gran)]): gran x gran weight scales."""
+    return _cast_blocks(x, gran, gran, use_ue8m0)
+
+
+def tensorwise_cast_to_fp8(x: torch.Tensor):
+    """x (any shape) -> (e4m3 same shape, sf fp32 0-dim): one scale max(amax, 1e-4) / 448."""
+    q, sf = _cast_blocks(x.reshape(1, -1), 1, x.numel(), False)
+    return q.view(x.shape), sf.reshape(())
+
+
+def dequantize_fp8_blocks(q: torch.Tensor, sf: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
+    """e4m3 [M, K] with sf [ceil(M/bm), ceil(K/bk)] -> fp32 [M, K] (bm=1: per-token)."""
+    M, K = q.shape
+    s = sf.float().repeat_interleave(bm, 0)[:M].repeat_interleave(bk, 1)[:, :K]
+    return F.decode(q, "e4m3") * s
+
+
+# ---- Weight pre-shuffles ----
+# Kernel-specific weight layouts (e.g. MFMA-tile-interleaved B for the MoE kernels) get one
+# function each here: `shuffle_<kernel>(w, scales) -> (w_shuffled, scales_shuffled)` plus its
+# inverse for tests, so reference ops keep consuming the plain row-major layouts above.
