@@ -201,6 +201,7 @@ def flydsl_version() -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_arch() -> str | None:
     """gfx name of GPU 0 when a ROCm GPU is present (via torch), else None."""
     try:
