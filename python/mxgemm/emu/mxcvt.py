@@ -187,3 +187,70 @@ def f16_value(bits) -> np.ndarray:
 
 HALF_DECODE = {"f32": None, "bf16": bf16_value, "f16": f16_value}
 HALF_ENCODE = {"bf16": bf16_round, "f16": f16_round}
+
+
+# ---- conversion instructions --------------------------------------------------------------
+# OPSEL below is the 4-bit VOP3 op_sel field (bit 3 = destination select), see opsel_bits.
+
+_SMALL = {"fp8": "e4m3", "bf8": "e5m2", "fp4": "e2m1"}
+
+
+def opsel_bits(op_sel) -> int:
+    """4-bit OPSEL of a VOP3 conversion from the printed op_sel list. The assembler prints one
+    entry per source slot plus the destination bit last: 4 entries map to OPSEL[0..3] in order;
+    3 entries (two-source forms such as v_cvt_pk_fp8_f32) are [src0, src1, dst=OPSEL[3]]."""
+    if not op_sel:
+        return 0
+    bits = list(op_sel)
+    if len(bits) == 3:
+        bits = [bits[0], bits[1], 0, bits[2]]
+    return sum(int(b) << i for i, b in enumerate(bits[:4]))
+
+
+def scale_factor(scale_u32) -> np.ndarray:
+    """2^(E-127) of a v_cvt_scalef32_* scale operand (E = bits [30:23]; E = 0xFF -> NaN)."""
+    return e8m0_value(f32_scale_exponent(scale_u32))
+
+
+def cvt_pk_down(old_u32, x0, x1, fmt: str, opsel: int, scale_u32=None, fp16_ovfl=False):
+    """v_cvt[_scalef32]_pk_{fp8,bf8,fp4}_*: encode x0 (low) and x1 (high), given as float64
+    lane vectors, as RNE(x / scale), and merge into old_u32. FP8/BF8 write word OPSEL[3]; FP4
+    writes byte OPSEL[3:2]; all other bits of the destination are kept (ISA ch.12)."""
+    name = _SMALL[fmt]
+    s = 1.0 if scale_u32 is None else scale_factor(scale_u32)
+    with np.errstate(invalid="ignore"):
+        q0 = encode(np.asarray(x0, np.float64) / s, name, fp16_ovfl)
+        q1 = encode(np.asarray(x1, np.float64) / s, name, fp16_ovfl)
+    old = np.asarray(old_u32, np.uint32)
+    if fmt == "fp4":
+        sh = np.uint32(8 * ((opsel >> 2) & 3))
+        val, keep = (q1 << np.uint32(4)) | q0, np.uint32(0xFF)
+    else:
+        sh = np.uint32(16 * ((opsel >> 3) & 1))
+        val, keep = (q1 << np.uint32(8)) | q0, np.uint32(0xFFFF)
+    return ((old & ~(keep << sh)) | (val << sh)).astype(np.uint32)
+
+
+def cvt_up(src_u32, fmt: str, opsel: int, count: int, scale_u32=None):
+    """v_cvt[_scalef32][_pk]_{f32,f16,bf16}_{fp8,bf8,fp4}: decode `count` (1 or 2) codes of
+    src_u32 and multiply by the scale; returns float64 [count, 64] (exact; the caller rounds to
+    its destination type). Selection: pk fp8/bf8 read word OPSEL[0]; single fp8/bf8 byte
+    OPSEL[1:0]; pk fp4 byte OPSEL[1:0], low nibble first."""
+    name = _SMALL[fmt]
+    src = np.asarray(src_u32, np.uint32)
+    if fmt == "fp4":
+        byte = (src >> np.uint32(8 * (opsel & 3))) & 0xFF
+        codes = [byte & 0xF, byte >> 4]
+    elif count == 2:
+        word = (src >> np.uint32(16 * (opsel & 1))) & 0xFFFF
+        codes = [word & 0xFF, word >> 8]
+    else:
+        codes = [(src >> np.uint32(8 * (opsel & 3))) & 0xFF]
+    s = 1.0 if scale_u32 is None else scale_factor(scale_u32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.stack([decode_table(name)[c] * s for c in codes])
+
+
+def cvt_pk_bf16_f32(x0_u32, x1_u32) -> np.ndarray:
+    """v_cvt_pk_bf16_f32: {bf16(S1), bf16(S0)} with RNE (quiet NaNs)."""
+    return (bf16_round(f32_of(x1_u32)) << np.uint32(16)) | bf16_round(f32_of(x0_u32))
