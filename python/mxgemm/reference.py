@@ -1,0 +1,214 @@
+"""Reference ops: the ground truth every kernel test compares against (pure torch, CPU).
+
+Accumulation model (all ops): the reduction dimension is cut into chunks (32 for MX
+scales, 128 for DeepGEMM block scales, 32 for tensorwise FP8). Each chunk's dot product
+of the decoded, unscaled elements is computed exactly (float64 holds it exactly: every
+e4m3*e4m3 or fp4 product has <= 8 significant bits and a chunk spans < 2^45; for e5m2
+operands it is exact unless one chunk spans more than 2^53), then scaled and rounded to
+fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
+into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator) unless an op
+says otherwise. A kernel whose MFMA sums in another order may differ from this by a
+few fp32 ulps of the accumulator, i.e. rarely by 1 bf16 ulp.
+"""
+from typing import Optional
+
+import torch
+
+from . import formats as F
+from .quant import MX_BLOCK, mx_values
+from .routing import TOKEN_MASK
+
+FP8_BLOCK = 128  # DeepGEMM's 1x128 / 128x128 scale granularity
+TENSORWISE_CHUNK = 32
+
+
+def _accumulate(a: torch.Tensor, b: torch.Tensor, chunk: int, combine=None) -> torch.Tensor:
+    """a [M, R], b [N, R] exact element values -> fp32 [M, N] per the model above.
+
+    combine(c, p) maps chunk c's exact float64 partial p [M, N] to the fp32 term added
+    (default: round p to fp32)."""
+    a, b = a.double(), b.double()
+    acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+    for c, k in enumerate(range(0, a.shape[1], chunk)):
+        p = a[:, k:k + chunk] @ b[:, k:k + chunk].T
+        acc = acc + (p.float() if combine is None else combine(c, p))
+    return acc
+
+
+def _out(acc: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    assert out_dtype in (torch.bfloat16, torch.float32), out_dtype
+    return F.bf16_rne(acc) if out_dtype == torch.bfloat16 else acc
+
+
+def _fmt(t: torch.Tensor) -> str:
+    return "e5m2" if t.dtype == torch.float8_e5m2 else "e4m3"
+
+
+def _fp32_scale(s: torch.Tensor) -> torch.Tensor:
+    """Scales given as fp32 or as uint8 e8m0 codes -> fp32."""
+    return F.decode_e8m0(s) if s.dtype == torch.uint8 else s.float()
+
+
+def _mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt) -> torch.Tensor:
+    """MX-scaled A [M, K] x B [N, K]^T -> fp32 accumulator [M, N]; the chunk scale
+    2^(ea + eb - 254) is applied to the exact chunk sum before its single fp32 rounding."""
+    sa, sb = F.decode_e8m0(a_scale).double(), F.decode_e8m0(b_scale).double()
+    return _accumulate(mx_values(a, a_fmt), mx_values(b, b_fmt), MX_BLOCK,
+                       lambda c, p: (p * (sa[:, c, None] * sb[None, :, c])).float())
+
+
+def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3",
+                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """gfx1250 MX-scale GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 K-block scales.
+
+    a: [M, K] fp8 codes (float8 dtype or uint8) or [M, K/2] packed e2m1 (a_fmt="e2m1");
+    a_scale: [M, K/32] uint8 e8m0; b: [N, K] / [N, K/2], b_scale: [N, K/32].
+    FP8 x FP8: a_fmt, b_fmt in {e4m3, e5m2}; FP4 x FP4: both "e2m1"; A8W4: a_fmt e4m3, b_fmt e2m1.
+    Returns [M, N] out_dtype (bf16 RNE of the fp32 accumulator, or the accumulator itself).
+    """
+    return _out(_mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt), out_dtype)
+
+
+def smallm_mxfp8_gemm_ref(a, a_scale, b, b_scale) -> torch.Tensor:
+    """Small-M MXFP8 GEMM: a [M, K] e4m3, a_scale [M, K/32] e8m0, b [N, K] e4m3,
+    b_scale [N, K/32] e8m0 -> bf16 [M, N]. Each 32-block's products are exact; the block
+    sums are scaled, rounded to fp32 and summed in increasing K (module docstring)."""
+    return mx_gemm_ref(a, a_scale, b, b_scale, "e4m3", "e4m3")
+
+
+def _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, num_tokens):
+    """-> (token [n], slot [n], expert [n], real [n]) for the first num_valid rows."""
+    n = int(num_valid_ids.reshape(-1)[0])
+    ids = sorted_token_ids[:n].long()
+    tok, slot = ids & TOKEN_MASK, ids >> 24
+    exp = sorted_expert_ids.long()[torch.arange(n) // block_m]
+    return tok, slot, exp, (tok < num_tokens) & (exp >= 0)
+
+
+def moe_mxfp8_grouped_gemm_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                               num_valid_ids, block_m: int, sorted_weights: Optional[torch.Tensor] = None,
+                               out_dtype: torch.dtype = torch.bfloat16, fmt: str = "e4m3") -> torch.Tensor:
+    """MoE grouped GEMM (gemm1 style) on the moe_sorting layout.
+
+    a: [T, K] e4m3 (one row per token), a_scale [T, K/32] e8m0; w: [E, N, K], w_scale
+    [E, N, K/32]. Output row p (sorted position, p < num_valid) is
+      acc = A[token(p)] . W[expert(block p // block_m)]^T     (fp32, module model)
+      acc = acc * sorted_weights[p]                         (fp32, only if given)
+    -> [num_valid, N] out_dtype; padding rows (token id >= T) are 0.
+    """
+    tok, _, exp, real = _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, a.shape[0])
+    acc = torch.zeros(len(tok), w.shape[1], dtype=torch.float32)
+    for e in exp[real].unique().tolist():
+        rows = (real & (exp == e)).nonzero().squeeze(1)
+        acc[rows] = _mx_dot(a[tok[rows]], a_scale[tok[rows]], w[e], w_scale[e], fmt, fmt)
+    if sorted_weights is not None:
+        acc = acc * sorted_weights[:len(tok)].float()[:, None]
+    return _out(acc, out_dtype)
+
+
+def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights, sorted_expert_ids,
+                       num_valid_ids, block_m: int, topk: int, order: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """a4w4 MXFP4 MoE down-projection with bf16 atomic accumulation into token rows.
+
+    a: [T*topk, K/2] packed e2m1, row = token*topk + slot; a_scale [T*topk, K/32] e8m0;
+    w: [E, N, K/2] packed e2m1, w_scale [E, N, K/32]. For each real sorted row p:
+      acc = A[token*topk + slot] . W[expert]^T           (fp32, module model)
+      v   = bf16_rne(sorted_weights[p] * acc)           (fp32 product)
+      out[token] = bf16_rne(float(out[token]) + float(v))   -- one bf16 atomic add
+    applied in increasing sorted position, or in `order` (a permutation of the real
+    rows' sorted positions) to model another arrival order. out starts at +0: bf16 [T, N].
+    """
+    T = a.shape[0] // topk
+    tok, slot, exp, real = _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, T)
+    val = torch.zeros(len(tok), w.shape[1], dtype=torch.bfloat16)
+    for e in exp[real].unique().tolist():
+        rows = (real & (exp == e)).nonzero().squeeze(1)
+        arow = tok[rows] * topk + slot[rows]
+        acc = _mx_dot(a[arow], a_scale[arow], w[e], w_scale[e], "e2m1", "e2m1")
+        val[rows] = F.bf16_rne(sorted_weights[rows].float()[:, None] * acc)
+    order = real.nonzero().squeeze(1) if order is None else order.long()
+    assert torch.equal(order.sort().values, real.nonzero().squeeze(1)), "order must permute the real rows"
+    # Adds to different tokens commute; run the k-th add of every token together.
+    t = tok[order]
+    by_tok = torch.sort(t, stable=True).indices
+    start = torch.searchsorted(t[by_tok], t[by_tok], right=False)
+    rank = torch.empty_like(t)
+    rank[by_tok] = torch.arange(len(t)) - start
+    out = torch.zeros(T, w.shape[1], dtype=torch.bfloat16)
+    for r in range(int(rank.max()) + 1 if len(t) else 0):
+        sel = order[rank == r]
+        out[tok[sel]] = F.bf16_rne(out[tok[sel]].float() + val[sel].float())
+    return out
+
+
+# ---- FP8 tensorwise grouped GEMM (one fp32 scale per tensor) ----
+def _tensorwise(a, sa, b, sb) -> torch.Tensor:
+    """a [M, R] x b [N, R]^T fp8 -> fp32 (acc * sa) * sb."""
+    acc = _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), TENSORWISE_CHUNK)
+    return acc * sa.float() * sb.float()
+
+
+def _groups(group_offs: torch.Tensor):
+    o = group_offs.tolist()
+    return [(g, o[g], o[g + 1]) for g in range(len(o) - 1)]
+
+
+def grouped_fp8_fwd_ref(a, a_scale, b, b_scale, group_offs) -> torch.Tensor:
+    """Forward NT: a [M, K] fp8, b [G, N, K] fp8, group_offs int64 [G+1] (rows
+    group_offs[g]:group_offs[g+1] of a belong to group g), scales fp32 scalars.
+    out[m, n] = sa * sb * sum_k a[m, k] b[g, n, k] -> bf16 [M, N] (rows outside every group 0)."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    for g, s, e in _groups(group_offs):
+        out[s:e] = _tensorwise(a[s:e], a_scale, b[g], b_scale)
+    return F.bf16_rne(out)
+
+
+def grouped_fp8_dgrad_ref(dy, dy_scale, b, b_scale, group_offs) -> torch.Tensor:
+    """Dgrad NN: dy [M, N] fp8, b [G, N, K] fp8 -> dx bf16 [M, K],
+    dx[m, k] = s_dy * s_b * sum_n dy[m, n] b[g, n, k] for m in group g."""
+    out = torch.zeros(dy.shape[0], b.shape[2], dtype=torch.float32)
+    for g, s, e in _groups(group_offs):
+        out[s:e] = _tensorwise(dy[s:e], dy_scale, b[g].T, b_scale)
+    return F.bf16_rne(out)
+
+
+def grouped_fp8_wgrad_ref(dy, dy_scale, x, x_scale, group_offs) -> torch.Tensor:
+    """Variable-K wgrad TN: dy [M, N] fp8, x [M, K] fp8 -> dw bf16 [G, N, K],
+    dw[g, n, k] = s_dy * s_x * sum_{m in group g} dy[m, n] x[m, k] (empty group -> 0);
+    the reduction runs over the group's rows in chunks of 32."""
+    out = torch.zeros(len(group_offs) - 1, dy.shape[1], x.shape[1], dtype=torch.float32)
+    for g, s, e in _groups(group_offs):
+        out[g] = _tensorwise(dy[s:e].T, dy_scale, x[s:e].T, x_scale)
+    return F.bf16_rne(out)
+
+
+# ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----
+def _blockscale(a, sa, b, sb) -> torch.Tensor:
+    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [N/128, K/128] -> fp32 [M, N];
+    per chunk: acc += fp32(chunk sum) * (sa * sb) (scale product in fp32, two roundings)."""
+    sa = _fp32_scale(sa)
+    sbn = _fp32_scale(sb).repeat_interleave(FP8_BLOCK, 0)[:b.shape[0]]  # [N, K/128]
+    return _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), FP8_BLOCK,
+                       lambda c, p: p.float() * (sa[:, c, None] * sbn[None, :, c]))
+
+
+def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout) -> torch.Tensor:
+    """DeepGEMM m_grouped_fp8_gemm_nt_contiguous: a [M, K] e4m3, a_scale [M, ceil(K/128)]
+    (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)],
+    grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> bf16 [M, N]."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    layout = grouped_layout.long()
+    for g in layout[layout >= 0].unique().tolist():
+        rows = (layout == g).nonzero().squeeze(1)
+        out[rows] = _blockscale(a[rows], a_scale[rows], b[g], b_scale[g])
+    return F.bf16_rne(out)
+
+
+def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m) -> torch.Tensor:
+    """DeepGEMM m_grouped_fp8_gemm_nt_masked: a [G, M_max, K] e4m3, a_scale [G, M_max, ceil(K/128)],
+    b [G, N, K], b_scale [G, ceil(N/128), ceil(K/128)], masked_m int32 [G] = valid rows per
+    group -> bf16 [G, M_max, N]; rows >= masked_m[g] (unwritten by the kernel) are 0 here."""
+    out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float32)
+    for g, m in enumerate(masked_m.tolist()):
+        out[g, :m] = _blockscale(a[g, :m], a_scale[g, :m], b[g], b_scale[g])
+    return F.bf16_rne(out)
