@@ -196,6 +196,7 @@ def test_grouped_fp8_fwd():
     want = np.concatenate([np_tensorwise(av[s:e], bv[gi], sc) for gi, (s, e) in
                            enumerate(zip(GROUP_OFFS[:-1].tolist(), GROUP_OFFS[1:].tolist()))])
     out = R.grouped_fp8_fwd_ref(a, s1, b, s2, GROUP_OFFS)
+    assert_bitwise_equal(R.grouped_fp8_fwd_ref(a, s1, b, s2, GROUP_OFFS, torch.float32), torch.from_numpy(want), "fwd fp32")
     assert_bitwise_equal(out, to_bf16_torch(want), "fwd")
     gi = np.searchsorted(GROUP_OFFS.numpy(), np.arange(150), side="right") - 1
     exact = np.einsum("mk,mnk->mn", av, bv[gi]) * sc[0] * sc[1]
@@ -210,6 +211,7 @@ def test_grouped_fp8_dgrad():
     gi = np.searchsorted(GROUP_OFFS.numpy(), np.arange(150), side="right") - 1
     want = np.stack([np_tensorwise(dyv[m:m + 1], bv[gi[m]].T, sc)[0] for m in range(150)])
     out = R.grouped_fp8_dgrad_ref(dy, s1, b, s2, GROUP_OFFS)
+    assert_bitwise_equal(R.grouped_fp8_dgrad_ref(dy, s1, b, s2, GROUP_OFFS, torch.float32), torch.from_numpy(want), "dgrad fp32")
     assert_bitwise_equal(out, to_bf16_torch(want), "dgrad")
     exact = np.einsum("mn,mnk->mk", dyv, bv[gi]) * sc[0] * sc[1]
     terms = np.einsum("mn,mnk->mk", np.abs(dyv), np.abs(bv[gi])) * sc[0] * sc[1]
@@ -221,9 +223,11 @@ def test_grouped_fp8_wgrad_variable_k():
     dy, x = rand_codes((150, 12), "e5m2", g), rand_codes((150, 20), "e4m3", g)
     dyv, xv = np_vals(dy, "e5m2"), np_vals(x, "e4m3")
     out = R.grouped_fp8_wgrad_ref(dy, s1, x, s2, GROUP_OFFS)
+    out32 = R.grouped_fp8_wgrad_ref(dy, s1, x, s2, GROUP_OFFS, torch.float32)
     assert out.shape == (4, 12, 20) and (out[1] == 0).all()  # empty group -> 0
     for gi, (s, e) in enumerate(zip(GROUP_OFFS[:-1].tolist(), GROUP_OFFS[1:].tolist())):
         want = np_tensorwise(dyv[s:e].T, xv[s:e].T, sc)
+        assert_bitwise_equal(out32[gi], torch.from_numpy(want), f"wgrad group {gi} fp32")
         assert_bitwise_equal(out[gi], to_bf16_torch(want), f"wgrad group {gi}")
         exact = dyv[s:e].T @ xv[s:e] * sc[0] * sc[1]
         terms = np.abs(dyv[s:e]).T @ np.abs(xv[s:e]) * sc[0] * sc[1]
@@ -259,6 +263,8 @@ def test_m_grouped_contiguous(ue8m0):
     for m, gi in enumerate(layout.tolist()):
         if gi >= 0:
             want[m] = np_blockscale(av[m:m + 1], nsa[m:m + 1], bv[gi], nsb[gi])[0]
+    out32 = R.m_grouped_fp8_gemm_nt_contiguous_ref(a, sa, b, sb, layout, torch.float32)
+    assert_bitwise_equal(out32, torch.from_numpy(want), "contiguous fp32")
     assert_bitwise_equal(out, to_bf16_torch(want), "contiguous")
     ea = av * np.repeat(nsa, 128, 1).astype(np.float64)
     for m, gi in enumerate(layout.tolist()):
@@ -277,6 +283,8 @@ def test_m_grouped_masked():
     want = np.zeros((G, Mmax, N), f32)
     for gi, m in enumerate(masked_m.tolist()):
         want[gi, :m] = np_blockscale(av[gi, :m], nsa[gi, :m], bv[gi], nsb[gi])
+    out32 = R.m_grouped_fp8_gemm_nt_masked_ref(a, sa, b, sb, masked_m, torch.float32)
+    assert_bitwise_equal(out32, torch.from_numpy(want), "masked fp32")
     assert_bitwise_equal(out, to_bf16_torch(want), "masked")
     for gi, m in enumerate(masked_m.tolist()):
         ea = av[gi, :m] * np.repeat(nsa[gi, :m], 128, 1)

@@ -6,8 +6,8 @@ of the decoded, unscaled elements is computed exactly (float64 holds it exactly:
 e4m3*e4m3 or fp4 product has <= 8 significant bits and a chunk spans < 2^45; for e5m2
 operands it is exact unless one chunk spans more than 2^53), then scaled and rounded to
 fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
-into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator) unless an op
-says otherwise. A kernel whose MFMA sums in another order may differ from this by a
+into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator), or the
+fp32 accumulator itself with out_dtype=torch.float32 (MoE gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may differ from this by a
 few fp32 ulps of the accumulator, i.e. rarely by 1 bf16 ulp.
 """
 from typing import Optional
@@ -153,33 +153,33 @@ def _groups(group_offs: torch.Tensor):
     return [(g, o[g], o[g + 1]) for g in range(len(o) - 1)]
 
 
-def grouped_fp8_fwd_ref(a, a_scale, b, b_scale, group_offs) -> torch.Tensor:
+def grouped_fp8_fwd_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
     """Forward NT: a [M, K] fp8, b [G, N, K] fp8, group_offs int64 [G+1] (rows
     group_offs[g]:group_offs[g+1] of a belong to group g), scales fp32 scalars.
     out[m, n] = sa * sb * sum_k a[m, k] b[g, n, k] -> bf16 [M, N] (rows outside every group 0)."""
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
     for g, s, e in _groups(group_offs):
         out[s:e] = _tensorwise(a[s:e], a_scale, b[g], b_scale)
-    return F.bf16_rne(out)
+    return _out(out, out_dtype)
 
 
-def grouped_fp8_dgrad_ref(dy, dy_scale, b, b_scale, group_offs) -> torch.Tensor:
+def grouped_fp8_dgrad_ref(dy, dy_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
     """Dgrad NN: dy [M, N] fp8, b [G, N, K] fp8 -> dx bf16 [M, K],
     dx[m, k] = s_dy * s_b * sum_n dy[m, n] b[g, n, k] for m in group g."""
     out = torch.zeros(dy.shape[0], b.shape[2], dtype=torch.float32)
     for g, s, e in _groups(group_offs):
         out[s:e] = _tensorwise(dy[s:e], dy_scale, b[g].T, b_scale)
-    return F.bf16_rne(out)
+    return _out(out, out_dtype)
 
 
-def grouped_fp8_wgrad_ref(dy, dy_scale, x, x_scale, group_offs) -> torch.Tensor:
+def grouped_fp8_wgrad_ref(dy, dy_scale, x, x_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
     """Variable-K wgrad TN: dy [M, N] fp8, x [M, K] fp8 -> dw bf16 [G, N, K],
     dw[g, n, k] = s_dy * s_x * sum_{m in group g} dy[m, n] x[m, k] (empty group -> 0);
     the reduction runs over the group's rows in chunks of 32."""
     out = torch.zeros(len(group_offs) - 1, dy.shape[1], x.shape[1], dtype=torch.float32)
     for g, s, e in _groups(group_offs):
         out[g] = _tensorwise(dy[s:e].T, dy_scale, x[s:e].T, x_scale)
-    return F.bf16_rne(out)
+    return _out(out, out_dtype)
 
 
 # ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----
@@ -192,7 +192,8 @@ def _blockscale(a, sa, b, sb) -> torch.Tensor:
                        lambda c, p: p.float() * (sa[:, c, None] * sbn[None, :, c]))
 
 
-def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout) -> torch.Tensor:
+def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
+                                         out_dtype=torch.bfloat16) -> torch.Tensor:
     """DeepGEMM m_grouped_fp8_gemm_nt_contiguous: a [M, K] e4m3, a_scale [M, ceil(K/128)]
     (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)],
     grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> bf16 [M, N]."""
@@ -201,14 +202,14 @@ def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout)
     for g in layout[layout >= 0].unique().tolist():
         rows = (layout == g).nonzero().squeeze(1)
         out[rows] = _blockscale(a[rows], a_scale[rows], b[g], b_scale[g])
-    return F.bf16_rne(out)
+    return _out(out, out_dtype)
 
 
-def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m) -> torch.Tensor:
+def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m, out_dtype=torch.bfloat16) -> torch.Tensor:
     """DeepGEMM m_grouped_fp8_gemm_nt_masked: a [G, M_max, K] e4m3, a_scale [G, M_max, ceil(K/128)],
     b [G, N, K], b_scale [G, ceil(N/128), ceil(K/128)], masked_m int32 [G] = valid rows per
     group -> bf16 [G, M_max, N]; rows >= masked_m[g] (unwritten by the kernel) are 0 here."""
     out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float32)
     for g, m in enumerate(masked_m.tolist()):
         out[g, :m] = _blockscale(a[g, :m], a_scale[g, :m], b[g], b_scale[g])
-    return F.bf16_rne(out)
+    return _out(out, out_dtype)
