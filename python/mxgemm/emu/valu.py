@@ -1,0 +1,817 @@
+"""Vector ALU: VOP1/2/3/3P/C with modifiers, DPP, SDWA, lane ops. Lanes are numpy arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import machine as M
+from .isa import VCC, UnsupportedInstruction, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
+
+_LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)                 # v_mbcnt_lo
+_HI_MASKS = np.array([((1 << (l - 32)) - 1) << 32 if l > 32 else 0 for l in range(64)], u64)
+_LANE = np.arange(64)
+
+
+def _bits_u32(x, ty):
+    """Reinterpret a typed per-lane value as uint32 (16-bit values zero-extended)."""
+    x = np.asarray(x)
+    if x.dtype.itemsize == 2:
+        return x.view(u16).astype(u32)
+    return x.view(u32) if x.dtype != u32 else x
+
+
+# ---------------------------------------------------------------------------- exact fused FMA
+
+def fma32(a, b, c):
+    """Correctly rounded f32 fma: a*b is exact in f64; the f64 sum is rounded to odd so the
+    final rounding to f32 is correct (53 >= 24 + 2 bits)."""
+    a, b, c = np.float64(a) if np.isscalar(a) else a.astype(f64), \
+        np.float64(b) if np.isscalar(b) else b.astype(f64), np.float64(c) if np.isscalar(c) else c.astype(f64)
+    p = a * b
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)                      # TwoSum error of p + c
+    s = np.asarray(s)
+    fix = (err != 0) & ((s.view(u64) & u64(1)) == 0) & np.isfinite(s)
+    if fix.any():
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(f32)
+
+
+# ---------------------------------------------------------------------------- op tables
+# name: (dst type, src types, fn). fn takes typed numpy values.
+
+def _sh(t):
+    return lambda a, b: b << (a & t(31))
+
+
+def _sel_nan(f):
+    return f
+
+
+def _cvt_i(x, t, lo, hi):
+    """Float -> int with truncation, saturation and NaN -> 0 (v_cvt_i32_f32 rules)."""
+    x = np.nan_to_num(np.asarray(x, f64), nan=0.0)
+    return np.clip(np.trunc(x), lo, hi).astype(t)
+
+
+def _bf16(x):
+    """f32 -> bf16 bits, round to nearest even, NaN kept quiet."""
+    b = np.asarray(x, f32).view(u32)
+    r = (b + u32(0x7FFF) + ((b >> u32(16)) & u32(1))) >> u32(16)
+    return np.where(np.isnan(np.asarray(x, f32)), (b >> u32(16)) | u32(0x40), r).astype(u32)
+
+
+def _med3(a, b, c):
+    return np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
+
+
+def _fmed3(a, b, c):
+    return np.fmax(np.fmin(a, b), np.fmin(np.fmax(a, b), c))
+
+
+def _ffbh(a):
+    a = np.asarray(a, u32)
+    n = np.where(a == 0, u32(0xFFFFFFFF), u32(31) - np.floor(np.log2(np.maximum(a, 1).astype(f64))).astype(u32))
+    return n.astype(u32)
+
+
+def _ffbl(a):
+    a = np.asarray(a, u32)
+    low = (a & (~a + u32(1))).astype(f64)
+    return np.where(a == 0, u32(0xFFFFFFFF), np.log2(np.maximum(low, 1)).astype(u32))
+
+
+def _bfe_u(a, b, c):
+    w = c & u32(31)
+    return np.where(w == 0, u32(0), (a >> (b & u32(31))) & ((u32(1) << w) - u32(1)))
+
+
+def _bfe_i(a, b, c):
+    w = (c & u32(31)).astype(i32)
+    x = (a.view(i32) if isinstance(a, np.ndarray) else np.asarray(a).view(i32)) if False else _bfe_u(a, b, c).astype(i32)
+    sh = np.where(w == 0, 0, 32 - w).astype(i32)
+    return np.where(w == 0, 0, (x << sh) >> sh).astype(i32)
+
+
+def _alignbit(a, b, c):
+    x = (np.asarray(a, u64) << u64(32)) | np.asarray(b, u64)
+    return (x >> (np.asarray(c, u64) & u64(31))).astype(u32)
+
+
+def _perm(a, b, c):
+    x = (np.asarray(a, u64) << u64(32)) | np.asarray(b, u64)
+    a, b, c = np.asarray(a, u32), np.asarray(b, u32), np.asarray(c, u32)
+    out = np.zeros(np.broadcast(a, b, c).shape, u32)
+    for k in range(4):
+        s = (c >> u32(8 * k)) & u32(0xFF)
+        byte = ((x >> (u64(8) * np.minimum(s, 7).astype(u64))) & u64(0xFF)).astype(u32)
+        sign = [(b >> u32(15)) & 1, (b >> u32(31)) & 1, (a >> u32(15)) & 1, (a >> u32(31)) & 1]
+        for j in range(4):
+            byte = np.where(s == 8 + j, sign[j] * u32(0xFF), byte)
+        byte = np.where(s == 12, u32(0), np.where(s > 12, u32(0xFF), byte))
+        out |= byte.astype(u32) << u32(8 * k)
+    return out
+
+
+def _frexp_mant(a):
+    m, e = np.frexp(a)
+    return np.where(np.isfinite(a), m, a).astype(a.dtype)
+
+
+def _frexp_exp(a):
+    m, e = np.frexp(a)
+    return np.where(np.isfinite(a), e, 0).astype(i32)
+
+
+def _rcp(a):
+    return (a.dtype.type(1) / a) if isinstance(a, np.ndarray) else np.reciprocal(a)
+
+
+def _u24(x):
+    return np.asarray(x, u32) & u32(0xFFFFFF)
+
+
+def _i24(x):
+    return ((np.asarray(x, u32) << u32(8)).view(i32) >> 8).astype(i64)
+
+
+_OPS = {
+    # float32
+    "v_add_f32": ("f32", "f32 f32", lambda a, b: a + b),
+    "v_sub_f32": ("f32", "f32 f32", lambda a, b: a - b),
+    "v_subrev_f32": ("f32", "f32 f32", lambda a, b: b - a),
+    "v_mul_f32": ("f32", "f32 f32", lambda a, b: a * b),
+    "v_mul_legacy_f32": ("f32", "f32 f32", lambda a, b: np.where((a == 0) | (b == 0), f32(0), a * b)),
+    "v_min_f32": ("f32", "f32 f32", np.fmin), "v_max_f32": ("f32", "f32 f32", np.fmax),
+    "v_fma_f32": ("f32", "f32 f32 f32", fma32),
+    "v_fmac_f32": ("f32", "f32 f32 f32", fma32),           # src2 = dst, added at decode
+    "v_fmamk_f32": ("f32", "f32 f32 f32", lambda a, k, b: fma32(a, k, b)),
+    "v_fmaak_f32": ("f32", "f32 f32 f32", fma32),
+    "v_mac_f32": ("f32", "f32 f32 f32", lambda a, b, c: a * b + c),
+    "v_mad_f32": ("f32", "f32 f32 f32", lambda a, b, c: a * b + c),
+    "v_madmk_f32": ("f32", "f32 f32 f32", lambda a, k, b: a * k + b),
+    "v_madak_f32": ("f32", "f32 f32 f32", lambda a, b, k: a * b + k),
+    "v_min3_f32": ("f32", "f32 f32 f32", lambda a, b, c: np.fmin(np.fmin(a, b), c)),
+    "v_max3_f32": ("f32", "f32 f32 f32", lambda a, b, c: np.fmax(np.fmax(a, b), c)),
+    "v_med3_f32": ("f32", "f32 f32 f32", _fmed3),
+    "v_rcp_f32": ("f32", "f32", _rcp), "v_rcp_iflag_f32": ("f32", "f32", _rcp),
+    "v_rsq_f32": ("f32", "f32", lambda a: f32(1) / np.sqrt(a)),
+    "v_sqrt_f32": ("f32", "f32", np.sqrt),
+    "v_exp_f32": ("f32", "f32", np.exp2), "v_log_f32": ("f32", "f32", np.log2),
+    "v_sin_f32": ("f32", "f32", lambda a: np.sin(a * f32(2 * np.pi))),   # input in revolutions
+    "v_cos_f32": ("f32", "f32", lambda a: np.cos(a * f32(2 * np.pi))),
+    "v_fract_f32": ("f32", "f32", lambda a: np.minimum(a - np.floor(a), f32(0.99999994))),
+    "v_trunc_f32": ("f32", "f32", np.trunc), "v_ceil_f32": ("f32", "f32", np.ceil),
+    "v_floor_f32": ("f32", "f32", np.floor), "v_rndne_f32": ("f32", "f32", np.rint),
+    "v_ldexp_f32": ("f32", "f32 i32", lambda a, b: np.ldexp(a, np.clip(b, -300, 300))),
+    "v_frexp_mant_f32": ("f32", "f32", _frexp_mant), "v_frexp_exp_i32_f32": ("i32", "f32", _frexp_exp),
+    "v_div_fixup_f32": ("f32", "f32 f32 f32", lambda q, d, n: n / d),
+    "v_div_fmas_f32": ("f32", "f32 f32 f32", fma32),
+    # float64
+    "v_add_f64": ("f64", "f64 f64", lambda a, b: a + b), "v_mul_f64": ("f64", "f64 f64", lambda a, b: a * b),
+    "v_fma_f64": ("f64", "f64 f64 f64", lambda a, b, c: np.float64(np.longdouble(a) * b + c)),
+    "v_min_f64": ("f64", "f64 f64", np.fmin), "v_max_f64": ("f64", "f64 f64", np.fmax),
+    "v_rcp_f64": ("f64", "f64", _rcp), "v_sqrt_f64": ("f64", "f64", np.sqrt),
+    "v_rsq_f64": ("f64", "f64", lambda a: 1.0 / np.sqrt(a)),
+    "v_ldexp_f64": ("f64", "f64 i32", lambda a, b: np.ldexp(a, np.clip(b, -3000, 3000))),
+    "v_trunc_f64": ("f64", "f64", np.trunc), "v_floor_f64": ("f64", "f64", np.floor),
+    "v_ceil_f64": ("f64", "f64", np.ceil), "v_rndne_f64": ("f64", "f64", np.rint),
+    "v_fract_f64": ("f64", "f64", lambda a: np.minimum(a - np.floor(a), 0.9999999999999999)),
+    "v_frexp_mant_f64": ("f64", "f64", _frexp_mant), "v_frexp_exp_i32_f64": ("i32", "f64", _frexp_exp),
+    "v_div_fixup_f64": ("f64", "f64 f64 f64", lambda q, d, n: n / d),
+    "v_div_fmas_f64": ("f64", "f64 f64 f64", lambda a, b, c: a * b + c),
+    # float16
+    "v_add_f16": ("f16", "f16 f16", lambda a, b: a + b), "v_sub_f16": ("f16", "f16 f16", lambda a, b: a - b),
+    "v_subrev_f16": ("f16", "f16 f16", lambda a, b: b - a), "v_mul_f16": ("f16", "f16 f16", lambda a, b: a * b),
+    "v_max_f16": ("f16", "f16 f16", np.fmax), "v_min_f16": ("f16", "f16 f16", np.fmin),
+    "v_fma_f16": ("f16", "f16 f16 f16", lambda a, b, c: (a.astype(f64) * b + c).astype(f16)),
+    "v_fmac_f16": ("f16", "f16 f16 f16", lambda a, b, c: (np.asarray(a, f64) * b + c).astype(f16)),
+    "v_ldexp_f16": ("f16", "f16 i32", lambda a, b: np.ldexp(a.astype(f32), np.clip(b, -60, 60)).astype(f16)),
+    "v_rcp_f16": ("f16", "f16", _rcp), "v_sqrt_f16": ("f16", "f16", np.sqrt),
+    "v_exp_f16": ("f16", "f16", np.exp2), "v_log_f16": ("f16", "f16", np.log2),
+    # conversions
+    "v_cvt_f32_i32": ("f32", "i32", lambda a: np.asarray(a).astype(f32)),
+    "v_cvt_f32_u32": ("f32", "u32", lambda a: np.asarray(a).astype(f32)),
+    "v_cvt_i32_f32": ("i32", "f32", lambda a: _cvt_i(a, i32, -2**31, 2**31 - 1)),
+    "v_cvt_u32_f32": ("u32", "f32", lambda a: _cvt_i(a, u32, 0, 2**32 - 1)),
+    "v_cvt_i32_f64": ("i32", "f64", lambda a: _cvt_i(a, i32, -2**31, 2**31 - 1)),
+    "v_cvt_u32_f64": ("u32", "f64", lambda a: _cvt_i(a, u32, 0, 2**32 - 1)),
+    "v_cvt_flr_i32_f32": ("i32", "f32", lambda a: _cvt_i(np.floor(a), i32, -2**31, 2**31 - 1)),
+    "v_cvt_rpi_i32_f32": ("i32", "f32", lambda a: _cvt_i(np.floor(a + f32(0.5)), i32, -2**31, 2**31 - 1)),
+    "v_cvt_f64_f32": ("f64", "f32", lambda a: np.asarray(a).astype(f64)),
+    "v_cvt_f32_f64": ("f32", "f64", lambda a: np.asarray(a).astype(f32)),
+    "v_cvt_f64_i32": ("f64", "i32", lambda a: np.asarray(a).astype(f64)),
+    "v_cvt_f64_u32": ("f64", "u32", lambda a: np.asarray(a).astype(f64)),
+    "v_cvt_f16_f32": ("f16", "f32", lambda a: np.asarray(a).astype(f16)),
+    "v_cvt_f32_f16": ("f32", "f16", lambda a: np.asarray(a).astype(f32)),
+    "v_cvt_f16_u16": ("f16", "u16", lambda a: np.asarray(a).astype(f16)),
+    "v_cvt_f16_i16": ("f16", "i16", lambda a: np.asarray(a).astype(f16)),
+    "v_cvt_u16_f16": ("u16", "f16", lambda a: _cvt_i(a, u16, 0, 65535)),
+    "v_cvt_i16_f16": ("i16", "f16", lambda a: _cvt_i(a, i16, -32768, 32767)),
+    "v_cvt_pkrtz_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(_f16_rtz(a), _f16_rtz(b))),
+    "v_cvt_pk_bf16_f32": ("u32", "f32 f32", lambda a, b: _bf16(a) | (_bf16(b) << u32(16))),
+    "v_cvt_pk_u16_u32": ("u32", "u32 u32", lambda a, b: np.minimum(a, 0xFFFF) | (np.minimum(b, 0xFFFF) << u32(16))),
+    "v_cvt_pk_u8_f32": ("u32", "f32 u32 u32", lambda a, s, c: _pk_u8(a, s, c)),
+    **{f"v_cvt_f32_ubyte{k}": ("f32", "u32", (lambda k: lambda a: ((a >> u32(8 * k)) & u32(0xFF)).astype(f32))(k))
+       for k in range(4)},
+    "v_pack_b32_f16": ("u32", "f16 f16", lambda a, b: _pk16(a, b)),
+    # integer
+    "v_mov_b32": ("u32", "u32", lambda a: a), "v_accvgpr_read_b32": ("u32", "u32", lambda a: a),
+    "v_accvgpr_write_b32": ("u32", "u32", lambda a: a), "v_accvgpr_mov_b32": ("u32", "u32", lambda a: a),
+    "v_mov_b64": ("u64", "u64", lambda a: a),
+    "v_not_b32": ("u32", "u32", lambda a: ~a), "v_bfrev_b32": ("u32", "u32", lambda a: _bitrev(a)),
+    "v_ffbh_u32": ("u32", "u32", _ffbh), "v_ffbl_b32": ("u32", "u32", _ffbl),
+    "v_add_u32": ("u32", "u32 u32", lambda a, b: a + b), "v_sub_u32": ("u32", "u32 u32", lambda a, b: a - b),
+    "v_subrev_u32": ("u32", "u32 u32", lambda a, b: b - a),
+    "v_add_i32": ("i32", "i32 i32", lambda a, b: a + b), "v_sub_i32": ("i32", "i32 i32", lambda a, b: a - b),
+    "v_mul_lo_u32": ("u32", "u32 u32", lambda a, b: a * b),
+    "v_mul_hi_u32": ("u32", "u32 u32", lambda a, b: ((np.asarray(a, u64) * b) >> u64(32)).astype(u32)),
+    "v_mul_hi_i32": ("i32", "i32 i32", lambda a, b: ((np.asarray(a, i64) * b) >> 32).astype(i32)),
+    "v_mul_u32_u24": ("u32", "u32 u32", lambda a, b: _u24(a) * _u24(b)),
+    "v_mul_hi_u32_u24": ("u32", "u32 u32", lambda a, b: ((_u24(a).astype(u64) * _u24(b)) >> u64(32)).astype(u32)),
+    "v_mul_i32_i24": ("u32", "u32 u32", lambda a, b: (_i24(a) * _i24(b)).astype(u32)),
+    "v_mad_u32_u24": ("u32", "u32 u32 u32", lambda a, b, c: _u24(a) * _u24(b) + c),
+    "v_mad_i32_i24": ("u32", "u32 u32 u32", lambda a, b, c: (_i24(a) * _i24(b) + c).astype(u32)),
+    "v_lshlrev_b32": ("u32", "u32 u32", lambda a, b: b << (a & u32(31))),
+    "v_lshrrev_b32": ("u32", "u32 u32", lambda a, b: b >> (a & u32(31))),
+    "v_ashrrev_i32": ("i32", "u32 i32", lambda a, b: b >> (a & u32(31)).astype(i32)),
+    "v_lshlrev_b64": ("u64", "u32 u64", lambda a, b: b << (a & u32(63)).astype(u64)),
+    "v_lshrrev_b64": ("u64", "u32 u64", lambda a, b: b >> (a & u32(63)).astype(u64)),
+    "v_ashrrev_i64": ("i64", "u32 i64", lambda a, b: b >> (a & u32(63)).astype(i64)),
+    "v_lshl_add_u64": ("u64", "u64 u32 u64", lambda a, s, c: (a << (s & u32(7)).astype(u64)) + c),
+    "v_and_b32": ("u32", "u32 u32", lambda a, b: a & b), "v_or_b32": ("u32", "u32 u32", lambda a, b: a | b),
+    "v_xor_b32": ("u32", "u32 u32", lambda a, b: a ^ b),
+    "v_min_i32": ("i32", "i32 i32", np.minimum), "v_max_i32": ("i32", "i32 i32", np.maximum),
+    "v_min_u32": ("u32", "u32 u32", np.minimum), "v_max_u32": ("u32", "u32 u32", np.maximum),
+    "v_min3_i32": ("i32", "i32 i32 i32", lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    "v_max3_i32": ("i32", "i32 i32 i32", lambda a, b, c: np.maximum(np.maximum(a, b), c)),
+    "v_min3_u32": ("u32", "u32 u32 u32", lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    "v_max3_u32": ("u32", "u32 u32 u32", lambda a, b, c: np.maximum(np.maximum(a, b), c)),
+    "v_med3_i32": ("i32", "i32 i32 i32", _med3), "v_med3_u32": ("u32", "u32 u32 u32", _med3),
+    "v_bfe_u32": ("u32", "u32 u32 u32", _bfe_u), "v_bfe_i32": ("i32", "u32 u32 u32", _bfe_i),
+    "v_bfi_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a & b) | (~a & c)),
+    "v_bfm_b32": ("u32", "u32 u32", lambda a, b: ((u32(1) << (a & u32(31))) - u32(1)) << (b & u32(31))),
+    "v_alignbit_b32": ("u32", "u32 u32 u32", _alignbit),
+    "v_alignbyte_b32": ("u32", "u32 u32 u32", lambda a, b, c: _alignbit(a, b, (np.asarray(c, u32) & u32(3)) * u32(8))),
+    "v_perm_b32": ("u32", "u32 u32 u32", _perm),
+    "v_lshl_add_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & u32(31))) + c),
+    "v_add_lshl_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a + b) << (c & u32(31))),
+    "v_lshl_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & u32(31))) | c),
+    "v_and_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a & b) | c),
+    "v_or3_b32": ("u32", "u32 u32 u32", lambda a, b, c: a | b | c),
+    "v_xad_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a ^ b) + c),
+    "v_add3_u32": ("u32", "u32 u32 u32", lambda a, b, c: a + b + c),
+    "v_bcnt_u32_b32": ("u32", "u32 u32", lambda a, b: np.bitwise_count(a).astype(u32) + b),
+    "v_mbcnt_lo_u32_b32": ("u32", "u32 u32", lambda m, b: np.bitwise_count(u64(m) & _LO_MASKS).astype(u32) + b),
+    "v_mbcnt_hi_u32_b32": ("u32", "u32 u32",
+                           lambda m, b: np.bitwise_count((u64(m) << u64(32)) & _HI_MASKS).astype(u32) + b),
+    # 16-bit integer
+    "v_add_u16": ("u16", "u16 u16", lambda a, b: a + b), "v_sub_u16": ("u16", "u16 u16", lambda a, b: a - b),
+    "v_mul_lo_u16": ("u16", "u16 u16", lambda a, b: a * b),
+    "v_lshlrev_b16": ("u16", "u16 u16", lambda a, b: b << (a & u16(15))),
+    "v_lshrrev_b16": ("u16", "u16 u16", lambda a, b: b >> (a & u16(15))),
+    "v_ashrrev_i16": ("i16", "u16 i16", lambda a, b: b >> (a & u16(15)).astype(i16)),
+    "v_max_u16": ("u16", "u16 u16", np.maximum), "v_min_u16": ("u16", "u16 u16", np.minimum),
+    "v_max_i16": ("i16", "i16 i16", np.maximum), "v_min_i16": ("i16", "i16 i16", np.minimum),
+}
+
+
+def _bitrev(a):
+    a = np.asarray(a, u32)
+    b = a.astype(">u4").view(np.uint8)
+    return np.unpackbits(b, bitorder="little").reshape(-1, 32)[:, ::-1].copy().reshape(-1, 32) \
+        .dot(1 << np.arange(31, -1, -1, dtype=np.uint64)).astype(u32).reshape(a.shape) if a.ndim else \
+        u32(int(f"{int(a):032b}"[::-1], 2))
+
+
+def _f16_rtz(a):
+    a = np.asarray(a, f32)
+    h = a.astype(f16)
+    back = h.astype(f32)
+    over = np.abs(back) > np.abs(a)
+    h = np.where(over & np.isfinite(a), np.nextafter(h, f16(0)), h).astype(f16)
+    return h
+
+
+def _pk16(a, b):
+    return _bits_u32(a, None) | (_bits_u32(b, None) << u32(16))
+
+
+def _pk_u8(a, s, c):
+    sh = (s & u32(3)) * u32(8)
+    v = _cvt_i(np.rint(a), u32, 0, 255)
+    return (c & ~(u32(0xFF) << sh)) | (v << sh)
+
+
+# ---------------------------------------------------------------------------- DPP / SDWA
+
+def _dpp_source(mods):
+    """Per-lane source lane index (-1 = invalid) of a DPP control [ISA §6.5]."""
+    l = _LANE
+    row_base, r = l & ~15, l & 15
+    if "quad_perm" in mods:
+        p = mods["quad_perm"]
+        return (l & ~3) + np.array(p)[l & 3]
+    for k, f in (("row_shl", lambda n: np.where(r + n < 16, l + n, -1)),
+                 ("row_shr", lambda n: np.where(r - n >= 0, l - n, -1)),
+                 ("row_ror", lambda n: row_base + ((r - n) & 15)),
+                 ("wave_shl", lambda n: np.where(l + 1 < 64, l + 1, -1)),
+                 ("wave_shr", lambda n: np.where(l - 1 >= 0, l - 1, -1)),
+                 ("wave_rol", lambda n: (l + 1) & 63), ("wave_ror", lambda n: (l - 1) & 63)):
+        if k in mods:
+            return f(mods[k])
+    if "row_mirror" in mods:
+        return row_base + 15 - r
+    if "row_half_mirror" in mods:
+        return (l & ~7) + 7 - (l & 7)
+    if "row_bcast" in mods:
+        n = mods["row_bcast"]
+        if n == 15:   # lane 15 of each row feeds the next row
+            return np.where(l >= 16, row_base - 1, -1)
+        return np.where(l >= 32, 31, -1)   # row_bcast:31: lane 31 feeds rows 2 and 3
+    raise UnsupportedInstruction(f"DPP control in {mods}")
+
+
+def _dpp_wrap(ins, get, op_index):
+    """Getter of DPP-permuted src0 + the lanes the instruction may write."""
+    mods = ins.mods
+    srcl = _dpp_source(mods)
+    row_mask, bank_mask = mods.get("row_mask", 0xF), mods.get("bank_mask", 0xF)
+    bound0 = bool(mods.get("bound_ctrl", 0)) or "bound_ctrl:0" in mods
+    writable = ((row_mask >> (_LANE >> 4)) & 1).astype(bool) & ((bank_mask >> ((_LANE >> 2) & 3)) & 1).astype(bool)
+    if "row_bcast" in mods:     # rows not fed by a broadcast keep their value
+        writable &= srcl >= 0
+    valid_src = srcl >= 0
+    idx = np.where(valid_src, srcl, 0)
+
+    def g(w):
+        x = np.asarray(get(w))
+        x = np.broadcast_to(x, (64,)) if x.ndim == 0 else x
+        ok = valid_src & w.mask[idx]
+        y = x[idx]
+        if bound0:
+            return np.where(ok, y, y.dtype.type(0)), writable
+        return y, writable & ok
+    return g
+
+
+_SDWA_SEL = {"BYTE_0": (0, 8), "BYTE_1": (8, 8), "BYTE_2": (16, 8), "BYTE_3": (24, 8),
+             "WORD_0": (0, 16), "WORD_1": (16, 16), "DWORD": (0, 32)}
+
+
+def _sdwa_src(ins, i, ty, sel):
+    raw = M.src(ins, i, "u32")
+    sh, width = _SDWA_SEL[sel]
+    sext = ins.ops[i].sext or ty in ("i32", "i16")
+    op = ins.ops[i]
+
+    def g(w):
+        x = np.asarray(raw(w), u32) >> u32(sh)
+        if width < 32:
+            x = x & u32((1 << width) - 1)
+            if sext:
+                x = ((x << u32(32 - width)).view(i32) >> (32 - width)).view(u32)
+        if ty in ("f16", "bf16", "u16", "i16", "b16"):
+            v = x.astype(u16).view({"f16": f16, "i16": i16}.get(ty, u16))
+        else:
+            v = x.view({"f32": f32, "i32": i32}.get(ty, u32))
+        if ty in ("f32", "f16"):
+            if op.abs:
+                v = np.abs(v)
+            if op.neg:
+                v = -v
+        return v
+    return g
+
+
+# ---------------------------------------------------------------------------- generic builder
+
+def _omod_clamp(ins, dty):
+    mods = ins.mods
+    scale = 2.0 if mods.get("mul") == 2 else 4.0 if mods.get("mul") == 4 else 0.5 if mods.get("div") == 2 else None
+    clamp = bool(mods.get("clamp"))
+    if dty not in ("f32", "f16", "f64") or (scale is None and not clamp):
+        return None
+    t = {"f32": f32, "f16": f16, "f64": f64}[dty]
+
+    def post(x):
+        if scale is not None:
+            x = x * t(scale)
+        if clamp:   # clamp to [0, 1]; NaN -> 0 (dx10_clamp)
+            x = np.where(np.isnan(x), t(0), np.clip(x, t(0), t(1)))
+        return x
+    return post
+
+
+def build_valu(ins, dty, stys, fn, first_src=1):
+    """Generic VALU builder: sources ins.ops[first_src:] typed by stys, one result of type dty
+    into ins.ops[0]; handles VOP3 op_sel (16-bit), SDWA, DPP, clamp/omod."""
+    stys = stys.split() if isinstance(stys, str) else list(stys)
+    mods = ins.mods
+    op_sel = mods.get("op_sel", [0] * 4)
+    gets = []
+    for k, ty in enumerate(stys):
+        i = first_src + k
+        if ins.enc == "sdwa" and ins.ops[i].kind in ("v", "a", "s"):
+            gets.append(_sdwa_src(ins, i, ty, mods.get(f"src{k}_sel", "DWORD")))
+        else:
+            gets.append(M.src(ins, i, ty, hi=bool(op_sel[k]) if k < len(op_sel) else False))
+    dpp = None
+    if ins.enc == "dpp":
+        dpp = _dpp_wrap(ins, gets[0], first_src)
+    post = _omod_clamp(ins, dty)
+    hi_dst = dty in ("f16", "u16", "i16") and len(op_sel) > len(stys) and bool(op_sel[-1])
+    if dty in ("f16", "u16", "i16") and not hi_dst and ins.enc != "sdwa":
+        # 16-bit results write the low half and zero the high half (gfx9 VOP1/2/3 without op_sel)
+        put32 = M.dst(ins, 0, "u32")
+        put = lambda w, v: put32(w, _bits_u32(v, dty))  # noqa: E731
+    else:
+        put = M.dst(ins, 0, dty, hi=hi_dst)
+    if ins.enc == "sdwa":
+        put = _sdwa_dst(ins, dty, put)
+    if dpp is not None:
+        rest = gets[1:]
+        base_put = M.dst(ins, 0, dty)
+
+        def run(w):
+            x0, writable = dpp(w)
+            r = fn(x0, *[g(w) for g in rest])
+            if post:
+                r = post(r)
+            saved = w.mask
+            w.mask, full = saved & writable, w.full
+            w.full = False
+            try:
+                base_put(w, np.broadcast_to(r, (64,)))
+            finally:
+                w.mask, w.full = saved, full
+        return run
+    if post is not None:
+        inner = fn
+        fn = lambda *a: post(inner(*a))  # noqa: E731
+    if len(gets) == 1:
+        g0, = gets
+        return lambda w: put(w, fn(g0(w)))
+    if len(gets) == 2:
+        g0, g1 = gets
+        return lambda w: put(w, fn(g0(w), g1(w)))
+    if len(gets) == 3:
+        g0, g1, g2 = gets
+        return lambda w: put(w, fn(g0(w), g1(w), g2(w)))
+    return lambda w: put(w, fn(*[g(w) for g in gets]))
+
+
+def _sdwa_dst(ins, dty, put):
+    sel = ins.mods.get("dst_sel", "DWORD")
+    unused = ins.mods.get("dst_unused", "UNUSED_PAD")
+    if sel == "DWORD":
+        return put
+    sh, width = _SDWA_SEL[sel]
+    old = M.src(ins, 0, "u32")
+    put32 = M.dst(ins, 0, "u32")
+    fmask = u32(((1 << width) - 1) << sh)
+
+    def p(w, v):
+        v = (_bits_u32(v, dty) << u32(sh)) & fmask
+        if unused == "UNUSED_PRESERVE":
+            v = v | (np.asarray(old(w), u32) & ~fmask)
+        elif unused == "UNUSED_SEXT" and sh + width < 32:
+            top = (v >> u32(sh + width - 1)) & u32(1)
+            v = v | np.where(top != 0, ~u32(((1 << (sh + width)) - 1)), u32(0))
+        put32(w, v)
+    return p
+
+
+for _n, (_d, _s, _f) in _OPS.items():
+    handler(_n)(lambda ins, d=_d, s=_s, f=_f: build_valu(ins, d, s, f))
+
+
+@handler("v_fmac_f32", "v_mac_f32", "v_fmac_f16", "v_fmac_f64")
+def _fmac(ins):
+    ins.ops = ins.ops[:3] + [ins.ops[0]]   # accumulate into the destination
+    d, s, f = _OPS.get(ins.base, ("f64", "f64 f64 f64", lambda a, b, c: np.float64(np.longdouble(a) * b + c)))
+    return build_valu(ins, d, s, f)
+
+
+@handler("v_nop")
+def _vnop(ins):
+    return lambda w: None
+
+
+@handler("v_swap_b32")
+def _swap(ins):
+    a, b = M.src(ins, 0), M.src(ins, 1)
+    pa, pb = M.dst(ins, 0), M.dst(ins, 1)
+
+    def run(w):
+        x, y = a(w).copy(), b(w).copy()
+        pa(w, y)
+        pb(w, x)
+    return run
+
+
+# ---------------------------------------------------------------------------- carries, cndmask, cmp
+
+def _lanebits(ins, i):
+    """Getter of a lane-mask operand (SGPR pair / vcc / constant) as bool [64]."""
+    g = M.src(ins, i, "u64")
+    return lambda w: M.mask_of(int(g(w)))
+
+
+def _sdst_bits(ins, i):
+    """Setter of a lane mask into an SGPR pair from bool [64]; inactive lanes write 0."""
+    put = M.sdst(ins, i, 64)
+    return lambda w, b: put(w, M.bits_of(b & w.mask))
+
+
+@handler("v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_addc_co_u32", "v_subb_co_u32",
+         "v_subbrev_co_u32")
+def _carry(ins):
+    base = ins.base
+    a, b = M.src(ins, 2, "u32"), M.src(ins, 3, "u32")
+    cin = _lanebits(ins, 4) if "addc" in base or "subb" in base else None
+    put, cout = M.dst(ins, 0, "u32"), _sdst_bits(ins, 1)
+    if "rev" in base:
+        a, b = b, a
+    add = "add" in base
+
+    def run(w):
+        x, y = np.asarray(a(w), u64), np.asarray(b(w), u64)
+        c = cin(w).astype(u64) if cin else u64(0)
+        r = x + y + c if add else x - y - c
+        put(w, r.astype(u32))
+        cout(w, np.broadcast_to((r >> u64(32)) != 0, (64,)))
+    return run
+
+
+@handler("v_mad_u64_u32", "v_mad_i64_i32")
+def _mad64(ins):
+    signed = "i64" in ins.base
+    a, b = M.src(ins, 2, "i32" if signed else "u32"), M.src(ins, 3, "i32" if signed else "u32")
+    c = M.src(ins, 4, "i64" if signed else "u64")
+    put, cout = M.dst(ins, 0, "u64"), _sdst_bits(ins, 1)
+
+    def run(w):
+        if signed:
+            r = np.asarray(a(w), i64) * np.asarray(b(w), i64) + c(w)
+            put(w, r.view(u64) if isinstance(r, np.ndarray) else np.int64(r).view(u64))
+            cout(w, np.zeros(64, bool))   # overflow flag not modelled (never read in practice)
+        else:
+            x = np.asarray(a(w), u64) * np.asarray(b(w), u64)
+            r = x + c(w)
+            put(w, r)
+            cout(w, np.broadcast_to(r < x, (64,)))
+    return run
+
+
+@handler("v_cndmask_b32")
+def _cndmask(ins):
+    a, b, m = M.src(ins, 1, "u32"), M.src(ins, 2, "u32"), _lanebits(ins, 3)
+    put = M.dst(ins, 0, "u32")
+    return lambda w: put(w, np.where(m(w), b(w), a(w)).astype(u32))
+
+
+@handler("v_div_scale_f32", "v_div_scale_f64")
+def _div_scale(ins):
+    # No pre-scaling: v_div_fixup computes the exact quotient, so only VCC (the fmas scale
+    # request) is produced, always 0. [ISA: V_DIV_SCALE; simplified]
+    ty = "f64" if ins.base.endswith("64") else "f32"
+    a, put, vcc = M.src(ins, 2, ty), M.dst(ins, 0, ty), _sdst_bits(ins, 1)
+
+    def run(w):
+        put(w, a(w))
+        vcc(w, np.zeros(64, bool))
+    return run
+
+
+_FCMP = {"f": lambda a, b: np.zeros(np.broadcast(a, b).shape, bool), "lt": np.less, "eq": np.equal,
+         "le": np.less_equal, "gt": np.greater, "lg": lambda a, b: (a < b) | (a > b), "ge": np.greater_equal,
+         "o": lambda a, b: ~(np.isnan(a) | np.isnan(b)), "u": lambda a, b: np.isnan(a) | np.isnan(b),
+         "nge": lambda a, b: ~(a >= b), "nlg": lambda a, b: ~((a < b) | (a > b)), "ngt": lambda a, b: ~(a > b),
+         "nle": lambda a, b: ~(a <= b), "neq": lambda a, b: ~(a == b), "nlt": lambda a, b: ~(a < b),
+         "tru": lambda a, b: np.ones(np.broadcast(a, b).shape, bool)}
+_ICMP = {"f": _FCMP["f"], "lt": np.less, "eq": np.equal, "le": np.less_equal, "gt": np.greater,
+         "ne": np.not_equal, "ge": np.greater_equal, "t": _FCMP["tru"]}
+
+
+def _class(x, m):
+    """v_cmp_class: bit per class: 0 sNaN, 1 qNaN, 2 -inf, 3 -norm, 4 -denorm, 5 -0, 6 +0,
+    7 +denorm, 8 +norm, 9 +inf."""
+    x = np.asarray(x)
+    fi = np.finfo(x.dtype)
+    bits = x.view({2: u16, 4: u32, 8: u64}[x.dtype.itemsize])
+    quiet_bit = {2: 9, 4: 22, 8: 51}[x.dtype.itemsize]
+    nan = np.isnan(x)
+    q = nan & (((bits >> type(bits.flat[0])(quiet_bit)) & 1) == 1)
+    neg = np.signbit(x)
+    ax = np.abs(x)
+    inf, zero = np.isinf(x), ax == 0
+    den = ~zero & (ax < fi.tiny) & ~nan
+    norm = ~nan & ~inf & ~zero & ~den
+    classes = [nan & ~q, q, inf & neg, norm & neg, den & neg, zero & neg, zero & ~neg, den & ~neg,
+               norm & ~neg, inf & ~neg]
+    m = np.asarray(m, u32)
+    out = np.zeros(x.shape, bool)
+    for k, c in enumerate(classes):
+        out |= c & (((m >> u32(k)) & u32(1)) == 1)
+    return out
+
+
+def _build_cmp(ins, f, ty, cmpx):
+    a, b = M.src(ins, 1, ty), M.src(ins, 2, "u32" if f is _class else ty)
+    if ins.enc == "sdwa":
+        sel = ins.mods
+        a = _sdwa_src(ins, 1, ty, sel.get("src0_sel", "DWORD"))
+        b = _sdwa_src(ins, 2, ty, sel.get("src1_sel", "DWORD"))
+    if ins.ops[0].kind != "s":
+        raise UnsupportedInstruction("VOPC destination must be an SGPR pair / vcc")
+    put = M.sdst(ins, 0, 64)
+
+    def run(w):
+        r = np.broadcast_to(f(a(w), b(w)), (64,)) & w.mask
+        bits = M.bits_of(r)
+        if cmpx:
+            w.set_exec(bits)
+        put(w, bits)
+    return run
+
+
+_CMP_TYPES = {"f16": _FCMP, "f32": _FCMP, "f64": _FCMP, "i16": _ICMP, "u16": _ICMP, "i32": _ICMP,
+              "u32": _ICMP, "i64": _ICMP, "u64": _ICMP}
+for _t, _tab in _CMP_TYPES.items():
+    for _c, _f in list(_tab.items()) + ([("class", _class)] if _t[0] == "f" else []):
+        for _x in ("", "x"):
+            handler(f"v_cmp{_x}_{_c}_{_t}")(lambda ins, f=_f, t=_t, x=_x: _build_cmp(ins, f, t, bool(x)))
+
+
+# ---------------------------------------------------------------------------- lane ops
+
+@handler("v_readfirstlane_b32")
+def _readfirstlane(ins):
+    a, put = M.src(ins, 1, "u32"), M.sdst(ins, 0)
+
+    def run(w):
+        x = np.asarray(a(w))
+        lane = (w.exec & -w.exec).bit_length() - 1 if w.exec else 0
+        put(w, int(x if x.ndim == 0 else x[lane]))
+    return run
+
+
+@handler("v_readlane_b32")
+def _readlane(ins):
+    a, l, put = M.src(ins, 1, "u32"), M.src(ins, 2, "u32"), M.sdst(ins, 0)
+
+    def run(w):
+        x = np.asarray(a(w))
+        put(w, int(x if x.ndim == 0 else x[int(l(w)) & 63]))
+    return run
+
+
+@handler("v_writelane_b32")
+def _writelane(ins):
+    a, l = M.src(ins, 1, "u32"), M.src(ins, 2, "u32")
+    r = M.vidx(ins, ins.ops[0])
+
+    def run(w):   # ignores EXEC
+        w.V[int(l(w)) & 63, r] = a(w)
+    return run
+
+
+# ---------------------------------------------------------------------------- packed math
+
+def _pk_src(ins, i, ty, k):
+    """Getter -> (lo, hi) operands of a VOP3P source, per op_sel / op_sel_hi / neg_lo / neg_hi."""
+    mods = ins.mods
+    op_sel = mods.get("op_sel", [0, 0, 0])
+    op_sel_hi = mods.get("op_sel_hi", [1, 1, 1])
+    neg_lo, neg_hi = mods.get("neg_lo", [0, 0, 0]), mods.get("neg_hi", [0, 0, 0])
+    op = ins.ops[i]
+    if ty == "f32":   # packed f32: a 64-bit register pair, op_sel picks the dword
+        if op.kind in ("v", "a", "s"):
+            g0 = M.src(ins, i, "f32")
+            hi_op = _shift_op(op)
+            ins.ops.append(hi_op)
+            g1 = M.src(ins, len(ins.ops) - 1, "f32")
+            parts = (g0, g1)
+        else:
+            c = M.src(ins, i, "f32")
+            parts = (c, c)
+        lo_g, hi_g = parts[op_sel[k]], parts[op_sel_hi[k]]
+    else:
+        raw = M.src(ins, i, "u32")
+        t = {"f16": f16, "bf16": u16, "u16": u16, "i16": i16}[ty]
+        half = lambda g, h: (lambda w: (np.asarray(g(w), u32) >> u32(16 * h)).astype(u16).view(t))  # noqa: E731
+        lo_g, hi_g = half(raw, op_sel[k]), half(raw, op_sel_hi[k])
+        if op.kind in ("const", "fconst"):   # an inline constant feeds both halves
+            c = M.src(ins, i, ty)
+            lo_g = hi_g = c
+    nl, nh = (k < len(neg_lo) and neg_lo[k]), (k < len(neg_hi) and neg_hi[k])
+    lo = (lambda w: -lo_g(w)) if nl else lo_g
+    hi = (lambda w: -hi_g(w)) if nh else hi_g
+    return lo, hi
+
+
+def _shift_op(op):
+    from .isa import Operand
+    o = Operand(op.kind, op.index + 1, 1, text=op.text + "+1")
+    return o
+
+
+_PK = {
+    "v_pk_fma_f32": ("f32", 3, fma32), "v_pk_mul_f32": ("f32", 2, lambda a, b: a * b),
+    "v_pk_add_f32": ("f32", 2, lambda a, b: a + b), "v_pk_mov_b32": ("f32", 2, None),
+    "v_pk_add_f16": ("f16", 2, lambda a, b: a + b), "v_pk_mul_f16": ("f16", 2, lambda a, b: a * b),
+    "v_pk_fma_f16": ("f16", 3, lambda a, b, c: (np.asarray(a, f64) * b + c).astype(f16)),
+    "v_pk_max_f16": ("f16", 2, np.fmax), "v_pk_min_f16": ("f16", 2, np.fmin),
+    "v_pk_add_u16": ("u16", 2, lambda a, b: a + b), "v_pk_sub_u16": ("u16", 2, lambda a, b: a - b),
+    "v_pk_mul_lo_u16": ("u16", 2, lambda a, b: a * b),
+    "v_pk_lshlrev_b16": ("u16", 2, lambda a, b: b << (a & u16(15))),
+    "v_pk_lshrrev_b16": ("u16", 2, lambda a, b: b >> (a & u16(15))),
+    "v_pk_max_u16": ("u16", 2, np.maximum), "v_pk_min_u16": ("u16", 2, np.minimum),
+    "v_pk_max_i16": ("i16", 2, np.maximum), "v_pk_min_i16": ("i16", 2, np.minimum),
+    "v_pk_add_i16": ("i16", 2, lambda a, b: a + b), "v_pk_sub_i16": ("i16", 2, lambda a, b: a - b),
+}
+
+
+def _build_pk(ins, ty, n, fn):
+    if ins.base == "v_pk_mov_b32":   # dst.lo = src0[op_sel[0]], dst.hi = src1[op_sel[1]]
+        sel = ins.mods.get("op_sel", [0, 0])
+        ins.mods["op_sel_hi"] = [sel[1], sel[1], 1]
+        ins.mods["op_sel"] = [sel[0], sel[0], 0]
+        lo, _ = _pk_src(ins, 1, "f32", 0)
+        _, hi = _pk_src(ins, 2, "f32", 1)
+        srcs = [(lo, hi)]
+        fn = lambda a: a  # noqa: E731
+    else:
+        srcs = [_pk_src(ins, 1 + k, ty, k) for k in range(n)]
+    post = _omod_clamp(ins, ty)
+    if ty == "f32":
+        put = M.dst(ins, 0, "u64")
+
+        def run(w):
+            lo = fn(*[s[0](w) for s in srcs])
+            hi = fn(*[s[1](w) for s in srcs])
+            if post:
+                lo, hi = post(lo), post(hi)
+            put(w, np.asarray(lo, f32).view(u32).astype(u64) | (np.asarray(hi, f32).view(u32).astype(u64) << u64(32)))
+    else:
+        put = M.dst(ins, 0, "u32")
+
+        def run(w):
+            lo = fn(*[s[0](w) for s in srcs])
+            hi = fn(*[s[1](w) for s in srcs])
+            if post:
+                lo, hi = post(lo), post(hi)
+            put(w, _pk16(lo, hi))
+    return run
+
+
+for _n, (_t, _k, _f) in _PK.items():
+    handler(_n)(lambda ins, t=_t, k=_k, f=_f: _build_pk(ins, t, k, f))
+
+
+@handler("v_fma_mix_f32", "v_mad_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16")
+def _fma_mix(ins):
+    """Sources are f32, or f16 (half op_sel[i]) when op_sel_hi[i] = 1 [ISA V_FMA_MIX_F32]."""
+    op_sel = ins.mods.get("op_sel", [0, 0, 0])
+    op_sel_hi = ins.mods.get("op_sel_hi", [0, 0, 0])
+    gets = []
+    for k in range(3):
+        if op_sel_hi[k]:
+            g = M.src(ins, 1 + k, "f16", hi=bool(op_sel[k]))
+            gets.append(lambda w, g=g: np.asarray(g(w), f32))
+        else:
+            gets.append(M.src(ins, 1 + k, "f32"))
+    post = _omod_clamp(ins, "f32")
+    if ins.base.endswith("f32"):
+        put = M.dst(ins, 0, "f32")
+        conv = lambda r: r  # noqa: E731
+    else:
+        put = M.dst(ins, 0, "f16", hi=ins.base.endswith("hi_f16"))
+        conv = lambda r: np.asarray(r, f32).astype(f16)  # noqa: E731
+
+    def run(w):
+        r = fma32(*[g(w) for g in gets])
+        put(w, conv(post(r) if post else r))
+    return run
+
+
+@handler("v_dot2_f32_f16", "v_dot2c_f32_f16", "v_dot2_f32_bf16", "v_dot2c_f32_bf16")
+def _dot2(ins):
+    bf = "bf16" in ins.base
+    if ins.base.startswith("v_dot2c"):
+        ins.ops = ins.ops[:3] + [ins.ops[0]]
+    a, b, c = M.src(ins, 1, "u32"), M.src(ins, 2, "u32"), M.src(ins, 3, "f32")
+    put = M.dst(ins, 0, "f32")
+
+    def halves(x):
+        x = np.asarray(x, u32)
+        if bf:
+            return (x << u32(16)).view(f32).astype(f64), (x & u32(0xFFFF0000)).view(f32).astype(f64)
+        return (x & u32(0xFFFF)).astype(u16).view(f16).astype(f64), (x >> u32(16)).astype(u16).view(f16).astype(f64)
+
+    def run(w):
+        a0, a1 = halves(a(w))
+        b0, b1 = halves(b(w))
+        put(w, (a0 * b0 + a1 * b1 + np.asarray(c(w), f64)).astype(f32))
+    return run

@@ -1,0 +1,506 @@
+"""Vector memory: global/flat, buffer (V#), direct-to-LDS loads, and LDS (ds_*) ops."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import machine as M
+from .isa import M0, SHARED_BASE, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
+
+# suffix -> (bytes, sign-extend, d16 half: None | 0 lo | 1 hi)
+_SIZES = {"ubyte": (1, False, None), "sbyte": (1, True, None), "ushort": (2, False, None),
+          "sshort": (2, True, None), "dword": (4, False, None), "dwordx2": (8, False, None),
+          "dwordx3": (12, False, None), "dwordx4": (16, False, None), "byte": (1, False, None),
+          "short": (2, False, None), "short_d16": (2, False, 0), "short_d16_hi": (2, False, 1),
+          "ubyte_d16": (1, False, 0), "ubyte_d16_hi": (1, False, 1), "sbyte_d16": (1, True, 0),
+          "sbyte_d16_hi": (1, True, 1), "byte_d16_hi": (1, False, 1)}
+_LANE = np.arange(64)
+
+
+def _widen(data, size, signed):
+    """uint8 [64, size] -> uint32 [64, size // 4] (sub-dword values zero/sign extended)."""
+    if size >= 4:
+        return data.view(u32)
+    v = data.view({1: np.uint8, 2: u16}[size])[:, 0]
+    if signed:
+        v = v.view({1: np.int8, 2: i16}[size]).astype(i32).view(u32)
+    return v.astype(u32)[:, None]
+
+
+def _narrow(vals, size):
+    """uint32 [64, n] -> uint8 [64, size]."""
+    return np.ascontiguousarray(vals).view(np.uint8)[:, :size]
+
+
+def _load_sink(ins, i, size, signed, d16):
+    """Setter (w, uint8 [64, size]) for a load destination; race-tracked on counter."""
+    if d16 is not None:
+        put16 = M.dst(ins, i, "u16", hi=bool(d16))
+        return lambda w, data: put16(w, _widen(data, size, signed)[:, 0].astype(u16))
+    put = M.dst_vec(ins, i)
+    return lambda w, data: put(w, _widen(data, size, signed))
+
+
+def _data_source(ins, i, size, d16_hi=False):
+    """Getter w -> uint8 [64, size] of store data."""
+    g = M.src_vec(ins, i)
+    if d16_hi:
+        return lambda w: _narrow(g(w) >> u32(16), size)
+    return lambda w: _narrow(g(w), size)
+
+
+def _split(base, prefix):
+    """'global_load_dwordx2' -> ('load', 'dwordx2')."""
+    rest = base[len(prefix):]
+    kind, _, size = rest.partition("_")
+    return kind, size
+
+
+# ---------------------------------------------------------------------------- global / flat
+
+def _gaddr(ins, vi, si):
+    """Getter w -> uint64 [64] address of a global/flat access."""
+    off = ins.mods.get("offset", 0)
+    if si is None or ins.ops[si].kind == "off":
+        v = M.src(ins, vi, "u64")
+        return lambda w: v(w) + u64(off & 0xFFFFFFFFFFFFFFFF) if off >= 0 else v(w) - u64(-off)
+    v, s = M.src(ins, vi, "u32"), M.src(ins, si, "u64")
+    return lambda w: (s(w) + v(w).astype(u64) + u64(off & 0xFFFFFFFF)) if off >= 0 else \
+        (s(w) + v(w).astype(u64) - u64(-off))
+
+
+def _gmem_load(w, addr, size):
+    """Flat addresses in the LDS aperture go to LDS [ISA §10.1 flat address spaces]."""
+    return w.emu.mem.load(addr, w.mask, size)
+
+
+@handler(*[f"{p}_load_{s}" for p in ("global", "flat") for s in _SIZES if not s.startswith(("byte", "short"))
+           or "d16" in s])
+def _global_load(ins):
+    prefix = ins.base.split("_")[0]
+    size, signed, d16 = _SIZES[ins.base.split("_load_")[1]]
+    addr = _gaddr(ins, 1, 2 if prefix == "global" else None)
+    sink = _load_sink(ins, 0, size, signed, d16)
+    keys = M.reg_keys(ins, 0)
+    flat = prefix == "flat"
+
+    def run(w):
+        a = addr(w)
+        if flat and (a >> u64(32) == u64(SHARED_BASE >> 32)).any():
+            data = M.lds_load(w, (a - u64(SHARED_BASE)).astype(np.int64), size)
+            sink(w, data)
+            M.track_load(w, ins, "lgkm", keys)
+            return
+        sink(w, _gmem_load(w, a, size))
+        M.track_load(w, ins, "vm", keys)
+    return run
+
+
+@handler(*[f"{p}_store_{s}" for p in ("global", "flat") for s in
+           ("byte", "short", "dword", "dwordx2", "dwordx3", "dwordx4", "byte_d16_hi", "short_d16_hi")])
+def _global_store(ins):
+    prefix = ins.base.split("_")[0]
+    sz = ins.base.split("_store_")[1]
+    size = _SIZES[sz][0]
+    addr = _gaddr(ins, 0, 2 if prefix == "global" else None)
+    data = _data_source(ins, 1, size, sz.endswith("d16_hi"))
+    flat = prefix == "flat"
+
+    def run(w):
+        a = addr(w)
+        if flat and (a >> u64(32) == u64(SHARED_BASE >> 32)).any():
+            M.lds_store(w, (a - u64(SHARED_BASE)).astype(np.int64), data(w))
+            return
+        w.emu.mem.store(a, w.mask, data(w))
+        M.track_load(w, ins, "vm", (), "store")
+    return run
+
+
+# atomics: name -> (dtype, fn(old, src) -> new)
+_ATOMIC = {
+    "add": (u32, lambda o, s: o + s), "sub": (u32, lambda o, s: o - s),
+    "smin": (i32, np.minimum), "smax": (i32, np.maximum), "umin": (u32, np.minimum), "umax": (u32, np.maximum),
+    "and": (u32, lambda o, s: o & s), "or": (u32, lambda o, s: o | s), "xor": (u32, lambda o, s: o ^ s),
+    "swap": (u32, lambda o, s: s), "add_f32": (np.float32, lambda o, s: o + s),
+    "inc": (u32, lambda o, s: np.where(o >= s, u32(0), o + u32(1))),
+    "dec": (u32, lambda o, s: np.where((o == 0) | (o > s), s, o - u32(1))),
+    "add_x2": (u64, lambda o, s: o + s), "swap_x2": (u64, lambda o, s: s),
+    "smax_x2": (np.int64, np.maximum), "umax_x2": (u64, np.maximum),
+}
+
+
+def _atomic_rmw(ins, get_addr, data_i, ret, apply):
+    """Shared atomic runner: apply(w, addr, mask, fn) performs the RMW and returns old [64]."""
+    name = ins.base.split("_atomic_")[1]
+    if name not in _ATOMIC:
+        raise UnsupportedInstruction(f"atomic {ins.mnemonic}")
+    dt, fn = _ATOMIC[name]
+    data = M.src_vec(ins, data_i)
+    put = M.dst_vec(ins, 0) if ret else None
+    keys = M.reg_keys(ins, 0) if ret else ()
+    width = np.dtype(dt).itemsize // 4
+
+    def run(w):
+        src = np.ascontiguousarray(data(w)[:, :width]).view(dt)[:, 0]
+        old = apply(w, get_addr(w), lambda o, lanes: fn(o, src[lanes]), dt)
+        if ret:
+            put(w, np.ascontiguousarray(old).view(u32).reshape(64, width))
+        M.track_load(w, ins, "vm", keys, "load" if ret else "store")
+    return run
+
+
+@handler(*[f"global_atomic_{n}" for n in _ATOMIC] + [f"flat_atomic_{n}" for n in _ATOMIC])
+def _global_atomic(ins):
+    ret = len(ins.ops) == (4 if ins.base.startswith("global") else 3)
+    if ins.base.startswith("flat") and len(ins.ops) == 2:
+        ret = False
+    a0 = 1 if ret else 0
+    addr = _gaddr(ins, a0, a0 + 2 if ins.base.startswith("global") else None)
+    return _atomic_rmw(ins, addr, a0 + 1, ret, lambda w, a, f, dt: w.emu.mem.atomic(a, w.mask, dt, f))
+
+
+# ---------------------------------------------------------------------------- buffer (V#)
+
+def _vsharp(s):
+    """Decode a V# from four SGPR values [ISA Table 48]."""
+    base = s[0] | ((s[1] & 0xFFFF) << 32)
+    stride = (s[1] >> 16) & 0x3FFF
+    return base, stride, s[2], (s[3] >> 23) & 1, (s[1] >> 31) & 1
+
+
+def _buffer_addr(ins, vi, ri, oi, size):
+    """Getter w -> (addr u64[64], ok bool[64, ndw]) for a MUBUF access: address = base +
+    soffset + voffset + inst_offset + stride * index; raw buffers are out of range per dword
+    when voffset + inst_offset + 4j >= num_records (soffset excluded), structured buffers when
+    index >= num_records [MFMA_FACTS §6, ISA §9.1.5-9.1.7]."""
+    mods = ins.mods
+    offen, idxen = bool(mods.get("offen")), bool(mods.get("idxen"))
+    inst = mods.get("offset", 0)
+    rs = M._race_wrap(ins, ri, lambda w, r=ins.ops[ri].index: w.S[r:r + 4])
+    so = M.src(ins, oi, "u32")
+    vop = ins.ops[vi] if vi is not None else None
+    if vop is not None and vop.kind != "off":
+        vv = M.src_vec(ins, vi)
+    else:
+        vv = None
+    ndw = max(1, (size + 3) // 4)
+    steps = np.arange(ndw, dtype=u64) * u64(4)
+
+    def get(w):
+        base, stride, nrec, add_tid, swz = _vsharp(base_regs := rs(w))
+        v = vv(w) if vv is not None else np.zeros((64, 2), u32)
+        index = v[:, 0].astype(u64) if idxen else np.zeros(64, u64)
+        voff = (v[:, 1 if idxen else 0].astype(u64)) if offen else np.zeros(64, u64)
+        if add_tid:
+            index = index + _LANE.astype(u64)
+        off = voff + u64(inst)
+        addr = u64(base) + u64(int(so(w))) + off + u64(stride) * index
+        if idxen or add_tid:
+            ok = np.broadcast_to((index < u64(nrec))[:, None], (64, ndw))
+        else:
+            ok = (off[:, None] + steps[None, :]) < u64(nrec)
+        del base_regs
+        return addr, ok
+    return get
+
+
+def _buffer_ops(ins):
+    """Operand indices (vdata, vaddr, srsrc, soffset); vaddr None for 'off'/absent."""
+    ops = ins.ops
+    if ins.mods.get("lds") and len(ops) == 3:      # buffer_load_dword vaddr, s[..], soff ... lds
+        return None, 0, 1, 2
+    if ins.mods.get("lds") and len(ops) == 2:
+        return None, None, 0, 1
+    return 0, 1, 2, 3
+
+
+@handler(*[f"buffer_load_{s}" for s in _SIZES if s not in ("byte", "short", "byte_d16_hi")])
+def _buffer_load(ins):
+    sz = ins.base[len("buffer_load_"):]
+    size, signed, d16 = _SIZES[sz]
+    di, vi, ri, oi = _buffer_ops(ins)
+    if vi is not None and ins.ops[vi].kind == "off":
+        vi = None
+    addr = _buffer_addr(ins, vi, ri, oi, size)
+    if di is None:
+        return _to_lds(ins, addr, size, signed)
+    sink = _load_sink(ins, di, size, signed, d16)
+    keys = M.reg_keys(ins, di)
+
+    def run(w):
+        a, ok = addr(w)
+        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
+        if size > 4:
+            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
+            if not ok[:, 0].all():   # first dword OOB but later ones in range: reload those
+                more = w.mask & ~ok[:, 0] & ok.any(axis=1)
+                if more.any():
+                    d2 = w.emu.mem.load(a, more, size) * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
+                    data[more] = d2[more]
+        sink(w, data)
+        M.track_load(w, ins, "vm", keys)
+    return run
+
+
+@handler(*[f"buffer_store_{s}" for s in ("byte", "short", "dword", "dwordx2", "dwordx3", "dwordx4",
+                                         "byte_d16_hi", "short_d16_hi")])
+def _buffer_store(ins):
+    sz = ins.base[len("buffer_store_"):]
+    size = _SIZES[sz][0]
+    vi = None if ins.ops[1].kind == "off" else 1
+    addr = _buffer_addr(ins, vi, 2, 3, size)
+    data = _data_source(ins, 0, size, sz.endswith("d16_hi"))
+
+    def run(w):
+        a, ok = addr(w)
+        d = data(w)
+        mem = w.emu.mem
+        if ok.all():
+            mem.store(a, w.mask, d)
+        else:   # dropped per dword
+            for j in range(ok.shape[1]):
+                n = min(4, size - 4 * j)
+                mem.store(a + u64(4 * j), w.mask & ok[:, j], np.ascontiguousarray(d[:, 4 * j:4 * j + n]))
+        M.track_load(w, ins, "vm", (), "store")
+    return run
+
+
+@handler(*[f"buffer_atomic_{n}" for n in _ATOMIC])
+def _buffer_atomic(ins):
+    ret = bool(ins.mods.get("sc0") or ins.mods.get("glc"))
+    vi = None if ins.ops[1].kind == "off" else 1
+    addr = _buffer_addr(ins, vi, 2, 3, 4)
+
+    def apply(w, ao, fn, dt):
+        a, ok = ao
+        return w.emu.mem.atomic(a, w.mask & ok.all(axis=1), dt, fn)   # atomics are all-or-nothing
+    return _atomic_rmw(ins, addr, 0, ret, apply)
+
+
+def _to_lds(ins, addr, size, signed):
+    """Direct-to-LDS: LDS address = M0[17:2]*4 + inst_offset + TID*4 (TID*16 for x3/x4);
+    out-of-range reads write 0 [MFMA_FACTS §4]."""
+    inst = ins.mods.get("offset", 0)
+    per = 16 if size > 8 else 4
+
+    def run(w):
+        a, ok = addr(w)
+        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
+        if size >= 4:
+            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
+        data = _narrow(_widen(data, size, signed), max(size, 4))
+        lds = (w.S[M0] & 0x3FFFC) + inst + _LANE * per
+        d = M.lds_store(w, lds, data, inflight=w.race)
+        M.track_load(w, ins, "vm", (), "async", lds=d)
+    return run
+
+
+@handler("global_load_lds_dword", "global_load_lds_dwordx3", "global_load_lds_dwordx4",
+         "global_load_lds_ubyte", "global_load_lds_sbyte", "global_load_lds_ushort", "global_load_lds_sshort")
+def _global_lds(ins):
+    size, signed, _ = _SIZES[ins.base[len("global_load_lds_"):]]
+    ga = _gaddr(ins, 0, 1)
+    return _to_lds(ins, lambda w: (ga(w), np.ones((64, 4), bool)), size, signed)
+
+
+# ---------------------------------------------------------------------------- LDS
+
+_DS_READ = {"b32": (4, False), "b64": (8, False), "b96": (12, False), "b128": (16, False),
+            "u8": (1, False), "i8": (1, True), "u16": (2, False), "i16": (2, True)}
+_DS_WRITE = {"b32": 4, "b64": 8, "b96": 12, "b128": 16, "b8": 1, "b16": 2}
+
+
+def _ds_addr(ins, i, off_key="offset"):
+    a = M.src(ins, i, "u32")
+    off = ins.mods.get(off_key, 0)
+    return lambda w: (np.asarray(a(w)).astype(np.int64) + off) & 0xFFFFFFFF   # 32-bit LDS address math
+
+
+@handler(*[f"ds_read_{k}" for k in _DS_READ], "ds_read_u16_d16", "ds_read_u16_d16_hi", "ds_read_u8_d16",
+         "ds_read_u8_d16_hi", "ds_read_i8_d16", "ds_read_i8_d16_hi")
+def _ds_read(ins):
+    sfx = ins.base[len("ds_read_"):]
+    d16 = None
+    if "_d16" in sfx:
+        d16 = 1 if sfx.endswith("_hi") else 0
+        sfx = sfx.split("_d16")[0]
+    size, signed = _DS_READ[sfx]
+    addr = _ds_addr(ins, 1)
+    sink = _load_sink(ins, 0, size, signed, d16)
+    keys = M.reg_keys(ins, 0)
+
+    def run(w):
+        sink(w, M.lds_load(w, addr(w), size))
+        M.track_load(w, ins, "lgkm", keys)
+    return run
+
+
+@handler("ds_read2_b32", "ds_read2_b64", "ds_read2st64_b32", "ds_read2st64_b64")
+def _ds_read2(ins):
+    size = 8 if ins.base.endswith("64") else 4
+    unit = size * (64 if "st64" in ins.base else 1)
+    a = M.src(ins, 1, "u32")
+    o0, o1 = ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
+    put = M.dst_vec(ins, 0)
+    keys = M.reg_keys(ins, 0)
+
+    def run(w):
+        base = np.asarray(a(w)).astype(np.int64)
+        d = np.concatenate([M.lds_load(w, (base + o0) & 0xFFFFFFFF, size),
+                            M.lds_load(w, (base + o1) & 0xFFFFFFFF, size)], axis=1)
+        put(w, d.view(u32))
+        M.track_load(w, ins, "lgkm", keys)
+    return run
+
+
+def _ds_track_write(w, ins, d):
+    M.track_load(w, ins, "lgkm", (), "lds_write", lds=d)
+
+
+@handler(*[f"ds_write_{k}" for k in _DS_WRITE], "ds_write_b8_d16_hi", "ds_write_b16_d16_hi")
+def _ds_write(ins):
+    sfx = ins.base[len("ds_write_"):]
+    hi = sfx.endswith("_d16_hi")
+    size = _DS_WRITE[sfx.split("_d16")[0]]
+    addr = _ds_addr(ins, 0)
+    data = _data_source(ins, 1, size, hi)
+
+    def run(w):
+        _ds_track_write(w, ins, M.lds_store(w, addr(w), data(w)))
+    return run
+
+
+@handler("ds_write2_b32", "ds_write2_b64", "ds_write2st64_b32", "ds_write2st64_b64")
+def _ds_write2(ins):
+    size = 8 if ins.base.endswith("64") else 4
+    unit = size * (64 if "st64" in ins.base else 1)
+    a = M.src(ins, 0, "u32")
+    o0, o1 = ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
+    d0, d1 = _data_source(ins, 1, size), _data_source(ins, 2, size)
+
+    def run(w):
+        base = np.asarray(a(w)).astype(np.int64)
+        x = M.lds_store(w, (base + o0) & 0xFFFFFFFF, d0(w))
+        y = M.lds_store(w, (base + o1) & 0xFFFFFFFF, d1(w))
+        _ds_track_write(w, ins, None if x is None else np.concatenate([x, y]))
+    return run
+
+
+_DS_ATOMIC = {"add_u32": (u32, lambda o, s: o + s), "sub_u32": (u32, lambda o, s: o - s),
+              "add_f32": (np.float32, lambda o, s: o + s), "min_i32": (i32, np.minimum),
+              "max_i32": (i32, np.maximum), "min_u32": (u32, np.minimum), "max_u32": (u32, np.maximum),
+              "and_b32": (u32, lambda o, s: o & s), "or_b32": (u32, lambda o, s: o | s),
+              "xor_b32": (u32, lambda o, s: o ^ s), "min_f32": (np.float32, np.fmin),
+              "max_f32": (np.float32, np.fmax), "wrxchg_rtn_b32": (u32, lambda o, s: s),
+              "add_u64": (u64, lambda o, s: o + s)}
+
+
+@handler(*[f"ds_{k}" for k in _DS_ATOMIC], *[f"ds_{k.replace('_', '_rtn_', 1)}" for k in _DS_ATOMIC])
+def _ds_atomic(ins):
+    name = ins.base[3:].replace("_rtn", "")
+    ret = "_rtn_" in ins.base
+    dt, fn = _DS_ATOMIC[name]
+    first = 1 if ret else 0
+    addr = _ds_addr(ins, first)
+    data = M.src_vec(ins, first + 1)
+    put = M.dst_vec(ins, 0) if ret else None
+    keys = M.reg_keys(ins, 0) if ret else ()
+    n = np.dtype(dt).itemsize
+
+    def run(w):
+        a = addr(w)
+        src = np.ascontiguousarray(data(w)[:, :n // 4]).view(dt)[:, 0]
+        old = M.lds_load(w, a, n).view(dt)[:, 0].copy()
+        lanes = np.nonzero(w.mask)[0]
+        out = old.copy()
+        lds = w.wg.lds
+        for l in lanes:   # lane order matters when lanes share an address
+            cur = lds[a[l]:a[l] + n].view(dt)[0]
+            out[l] = cur
+            lds[a[l]:a[l] + n] = np.asarray(fn(cur, src[l]), dt).reshape(1).view(np.uint8)
+        d = M.lds_store(w, a, lds[a[:, None] + M.AR[n]].copy())   # race bookkeeping for the write
+        if ret:
+            put(w, out.view(u32).reshape(64, n // 4))
+        M.track_load(w, ins, "lgkm", keys, "lds_write", lds=d)
+    return run
+
+
+def _swizzle_offset(v):
+    """Decode ds_swizzle offset: an int or LLVM's swizzle(...) macro [ISA §11.3 DS_SWIZZLE]."""
+    if isinstance(v, int):
+        return v
+    m = re.match(r"swizzle\((\w+)(?:,(.*))?\)", v)
+    if not m:
+        raise UnsupportedInstruction(f"ds_swizzle offset {v!r}")
+    mode, args = m.group(1), [a.strip() for a in (m.group(2) or "").split(",") if a.strip()]
+    if mode == "QUAD_PERM":
+        p = [int(x) for x in args]
+        return 0x8000 | p[0] | p[1] << 2 | p[2] << 4 | p[3] << 6
+    if mode == "SWAP":
+        return (int(args[0]) << 10) | 0x1F
+    if mode == "REVERSE":
+        return ((int(args[0]) - 1) << 10) | 0x1F
+    if mode == "BROADCAST":
+        size, lane = int(args[0]), int(args[1])
+        return ((0x1F & ~(size - 1)) | (lane << 5) & 0x3E0)
+    if mode == "BITMASK_PERM":
+        s = args[0].strip('"')
+        andm = orm = xorm = 0
+        for k, ch in enumerate(reversed(s)):
+            if ch == "1":
+                orm |= 1 << k
+            elif ch == "p":
+                andm |= 1 << k
+            elif ch == "i":
+                andm |= 1 << k
+                xorm |= 1 << k
+        return andm | orm << 5 | xorm << 10
+    raise UnsupportedInstruction(f"ds_swizzle mode {mode}")
+
+
+@handler("ds_swizzle_b32")
+def _ds_swizzle(ins):
+    off = _swizzle_offset(ins.mods.get("offset", 0))
+    l = _LANE
+    if off & 0x8000:
+        srcl = (l & ~3) + ((off >> (2 * (l & 3))) & 3)
+    else:
+        andm, orm, xorm = off & 0x1F, (off >> 5) & 0x1F, (off >> 10) & 0x1F
+        srcl = (l & ~31) + ((((l & 31) & andm) | orm) ^ xorm)
+    a = M.src(ins, 1, "u32")
+    put = M.dst(ins, 0, "u32")
+    keys = M.reg_keys(ins, 0)
+
+    def run(w):
+        x = np.broadcast_to(a(w), (64,))
+        put(w, np.where(w.mask[srcl], x[srcl], u32(0)))   # inactive source lanes read 0
+        M.track_load(w, ins, "lgkm", keys)
+    return run
+
+
+@handler("ds_permute_b32", "ds_bpermute_b32")
+def _ds_permute(ins):
+    a, d = M.src(ins, 1, "u32"), M.src(ins, 2, "u32")
+    off = ins.mods.get("offset", 0)
+    put = M.dst(ins, 0, "u32")
+    keys = M.reg_keys(ins, 0)
+    back = ins.base == "ds_bpermute_b32"
+
+    def run(w):
+        lane = ((np.broadcast_to(a(w), (64,)).astype(np.int64) + off) >> 2) & 63
+        x = np.broadcast_to(d(w), (64,))
+        if back:   # dst[l] = src[lane[l]]
+            r = x[lane]
+        else:      # dst[lane[l]] = src[l]; later lanes win; unwritten lanes read 0
+            r = np.zeros(64, u32)
+            m = w.mask
+            r[lane[m]] = x[m]
+        put(w, r)
+        M.track_load(w, ins, "lgkm", keys)
+    return run
+
+
+@handler("ds_nop")
+def _ds_nop(ins):
+    return lambda w: None
