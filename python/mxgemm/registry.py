@@ -93,5 +93,22 @@ register(Kernel(
     doc="FlyDSL twin of mxfp8_dequant; sample of the FlyDSL path"))
 
 # --- small-M MXFP8 (issue 6) ---
+# One source, three kernels: each is emitted when its defining parameter is set (N_SUB: GEMV,
+# SPLIT_K: MFMA, BLOCK_N: MoE), so every variant compiles exactly one kernel.
+_SMALLM_SRC = "csrc/kernels/smallm_mxfp8.hip"
+register(Kernel(
+    name="smallm_mxfp8_gemv", language="hip", source=_SMALLM_SRC, symbol="smallm_mxfp8_gemv",
+    # M_TILE=16 with N_SUB=2 needs > 256 VGPRs and spills, so it is not offered.
+    variants=variant_grid(M_TILE=(1, 2, 4, 8), N_SUB=(1, 2)) + variant_grid(M_TILE=(16,), N_SUB=(1,)),
+    doc="MXFP8 GEMV, M <= M_TILE per workgroup row, 16*N_SUB weight rows per workgroup; packed FMA"))
+register(Kernel(
+    name="smallm_mxfp8_mfma", language="hip", source=_SMALLM_SRC, symbol="smallm_mxfp8_mfma",
+    variants=variant_grid(M_TILE=(16, 32, 64), SPLIT_K=(1, 2, 4)),
+    doc="MXFP8 small-M GEMM on v_mfma_scale_f32_16x16x128_f8f6f4; in-workgroup split-K; K % 128"))
+register(Kernel(
+    name="smallm_mxfp8_moe_grouped_gemm", language="hip", source=_SMALLM_SRC,
+    symbol="smallm_mxfp8_moe_grouped_gemm",
+    variants=variant_grid(BLOCK_N=(8, 16), M_CHUNK=(2, 4)),
+    doc="MXFP8 MoE grouped GEMM over sorted_token_ids; optional top-k weights; bf16/fp32 out"))
 
 # --- a4w4 MXFP4 MoE gemm2 (issue 7) ---

@@ -1,0 +1,289 @@
+// Small-M (decode-regime) MXFP8 GEMM family for gfx950.
+//
+//   out[m, n] = bf16( sum_kb 2^(SA[m,kb]-127) * 2^(SB[n,kb]-127) * sum_{k in kb} A[m,k] * B[n,k] )
+//
+// A [M, K] and B [N, K] are float8 e4m3 (K contiguous), SA [M, K/32] and SB [N, K/32] are e8m0
+// bytes (OCP MX, one scale per 32 consecutive K). Three kernels, each emitted only when its
+// defining variant parameter is set, so one build compiles one kernel:
+//   N_SUB    -> smallm_mxfp8_gemv             M in 1..16, packed FMA, scales applied in registers
+//   SPLIT_K  -> smallm_mxfp8_mfma             M in 8..64, v_mfma_scale_f32_16x16x128_f8f6f4
+//   BLOCK_N  -> smallm_mxfp8_moe_grouped_gemm sorted-token MoE, the GEMV core per expert
+// All workgroups are 256 threads (4 wave64s). Every tensor is addressed through one raw buffer
+// resource (32-bit offsets: the host guarantees each is < 2^31 bytes; MoE weights are rebased
+// per expert, so the rule applies to one expert's [N, K] slice).
+//
+// Rows/columns past M or N are clamped to the last valid one for loading and never stored, so
+// the kernels do not depend on out-of-range buffer reads returning zero.
+#include "mxgemm/mfma.h"
+
+using namespace mxgemm;
+
+// Promise 256-thread workgroups so the compiler may use up to 512 VGPRs instead of the 128 it
+// must assume for the default 1024-thread maximum (the large GEMV tiles would spill).
+#define SMALLM_WG256 __attribute__((amdgpu_flat_work_group_size(256, 256)))
+
+#if defined(__gfx950__)
+namespace {
+
+constexpr uint32_t kThreads = 256;  // every launch uses 256-thread workgroups (kernel attribute)
+constexpr uint32_t kMxBlock = 32;   // K elements per e8m0 scale
+
+typedef float f32x2 __attribute__((ext_vector_type(2)));
+
+MXGEMM_DEVICE uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+// 32 e4m3 values of one MX block as 16 float pairs (exact: every e4m3 value is an f32).
+struct Block32 {
+  f32x2 v[16];
+};
+
+// Two 128-bit loads of one MX block (32 bytes at byte offset `off`), then decode. The fp8
+// payloads of one block share one scale, so a lane always owns whole blocks.
+MXGEMM_DEVICE Block32 load_block(buffer_rsrc r, uint32_t off) {
+  const u32x4 q[2] = {load_b128(r, off), load_b128(r, off + 16u)};
+  Block32 b;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      b.v[8 * h + 2 * w] = __builtin_amdgcn_cvt_pk_f32_fp8((int)q[h][w], false);
+      b.v[8 * h + 2 * w + 1] = __builtin_amdgcn_cvt_pk_f32_fp8((int)q[h][w], true);
+    }
+  return b;
+}
+
+// Unscaled block dot product with packed FMA (v_pk_fma_f32): e4m3 x e4m3 products are exact in
+// f32, so the only roundings are the 31 additions (two interleaved chains, then one add).
+MXGEMM_DEVICE float block_dot(const Block32& a, const Block32& b) {
+  f32x2 acc = a.v[0] * b.v[0];
+#pragma unroll
+  for (int i = 1; i < 16; ++i) acc = __builtin_elementwise_fma(a.v[i], b.v[i], acc);
+  return acc.x + acc.y;
+}
+
+// s * 2^(sa-127) * 2^(sb-127) as ONE ldexp, so the product of two extreme scales (down to
+// 2^-254) rounds once instead of flushing; an e8m0 0xFF on either side is NaN (OCP MX).
+MXGEMM_DEVICE float apply_scales(float s, uint32_t sa, uint32_t sb) {
+  const float v = __builtin_ldexpf(s, (int)(sa + sb) - 254);
+  return (sa == 0xFFu || sb == 0xFFu) ? __builtin_nanf("") : v;
+}
+
+// GEMV core shared by the dense GEMV and the MoE kernel. The calling lane owns K blocks
+// klane, klane + k_lanes, ... of MT rows of A and NS rows of B and accumulates their scaled
+// block products into acc[m][j]. Row arguments are row indices (already clamped in range).
+template <uint32_t MT, uint32_t NS>
+MXGEMM_DEVICE void gemv_accumulate(float (&acc)[MT][NS], buffer_rsrc a, buffer_rsrc a_scale,
+                                   const uint32_t (&a_row)[MT], buffer_rsrc b, buffer_rsrc b_scale,
+                                   const uint32_t (&b_row)[NS], uint32_t K, uint32_t klane,
+                                   uint32_t k_lanes) {
+  const uint32_t k_blocks = K / kMxBlock;
+  for (uint32_t kb = klane; kb < k_blocks; kb += k_lanes) {
+    Block32 bq[NS];
+    uint32_t sb[NS];
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      bq[j] = load_block(b, b_row[j] * K + kb * kMxBlock);
+      sb[j] = load_u8(b_scale, b_row[j] * k_blocks + kb);
+    }
+#pragma unroll
+    for (uint32_t m = 0; m < MT; ++m) {
+      const Block32 aq = load_block(a, a_row[m] * K + kb * kMxBlock);
+      const uint32_t sa = load_u8(a_scale, a_row[m] * k_blocks + kb);
+#pragma unroll
+      for (uint32_t j = 0; j < NS; ++j) acc[m][j] += apply_scales(block_dot(aq, bq[j]), sa, sb[j]);
+    }
+  }
+}
+
+// Sum V partial values over the k_lanes consecutive lanes of each lane group, through LDS.
+// red must hold kThreads * V floats. Writes, barriers, and returns nothing: afterwards the sum
+// of value v of group g is red_sum(red, (g * V + v), k_lanes), read in a fixed lane order so the
+// result does not depend on scheduling.
+template <uint32_t V>
+MXGEMM_DEVICE void lds_partials_store(float* red, const float (&vals)[V], uint32_t t,
+                                      uint32_t k_lanes) {
+  const uint32_t grp = t / k_lanes, klane = t % k_lanes;
+#pragma unroll
+  for (uint32_t v = 0; v < V; ++v) red[(grp * V + v) * k_lanes + klane] = vals[v];
+  syncthreads();
+}
+
+MXGEMM_DEVICE float red_sum(const float* red, uint32_t slot, uint32_t k_lanes) {
+  float s = 0.0f;
+  for (uint32_t i = 0; i < k_lanes; ++i) s += red[slot * k_lanes + i];
+  return s;
+}
+
+MXGEMM_DEVICE __bf16 to_bf16(float x) { return (__bf16)x; }  // RNE: v_cvt_pk_bf16_f32
+
+}  // namespace
+#endif  // __gfx950__
+
+// ---------------------------------------------------------------------------------------------
+// smallm_mxfp8_gemv: M_TILE rows of A x (16 lane groups x N_SUB) rows of B per workgroup.
+// 16 lanes share one group of N_SUB B rows and split its K blocks; the 16 partial sums are
+// combined through LDS. Grid: (ceil(N / (16 * N_SUB)), ceil(M / M_TILE)).
+// ---------------------------------------------------------------------------------------------
+#if defined(N_SUB)
+SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_gemv)(const uint8_t* __restrict__ a, const uint8_t* __restrict__ a_scale,
+                                 const uint8_t* __restrict__ b, const uint8_t* __restrict__ b_scale,
+                                 __bf16* __restrict__ out, int M, int N, int K) {
+#if defined(__gfx950__)
+  constexpr uint32_t MT = M_TILE, NS = N_SUB, KL = 16, BLOCK_N = kThreads / KL * NS;
+  __shared__ float red[kThreads * MT * NS];
+  const uint32_t t = thread_x(), um = M, un = N, uk = K;
+  const uint32_t n0 = block_x() * BLOCK_N, m0 = block_y() * MT;
+  const buffer_rsrc ra = make_buffer(a, um * uk), rsa = make_buffer(a_scale, um * (uk / kMxBlock));
+  const buffer_rsrc rb = make_buffer(b, un * uk), rsb = make_buffer(b_scale, un * (uk / kMxBlock));
+  uint32_t a_row[MT], b_row[NS];
+#pragma unroll
+  for (uint32_t m = 0; m < MT; ++m) a_row[m] = min_u32(m0 + m, um - 1u);
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) b_row[j] = min_u32(n0 + (t / KL) * NS + j, un - 1u);
+  float acc[MT][NS] = {};
+  gemv_accumulate<MT, NS>(acc, ra, rsa, a_row, rb, rsb, b_row, uk, t % KL, KL);
+  lds_partials_store<MT * NS>(red, reinterpret_cast<const float(&)[MT * NS]>(acc), t, KL);
+  // Output slot o = (group * MT + m) * NS + j  ->  (m, n0 + group * NS + j).
+  for (uint32_t o = t; o < BLOCK_N * MT; o += kThreads) {
+    const uint32_t j = o % NS, m = (o / NS) % MT, n = n0 + (o / (NS * MT)) * NS + j;
+    if (m0 + m < um && n < un) out[(m0 + m) * un + n] = to_bf16(red_sum(red, o, KL));
+  }
+#endif
+}
+#endif  // N_SUB
+
+// ---------------------------------------------------------------------------------------------
+// smallm_mxfp8_mfma: each wave computes M_TILE x 16 outputs with M_TILE/16 scaled MFMAs per
+// 128-wide K step, sharing one B operand. The 4 waves are SPLIT_K slices of K x (4 / SPLIT_K)
+// column tiles; K slices are summed through LDS in slice order. Requires K % 128 == 0.
+// Grid: (ceil(N / (16 * 4 / SPLIT_K)), ceil(M / M_TILE)).
+// ---------------------------------------------------------------------------------------------
+#if defined(SPLIT_K)
+SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, const uint8_t* __restrict__ a_scale,
+                                 const uint8_t* __restrict__ b, const uint8_t* __restrict__ b_scale,
+                                 __bf16* __restrict__ out, int M, int N, int K) {
+#if defined(__gfx950__)
+  constexpr uint32_t MI = M_TILE / kMfmaRows, WAVES_N = 4 / SPLIT_K, BLOCK_N = kMfmaRows * WAVES_N;
+  const uint32_t t = thread_x(), lane = t % 64u, wave = t / 64u;
+  const uint32_t wn = wave % WAVES_N, ks = wave / WAVES_N;
+  const uint32_t um = M, un = N, uk = K, k_blocks = uk / kMxBlock;
+  const uint32_t n_tile = block_x() * BLOCK_N + wn * kMfmaRows, m0 = block_y() * M_TILE;
+  const buffer_rsrc ra = make_buffer(a, um * uk), rsa = make_buffer(a_scale, um * k_blocks);
+  const buffer_rsrc rb = make_buffer(b, un * uk), rsb = make_buffer(b_scale, un * k_blocks);
+  const uint32_t r = lane % kMfmaRows, kb_lane = mfma_scale_block(lane);
+  const uint32_t b_row = min_u32(n_tile + r, un - 1u);
+  uint32_t a_row[MI];
+#pragma unroll
+  for (uint32_t mi = 0; mi < MI; ++mi) a_row[mi] = min_u32(m0 + mi * kMfmaRows + r, um - 1u);
+
+  f32x4 acc[MI];
+#pragma unroll
+  for (uint32_t mi = 0; mi < MI; ++mi) acc[mi] = f32x4{0.f, 0.f, 0.f, 0.f};
+  for (uint32_t step = ks; step < uk / kMfmaK; step += SPLIT_K) {
+    const uint32_t k0 = step * kMfmaK, kb = k0 / kMxBlock + kb_lane;
+    const i32x8 bv = mfma_fp8_operand(load_b128(rb, b_row * uk + k0 + mfma_fp8_k_offset(lane, 0)),
+                                      load_b128(rb, b_row * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+    const uint32_t sb = load_u8(rsb, b_row * k_blocks + kb);
+#pragma unroll
+    for (uint32_t mi = 0; mi < MI; ++mi) {
+      const i32x8 av = mfma_fp8_operand(load_b128(ra, a_row[mi] * uk + k0 + mfma_fp8_k_offset(lane, 0)),
+                                        load_b128(ra, a_row[mi] * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+      acc[mi] = mfma_scale_16x16x128_e4m3(av, bv, acc[mi], load_u8(rsa, a_row[mi] * k_blocks + kb), sb);
+    }
+  }
+#if SPLIT_K > 1
+  __shared__ f32x4 red[(SPLIT_K - 1) * WAVES_N * MI * 64];
+  if (ks > 0) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < MI; ++mi) red[(((ks - 1) * WAVES_N + wn) * MI + mi) * 64 + lane] = acc[mi];
+  }
+  syncthreads();
+  if (ks > 0) return;
+  for (uint32_t s = 0; s + 1 < SPLIT_K; ++s)
+#pragma unroll
+    for (uint32_t mi = 0; mi < MI; ++mi) acc[mi] += red[((s * WAVES_N + wn) * MI + mi) * 64 + lane];
+#endif
+  const uint32_t n = n_tile + r;
+#pragma unroll
+  for (uint32_t mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t m = m0 + mi * kMfmaRows + 4u * (lane / 16u) + i;  // D layout: see mfma.h
+      if (m < um && n < un) out[m * un + n] = to_bf16(acc[mi][i]);
+    }
+#endif
+}
+#endif  // SPLIT_K
+
+// ---------------------------------------------------------------------------------------------
+// smallm_mxfp8_moe_grouped_gemm: sorted-token MoE GEMM (aiter / mxgemm.routing layout).
+//   sorted_token_ids[p] = (slot << 24) | token, expert runs padded to block_m rows with token T;
+//   sorted_expert_ids[blk] = expert of rows [blk * block_m, +block_m) (-1: none);
+//   num_valid_ids[0] = number of sorted rows in use (padding included).
+// For p < num_valid_ids[0]:
+//   out[p, n] = (topk_weights[token, slot] if flags & 1) * sum_k A[a_row, k] W[expert, n, k]
+//   (MX scales as above), a_row = token * topk + slot if flags & 2 (one A row per (token, slot)),
+//   else token; out[p, :] = 0 for padding rows. Rows p >= num_valid_ids[0] are not written.
+// A workgroup owns BLOCK_N weight rows of one sorted block; 256 / BLOCK_N lanes split K per
+// weight row (the GEMV core); sorted rows are taken M_CHUNK at a time and all-padding chunks
+// skip the K loop (a uniform branch), so padded blocks cost one zero store.
+// Grid: (ceil(N / BLOCK_N), number of sorted blocks). flags bit 2: fp32 output (else bf16).
+// ---------------------------------------------------------------------------------------------
+#if defined(BLOCK_N)
+SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
+    const uint8_t* __restrict__ a, const uint8_t* __restrict__ a_scale,
+    const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale,
+    const int32_t* __restrict__ sorted_token_ids, const int32_t* __restrict__ sorted_expert_ids,
+    const int32_t* __restrict__ num_valid_ids, const float* __restrict__ topk_weights,
+    void* __restrict__ out, int T, int topk, int N, int K, int a_rows, int block_m, int flags) {
+#if defined(__gfx950__)
+  constexpr uint32_t KL = kThreads / BLOCK_N, MC = M_CHUNK;
+  __shared__ float red[kThreads * MC];
+  const uint32_t t = thread_x(), blk = block_y(), un = N, uk = K, k_blocks = uk / kMxBlock;
+  const uint32_t row0 = blk * (uint32_t)block_m, n_valid = (uint32_t)num_valid_ids[0];
+  if (row0 >= n_valid) return;
+  const int32_t expert = sorted_expert_ids[blk];
+  const uint32_t e = expert < 0 ? 0u : (uint32_t)expert;
+  // No expert: every row of the block is padding (T is the "no token" id).
+  const uint32_t ut = expert < 0 ? 0u : (uint32_t)T, utopk = topk;
+  const uint32_t rows_end = min_u32(row0 + (uint32_t)block_m, n_valid);
+  const buffer_rsrc ra = make_buffer(a, (uint32_t)a_rows * uk);
+  const buffer_rsrc rsa = make_buffer(a_scale, (uint32_t)a_rows * k_blocks);
+  const buffer_rsrc rw = make_buffer(w + (uint64_t)e * un * uk, un * uk);
+  const buffer_rsrc rsw = make_buffer(w_scale + (uint64_t)e * un * k_blocks, un * k_blocks);
+  const uint32_t n0 = block_x() * BLOCK_N;
+  const uint32_t w_row[1] = {min_u32(n0 + t / KL, un - 1u)};
+  const bool per_slot = flags & 2;
+  for (uint32_t r0 = row0; r0 < rows_end; r0 += MC) {
+    uint32_t a_row[MC];
+    bool any = false;
+#pragma unroll
+    for (uint32_t i = 0; i < MC; ++i) {  // uniform: scalar loads
+      const uint32_t id = r0 + i < rows_end ? (uint32_t)sorted_token_ids[r0 + i] : 0xFFFFFFu;
+      const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
+      any |= token < ut;
+      a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
+    }
+    if (any) {
+      float acc[MC][1] = {};
+      gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
+      lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
+    }
+    if (t < BLOCK_N * MC) {  // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group)
+      const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
+      if (r < rows_end && n < un) {
+        const uint32_t id = (uint32_t)sorted_token_ids[r], token = id & 0xFFFFFFu;
+        float v = 0.0f;
+        if (token < ut) {
+          v = red_sum(red, t, KL);
+          if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];
+        }
+        if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
+        else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
+      }
+    }
+    if (any) syncthreads();  // red is rewritten by the next chunk
+  }
+#endif
+}
+#endif  // BLOCK_N
