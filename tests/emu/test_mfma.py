@@ -120,3 +120,115 @@ def test_opsel_byte_decoding():
     assert matrix.opsel_byte([0, 1, 0], [1, 1, 0], 0) == 2
     assert matrix.opsel_byte([0, 1, 0], [1, 1, 0], 1) == 3
     assert matrix.opsel_byte(None, None, 1) == 0
+
+
+# ---- the same forms through compiled HIP builtins on the emulator --------------------------
+
+from hip_run import run  # noqa: E402
+
+F8_PAIRS = list(itertools.product(range(5), range(5)))
+
+
+def _opsel(fa, fb):
+    """Scale bytes per format pair: every byte value is used for A and for B across pairs."""
+    return (fa + fb) % 4, (fa + 2 * fb + 1) % 4
+
+
+def _scaled_kernels():
+    out = []
+    for (m, n, k), ctype, nc in (((16, 16, 128), "v4f", 4), ((32, 32, 64), "v16f", 16)):
+        for fa, fb in F8_PAIRS:
+            oa, ob = _opsel(fa, fb)
+            out.append(f"""
+MXGEMM_KERNEL(scale{m}_{fa}{fb})(const v8i* a, const v8i* b, {ctype}* d, const int* s) {{
+  int t = mxgemm::thread_x();
+  d[t] = __builtin_amdgcn_mfma_scale_f32_{m}x{n}x{k}_f8f6f4(a[t], b[t], d[t], {fa}, {fb}, {oa}, s[t], {ob}, s[t + 64]);
+}}""")
+    # AGPR accumulator through inline asm: exercises v_accvgpr_write/read and 'a' operands
+    out.append("""
+MXGEMM_KERNEL(scale16_agpr)(const v8i* a, const v8i* b, v4f* d, const int* s) {
+  int t = mxgemm::thread_x();
+  v4f c = d[t];
+  v8i av = a[t], bv = b[t];
+  int sa = s[t], sb = s[t + 64];
+  asm volatile("s_nop 0\\n\\tv_mfma_scale_f32_16x16x128_f8f6f4 %0, %1, %2, %0, %3, %4 op_sel:[1,0,0] op_sel_hi:[1,1,0]\\n\\ts_nop 7\\n\\ts_nop 7"
+               : "+a"(c) : "v"(av), "v"(bv), "v"(sa), "v"(sb));
+  d[t] = c;
+}""")
+    # explicit accumulator moves: v -> a -> a -> v
+    out.append("""
+MXGEMM_KERNEL(accvgpr_moves)(const int* x, int* y) {
+  int t = mxgemm::thread_x();
+  int v = x[t], r;
+  asm volatile("v_accvgpr_write_b32 a5, %1\\n\\tv_accvgpr_mov_b32 a6, a5\\n\\tv_accvgpr_read_b32 %0, a6"
+               : "=v"(r) : "v"(v) : "a5", "a6");
+  y[t] = r;
+}""")
+    return "\n".join(out)
+
+
+def _dense_kernels():
+    out = []
+    ty = {"bf16": "v8bf", "f16": "v8h", "e4m3": "long", "e5m2": "long"}
+    nm = {"bf16": "bf16", "f16": "f16", "e4m3": "fp8", "e5m2": "bf8"}
+    for mn, k, ctype in ((16, 32, "v4f"), (32, 16, "v16f")):
+        for fa, fb in DENSE:
+            suffix = nm[fa] if fa in ("bf16", "f16") else f"{nm[fa]}_{nm[fb]}"
+            out.append(f"""
+MXGEMM_KERNEL(dense{mn}_{fa}_{fb})(const {ty[fa]}* a, const {ty[fb]}* b, {ctype}* d) {{
+  int t = mxgemm::thread_x();
+  d[t] = __builtin_amdgcn_mfma_f32_{mn}x{mn}x{k}_{suffix}(a[t], b[t], d[t], 0, 0, 0);
+}}""")
+    return "\n".join(out)
+
+
+SCALED_SRC, DENSE_SRC = _scaled_kernels(), _dense_kernels()
+
+
+def _lane_major(regs, width):
+    """[nregs, 64] registers -> [64, width] uint32 rows the kernel loads per lane."""
+    out = np.zeros((64, width), np.uint32)
+    out[:, : regs.shape[0]] = regs.T
+    return out
+
+
+@pytest.mark.parametrize("shape", F8F6F4_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("fa,fb", F8_PAIRS)
+def test_hip_mfma_scale(shape, fa, fb):
+    m, n, k = shape
+    rng = np.random.default_rng(50 * fa + fb + m)
+    a = operand(rng, CODES[fa], NREGS[BITS[CODES[fa]]], special_rate=0.002)
+    b = operand(rng, CODES[fb], NREGS[BITS[CODES[fb]]], special_rate=0.002)
+    c = accum(rng, m * n // 64, specials=fa == fb)
+    sa, sb = scales(rng, specials=fa == fb), scales(rng, specials=fa == fb)
+    oa, ob = _opsel(fa, fb)
+    _, _, d, _ = run(SCALED_SRC, f"scale{m}_{fa}{fb}", _lane_major(a, 8), _lane_major(b, 8),
+                     c.T.copy(), np.concatenate([sa, sb]))
+    assert_same(d.T, model(shape, CODES[fa], CODES[fb], a, b, c, sa, oa, sb, ob))
+
+
+def test_hip_mfma_scale_agpr():
+    rng = np.random.default_rng(11)
+    a, b = operand(rng, "e4m3", 8), operand(rng, "e4m3", 8)
+    c = accum(rng, 4)
+    sa, sb = scales(rng), scales(rng)
+    _, _, d, _ = run(SCALED_SRC, "scale16_agpr", a.T.copy(), b.T.copy(), c.T.copy(), np.concatenate([sa, sb]))
+    assert_same(d.T, model((16, 16, 128), "e4m3", "e4m3", a, b, c, sa, 3, sb, 2))
+
+
+def test_hip_accvgpr_moves():
+    x = np.arange(64, dtype=np.uint32) * 0x01010101
+    _, y = run(SCALED_SRC, "accvgpr_moves", x, np.zeros(64, np.uint32))
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("mn", [16, 32])
+@pytest.mark.parametrize("fa,fb", DENSE)
+def test_hip_mfma_dense(mn, fa, fb):
+    shape = (mn, mn, 32 if mn == 16 else 16)
+    rng = np.random.default_rng(mn * 3 + len(fa))
+    nregs = 4 if BITS[fa] == 16 else 2
+    a, b = operand(rng, fa, nregs, 0.01), operand(rng, fb, nregs, 0.01)
+    c = accum(rng, mn * mn // 64)
+    _, _, d = run(DENSE_SRC, f"dense{mn}_{fa}_{fb}", a.T.copy(), b.T.copy(), c.T.copy())
+    assert_same(d.T, model(shape, fa, fb, a, b, c))
