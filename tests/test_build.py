@@ -1,0 +1,92 @@
+"""Registry + build: every registered kernel compiles for its archs; the cache is content-hashed
+(a repeat build compiles nothing; editing one source rebuilds only that kernel)."""
+import pytest
+
+from mxgemm import build, registry, toolchain
+from mxgemm.registry import Kernel
+
+HIP_TEMPLATE = """#include "mxgemm/device.h"
+MXGEMM_KERNEL({name})(float* out, int n) {{
+  uint32_t i = mxgemm::block_x() * 64u + mxgemm::thread_x();
+  if (i < (uint32_t)n) out[i] = {value}f * (float)i;
+}}
+"""
+
+
+@pytest.fixture
+def scratch_kernels(tmp_path, monkeypatch):
+    """Two throw-away HIP kernels in a private cache dir, removed from the registry afterwards."""
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    names = []
+    for name, value in (("scratch_a", 1.5), ("scratch_b", 2.5)):
+        src = tmp_path / f"{name}.hip"
+        src.write_text(HIP_TEMPLATE.format(name=name, value=value))
+        registry.register(Kernel(name, "hip", str(src), name, ("gfx950", "gfx1250"),
+                                 registry.variant_grid(UNROLL=(1, 2))))
+        names.append(name)
+    yield names, tmp_path
+    for n in names:
+        registry.KERNELS.pop(n)
+
+
+def test_compiler_knows_both_archs():
+    for arch in toolchain.ARCHS:
+        comp = toolchain.find_compiler(arch)
+        assert comp.major >= 19
+
+
+def test_repeat_build_compiles_nothing_and_edit_rebuilds_one_kernel(scratch_kernels):
+    names, tmp = scratch_kernels
+    first = build.build(kernels=names, progress=False)
+    assert len(first) == 2 * 2 * 2 and build.build.last_compiled == 8
+    for a in first:
+        assert a.asm_path.exists() and a.hsaco_path.read_bytes()[:4] == b"\x7fELF"
+
+    build._MEMO.clear()  # a new process: nothing memoised, only the disk cache
+    again = build.build(kernels=names, progress=False)
+    assert build.build.last_compiled == 0
+    assert [a.hsaco_path for a in again] == [a.hsaco_path for a in first]
+
+    src = tmp / "scratch_a.hip"
+    src.write_text(src.read_text().replace("1.5f", "3.5f"))
+    build._MEMO.clear()
+    edited = build.build(kernels=names, progress=False)
+    assert build.build.last_compiled == 4  # scratch_a x 2 variants x 2 archs
+    changed = {a.kernel for a, b in zip(edited, first) if a.hsaco_path != b.hsaco_path}
+    assert changed == {"scratch_a"}
+
+
+def test_variant_becomes_a_define(scratch_kernels, tmp_path):
+    names, tmp = scratch_kernels
+    src = tmp / "scratch_b.hip"
+    src.write_text(src.read_text().replace("2.5f * (float)i", "(float)(i + UNROLL * 12345u)"))
+    arts = [build.artifact("scratch_b", {"UNROLL": u}, "gfx950") for u in (1, 2)]
+    assert arts[0].key != arts[1].key
+    assert "0x3039" in arts[0].asm and "0x6072" in arts[1].asm  # 12345 and 24690
+
+
+def test_unknown_kernel_variant_and_arch_are_clear_errors():
+    with pytest.raises(KeyError, match="unknown kernel 'nope'"):
+        build.artifact("nope")
+    with pytest.raises(ValueError, match="has no variant"):
+        build.artifact("mxfp8_dequant", {"BOGUS": 1})
+    registry.register(Kernel("only950", "hip", "csrc/kernels/mxfp8_dequant.hip", "mxfp8_dequant"))
+    try:
+        with pytest.raises(ValueError, match="not built for 'gfx1250'"):
+            build.artifact("only950", {}, "gfx1250")
+    finally:
+        registry.KERNELS.pop("only950")
+
+
+def test_registry_rejects_duplicates_and_bad_language():
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(registry.get("mxfp8_dequant"))
+    with pytest.raises(ValueError, match="language must be hip"):
+        registry.register(Kernel("x", "cuda", "x.cu", "x"))
+
+
+def test_every_registered_kernel_builds_for_every_arch():
+    arts = build.build(progress=False)
+    want = {(n, registry.variant_id(v), a) for n, k in registry.KERNELS.items()
+            for a in k.archs for v in k.variants}
+    assert {(a.kernel, registry.variant_id(a.variant), a.arch) for a in arts} == want
