@@ -220,7 +220,8 @@ _OPS = {
     "v_accvgpr_write_b32": ("u32", "u32", lambda a: a), "v_accvgpr_mov_b32": ("u32", "u32", lambda a: a),
     "v_mov_b64": ("u64", "u64", lambda a: a),
     "v_not_b32": ("u32", "u32", lambda a: ~a), "v_bfrev_b32": ("u32", "u32", lambda a: _bitrev(a)),
-    "v_ffbh_u32": ("u32", "u32", _ffbh), "v_ffbl_b32": ("u32", "u32", _ffbl),
+    "v_ffbh_u32": ("u32", "u32", _ffbh),
+    "v_ffbh_i32": ("u32", "i32", lambda a: _ffbh((a ^ (a >> 31)).view(u32) if isinstance(a, np.ndarray) else u32(a ^ (a >> 31)))), "v_ffbl_b32": ("u32", "u32", _ffbl),
     "v_add_u32": ("u32", "u32 u32", lambda a, b: a + b), "v_sub_u32": ("u32", "u32 u32", lambda a, b: a - b),
     "v_subrev_u32": ("u32", "u32 u32", lambda a, b: b - a),
     "v_add_i32": ("i32", "i32 i32", lambda a, b: a + b), "v_sub_i32": ("i32", "i32 i32", lambda a, b: a - b),
@@ -566,9 +567,10 @@ def _mad64(ins):
 
 @handler("v_cndmask_b32")
 def _cndmask(ins):
-    a, b, m = M.src(ins, 1, "u32"), M.src(ins, 2, "u32"), _lanebits(ins, 3)
+    # VOP3 neg/abs on v_cndmask act on the f32 sign bit (LLVM folds fneg into it), so read as f32.
+    a, b, m = M.src(ins, 1, "f32"), M.src(ins, 2, "f32"), _lanebits(ins, 3)
     put = M.dst(ins, 0, "u32")
-    return lambda w: put(w, np.where(m(w), b(w), a(w)).astype(u32))
+    return lambda w: put(w, np.where(m(w), np.asarray(b(w), f32), np.asarray(a(w), f32)).view(u32))
 
 
 @handler("v_div_scale_f32", "v_div_scale_f64")
