@@ -179,3 +179,72 @@ def test_opsel_bits_from_clang_syntax():
     assert mxcvt.opsel_bits([0, 0, 1, 0]) == 4       # v_cvt_scalef32_pk_fp4_f16 byte 1
     assert mxcvt.opsel_bits([1, 1, 0]) == 3          # v_cvt_scalef32_pk_bf16_fp4 byte 3
     assert mxcvt.opsel_bits(None) == 0
+
+
+# ---- the conversion handlers through compiled HIP builtins ---------------------------------
+
+from hip_run import run  # noqa: E402
+
+CVT_SRC = r"""
+MXGEMM_KERNEL(cvts)(const float* x, const unsigned* c, const float* sc, unsigned* o) {
+  int t = mxgemm::thread_x();
+  float s = sc[t];
+  unsigned old = c[t + 64];
+  v2s w = __builtin_amdgcn_cvt_scalef32_pk_fp8_f32(__builtin_bit_cast(v2s, old), x[t], x[t + 64], s, true);
+  o[t] = __builtin_bit_cast(unsigned, w);
+  o[64 + t] = __builtin_amdgcn_cvt_scalef32_pk_fp4_f32(old, x[t], x[t + 64], s, 2);
+  v2f f = __builtin_amdgcn_cvt_scalef32_pk_f32_fp8(c[t], s, true);
+  ((v2f*)(o + 128))[t] = f;
+  o[256 + t] = __builtin_bit_cast(unsigned, __builtin_amdgcn_cvt_scalef32_f32_fp8(c[t], s, 3));
+  v2f g = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(c[t], s, 1);
+  ((v2f*)(o + 320))[t] = g;
+  o[448 + t] = __builtin_amdgcn_cvt_pk_bf8_f32(x[t], x[t + 64], old, true);
+  o[512 + t] = __builtin_bit_cast(unsigned, __builtin_amdgcn_cvt_f32_fp8(c[t], 1));
+  v2bf b = {(__bf16)x[t], (__bf16)x[t + 64]};
+  o[576 + t] = __builtin_bit_cast(unsigned, b);
+}
+"""
+
+
+def test_hip_conversions():
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal(128) * 2.0 ** rng.integers(-20, 20, 128)).astype(np.float32)
+    x[:4] = [np.nan, np.inf, -1e30, 3e-40]
+    c = rng.integers(0, 1 << 32, 128, dtype=np.uint64).astype(np.uint32)
+    e = rng.integers(100, 150, 64)
+    e[:3] = [0, 255, 254]
+    sc = (e.astype(np.uint32) << 23).view(np.float32)
+    o = run(CVT_SRC, "cvts", x, c, sc, np.zeros(640, np.uint32))[3].reshape(10, 64)
+    s = np.where(e == 255, np.nan, 2.0 ** (e.astype(np.float64) - 127))
+    x0, x1, old, src = x[:64].astype(np.float64), x[64:].astype(np.float64), c[64:], c[:64]
+
+    def enc(v, dt):                       # non-saturating (MODE.FP16_OVFL = 0) RNE
+        with np.errstate(invalid="ignore", over="ignore"):
+            return v.astype(dt).view(np.uint8).astype(np.uint32)
+
+    fp8 = (enc(x1 / s, ML["e4m3"]) << 8) | enc(x0 / s, ML["e4m3"])
+    np.testing.assert_array_equal(o[0], (old & 0xFFFF) | (fp8 << 16))
+    q0 = np.where(np.isnan(x0 / s), 7 | (np.signbit(x0) << 3), enc(x0 / s, ML["e2m1"]))
+    q1 = np.where(np.isnan(x1 / s), 7 | (np.signbit(x1) << 3), enc(x1 / s, ML["e2m1"]))
+    np.testing.assert_array_equal(o[1], (old & 0xFF00FFFF) | (((q1 << 4) | q0) << 16))
+
+    def dec(codes, fmt, scale):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (ml_decode(fmt, codes) * scale).astype(np.float32).view(np.uint32)
+
+    def same(a, b):
+        fa, fb = a.view(np.float32), b.view(np.float32)
+        assert ((a == b) | (np.isnan(fa) & np.isnan(fb))).all()
+
+    # pk results are stored as float2 per lane: rows 2-3 (and 5-6) hold [lane][2] pairs
+    same(o[2:4].reshape(-1)[0::2], dec((src >> 16) & 0xFF, "e4m3", s))
+    same(o[2:4].reshape(-1)[1::2], dec(src >> 24, "e4m3", s))
+    same(o[4], dec(src >> 24, "e4m3", s))
+    same(o[5:7].reshape(-1)[0::2], dec((src >> 8) & 0xF, "e2m1", s))
+    same(o[5:7].reshape(-1)[1::2], dec((src >> 12) & 0xF, "e2m1", s))
+    bf8 = (enc(x1, ML["e5m2"]) << 8) | enc(x0, ML["e5m2"])
+    np.testing.assert_array_equal(o[7], (old & 0xFFFF) | (bf8 << 16))
+    same(o[8], dec((src >> 8) & 0xFF, "e4m3", 1.0))
+    rb = [x_.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32) for x_ in (x[:64], x[64:])]
+    ok = ~np.isnan(x[:64]) & ~np.isnan(x[64:])
+    np.testing.assert_array_equal(o[9][ok], ((rb[1] << 16) | rb[0])[ok])
