@@ -89,19 +89,21 @@ MXGEMM_DEVICE __amdgpu_buffer_rsrc_t make_rsrc(const void* base, uint32_t bytes)
 // s_waitcnt lgkmcnt(0) only.
 #define WAIT_LGKMCNT0() __builtin_amdgcn_s_waitcnt(0xC07F)
 
-// A sorted row -> (expanded activation row, token); row < 0 when it is padding.
+// A sorted row -> (expanded activation row, token, index safe to load at); arow < 0 for
+// padding. sorted_token_ids is read at idx when idx < num_valid, else at 0 (the kernel only
+// runs when num_valid > 0), so every load is in bounds and there is no branch.
 struct SortedRow {
   int arow;
   int token;
+  int safe;
 };
 MXGEMM_DEVICE SortedRow sorted_row(const int32_t* sorted_token_ids, int idx, int num_valid, int tokens, int topk) {
-  SortedRow r{-1, 0};
-  if (idx < num_valid) {
-    const uint32_t id = (uint32_t)sorted_token_ids[idx];
-    const int token = (int)(id & 0xFFFFFFu), slot = (int)(id >> 24);
-    if (token < tokens && slot < topk) r = SortedRow{token * topk + slot, token};
-  }
-  return r;
+  const bool live = idx < num_valid;
+  const int safe = live ? idx : 0;
+  const uint32_t id = (uint32_t)sorted_token_ids[safe];
+  const int token = (int)(id & 0xFFFFFFu), slot = (int)(id >> 24);
+  const bool ok = live && token < tokens && slot < topk;
+  return SortedRow{ok ? token * topk + slot : -1, token, safe};
 }
 
 // One MFMA k-step S (compile-time: it is the op_sel byte of both scales) over all tiles,
@@ -280,7 +282,7 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(kThreads, kThre
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     if (rows[mt].arow < 0) continue;
-    const float topk_w = sorted_weights[m0 + mt * 16 + r16];
+    const float topk_w = sorted_weights[rows[mt].safe];
     __bf16* const orow = out + (uint64_t)rows[mt].token * (uint32_t)n + n_wave + 4 * g;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {

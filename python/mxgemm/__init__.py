@@ -5,3 +5,4 @@ Public ops are exported here as they land; see README.md for the layout.
 __version__ = "0.1.0"
 from .ops import mxfp8_dequantize  # noqa: E402,F401
 from .dispatch import explain  # noqa: E402,F401
+from .ops import moe_gemm2_a4w4  # noqa: E402,F401

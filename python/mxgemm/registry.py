@@ -112,3 +112,15 @@ register(Kernel(
     doc="MXFP8 MoE grouped GEMM over sorted_token_ids; optional top-k weights; bf16/fp32 out"))
 
 # --- a4w4 MXFP4 MoE gemm2 (issue 7) ---
+# One HIP reference kernel and its 1:1 FlyDSL port; BM (rows per workgroup, = the routing
+# block size) x NT (non-temporal weight loads) are parameters of one body in each language.
+_MOE_GEMM2_A4W4_VARIANTS = variant_grid(BM=(16, 32), NT=(0, 1))
+register(Kernel(
+    name="moe_gemm2_a4w4", language="hip", source="csrc/kernels/moe_gemm2_a4w4.hip",
+    symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
+    doc="MXFP4 x MXFP4 MoE down-projection: A rows -> LDS by buffer DMA, scaled MFMA, "
+        "top-k weighted bf16 atomics into out[T, N]; K % 256, N % 256"))
+register(Kernel(
+    name="moe_gemm2_a4w4_flydsl", language="flydsl", source="flydsl_kernels/moe_gemm2_a4w4.py",
+    symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
+    doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))

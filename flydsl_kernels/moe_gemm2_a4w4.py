@@ -1,0 +1,350 @@
+"""a4w4 MXFP4 MoE gemm2 (down-projection): the FlyDSL port of csrc/kernels/moe_gemm2_a4w4.hip.
+
+The port is 1:1 and must stay bit-identical to the HIP kernel: same tiles (BM sorted rows x
+256 columns per workgroup of 4 waves, 4 MFMA n-tiles per wave), same K mapping (lane group
+g = lane/16 holds the 32-wide K blocks 2g and 2g+1 of each 256-wide K step, scale bytes
+picked by op_sel), same loads (W and scales by raw buffer loads one step ahead into two
+alternating register sets, activations by 16-byte buffer->LDS DMA into two 4 KiB buffers
+with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + s_barrier per K step,
+lgkmcnt(0) before the MFMAs, a sched_barrier after them), same MFMA order (k-step, m-tile,
+n-tile) and the same epilog (f32 multiply by the top-k weight, RNE to bf16, two
+global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order). The HIP file's header
+comment documents the layouts; this file only names where the port differs in spelling.
+
+It is written against FlyDSL's MLIR builders (llvm / rocdl / scf dialects) rather than its
+layout algebra, so every IR operation has its one counterpart in the HIP source. All helpers
+live at module level: FlyDSL's AST rewriter only rewrites the @flyc.kernel function body, and
+the scf loops/ifs here are built explicitly.
+
+Kernel argument ABI (same order and types as the HIP kernel; no hidden arguments)::
+
+  a, a_scale, w, w_scale        global pointers (uint8)
+  sorted_token_ids, sorted_expert_ids, num_valid_ids   global pointers (int32)
+  sorted_weights                global pointer (f32)
+  out                           global pointer (bf16)
+  tokens, topk, experts, n, k   int32
+
+Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (16, 32), NT (0, 1).
+"""
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith, llvm, scf
+from flydsl._mlir.dialects import rocdl
+
+SYMBOL = "moe_gemm2_a4w4"
+THREADS = 256
+BLOCK_N = 256
+BLOCK_K = 256
+ROW_BYTES = BLOCK_K // 2          # packed fp4 bytes of one row per K step
+WAVE_N = BLOCK_N // 4             # columns per wave
+N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
+BUF_BYTES = 4 * 64 * 16           # one LDS buffer: every wave's 16-byte-per-lane DMA slot
+INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0
+BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
+WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
+WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
+
+
+def kernel_symbol(BM: int = 32, NT: int = 0) -> str:  # noqa: N803 (registry spells variants upper case)
+    # One name for every variant, as the HIP kernel: a launch is the same call for both.
+    return SYMBOL
+
+
+class _B:
+    """Small IR builder: typed constants and the integer ops the kernel uses (all i32 unless named)."""
+
+    def __init__(self):
+        self.i1 = ir.IntegerType.get_signless(1)
+        self.i16 = ir.IntegerType.get_signless(16)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.i64 = ir.IntegerType.get_signless(64)
+        self.f32 = ir.F32Type.get()
+        self.bf16 = ir.BF16Type.get()
+        self.v4i32 = ir.VectorType.get([4], self.i32)
+        self.v8i32 = ir.VectorType.get([8], self.i32)
+        self.v4f32 = ir.VectorType.get([4], self.f32)
+        self.v2f32 = ir.VectorType.get([2], self.f32)
+        self.v2bf16 = ir.VectorType.get([2], self.bf16)
+        self.gptr = ir.Type.parse("!llvm.ptr<1>")
+        self.lptr = ir.Type.parse("!llvm.ptr<3>")
+        self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
+
+    def c(self, v, t=None):
+        return arith.constant(t or self.i32, v)
+
+    def add(self, a, b):
+        return arith.addi(a, b)
+
+    def mul(self, a, b):
+        return arith.muli(a, b)
+
+    def cmp(self, pred, a, b):
+        return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
+
+    def sel(self, cond, a, b):
+        return arith.select(cond, a, b)
+
+    def u64(self, a):
+        return arith.extui(self.i64, a)
+
+    def gep(self, base, byte_offset):
+        """Byte GEP on an !llvm.ptr (any address space)."""
+        return llvm.getelementptr(base.type, base, [byte_offset], [-2147483648], ir.IntegerType.get_signless(8), 0)
+
+    def gload(self, t, base, byte_offset, align):
+        return llvm.load(t, self.gep(base, byte_offset), alignment=align)
+
+    def rsrc(self, base, nbytes):
+        """Raw buffer resource (stride 0) over nbytes (i32) from an !llvm.ptr<1>."""
+        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.u64(nbytes), self.c(BUFFER_FLAGS))
+
+
+def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
+    """(expanded activation row, token, row index safe to load at), row = -1 for padding.
+
+    Reads sorted_token_ids at idx when idx < num_valid, else at 0 (any live index): the
+    kernel only runs when num_valid > 0, so every load is in bounds with no branch."""
+    live = b.cmp("slt", idx, num_valid)
+    safe = b.sel(live, idx, b.c(0))
+    sid = b.gload(b.i32, sorted_token_ids, b.mul(safe, b.c(4)), 4)
+    token = arith.andi(sid, b.c(0xFFFFFF))
+    slot = arith.shrui(sid, b.c(24))
+    ok = arith.andi(live, arith.andi(b.cmp("slt", token, tokens), b.cmp("slt", slot, topk)))
+    arow = b.sel(ok, b.add(b.mul(token, topk), slot), b.c(-1))
+    return arow, token, safe
+
+
+def _body(bm, nt, a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, sorted_weights,
+          out, tokens, topk, experts, n, k, lds_base):
+    b = _B()
+    m_tiles = bm // 16
+    dma_waves = bm * ROW_BYTES // (64 * 16)
+    aux_w = 2 if nt else 0
+    block_m = fx.block_idx.y.ir_value()
+    m0 = b.mul(block_m, b.c(bm))
+    num_valid = b.gload(b.i32, num_valid_ids, b.c(0), 4)
+    expert = b.gload(b.i32, sorted_expert_ids, b.mul(block_m, b.c(4)), 4)
+    run = arith.andi(b.cmp("slt", m0, num_valid),
+                     arith.andi(b.cmp("sge", expert, b.c(0)), b.cmp("slt", expert, experts)))
+    if_run = scf.IfOp(run, [], has_else=False)
+    with ir.InsertionPoint(if_run.then_block):
+        _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
+                   out, tokens, topk, n, k, lds_base, m0, num_valid, expert)
+        scf.YieldOp([])
+
+
+def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
+               out, tokens, topk, n, k, lds_base, m0, num_valid, expert):
+    tid = fx.thread_idx.x.ir_value()
+    lane = arith.remui(tid, b.c(64))
+    wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(64)))  # uniform: scalar selects
+    g = arith.divui(lane, b.c(16))
+    r16 = arith.remui(lane, b.c(16))
+    n_wave = b.add(b.mul(fx.block_idx.x.ir_value(), b.c(BLOCK_N)), b.mul(wave, b.c(WAVE_N)))
+    k_bytes = arith.divui(k, b.c(2))
+    k_scales = arith.divui(k, b.c(32))
+    k_steps = arith.divsi(k, b.c(BLOCK_K))
+
+    # Buffer resources: A over all expanded rows, W rebased to this expert.
+    a_rows = b.mul(tokens, topk)
+    a_rsrc = b.rsrc(a, b.mul(a_rows, k_bytes))
+    as_rsrc = b.rsrc(a_scale, b.mul(a_rows, k_scales))
+    w_expert_bytes = b.mul(n, k_bytes)
+    ws_expert_bytes = b.mul(n, k_scales)
+    w_base = b.gep(w, arith.muli(b.u64(expert), b.u64(w_expert_bytes)))
+    ws_base = b.gep(w_scale, arith.muli(b.u64(expert), b.u64(ws_expert_bytes)))
+    w_rsrc = b.rsrc(w_base, w_expert_bytes)
+    ws_rsrc = b.rsrc(ws_base, ws_expert_bytes)
+    null_rsrc = b.rsrc(llvm.mlir_zero(b.gptr), b.c(0))
+
+    # This lane's share of the A DMA: slot t = wave*64 + lane holds row t/8, LDS chunk t%8,
+    # i.e. memory chunk (t%8) ^ (row & 7).
+    dma_wave = b.cmp("ult", wave, b.c(dma_waves))
+    t = b.add(b.mul(wave, b.c(64)), lane)
+    row = arith.divui(t, b.c(8))
+    chunk = arith.xori(arith.remui(t, b.c(8)), arith.andi(row, b.c(7)))
+    arow, _, _ = _sorted_row(b, sorted_token_ids, b.add(m0, row), num_valid, tokens, topk)
+    dma_ok = arith.andi(dma_wave, b.cmp("sge", arow, b.c(0)))
+    dma_voff = b.sel(dma_ok, b.add(b.mul(arow, k_bytes), b.mul(chunk, b.c(16))), b.c(INVALID_OFFSET))
+    dma_lds = [b.gep(lds_base, b.add(b.c(i * BUF_BYTES), b.mul(wave, b.c(1024)))) for i in range(2)]
+
+    # The rows this lane feeds to the MFMA (src1) and later accumulates into out.
+    rows, as_voff = [], []
+    for mt in range(m_tiles):
+        ar, tok, safe = _sorted_row(b, sorted_token_ids, b.add(m0, b.add(b.c(mt * 16), r16)), num_valid, tokens,
+                                    topk)
+        rows.append((ar, tok, safe))
+        as_voff.append(b.sel(b.cmp("sge", ar, b.c(0)), b.add(b.mul(ar, k_scales), b.mul(b.c(2), g)),
+                             b.c(INVALID_OFFSET)))
+    w_voff, ws_voff = [], []
+    for ntile in range(N_TILES):
+        nrow = b.add(n_wave, b.add(b.c(ntile * 16), r16))
+        w_voff.append(b.add(b.mul(nrow, k_bytes), b.mul(b.c(32), g)))
+        ws_voff.append(b.add(b.mul(nrow, k_scales), b.mul(b.c(2), g)))
+    a_lds_off = []
+    for mt in range(m_tiles):
+        r = b.add(b.c(mt * 16), r16)
+        a_lds_off.append([b.add(b.mul(r, b.c(ROW_BYTES)),
+                                b.mul(arith.xori(b.add(b.mul(b.c(2), g), b.c(s)), arith.andi(r, b.c(7))), b.c(16)))
+                          for s in range(2)])
+
+    def load_step(kt, live):
+        """W data [n-tile][k-step], W scales [n-tile], A scales [m-tile] of K step kt; `live`
+        false swaps in the empty resource (loads return zeros without touching memory)."""
+        wr, wsr, asr = (llvm.select(live, x, null_rsrc) for x in (w_rsrc, ws_rsrc, as_rsrc))
+        soff_data, soff_scale = b.mul(kt, b.c(ROW_BYTES)), b.mul(kt, b.c(BLOCK_K // 32))
+        aux = ir.IntegerAttr.get(b.i32, aux_w)
+        wf = [[rocdl.raw_ptr_buffer_load(b.v4i32, wr, b.add(w_voff[ntile], b.c(16 * s)), soff_data, aux=aux)
+               for s in range(2)] for ntile in range(N_TILES)]
+        ws = [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i16, wsr, ws_voff[ntile], soff_scale, aux=aux))
+              for ntile in range(N_TILES)]
+        as_ = [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i16, asr, as_voff[mt], soff_scale,
+                                                              aux=ir.IntegerAttr.get(b.i32, 0)))
+               for mt in range(m_tiles)]
+        return wf, ws, as_
+
+    def dma_step(kt, live):
+        """A(kt) -> LDS buffer kt&1. Waves without A rows, and the DMA after the last step,
+        write zeros (empty resource) into LDS nobody reads."""
+        rs = llvm.select(arith.andi(live, dma_wave), a_rsrc, null_rsrc)
+        lds = llvm.select(b.cmp("eq", arith.andi(kt, b.c(1)), b.c(0)), dma_lds[0], dma_lds[1])
+        rocdl.raw_ptr_buffer_load_lds(rs, lds, b.c(16), dma_voff, b.mul(kt, b.c(ROW_BYTES)), b.c(0),
+                                      aux=ir.IntegerAttr.get(b.i32, 0))
+
+    zero4 = arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, 0)))
+
+    def widen(v4):
+        # e2m1 uses the low 4 of the 8 operand registers (as the HIP {x0..x3, 0, 0, 0, 0}).
+        return llvm.shufflevector(b.v8i32, v4, zero4, list(range(8)))
+
+    def run_step(kt, acc, cur):
+        """One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched.
+        Returns (acc, prefetched registers)."""
+        rocdl.s_waitcnt(WAIT_VMCNT0)
+        rocdl.s_barrier()
+        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
+        af = [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
+              for mt in range(m_tiles)]
+        kn = b.add(kt, b.c(1))
+        live = b.cmp("slt", kn, k_steps)
+        nxt = load_step(kn, live)
+        dma_step(kn, live)
+        rocdl.s_waitcnt(WAIT_LGKMCNT0)
+        wf, ws, as_ = cur
+        acc = [list(x) for x in acc]
+        for s in range(2):
+            for mt in range(m_tiles):
+                for ntile in range(N_TILES):
+                    acc[ntile][mt] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                        b.v4f32, [widen(wf[ntile][s]), widen(af[mt][s]), acc[ntile][mt], 4, 4, s, ws[ntile], s,
+                                  as_[mt]])
+        fx.rocdl.sched_barrier(0)
+        return acc, nxt
+
+    def flat(acc, regs):
+        wf, ws, as_ = regs
+        return [x for row_ in acc for x in row_] + [x for pair in wf for x in pair] + list(ws) + list(as_)
+
+    def unflat(vals):
+        vals = list(vals)
+        acc = [vals[i * m_tiles:(i + 1) * m_tiles] for i in range(N_TILES)]
+        o = N_TILES * m_tiles
+        wf = [vals[o + 2 * i:o + 2 * i + 2] for i in range(N_TILES)]
+        o += 2 * N_TILES
+        return acc, (wf, vals[o:o + N_TILES], vals[o + N_TILES:o + N_TILES + m_tiles])
+
+    zero_acc = arith.constant(b.v4f32, ir.DenseElementsAttr.get_splat(b.v4f32, ir.FloatAttr.get(b.f32, 0.0)))
+    acc = [[zero_acc] * m_tiles for _ in range(N_TILES)]
+    true = b.c(1, b.i1)
+    regs0 = load_step(b.c(0), true)
+    dma_step(b.c(0), true)
+
+    # Pairs of steps with two alternating register sets, then an odd tail step.
+    idx = ir.IndexType.get()
+    pairs = arith.index_cast(idx, arith.divsi(k_steps, b.c(2)))
+    loop = scf.ForOp(arith.constant(idx, 0), pairs, arith.constant(idx, 1), flat(acc, regs0))
+    with ir.InsertionPoint(loop.body):
+        kt = b.mul(arith.index_cast(b.i32, loop.induction_variable), b.c(2))
+        acc, regs0 = unflat(loop.inner_iter_args)
+        acc, regs1 = run_step(kt, acc, regs0)
+        acc, regs0 = run_step(b.add(kt, b.c(1)), acc, regs1)
+        scf.YieldOp(flat(acc, regs0))
+    acc, regs0 = unflat(loop.results)
+    kt = b.mul(arith.divsi(k_steps, b.c(2)), b.c(2))
+    acc_flat = [x for row_ in acc for x in row_]
+    tail = scf.IfOp(b.cmp("slt", kt, k_steps), [x.type for x in acc_flat], has_else=True)
+    with ir.InsertionPoint(tail.then_block):
+        acc_t, _ = run_step(kt, acc, regs0)
+        scf.YieldOp([x for row_ in acc_t for x in row_])
+    with ir.InsertionPoint(tail.else_block):
+        scf.YieldOp(acc_flat)
+    acc, _ = unflat(list(tail.results) + [None] * (len(flat(acc, regs0)) - len(acc_flat)))
+
+    # Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
+    # columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.
+    for mt in range(m_tiles):
+        ar, tok, safe = rows[mt]
+        live = scf.IfOp(b.cmp("sge", ar, b.c(0)), [], has_else=False)
+        with ir.InsertionPoint(live.then_block):
+            topk_w = b.gload(b.f32, sorted_weights, b.mul(safe, b.c(4)), 4)
+            col = b.add(n_wave, b.mul(b.c(4), g))
+            orow = b.gep(out, arith.muli(b.add(arith.muli(b.u64(tok), b.u64(n)), b.u64(col)), b.c(2, b.i64)))
+            undef = llvm.mlir_undef(b.v4f32)
+            wsplat = llvm.shufflevector(b.v4f32, llvm.insertelement(undef, topk_w, b.c(0)), undef, [0, 0, 0, 0])
+            for ntile in range(N_TILES):
+                v = arith.mulf(acc[ntile][mt], wsplat)
+                for p in range(2):
+                    pair = llvm.shufflevector(b.v2f32, v, v, [2 * p, 2 * p + 1])
+                    pk = arith.truncf(b.v2bf16, pair)
+                    dst = b.gep(orow, b.c(2 * (ntile * 16 + 2 * p), b.i64))
+                    op = llvm.AtomicRMWOp(llvm.AtomicBinOp.fadd, dst, pk, llvm.AtomicOrdering.monotonic,
+                                          syncscope="agent", alignment=4)
+                    # = clang's !amdgpu.no.fine.grained.memory: a native packed bf16 atomic
+                    op.attributes["rocdl.no_fine_grained_memory"] = ir.UnitAttr.get()
+            scf.YieldOp([])
+
+
+def build(bm: int = 32, nt: int = 0):
+    """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
+    if bm not in (16, 32) or nt not in (0, 1):
+        raise ValueError(f"variant BM={bm} NT={nt}: BM must be 16 or 32, NT 0 or 1")
+
+    @fx.struct
+    class SharedStorage:
+        buf: fx.Array[fx.Int8, 2 * BUF_BYTES, 16]
+
+    @flyc.kernel(name=SYMBOL)
+    def moe_gemm2_a4w4_kernel(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
+                              sorted_token_ids: fx.Pointer, sorted_expert_ids: fx.Pointer,
+                              num_valid_ids: fx.Pointer, sorted_weights: fx.Pointer, out: fx.Pointer,
+                              tokens: fx.Int32, topk: fx.Int32, experts: fx.Int32, n: fx.Int32, k: fx.Int32):
+        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
+        _body(bm, nt, *[fx.to_llvm_ptr(p) for p in (a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                                                     num_valid_ids, sorted_weights, out)],
+              *[v.ir_value() for v in (tokens, topk, experts, n, k)], fx.to_llvm_ptr(lds.buf.ptr))
+
+    @flyc.jit
+    def moe_gemm2_a4w4(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
+                       sorted_token_ids: fx.Pointer, sorted_expert_ids: fx.Pointer, num_valid_ids: fx.Pointer,
+                       sorted_weights: fx.Pointer, out: fx.Pointer, tokens: fx.Int32, topk: fx.Int32,
+                       experts: fx.Int32, n: fx.Int32, k: fx.Int32, num_blocks: fx.Int32,
+                       stream: fx.Stream = fx.Stream(None)):
+        moe_gemm2_a4w4_kernel(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+                              sorted_weights, out, tokens, topk, experts, n, k).launch(
+            grid=(n // BLOCK_N, num_blocks, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return moe_gemm2_a4w4
+
+
+def compile_for_build(arch: str, BM: int = 32, NT: int = 0):  # noqa: N803
+    """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
+
+    Null pointers and Python ints are compile placeholders: nothing touches a device.
+    """
+    fn = build(BM, NT)
+    p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
+    u8 = fx.Uint8
+    flyc.compile(fn, p(u8), p(u8), p(u8), p(u8), p(fx.Int32), p(fx.Int32), p(fx.Int32), p(fx.Float32),
+                 p(fx.BFloat16), 1, 1, 1, BLOCK_N, BLOCK_K, 1)
+    return fn
