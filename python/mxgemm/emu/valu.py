@@ -817,3 +817,21 @@ def _dot2(ins):
         b0, b1 = halves(b(w))
         put(w, (a0 * b0 + a1 * b1 + np.asarray(c(w), f64)).astype(f32))
     return run
+
+
+@handler("v_bitop3_b32", "v_bitop3_b16")
+def _bitop3(ins):
+    """Bitwise function given by an 8-bit truth table indexed by {S0, S1, S2} bits, S0 the
+    most significant (LLVM's bitop3 constants: S0 = 0xF0, S1 = 0xCC, S2 = 0xAA)."""
+    tt = ins.mods.get("bitop3", 0)
+    ty = "u16" if ins.base.endswith("b16") else "u32"
+    t = u16 if ty == "u16" else u32
+
+    def fn(a, b, c):
+        a, b, c = np.asarray(a, t), np.asarray(b, t), np.asarray(c, t)
+        r = np.zeros(np.broadcast(a, b, c).shape, t)
+        for k in range(8):
+            if tt >> k & 1:
+                r |= (a if k & 4 else ~a) & (b if k & 2 else ~b) & (c if k & 1 else ~c)
+        return r
+    return build_valu(ins, ty, [ty] * 3, fn)
