@@ -325,47 +325,67 @@ def at_barrier(w):
 # ---------------------------------------------------------------------------- LDS access
 
 def _lds_addr(w, addr, nbytes):
-    a = np.asarray(addr).astype(np.int64)
-    m = w.mask
+    a = addr if isinstance(addr, np.ndarray) and addr.dtype == np.int64 else np.asarray(addr).astype(np.int64)
     lim = w.wg.lds.size
-    bad = m & ((a < 0) | (a + nbytes > lim))
+    if w.full:
+        if a.min() >= 0 and a.max() + nbytes <= lim:
+            return a
+        bad = (a < 0) | (a + nbytes > lim)
+    else:
+        bad = w.mask & ((a < 0) | (a + nbytes > lim))
     if bad.any():
         lane = int(np.argmax(bad))
         raise EmulatorFault(f"LDS access outside the {lim}-byte allocation: lane {lane}, address {int(a[lane]):#x}")
-    return np.where(m, a, 0) if not w.full else a
+    return np.where(w.mask, a, 0)
 
 
 def _lds_race(w, a, nbytes, write, inflight=False):
+    """Per-dword last writer (wave, epoch) and last reader (wave or -2 = several, epoch);
+    an access conflicts with another wave's access in the same barrier epoch."""
     g = w.wg
-    d = ((a[w.mask][:, None] + AR[nbytes][None, ::4]) >> 2).ravel() if nbytes >= 4 else (a[w.mask] >> 2)
-    if nbytes % 4 or (a[w.mask] % 4).any():
-        d = np.unique(((a[w.mask][:, None] + AR[nbytes]) >> 2).ravel())
+    am = a if w.full else a[w.mask]
+    if nbytes % 4 == 0 and not (am & 3).any():
+        d = ((am >> 2)[:, None] + AR[nbytes >> 2]).ravel()
+    else:
+        d = np.unique(((am[:, None] + AR[nbytes]) >> 2).ravel())
     X, E = w.wid, g.epoch
-    bad = ((g.lw_epoch[d] >= E) & (g.lw_wave[d] != X)) | (g.lw_epoch[d] == INFLIGHT)
+    we = g.lw_epoch[d]
+    late = we >= E
+    if late.any():
+        bad = late & ((g.lw_wave[d] != X) | (we == INFLIGHT))
+        if bad.any():
+            _lds_race_error(w, d, bad, write)
     if write:
-        bad |= (g.lr_epoch[d] == E) & (g.lr_wave[d] != X)
-    if bad.any():
-        j = int(np.argmax(bad))
-        other = int(g.lw_wave[d[j]]) if not write or g.lw_epoch[d[j]] >= E else int(g.lr_wave[d[j]])
-        what = "direct-to-LDS data not yet retired by s_waitcnt vmcnt + s_barrier" \
-            if g.lw_epoch[d[j]] == INFLIGHT else \
-            f"{'written' if write else 'read'} here while wave {other if other >= 0 else '(several)'} " \
-            f"accesses it without an s_barrier in between"
-        raise RaceError(f"LDS race at byte {int(d[j]) * 4:#x} (wave {X}): {what}")
-    if write:
+        rd = (g.lr_epoch[d] == E) & (g.lr_wave[d] != X)
+        if rd.any():
+            _lds_race_error(w, d, rd, write)
         g.lw_wave[d] = X
         g.lw_epoch[d] = INFLIGHT if inflight else E
     else:
         same = (g.lr_epoch[d] == E) & (g.lr_wave[d] != X)
-        g.lr_wave[d] = np.where(same, -2, X)
+        g.lr_wave[d] = np.where(same, -2, X) if same.any() else X
         g.lr_epoch[d] = E
     return d
+
+
+def _lds_race_error(w, d, bad, write):
+    g, X, E = w.wg, w.wid, w.wg.epoch
+    j = int(np.argmax(bad))
+    if g.lw_epoch[d[j]] == INFLIGHT:
+        what = "direct-to-LDS data not yet retired by s_waitcnt vmcnt + s_barrier"
+    else:
+        other = int(g.lw_wave[d[j]]) if g.lw_epoch[d[j]] >= E else int(g.lr_wave[d[j]])
+        what = (f"{'written' if write else 'read'} here while wave {other if other >= 0 else '(several)'} "
+                f"accesses it without an s_barrier (and s_waitcnt) in between")
+    raise RaceError(f"LDS race at byte {int(d[j]) * 4:#x} (wave {X}): {what}")
 
 
 def lds_load(w, addr, nbytes):
     a = _lds_addr(w, addr, nbytes)
     if w.race:
         _lds_race(w, a, nbytes, False)
+    if nbytes % 4 == 0 and not (a & 3).any():     # aligned dwords: gather 32-bit words
+        return w.wg.lds32[(a >> 2)[:, None] + AR[nbytes >> 2]].view(np.uint8)
     return w.wg.lds[a[:, None] + AR[nbytes]]
 
 
@@ -548,7 +568,8 @@ class Memory:
 
 class Workgroup:
     def __init__(self, lds_bytes, race):
-        self.lds = np.zeros(lds_bytes, np.uint8)
+        self.lds = np.zeros((lds_bytes + 3) & ~3, np.uint8)
+        self.lds32 = self.lds.view(np.uint32)
         self.epoch = 0
         if race:
             nd = (lds_bytes + 3) // 4

@@ -22,19 +22,19 @@ def _bits_u32(x, ty):
 # ---------------------------------------------------------------------------- exact fused FMA
 
 def fma32(a, b, c):
-    """Correctly rounded f32 fma: a*b is exact in f64; the f64 sum is rounded to odd so the
-    final rounding to f32 is correct (53 >= 24 + 2 bits)."""
-    a, b, c = np.float64(a) if np.isscalar(a) else a.astype(f64), \
-        np.float64(b) if np.isscalar(b) else b.astype(f64), np.float64(c) if np.isscalar(c) else c.astype(f64)
-    p = a * b
-    s = p + c
-    bb = s - p
-    err = (p - (s - bb)) + (c - bb)                      # TwoSum error of p + c
-    s = np.asarray(s)
-    fix = (err != 0) & ((s.view(u64) & u64(1)) == 0) & np.isfinite(s)
-    if fix.any():
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(f32)
+    """Correctly rounded f32 fma: a*b is exact in f64; the f64 sum p + c can only round wrongly
+    to f32 (double rounding) when it lands exactly on an f32 halfway point, so only then is
+    the TwoSum error used to break the tie (f32-subnormal results excepted)."""
+    p = np.multiply(a, b, dtype=f64)
+    s = np.add(p, c, dtype=f64)
+    sb = np.asarray(s).view(u64)
+    mid = (sb & u64(0x1FFFFFFF)) == u64(0x10000000)
+    if mid.any():
+        c64 = np.asarray(c, f64)
+        bb = s - p
+        err = (p - (s - bb)) + (c64 - bb)
+        s = np.where(mid & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return np.asarray(s).astype(f32) if np.ndim(s) else f32(s)
 
 
 # ---------------------------------------------------------------------------- op tables
