@@ -8,7 +8,7 @@ import pytest
 
 from mfma_model import BITS, CODES, NREGS, model, pack, random_codes
 
-matrix = pytest.importorskip("mxgemm.emu.matrix")
+from mxgemm.emu import matrix
 
 F8F6F4_SHAPES = [(16, 16, 128), (32, 32, 64)]
 DENSE = [("bf16", "bf16"), ("f16", "f16"), ("e4m3", "e4m3"), ("e4m3", "e5m2"),
