@@ -6,3 +6,4 @@ __version__ = "0.1.0"
 from .ops import mxfp8_dequantize  # noqa: E402,F401
 from .dispatch import explain  # noqa: E402,F401
 from .ops import moe_gemm2_a4w4  # noqa: E402,F401
+from .ops import moe_mxfp8_grouped_gemm, smallm_mxfp8_gemm  # noqa: E402,F401

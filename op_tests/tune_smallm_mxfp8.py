@@ -1,0 +1,128 @@
+"""Tune smallm_mxfp8_gemm configs and (re)write python/mxgemm/configs/smallm_mxfp8_gfx950.csv.
+
+On an MI355X (gfx950 GPU, ROCm torch) the default mode times every registered variant of every
+kernel whose envelope covers each (M, N, K) and keeps the fastest (source=measured):
+
+    python op_tests/tune_smallm_mxfp8.py                       # all default shapes
+    python op_tests/tune_smallm_mxfp8.py --shapes 1x7168x8192 16x4096x4096
+
+Without the GPU, ``--heuristic`` writes the rows the dispatcher's documented rule
+(mxgemm.ops.smallm_mxfp8.heuristic_config) would pick, marked source=heuristic; this is how
+the shipped CSV was produced, and tests check the file still matches that rule.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+import torch  # noqa: E402
+
+from mxgemm import registry  # noqa: E402
+from mxgemm.ops import smallm_mxfp8 as op  # noqa: E402
+
+# (N, K) of decode-time linear layers: Llama-3-70B at TP8 (qkv, o, gate_up, down), Llama-3-8B
+# (qkv, o, gate_up, down), DeepSeek-V3 dense projections (q_a/kv_a, o, shared-expert-like).
+NK = [(1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584),
+      (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+      (2112, 7168), (7168, 2048), (4096, 7168)]
+MS = [1, 2, 4, 8, 16, 32, 64]
+FIELDS = ["arch", "M", "N", "K", "kernel", *op.CSV_PARAMS, "us", "source"]
+
+
+def default_shapes():
+    return [(m, n, k) for n, k in NK for m in MS]
+
+
+def candidates(M, N, K):
+    """Every (kernel, variant) whose envelope covers the shape."""
+    for kernel in (op.GEMV, op.MFMA):
+        lo, hi = op.M_RANGE[kernel]
+        if lo <= M <= hi and K % op.K_ALIGN[kernel] == 0:
+            for v in registry.get(kernel).variants:
+                yield kernel, v
+
+
+def time_config(M, N, K, kernel, variant, iters=200) -> float:
+    """Median microseconds of one call on the GPU (rotating weight copies to defeat the L2)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    copies = max(1, (512 << 20) // (N * K))  # > the 256 MB MALL/L2 of an MI355X
+    a = torch.randint(0, 0x7E, (M, K), dtype=torch.uint8, device="cuda", generator=g).view(torch.float8_e4m3fn)
+    sa = torch.randint(120, 130, (M, K // 32), dtype=torch.uint8, device="cuda", generator=g)
+    bs = [torch.randint(0, 0x7E, (N, K), dtype=torch.uint8, device="cuda", generator=g).view(torch.float8_e4m3fn)
+          for _ in range(copies)]
+    sbs = [torch.randint(120, 130, (N, K // 32), dtype=torch.uint8, device="cuda", generator=g) for _ in range(copies)]
+    out = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+    cfg = {"kernel": kernel, **variant}
+    for i in range(3):
+        op.smallm_mxfp8_gemm(a, sa, bs[i % copies], sbs[i % copies], out=out, config=cfg, fallback="error")
+    times = []
+    for i in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        op.smallm_mxfp8_gemm(a, sa, bs[i % copies], sbs[i % copies], out=out, config=cfg, fallback="error")
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def row(M, N, K, kernel, variant, us, source):
+    r = {"arch": op.ARCH, "M": M, "N": N, "K": K, "kernel": kernel, "us": "" if us is None else f"{us:.2f}",
+         "source": source}
+    r.update({p: variant.get(p, "") for p in op.CSV_PARAMS})
+    return r
+
+
+def heuristic_rows(shapes):
+    rows = []
+    for M, N, K in shapes:
+        choice = op.heuristic_config(M, N, K)
+        if choice is not None:
+            kernel, variant, _ = choice
+            rows.append(row(M, N, K, kernel, variant, None, "heuristic"))
+    return rows
+
+
+def measured_rows(shapes):
+    from mxgemm import toolchain
+    arch = toolchain.gpu_arch()
+    if arch != "gfx950":
+        sys.exit(f"measuring needs a gfx950 GPU (MI355X); found {arch or 'none'}. "
+                 "Use --heuristic to write the rule-based rows.")
+    rows = []
+    for M, N, K in shapes:
+        best = min(((time_config(M, N, K, k, v), k, v) for k, v in candidates(M, N, K)),
+                   key=lambda t: t[0], default=None)
+        if best is not None:
+            us, kernel, variant = best
+            print(f"M={M} N={N} K={K}: {kernel} {variant} {us:.2f} us", flush=True)
+            rows.append(row(M, N, K, kernel, variant, us, "measured"))
+    return rows
+
+
+def write_csv(rows, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heuristic", action="store_true", help="write rule-based rows (no GPU needed)")
+    p.add_argument("--shapes", nargs="*", help="MxNxK triples (default: the built-in decode shapes)")
+    p.add_argument("--out", default=str(op.CONFIG_CSV), help="CSV to write")
+    args = p.parse_args(argv)
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else default_shapes()
+    rows = heuristic_rows(shapes) if args.heuristic else measured_rows(shapes)
+    write_csv(rows, args.out)
+    print(f"wrote {len(rows)} rows to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
