@@ -192,53 +192,35 @@ class Instr:
         return f"<{self.text.strip()} @{self.line}>"
 
 
+def _split_top(s, is_sep):
+    """Split s at characters is_sep(ch) outside brackets/parentheses; drop empty parts."""
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        depth += (ch in "[(") - (ch in "])")
+        if is_sep(ch) and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return out
+
+
 def split_operands(s: str):
     """Split 'v1, v[2:3], off offset:16 sc0' into operand strings and modifier tokens.
     Operands are comma separated; after the last operand, space-separated modifiers
     follow (a modifier can contain commas inside brackets, e.g. op_sel:[0,1])."""
-    parts, depth, cur = [], 0, ""
-    for ch in s:
-        if ch in "[(":
-            depth += 1
-        elif ch in "])":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
+    parts = [p for p in _split_top(s, lambda ch: ch == ",")]
+    parts = parts if any(parts) else []
     ops, mods = [], []
     for i, p in enumerate(parts):
-        toks = _split_ws(p)
+        toks = [t for t in _split_top(p, str.isspace) if t]
         if i < len(parts) - 1 or not toks:
             ops.append(p)
             continue
         ops.append(toks[0]) if not _is_mod(toks[0]) else mods.append(toks[0])
         mods.extend(toks[1:])
     return [o for o in ops if o], mods
-
-
-def _split_ws(p):
-    out, depth, cur = [], 0, ""
-    for ch in p:
-        if ch in "[(":
-            depth += 1
-        elif ch in "])":
-            depth -= 1
-        if ch.isspace() and depth == 0:
-            if cur:
-                out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur:
-        out.append(cur)
-    return out
-
-
-_FLAGS = {"off", }
 
 
 def _is_mod(tok):

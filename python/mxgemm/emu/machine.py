@@ -140,6 +140,17 @@ def _as(val, t):
     return np.array(val).astype(t)
 
 
+def _col_setter(view, c, t):
+    """Setter of column c of a register-file view (V, V16 or V64), EXEC-masked."""
+    def put(w, val):
+        val = _as(val, t)
+        if w.full:
+            view(w)[:, c] = val
+        else:
+            np.copyto(view(w)[:, c], val, where=w.mask)
+    return put
+
+
 def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
     """Setter (w, value) writing operand i (EXEC-masked for VGPRs)."""
     op = ins.ops[i]
@@ -149,43 +160,29 @@ def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         if ty in _W64:
             if r % 2:
                 raise UnsupportedInstruction(f"odd 64-bit VGPR tuple {op.text}")
-            h = r >> 1
-
-            def put(w, val):
-                val = _as(val, u64)
-                if w.full:
-                    w.V64[:, h] = val
-                else:
-                    np.copyto(w.V64[:, h], val, where=w.mask)
+            put = _col_setter(lambda w: w.V64, r >> 1, u64)
         elif ty in _W16:
-            c = 2 * r + (1 if hi else 0)
-
-            def put(w, val):
-                val = _as(val, u16)
-                if w.full:
-                    w.V16[:, c] = val
-                else:
-                    np.copyto(w.V16[:, c], val, where=w.mask)
+            put = _col_setter(lambda w: w.V16, 2 * r + (1 if hi else 0), u16)
         else:
-            def put(w, val):
-                val = _as(val, u32)
-                if w.full:
-                    w.V[:, r] = val
-                else:
-                    np.copyto(w.V[:, r], val, where=w.mask)
+            put = _col_setter(lambda w: w.V, r, u32)
     elif op.kind == "s":
         put = sdst(ins, i, 64 if ty in _W64 else 32)
         return put
     else:
         raise UnsupportedInstruction(f"operand {op.text!r} not writable")
-    if keys:
-        inner = put
+    return _checked(put, keys, ins)
 
-        def put(w, val):
-            if w.pend:
-                check_pending(w, keys, ins, "overwrites")
-            inner(w, val)
-    return put
+
+def _checked(put, keys, ins):
+    """Wrap a setter so that overwriting a register with a load outstanding raises RaceError."""
+    if not keys:
+        return put
+
+    def checked(w, val):
+        if w.pend:
+            check_pending(w, keys, ins, "overwrites")
+        put(w, val)
+    return checked
 
 
 def sdst(ins: Instr, i: int, bits: int = 32):
@@ -208,14 +205,7 @@ def sdst(ins: Instr, i: int, bits: int = 32):
         def put(w, val):
             inner(w, val)
             w.set_exec(w.S[EXEC] | (w.S[EXEC + 1] << 32))
-    if keys:
-        inner2 = put
-
-        def put(w, val):
-            if w.pend:
-                check_pending(w, keys, ins, "overwrites")
-            inner2(w, val)
-    return put
+    return _checked(put, keys, ins)
 
 
 def src_vec(ins: Instr, i: int):

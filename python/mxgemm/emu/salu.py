@@ -359,7 +359,6 @@ def _waitcnt_fields(ins):
 
 @handler("s_waitcnt")
 def _waitcnt(ins):
-    ins.ops = [o for o in ins.ops]
     text = ins.text.split(";")[0]
     vm = lgkm = None
     if "cnt(" in text:

@@ -749,22 +749,17 @@ def _build_pk(ins, ty, n, fn):
     post = _omod_clamp(ins, ty)
     if ty == "f32":
         put = M.dst(ins, 0, "u64")
-
-        def run(w):
-            lo = fn(*[s[0](w) for s in srcs])
-            hi = fn(*[s[1](w) for s in srcs])
-            if post:
-                lo, hi = post(lo), post(hi)
-            put(w, np.asarray(lo, f32).view(u32).astype(u64) | (np.asarray(hi, f32).view(u32).astype(u64) << u64(32)))
+        pack = lambda lo, hi: (np.asarray(lo, f32).view(u32).astype(u64)  # noqa: E731
+                               | (np.asarray(hi, f32).view(u32).astype(u64) << u64(32)))
     else:
-        put = M.dst(ins, 0, "u32")
+        put, pack = M.dst(ins, 0, "u32"), _pk16
 
-        def run(w):
-            lo = fn(*[s[0](w) for s in srcs])
-            hi = fn(*[s[1](w) for s in srcs])
-            if post:
-                lo, hi = post(lo), post(hi)
-            put(w, _pk16(lo, hi))
+    def run(w):
+        lo = fn(*[s[0](w) for s in srcs])
+        hi = fn(*[s[1](w) for s in srcs])
+        if post:
+            lo, hi = post(lo), post(hi)
+        put(w, pack(lo, hi))
     return run
 
 

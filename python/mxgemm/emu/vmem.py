@@ -336,12 +336,16 @@ def _ds_read(ins):
     return run
 
 
-@handler("ds_read2_b32", "ds_read2_b64", "ds_read2st64_b32", "ds_read2st64_b64")
-def _ds_read2(ins):
+def _ds2(ins, ai):
+    """(element size, address getter, byte offset0, byte offset1) of a read2/write2."""
     size = 8 if ins.base.endswith("64") else 4
     unit = size * (64 if "st64" in ins.base else 1)
-    a = M.src(ins, 1, "u32")
-    o0, o1 = ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
+    return size, M.src(ins, ai, "u32"), ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
+
+
+@handler("ds_read2_b32", "ds_read2_b64", "ds_read2st64_b32", "ds_read2st64_b64")
+def _ds_read2(ins):
+    size, a, o0, o1 = _ds2(ins, 1)
     put = M.dst_vec(ins, 0)
     keys = M.reg_keys(ins, 0)
 
@@ -373,10 +377,7 @@ def _ds_write(ins):
 
 @handler("ds_write2_b32", "ds_write2_b64", "ds_write2st64_b32", "ds_write2st64_b64")
 def _ds_write2(ins):
-    size = 8 if ins.base.endswith("64") else 4
-    unit = size * (64 if "st64" in ins.base else 1)
-    a = M.src(ins, 0, "u32")
-    o0, o1 = ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
+    size, a, o0, o1 = _ds2(ins, 0)
     d0, d1 = _data_source(ins, 1, size), _data_source(ins, 2, size)
 
     def run(w):
