@@ -1,0 +1,205 @@
+"""mxgemm.moe_gemm2_a4w4: MXFP4 x MXFP4 MoE down-projection with top-k weighted bf16 atomics.
+
+Spec: every backend x variant (BM 16/32 x NT off/on) matches mxgemm.reference.moe_gemm2_a4w4_ref on
+the emulator (race mode); both code objects are spill-free; the guards reject what the kernel
+cannot run, before any launch, leaving `out` untouched. HIP vs FlyDSL bit-exact and structural
+parity: test_moe_gemm2_a4w4_parity.py.
+"""
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import build, guards, launcher, metrics, quant, reference, registry, routing
+
+KERNELS = ("moe_gemm2_a4w4", "moe_gemm2_a4w4_flydsl")
+BACKEND = {"moe_gemm2_a4w4": "hip", "moe_gemm2_a4w4_flydsl": "flydsl"}
+VARIANTS = registry.variant_grid(BM=(16, 32), NT=(0, 1))
+
+
+# ---- inputs (also used by test_moe_gemm2_a4w4_parity.py) ----
+
+def make_case(tokens, topk, experts, n=256, k=256, block_m=32, skew=0.0, seed=0):
+    """Random a4w4 gemm2 inputs. skew > 0 routes most slots to the low experts (uneven
+    routing: some experts get several blocks, some none)."""
+    g = torch.Generator().manual_seed(seed)
+    prob = torch.exp(-skew * torch.arange(experts, dtype=torch.float32))
+    ids = torch.stack([torch.multinomial(prob, topk, replacement=False, generator=g) for _ in range(tokens)])
+    wts = torch.rand(tokens, topk, generator=g)
+    s = routing.moe_sorting(ids, wts, experts, block_m=block_m)
+    a, a_scale = quant.quantize_mx(torch.randn(tokens * topk, k, generator=g), "e2m1")
+    w, w_scale = quant.quantize_mx(torch.randn(experts, n, k, generator=g) * 0.5, "e2m1")
+    return dict(a=a, a_scale=a_scale, w=w, w_scale=w_scale, sorted_token_ids=s.sorted_token_ids,
+                sorted_expert_ids=s.sorted_expert_ids, num_valid_ids=s.num_valid_ids,
+                sorted_weights=s.sorted_weights, topk=topk, block_m=block_m)
+
+
+def op_args(c, out):
+    return (c["a"], c["a_scale"], c["w"], c["w_scale"], c["sorted_token_ids"], c["sorted_expert_ids"],
+            c["num_valid_ids"], c["sorted_weights"], out)
+
+
+def new_out(c):
+    return torch.zeros(c["a"].shape[0] // c["topk"], c["w"].shape[1], dtype=torch.bfloat16)
+
+
+def contributions_abs_sum(c):
+    """sum over a token's real sorted rows of |bf16 addend| (float64 [T, N]), for error bounds."""
+    T, topk = c["a"].shape[0] // c["topk"], c["topk"]
+    tok, slot = routing.decode_sorted_id(c["sorted_token_ids"])
+    nv = int(c["num_valid_ids"][0])
+    a = quant.dequantize_mx(c["a"], c["a_scale"], "e2m1").double()
+    w = quant.dequantize_mx(c["w"], c["w_scale"], "e2m1").double()
+    s = torch.zeros(T, c["w"].shape[1], dtype=torch.float64)
+    for p in range(nv):
+        t, sl = int(tok[p]), int(slot[p])
+        if t >= T or sl >= topk:
+            continue
+        e = int(c["sorted_expert_ids"][p // c["block_m"]])
+        s[t] += (float(c["sorted_weights"][p]) * (w[e] @ a[t * topk + sl])).abs()
+    return s
+
+
+def run(c, backend, nt, wg_order="linear", seed=0):
+    out = new_out(c)
+    with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=seed):
+        mxgemm.moe_gemm2_a4w4(*op_args(c, out), block_m=c["block_m"], nt=nt, backend=backend)
+    return out
+
+
+def reference_out(c):
+    return reference.moe_gemm2_a4w4_ref(c["a"], c["a_scale"], c["w"], c["w_scale"], c["sorted_token_ids"],
+                                        c["sorted_weights"], c["sorted_expert_ids"], c["num_valid_ids"],
+                                        c["block_m"], c["topk"])
+
+
+def assert_within_atomic_order_bound(out, ref, c, name):
+    """Tolerance. The kernel and the reference add the same bf16 addends v_i of a token with
+    topk RNE bf16 additions; they may differ (a) in the order of the adds (atomics from
+    different workgroups arrive in any order) and (b) in the fp32 sum order inside the MFMA
+    (the reference adds 32-wide chunks in increasing order; the MFMA's order is its own),
+    which can move an addend by 1 bf16 ulp. Any order of n RNE additions is within
+    (n-1) * 2^-8 * sum|v_i| of the exact sum, so two orders differ by at most twice that, plus
+    one ulp (2^-7 relative) per addend for (b): |out - ref| <= (2(n-1) + 2n) * 2^-8 * sum|v_i|."""
+    n = c["topk"]
+    bound = (2 * (n - 1) + 2 * n) * 2.0 ** -8 * contributions_abs_sum(c) + 1e-30
+    err = (out.double() - ref.double()).abs()
+    bad = err > bound
+    assert not bad.any(), (f"{name}: {int(bad.sum())} elements exceed the atomic-order bound; "
+                           f"worst excess {float((err - bound).max()):.3g}")
+
+
+# ---- code objects ----
+@pytest.mark.parametrize("variant", VARIANTS, ids=registry.variant_id)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_code_object_spill_free_with_reported_occupancy(kernel, variant):
+    art = build.artifact(kernel, variant)
+    info = art.isa()
+    print(f"\n{kernel} [{registry.variant_id(variant)}]: {info.summary(256)}")
+    assert info.spills == 0 and info.scratch_bytes == 0
+    assert info.lds_bytes == 2 * 4096            # two 4 KiB A buffers
+    assert info.occupancy(256) >= 2              # >= 2 waves/SIMD with 256-thread workgroups
+    assert info.count("v_mfma_scale_f32_16x16x128_f8f6f4") > 0
+    assert info.count("global_atomic_pk_add_bf16") == 2 * 4 * variant["BM"] // 16  # 2 per (n-tile, m-tile)
+    w_loads = [l for l in art.asm.splitlines() if "buffer_load_dwordx4 v[" in l]
+    assert w_loads and all((" nt" in l) == bool(variant["NT"]) for l in w_loads)  # NT = weight loads only
+    assert any("buffer_load_dwordx4" in l and " lds" in l for l in art.asm.splitlines())
+
+
+# ---- numerics on the emulator ----
+@pytest.mark.parametrize("variant", VARIANTS, ids=registry.variant_id)
+@pytest.mark.parametrize("backend", ["hip", "flydsl"])
+def test_matches_reference(backend, variant):
+    c = make_case(tokens=8, topk=3, experts=6, k=512, block_m=variant["BM"], skew=0.5, seed=1)
+    out = run(c, backend, variant["NT"])
+    ref = reference_out(c)
+    assert ref.abs().max() > 0
+    assert_within_atomic_order_bound(out, ref, c, f"{backend} {variant}")
+    # Linear workgroup order = the reference's sorted arrival order: typically bit-exact.
+    print(f"\n{backend} {variant}: {float((out == ref).float().mean()) * 100:.1f}% bit-exact vs reference")
+
+
+def test_explain_names_kernel_variant_and_why():
+    c = make_case(tokens=4, topk=2, experts=4, block_m=16)
+    plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)))
+    assert plan.kernel == "moe_gemm2_a4w4" and plan.variant == {"BM": 16, "NT": 1}
+    assert plan.grid == (1, c["sorted_expert_ids"].numel(), 1) and plan.block == (256, 1, 1)
+    assert "BM=16" in str(plan) and "routing" in str(plan)
+    plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)), nt=False, backend="flydsl")
+    assert plan.kernel == "moe_gemm2_a4w4_flydsl" and plan.variant == {"BM": 16, "NT": 0}
+
+
+# ---- guards: rejected before any launch, out untouched ----
+def _meta(*shape, dtype=torch.uint8):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _bad_cases():
+    """(name, mutate(args dict, kwargs dict), rule)."""
+    def setk(key, value):
+        def f(a, kw):
+            a[key] = value
+        return f
+
+    def setkw(key, value):
+        def f(a, kw):
+            kw[key] = value
+        return f
+
+    def k_not_256(a, kw):   # K = 224: a multiple of 32, not of 256
+        a["a"], a["a_scale"] = a["a"][:, :112].contiguous(), a["a_scale"][:, :7].contiguous()
+        a["w"], a["w_scale"] = a["w"][:, :, :112].contiguous(), a["w_scale"][:, :, :7].contiguous()
+
+    def n_not_256(a, kw):
+        a["w"], a["w_scale"], a["out"] = a["w"][:, :128].contiguous(), a["w_scale"][:, :128].contiguous(), \
+            a["out"][:, :128].contiguous()
+
+    def a_over_2gb(a, kw):  # 2^24 rows x 128 B = 2^31 B through one raw buffer resource
+        T = 1 << 23
+        a["a"], a["a_scale"] = _meta(2 * T, 128), _meta(2 * T, 8)
+        a["out"] = _meta(T, 256, dtype=torch.bfloat16)
+        for key in ("w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids", "sorted_weights"):
+            a[key] = torch.empty_like(a[key], device="meta")
+
+    def w_expert_over_2gb(a, kw):  # one expert's slice N*K/2 = 2^31 B
+        for key in a:
+            a[key] = torch.empty_like(a[key], device="meta")
+        a["w"], a["w_scale"] = _meta(1, 1 << 16, 1 << 15), _meta(1, 1 << 16, 1 << 11)
+        a["a"], a["a_scale"] = _meta(8, 1 << 15), _meta(8, 1 << 11)
+        a["out"] = _meta(4, 1 << 16, dtype=torch.bfloat16)
+
+    return [
+        ("K % 256", k_not_256, "D_INTER%256"),
+        ("N % 256", n_not_256, "D_HIDDEN%256"),
+        ("a dtype", setk("a", torch.zeros(8, 128, dtype=torch.float16)), "dtype"),
+        ("out dtype", setk("out", torch.zeros(4, 256, dtype=torch.float32)), "dtype"),
+        ("ids dtype", setk("sorted_token_ids", torch.zeros(64, dtype=torch.int64)), "dtype"),
+        ("weights dtype", setk("sorted_weights", torch.zeros(64, dtype=torch.float16)), "dtype"),
+        ("a_scale shape", setk("a_scale", torch.zeros(8, 4, dtype=torch.uint8)), "shape"),
+        ("w_scale shape", setk("w_scale", torch.zeros(4, 256, 4, dtype=torch.uint8)), "shape"),
+        ("a rows not T*topk", setk("a", torch.zeros(7, 128, dtype=torch.uint8)), "shape"),
+        ("non-contiguous w", setk("w", torch.zeros(4, 128, 256, dtype=torch.uint8).transpose(1, 2)),
+         "contiguity"),
+        ("block_m not in {16, 32}", setkw("block_m", 64), "block_m"),
+        ("block_m vs routing", setkw("block_m", 32), "block_m"),
+        ("backend", setkw("backend", "triton"), "backend"),
+        ("a over 2 GB", a_over_2gb, "2GB-voffset"),
+        ("w expert over 2 GB", w_expert_over_2gb, "2GB-voffset"),
+        ("arch (meta device)", lambda a, kw: [a.__setitem__(k, torch.empty_like(v, device="meta"))
+                                              for k, v in list(a.items())], "arch"),
+    ]
+
+
+@pytest.mark.parametrize("name,mutate,rule", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_guard_rejects(name, mutate, rule):
+    c = make_case(tokens=4, topk=2, experts=4, block_m=16)
+    out = new_out(c).fill_(1.0)
+    keys = ("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
+            "sorted_weights", "out")
+    args = dict(zip(keys, op_args(c, out)))
+    kw = {}
+    mutate(args, kw)
+    with pytest.raises(guards.GuardError, match=rf"\[{rule}\]"):
+        mxgemm.moe_gemm2_a4w4(*[args[k] for k in keys], **kw)
+    with pytest.raises(guards.GuardError, match=rf"\[{rule}\]"):
+        mxgemm.explain("moe_gemm2_a4w4", *[args[k] for k in keys], **kw)
+    assert bool((out == 1.0).all())  # nothing written
