@@ -20,7 +20,13 @@ MXGEMM_DEVICE uint32_t thread_z() { return __builtin_amdgcn_workitem_id_z(); }
 MXGEMM_DEVICE uint32_t block_x() { return __builtin_amdgcn_workgroup_id_x(); }
 MXGEMM_DEVICE uint32_t block_y() { return __builtin_amdgcn_workgroup_id_y(); }
 MXGEMM_DEVICE uint32_t block_z() { return __builtin_amdgcn_workgroup_id_z(); }
-MXGEMM_DEVICE void syncthreads() { __builtin_amdgcn_s_barrier(); }
+// Like HIP's __syncthreads: a bare s_barrier does not make this wave's pending LDS writes
+// visible (clang emits no s_waitcnt before it on gfx950), so fence around it.
+MXGEMM_DEVICE void syncthreads() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
 
 // e8m0 scale byte -> 2^(e-127) applied with ldexp (exact; e = 0xFF is NaN per OCP MX).
 MXGEMM_DEVICE float e8m0_apply(float x, uint32_t e) {
