@@ -279,7 +279,8 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         scf.YieldOp([x for row_ in acc_t for x in row_])
     with ir.InsertionPoint(tail.else_block):
         scf.YieldOp(acc_flat)
-    acc, _ = unflat(list(tail.results) + [None] * (len(flat(acc, regs0)) - len(acc_flat)))
+    acc_flat = list(tail.results)
+    acc = [acc_flat[i * m_tiles:(i + 1) * m_tiles] for i in range(N_TILES)]
 
     # Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
     # columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.

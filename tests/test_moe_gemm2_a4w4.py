@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import build, guards, launcher, metrics, quant, reference, registry, routing
+from mxgemm import build, guards, launcher, quant, reference, registry, routing
 
 KERNELS = ("moe_gemm2_a4w4", "moe_gemm2_a4w4_flydsl")
 BACKEND = {"moe_gemm2_a4w4": "hip", "moe_gemm2_a4w4_flydsl": "flydsl"}

@@ -11,7 +11,6 @@ scaled MFMAs, buffer loads (incl. direct-to-LDS) and barriers; the report prints
 side with VGPR / LDS / occupancy.
 """
 import pytest
-import torch
 
 from mxgemm import build, metrics, registry
 from mxgemm.ops.moe_gemm2_a4w4 import k_step_profile
@@ -38,8 +37,9 @@ def test_hip_and_flydsl_bit_identical(case, variant, order):
     assert_within_atomic_order_bound(hip, reference_out(c), c, f"hip {order}")
 
 
-def _row(name, hip, fly):
-    return f"  {name:<28}{hip:>12}{fly:>12}{'':>4}{'ok' if hip == fly else 'DIFFERS'}"
+def _row(name, hip, fly, must_match=True):
+    verdict = ("ok" if hip == fly else "DIFFERS") if must_match else "(register allocation)"
+    return f"  {name:<28}{hip:>12}{fly:>12}{'':>4}{verdict}"
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=registry.variant_id)
@@ -52,7 +52,7 @@ def test_structural_parity_per_k_step(variant):
              "  per K step (main loop):"]
     lines += [_row(k, f"{hip[k]:g}", f"{fly[k]:g}") for k in hip]
     lines += ["  code object:",
-              _row("VGPRs", hi.total_vgprs, fi.total_vgprs), _row("SGPRs", hi.sgprs, fi.sgprs),
+              _row("VGPRs", hi.total_vgprs, fi.total_vgprs, False), _row("SGPRs", hi.sgprs, fi.sgprs, False),
               _row("LDS bytes", hi.lds_bytes, fi.lds_bytes),
               _row("occupancy (waves/SIMD)", hi.occupancy(256), fi.occupancy(256)),
               _row("spills", hi.spills, fi.spills)]
