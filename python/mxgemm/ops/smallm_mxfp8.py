@@ -204,8 +204,8 @@ _PLANS: dict = {}
 
 
 def _meta(t):
-    # get_device() (an int) is cheaper than .device; with the dtype it pins the backend.
-    return None if t is None else (t.shape, t.dtype, t.get_device(), t.is_contiguous())
+    # .device, not get_device(): the latter is -1 for CPU and for "meta" alike.
+    return None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous())
 
 
 def _config_key(config):
@@ -291,9 +291,11 @@ def _gemm_out_op(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     _run_gemm(a, a_scale, b, b_scale, out, config, fallback)
 
 
+# Fake (meta) implementations run the planner too, so guards fire while tracing and on devices
+# that only reach the fake kernel (e.g. "meta").
 @_gemm_out_op.register_fake
 def _(a, a_scale, b, b_scale, out, config, fallback):
-    return None
+    plan_smallm_mxfp8_gemm(a, a_scale, b, b_scale, out=out, config=config or None, fallback=fallback)
 
 
 @torch.library.custom_op("mxgemm::smallm_mxfp8_gemm", mutates_args=())
@@ -306,6 +308,7 @@ def _gemm_op(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
 
 @_gemm_op.register_fake
 def _(a, a_scale, b, b_scale, config, fallback):
+    plan_smallm_mxfp8_gemm(a, a_scale, b, b_scale, config=config or None, fallback=fallback)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
 
@@ -472,7 +475,9 @@ def _moe_out_op(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale
 @_moe_out_op.register_fake
 def _(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, topk_weights,
       block_m, out, config, fallback):
-    return None
+    plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                                num_valid_ids, topk_weights=topk_weights, block_m=block_m, out=out,
+                                out_dtype=out.dtype, config=config or None, fallback=fallback)
 
 
 @torch.library.custom_op("mxgemm::moe_mxfp8_grouped_gemm", mutates_args=())
@@ -489,6 +494,9 @@ def _moe_op(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
 @_moe_op.register_fake
 def _(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, topk_weights,
       block_m, out_dtype, config, fallback):
+    plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                                num_valid_ids, topk_weights=topk_weights, block_m=block_m,
+                                out_dtype=out_dtype, config=config or None, fallback=fallback)
     return a.new_empty((sorted_token_ids.shape[0], w.shape[1]), dtype=out_dtype)
 
 
