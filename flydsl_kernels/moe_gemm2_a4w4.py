@@ -5,7 +5,7 @@ The port is 1:1 and must stay bit-identical to the HIP kernel: same tiles (BM so
 g = lane/16 holds the 32-wide K blocks 2g and 2g+1 of each 256-wide K step, scale bytes
 picked by op_sel), same loads (W and scales by raw buffer loads one step ahead into two
 alternating register sets, activations by 16-byte buffer->LDS DMA into two 4 KiB buffers
-with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + s_barrier per K step,
+with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + workgroup release/acquire around s_barrier per K step,
 lgkmcnt(0) before the MFMAs, a sched_barrier after them), same MFMA order (k-step, m-tile,
 n-tile) and the same epilog (f32 multiply by the top-k weight, RNE to bf16, two
 global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order). The HIP file's header
@@ -222,7 +222,9 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         """One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched.
         Returns (acc, prefetched registers)."""
         rocdl.s_waitcnt(WAIT_VMCNT0)
+        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")  # as HIP's __syncthreads
         rocdl.s_barrier()
+        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
         tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
         af = [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
               for mt in range(m_tiles)]

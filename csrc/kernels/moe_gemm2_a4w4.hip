@@ -31,18 +31,23 @@
 // same K permutation, so the dot product is over the same K pairs as the plain order.
 //
 // Activations: BM rows x 128 bytes per K step go to LDS with buffer_load_dwordx4 ... lds
-// (lane t of the loading waves writes 16 bytes at t*16), double-buffered. The 16-byte
+// (lane t of wave w writes 16 bytes at w*1024 + t*16) into two 4 KiB buffers. The 16-byte
 // chunk c of row r is stored at chunk c ^ (r & 7) to spread the ds_read_b128 of one MFMA
 // operand over the banks. Rows that are padding (or beyond num_valid_ids) load from an
-// out-of-range voffset, so the DMA writes zeros and their atomics are skipped.
+// out-of-range voffset, so the DMA writes zeros and their atomics are skipped. With BM=16
+// waves 2-3 carry no rows: they DMA zeros from an empty resource into the unused upper
+// half of the buffer, so that every wave runs the same branch-free step.
 //
-// Pipeline per K step kt (one barrier):
-//   issue W(kt) data + scales, A-scale(kt)             (buffer loads to VGPRs, NT optional)
-//   s_waitcnt vmcnt(#those) ; s_barrier                (A(kt) DMA landed for every wave, and
-//                                                       every wave finished reading the other
-//                                                       LDS buffer in step kt-1)
-//   ds_read A(kt) ; issue DMA A(kt+1) -> other buffer
-//   s_waitcnt lgkmcnt(0) (+ vmcnt for W, inserted by the compiler) ; MFMAs
+// Pipeline, one barrier per K step kt (W and scales are prefetched one step ahead into two
+// register sets used alternately; K steps run in pairs plus an odd tail step):
+//   s_waitcnt vmcnt(0) ; fence ; s_barrier ; fence   (A(kt) DMA and W(kt) landed for every
+//                                                     wave; every wave has finished reading
+//                                                     the LDS buffer A(kt+1) overwrites)
+//   ds_read A(kt) ; issue W(kt+1), scales(kt+1), DMA A(kt+1) -> other buffer (after the
+//   last step: empty resource, loads return zeros without touching memory)
+//   s_waitcnt lgkmcnt(0) ; 2 x M_TILES x 4 MFMAs ; sched_barrier (keeps them in this step)
+// Epilog: per m-tile (lanes of padding rows skip), per n-tile: f32 * top-k weight, RNE to
+// bf16, two global_atomic_pk_add_bf16.
 #include "mxgemm/device.h"
 
 #ifndef BM
@@ -247,7 +252,11 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(kThreads, kThre
     // makes every wave's A(kt) DMA visible and proves every wave is done reading the LDS
     // buffer that the A(kt+1) DMA overwrites (it was read in step kt-1).
     WAIT_VMCNT(0);
+    // Fences as in HIP's __syncthreads: they keep the compiler from moving LDS reads across
+    // the barrier (s_barrier alone is not a memory operation to LLVM).
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
     __builtin_amdgcn_s_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
     const uint8_t* a_tile = lds + (kt & 1) * kBufBytes;
     v4i af[kMTiles][2];
 #pragma unroll
