@@ -77,8 +77,10 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(x, dtype=torch.float64), (e - 8).clamp(min=-133))
 
 
-def assert_matches_reference(got, ref, x, x_scale, w, w_scale, anchored_cols=None, name="out"):
-    """got, ref [R, N] (bf16 or fp32); x [R, K], w [N, K] the operands each row/col used.
+def assert_matches_reference(got, ref, x, x_scale, w, w_scale, anchored_cols=None, name="out",
+                             row_weight=None):
+    """got, ref [R, N] (bf16 or fp32); x [R, K], w [N, K] the operands each row/col used;
+    row_weight [R]: a factor applied to each row after the sum (MoE top-k weights).
 
     Elements meeting the 1-ulp precondition: <= 1 bf16 ulp (NaN matches NaN). Others: within
     the fp32 reordering bound (2 nb + 32) u A + 1 bf16 ulp. anchored_cols must all qualify."""
@@ -86,6 +88,8 @@ def assert_matches_reference(got, ref, x, x_scale, w, w_scale, anchored_cols=Non
     nb = x.shape[1] // 32
     dx, dw = dequantize_mx(x, x_scale).double(), dequantize_mx(w, w_scale).double()
     exact, absum = dx @ dw.T, dx.abs() @ dw.abs().T
+    if row_weight is not None:
+        exact, absum = exact * row_weight.double()[:, None], absum * row_weight.double().abs()[:, None]
     tiny = exact.abs() <= 2.0 ** -118
     good = tiny | ~torch.isfinite(exact) | ~torch.isfinite(absum) | \
         (absum <= exact.abs() * (2.0 ** 16 / (2 * nb + 32)))

@@ -523,6 +523,8 @@ def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
     """
     if isinstance(config, dict):
         config = ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+    if out is not None and out.dtype != out_dtype:
+        guards.fail("dtype", f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
     if out is None:
         return torch.ops.mxgemm.moe_mxfp8_grouped_gemm(
             a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, topk_weights,

@@ -1,0 +1,207 @@
+"""mxgemm.moe_mxfp8_grouped_gemm: MXFP8 MoE grouped GEMM over the expert-sorted layout.
+
+Spec: for each sorted row p < num_valid_ids[0] with (token, slot) = decode(sorted_token_ids[p])
+and expert = sorted_expert_ids[p // block_m]:
+    out[p] = topk_weights[token, slot] * A[token] @ W[expert]^T    (MX-scaled, fp32 accumulate)
+padding rows (token >= T, or expert -1) are 0 and rows past num_valid_ids[0] are not written.
+Every kernel variant runs on the emulator in race mode against mxgemm.reference (which takes
+the routing's sorted_weights: sorted_weights[p] == topk_weights[token, slot]). The accuracy
+bound and the test data are those of tests/test_smallm_mxfp8_gemm.py (see its docstring).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import build, guards, reference, registry, routing
+from mxgemm.ops import smallm_mxfp8 as op
+from test_smallm_mxfp8_gemm import assert_matches_reference, mx_operand
+
+MOE = op.MOE
+
+
+def moe_problem(T=5, E=4, topk=2, N=48, K=256, block_m=4, seed=0, per_slot_a=False,
+                num_valid_len=1):
+    """Uneven routing: expert 0 takes most slots, expert E-1 none, the rest a few; every
+    expert's run is padded to block_m, so blocks hold padding rows."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(T, topk, dtype=torch.int64)
+    ids[:, 1] = torch.arange(T) % (E - 1)            # experts 0..E-2; E-1 gets no tokens
+    ids[:, 1] = torch.where(ids[:, 1] == 0, 1 % (E - 1), ids[:, 1])  # distinct from slot 0
+    weights = torch.rand(T, topk, generator=g) + 0.25
+    srt = routing.moe_sorting(ids, weights, E, block_m=block_m, num_valid_len=num_valid_len)
+    rows = T * topk if per_slot_a else T
+    a, a_scale = mx_operand(rows, K, g, (0, -30, 30, 50), special=False)
+    if per_slot_a:
+        a, a_scale = a.view(T, topk, K), a_scale.view(T, topk, K // 32)
+    ws = [mx_operand(N, K, g, (0, -20, 20), anchor_every=2) for _ in range(E)]
+    w = torch.stack([x for x, _ in ws])
+    w_scale = torch.stack([s for _, s in ws])
+    return a, a_scale, w, w_scale, srt, weights, ids
+
+
+def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name):
+    n = int(srt.num_valid_ids[0])
+    T = a.shape[0]
+    a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
+    tok, slot = routing.decode_sorted_id(srt.sorted_token_ids[:n].long())
+    row = tok * a.shape[1] + slot if a.dim() == 3 else tok
+    exp = srt.sorted_expert_ids.long()[torch.arange(n) // block_m]
+    real = (tok < T) & (exp >= 0)
+    if a.dim() == 2:  # the reference op itself (gemm1 layout)
+        ref = reference.moe_mxfp8_grouped_gemm_ref(
+            a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
+            block_m, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype)
+    else:             # one A row per (token, slot): the reference GEMM per row
+        ref = torch.zeros(n, w.shape[1], dtype=got.dtype)
+        for p in real.nonzero().squeeze(1).tolist():
+            acc = reference.mx_gemm_ref(a2[row[p]][None], s2[row[p]][None], w[exp[p]], w_scale[exp[p]],
+                                        out_dtype=torch.float32)
+            acc = acc * srt.sorted_weights[p] if weights else acc
+            ref[p] = acc[0].to(got.dtype) if got.dtype == torch.float32 else reference.F.bf16_rne(acc[0])
+    assert bool((got[:n][~real] == 0).all()), f"{name}: padding rows must be 0"
+    assert bool((got[n:] == 0).all()), f"{name}: rows past num_valid_ids must stay untouched"
+    for e in exp[real].unique().tolist():
+        rows = (real & (exp == e)).nonzero().squeeze(1)
+        assert_matches_reference(got[rows], ref[rows], a2[row[rows]], s2[row[rows]], w[e], w_scale[e],
+                                 anchored_cols=torch.arange(0, w.shape[1], 2), name=f"{name} expert {e}",
+                                 row_weight=srt.sorted_weights[rows] if weights else None)
+
+
+def run_case(variant, *, weights=True, out_dtype=torch.bfloat16, block_m=4, **kw):
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(block_m=block_m, **kw)
+    got = mxgemm.moe_mxfp8_grouped_gemm(
+        a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
+        topk_weights=tw if weights else None, block_m=block_m, out_dtype=out_dtype,
+        config=variant, fallback="error")
+    assert got.shape == (srt.sorted_token_ids.shape[0], w.shape[1]) and got.dtype == out_dtype
+    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, f"{variant}")
+    return got
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, id=registry.variant_id(v))
+                                     for v in registry.get(MOE).variants])
+def test_variant_matches_reference_with_topk_weights(variant):
+    run_case(variant, weights=True)
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, id=registry.variant_id(v))
+                                     for v in registry.get(MOE).variants])
+def test_variant_fp32_out_without_weights(variant):
+    run_case(variant, weights=False, out_dtype=torch.float32, N=40, K=512, seed=1)
+
+
+def test_a_with_one_row_per_token_slot():
+    run_case({"BLOCK_N": 16, "M_CHUNK": 2}, per_slot_a=True, seed=2)
+
+
+def test_more_experts_larger_blocks_and_num_valid_pair():
+    run_case({"BLOCK_N": 8, "M_CHUNK": 4}, T=9, E=6, topk=2, N=24, K=128, block_m=8, seed=3,
+             num_valid_len=2)
+
+
+def test_default_dispatch_and_explain():
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem()
+    args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
+    plan = mxgemm.explain("moe_mxfp8_grouped_gemm", *args, topk_weights=tw, block_m=4)
+    assert plan.kernel == MOE and "heuristic" in str(plan)
+    got = mxgemm.moe_mxfp8_grouped_gemm(*args, topk_weights=tw, block_m=4)
+    check_against_reference(got, a, a_scale, w, w_scale, srt, 4, True, "default")
+
+
+def test_fallback_matches_reference():
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(seed=4)
+    args = (a.to("meta"), a_scale.to("meta"), w.to("meta"), w_scale.to("meta"),
+            srt.sorted_token_ids.to("meta"), srt.sorted_expert_ids.to("meta"), srt.num_valid_ids.to("meta"))
+    plan = mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4)
+    assert plan.fallback and "arch" in plan.reason
+    out = torch.zeros(srt.sorted_token_ids.shape[0], w.shape[1], dtype=torch.bfloat16)
+    op._moe_fallback(a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids,
+                     srt.num_valid_ids, tw, 4, out)
+    check_against_reference(out, a, a_scale, w, w_scale, srt, 4, True, "fallback")
+
+
+# ------------------------------------------------------------------------------------------
+# Guards (raise before any launch; `out` untouched)
+# ------------------------------------------------------------------------------------------
+def _rejects(rule, *args, out, **kw):
+    before = out.clone()
+    with pytest.raises(guards.GuardError, match=rf"\[{rule}\]") as e:
+        mxgemm.moe_mxfp8_grouped_gemm(*args, out=out, **kw)
+    assert torch.equal(out, before), "a rejected call wrote its output"
+    return str(e.value)
+
+
+@pytest.fixture
+def problem():
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem()
+    out = torch.full((srt.sorted_token_ids.shape[0], w.shape[1]), 5.0, dtype=torch.bfloat16)
+    return (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids), tw, out
+
+
+def test_guard_sorted_ids_dtype(problem):
+    (a, sa, w, sw, ids, eids, nv), tw, out = problem
+    assert "sorted_token_ids" in _rejects("dtype", a, sa, w, sw, ids.long(), eids, nv, out=out, block_m=4)
+
+
+def test_guard_block_m_multiple_of_chunk():
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(block_m=2)
+    out = torch.full((srt.sorted_token_ids.shape[0], w.shape[1]), 5.0, dtype=torch.bfloat16)
+    assert "M_CHUNK = 4" in _rejects("block_m", a, a_scale, w, w_scale, srt.sorted_token_ids,
+                                     srt.sorted_expert_ids, srt.num_valid_ids, out=out, block_m=2,
+                                     config={"BLOCK_N": 8, "M_CHUNK": 4})
+
+
+def test_guard_expert_block_count(problem):
+    (a, sa, w, sw, ids, eids, nv), tw, out = problem
+    assert "blocks" in _rejects("shape", a, sa, w, sw, ids, eids[:1], nv, out=out, block_m=4)
+
+
+def test_guard_topk_weights_shape(problem):
+    args, tw, out = problem
+    assert "topk_weights" in _rejects("shape", *args, out=out, block_m=4, topk_weights=tw[:, :1].T.contiguous())
+
+
+def test_guard_weight_k_mismatch(problem):
+    (a, sa, w, sw, ids, eids, nv), tw, out = problem
+    assert "w has shape" in _rejects("shape", a, sa, w[:, :, :128], sw, ids, eids, nv, out=out, block_m=4)
+
+
+def test_guard_out_dtype(problem):
+    args, tw, out = problem
+    assert "out has dtype" in _rejects("dtype", *args, out=out, block_m=4, out_dtype=torch.float32)
+
+
+def test_guard_2gb_voffset_is_per_expert_slice():
+    T, K, N = 2, 1 << 15, 1 << 16
+    w = torch.empty(1, N, K, dtype=torch.float8_e4m3fn)          # 2^31 bytes, never touched
+    w_scale = torch.empty(1, N, K // 32, dtype=torch.uint8)
+    a, a_scale = torch.zeros(T, K, dtype=torch.float8_e4m3fn), torch.zeros(T, K // 32, dtype=torch.uint8)
+    srt = routing.moe_sorting(torch.zeros(T, 1, dtype=torch.int64), torch.ones(T, 1), 1, block_m=2)
+    out = torch.full((srt.sorted_token_ids.shape[0], 8), 5.0, dtype=torch.bfloat16)
+    args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
+    with pytest.raises(guards.GuardError, match=r"\[2GB-voffset\] w\[expert\] spans 2147483648"):
+        mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=2, fallback="error")
+    assert torch.all(out == 5.0)
+    assert mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=2).fallback
+
+
+def test_guard_arch(problem):
+    args, tw, out = problem
+    meta = [t.to("meta") for t in args]
+    with pytest.raises(guards.GuardError, match=r"\[arch\].*meta"):
+        mxgemm.moe_mxfp8_grouped_gemm(*meta, block_m=4, fallback="error")
+
+
+# ------------------------------------------------------------------------------------------
+# ISA
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", [pytest.param(v, id=registry.variant_id(v))
+                                     for v in registry.get(MOE).variants])
+def test_isa_no_spills_and_128_bit_weight_loads(variant):
+    info = build.artifact(MOE, variant).isa()
+    assert info.spills == 0 and info.scratch_bytes == 0, info.summary()
+    buffer_loads = {m for m in info.histogram if m.startswith("buffer_load")}
+    assert buffer_loads == {"buffer_load_dwordx4", "buffer_load_ubyte"}, buffer_loads
+    assert info.occupancy(256) >= 4, info.summary()
