@@ -208,9 +208,11 @@ class HipLauncher : public Launcher {
 };
 #endif
 
+// Never destroyed: the emu launcher holds a Python callable, which must not be released by a
+// static destructor after the interpreter has finalised.
 std::unordered_map<std::string, std::shared_ptr<Launcher>>& launchers() {
-  static std::unordered_map<std::string, std::shared_ptr<Launcher>> m;
-  return m;
+  static auto* m = new std::unordered_map<std::string, std::shared_ptr<Launcher>>();
+  return *m;
 }
 
 void set_emu_callback(py::object cb) { launchers()["emu"] = std::make_shared<EmuLauncher>(cb); }

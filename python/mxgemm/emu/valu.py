@@ -278,11 +278,10 @@ _OPS = {
 
 
 def _bitrev(a):
+    """Reverse the 32 bits of each element (scalar operands too, e.g. `v_bfrev_b32 v0, 1`)."""
     a = np.asarray(a, u32)
-    b = a.astype(">u4").view(np.uint8)
-    return np.unpackbits(b, bitorder="little").reshape(-1, 32)[:, ::-1].copy().reshape(-1, 32) \
-        .dot(1 << np.arange(31, -1, -1, dtype=np.uint64)).astype(u32).reshape(a.shape) if a.ndim else \
-        u32(int(f"{int(a):032b}"[::-1], 2))
+    bits = np.unpackbits(np.atleast_1d(a).astype("<u4").view(np.uint8), bitorder="little").reshape(-1, 32)
+    return np.packbits(bits, bitorder="big").view(">u4").astype(u32).reshape(a.shape)
 
 
 def _f16_rtz(a):
