@@ -46,28 +46,15 @@ def candidates(M, N, K):
                 yield kernel, v
 
 
-def time_config(M, N, K, kernel, variant, iters=200) -> float:
-    """Median microseconds of one call on the GPU (rotating weight copies to defeat the L2)."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    copies = max(1, (512 << 20) // (N * K))  # > the 256 MB MALL/L2 of an MI355X
-    a = torch.randint(0, 0x7E, (M, K), dtype=torch.uint8, device="cuda", generator=g).view(torch.float8_e4m3fn)
-    sa = torch.randint(120, 130, (M, K // 32), dtype=torch.uint8, device="cuda", generator=g)
-    bs = [torch.randint(0, 0x7E, (N, K), dtype=torch.uint8, device="cuda", generator=g).view(torch.float8_e4m3fn)
-          for _ in range(copies)]
-    sbs = [torch.randint(120, 130, (N, K // 32), dtype=torch.uint8, device="cuda", generator=g) for _ in range(copies)]
+def time_config(M, N, K, kernel, variant) -> float:
+    """Median microseconds of one call on the GPU (weights rotated past the L2 / MALL)."""
+    from test_smallm_mxfp8 import bench, dense_inputs  # the benchmark script beside this one
+    copies = max(1, (512 << 20) // (N * K))
+    a, sa, bs = dense_inputs(M, N, K, "cuda", copies)
     out = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
     cfg = {"kernel": kernel, **variant}
-    for i in range(3):
-        op.smallm_mxfp8_gemm(a, sa, bs[i % copies], sbs[i % copies], out=out, config=cfg, fallback="error")
-    times = []
-    for i in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        op.smallm_mxfp8_gemm(a, sa, bs[i % copies], sbs[i % copies], out=out, config=cfg, fallback="error")
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return bench(lambda i: op.smallm_mxfp8_gemm(a, sa, *bs[i], out=out, config=cfg, fallback="error"),
+                 copies, iters=200)
 
 
 def row(M, N, K, kernel, variant, us, source):

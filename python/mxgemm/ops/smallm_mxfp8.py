@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import math
 import time
 from pathlib import Path
 
@@ -439,12 +438,19 @@ def _moe_fallback(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, n
     out[:n].copy_(vals)
 
 
+def _op_plan(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+             topk_weights, block_m, out, out_dtype, config, fallback) -> Plan:
+    """The planner called with the custom ops' flat arguments (config "" = none)."""
+    return plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                                       num_valid_ids, topk_weights=topk_weights, block_m=block_m,
+                                       out=out, out_dtype=out_dtype, config=config or None,
+                                       fallback=fallback)
+
+
 def _run_moe(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
              topk_weights, block_m, out, config, fallback) -> None:
-    plan = plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
-                                       num_valid_ids, topk_weights=topk_weights, block_m=block_m,
-                                       out=out, out_dtype=out.dtype, config=config or None,
-                                       fallback=fallback)
+    plan = _op_plan(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+                    topk_weights, block_m, out, out.dtype, config, fallback)
     if plan.fallback:
         _moe_fallback(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
                       topk_weights, block_m, out)
@@ -475,9 +481,8 @@ def _moe_out_op(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale
 @_moe_out_op.register_fake
 def _(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, topk_weights,
       block_m, out, config, fallback):
-    plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
-                                num_valid_ids, topk_weights=topk_weights, block_m=block_m, out=out,
-                                out_dtype=out.dtype, config=config or None, fallback=fallback)
+    _op_plan(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+             topk_weights, block_m, out, out.dtype, config, fallback)
 
 
 @torch.library.custom_op("mxgemm::moe_mxfp8_grouped_gemm", mutates_args=())
@@ -494,9 +499,8 @@ def _moe_op(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
 @_moe_op.register_fake
 def _(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, topk_weights,
       block_m, out_dtype, config, fallback):
-    plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
-                                num_valid_ids, topk_weights=topk_weights, block_m=block_m,
-                                out_dtype=out_dtype, config=config or None, fallback=fallback)
+    _op_plan(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+             topk_weights, block_m, None, out_dtype, config, fallback)
     return a.new_empty((sorted_token_ids.shape[0], w.shape[1]), dtype=out_dtype)
 
 
