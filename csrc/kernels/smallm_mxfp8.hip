@@ -32,15 +32,6 @@ typedef float f32x2 __attribute__((ext_vector_type(2)));
 
 MXGEMM_DEVICE uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
-// Workgroup barrier that also publishes LDS: a bare s_barrier neither waits for this wave's
-// outstanding ds_write (no s_waitcnt lgkmcnt(0) is emitted) nor stops the compiler from moving
-// LDS accesses across it. The workgroup-scope fences give both, as HIP's __syncthreads does.
-MXGEMM_DEVICE void lds_barrier() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-  __builtin_amdgcn_s_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
-
 // 32 e4m3 values of one MX block as 16 float pairs (exact: every e4m3 value is an f32).
 struct Block32 {
   f32x2 v[16];
@@ -114,7 +105,7 @@ MXGEMM_DEVICE void lds_partials_store(float* red, const float (&vals)[V], uint32
   const uint32_t grp = t / k_lanes, klane = t % k_lanes;
 #pragma unroll
   for (uint32_t v = 0; v < V; ++v) red[(grp * V + v) * k_lanes + klane] = vals[v];
-  lds_barrier();
+  syncthreads();
 }
 
 MXGEMM_DEVICE float red_sum(const float* red, uint32_t slot, uint32_t k_lanes) {
@@ -206,7 +197,7 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 #pragma unroll
     for (uint32_t mi = 0; mi < MI; ++mi) red[(((ks - 1) * WAVES_N + wn) * MI + mi) * 64 + lane] = acc[mi];
   }
-  lds_barrier();
+  syncthreads();
   if (ks > 0) return;
   for (uint32_t s = 0; s + 1 < SPLIT_K; ++s)
 #pragma unroll
@@ -291,7 +282,7 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
         else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
       }
     }
-    if (any) lds_barrier();  // red is rewritten by the next chunk
+    if (any) syncthreads();  // red is rewritten by the next chunk
   }
 #endif
 }
