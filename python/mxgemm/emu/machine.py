@@ -742,8 +742,9 @@ class Emulator:
         if self.wg_order == "shuffled":
             np.random.default_rng(self.seed).shuffle(order)
         ctx = (meta, fns, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
-        for wgid in order:
-            self._run_workgroup(prog, kernel, ctx, wgid)
+        with np.errstate(all="ignore"):  # GPUs raise no FP exceptions: inf/NaN results are data
+            for wgid in order:
+                self._run_workgroup(prog, kernel, ctx, wgid)
         self._keep = (karg, packet)
 
     def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid):
