@@ -49,8 +49,7 @@ nbytes)`` / ``M.lds_store(w, addr, data)`` (bounds and cross-wave race checks in
 Loads that complete asynchronously call ``M.track_load(w, ins, counter, keys)`` so race
 mode can flag early reads; ``M.reg_keys(ins, i)`` gives the keys of operand i.
 Raise ``EmulatorFault`` / ``UnsupportedInstruction`` from ``isa``; the runner adds the
-kernel, line and text. Import plug-ins in ``machine._PLUGINS`` (listed by module name;
-a missing module is skipped).
+kernel, line and text. Import plug-ins in ``machine._PLUGINS`` (listed by module name).
 """
 from .isa import EmulatorError, EmulatorFault, RaceError, UnsupportedInstruction  # noqa: F401
 from .machine import Emulator, SparseBuffer  # noqa: F401

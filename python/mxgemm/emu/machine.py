@@ -22,13 +22,9 @@ _FLOAT = ("f32", "f16", "f64")
 SKEY = 1000                               # race-tracking key of s<i> is SKEY + i
 INFLIGHT = 1 << 30                         # LDS epoch stamp of a direct-to-LDS write not yet retired
 
-_PLUGINS = ("salu", "valu", "vmem", "matrix")
+_PLUGINS = ("salu", "valu", "vmem", "matrix")  # instruction handler modules (matrix loads its own)
 for _m in _PLUGINS:
-    try:
-        importlib.import_module(f"{__package__}.{_m}")
-    except ModuleNotFoundError as e:     # plug-in not written yet
-        if e.name != f"{__package__}.{_m}":
-            raise
+    importlib.import_module(f"{__package__}.{_m}")
 
 
 # ---------------------------------------------------------------------------- operand access
