@@ -1,9 +1,15 @@
 """mxgemm: low-precision (MXFP8 / MXFP4 / FP8) GEMM kernels for AMD Instinct GPUs (gfx950, gfx1250).
 
-Public ops are exported here as they land; see README.md for the layout.
+Ops take torch tensors: CPU tensors run the kernels' gfx950 assembly on the emulator
+(mxgemm.emu), tensors on a gfx950 GPU run on the GPU. ``explain(op, ...)`` says which kernel
+and config a call would use and why. See README.md for the layout.
 """
 __version__ = "0.1.0"
-from .ops import mxfp8_dequantize  # noqa: E402,F401
+
 from .dispatch import explain  # noqa: E402,F401
-from .ops import moe_gemm2_a4w4  # noqa: E402,F401
-from .ops import moe_mxfp8_grouped_gemm, smallm_mxfp8_gemm  # noqa: E402,F401
+from .ops import (  # noqa: E402,F401
+    moe_gemm2_a4w4,
+    moe_mxfp8_grouped_gemm,
+    mxfp8_dequantize,
+    smallm_mxfp8_gemm,
+)
