@@ -18,3 +18,13 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci = [l.strip() for l in (ROOT / ".ci" / "run").read_text().splitlines()
           if l.strip() and not l.startswith("#") and not l.startswith(("set ", "cd "))]
     assert ci == [_readme_commands()[1]]
+
+
+def test_demo_runs_and_matches_reference():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "mxgemm", "demo"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for what in ("compiler      gfx950", "backend", "smallm_mxfp8_gemv", "moe_gemm2_a4w4 hip vs flydsl: bit-identical",
+                 "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm"):
+        assert what in p.stdout, what

@@ -21,11 +21,36 @@ def _dequant_demo(language: str) -> str:
     return f"mxfp8_dequantize[{language}] 8x64: {'bit-exact' if same else 'MISMATCH'} vs reference ({dt:.2f} s)"
 
 
+def _moe_gemm2_demo() -> list:
+    """a4w4 MoE down-projection, HIP and FlyDSL kernels vs the reference and each other."""
+    from . import metrics, moe_gemm2_a4w4, quant, reference, routing
+    g = torch.Generator().manual_seed(0)
+    T, topk, E, N, K = 6, 2, 4, 256, 256
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)])
+    r = routing.moe_sorting(ids, torch.rand(T, topk, generator=g), E, block_m=16)
+    a, sa = quant.quantize_mx(torch.randn(T * topk, K, generator=g), "e2m1")
+    w, sw = quant.quantize_mx(torch.randn(E, N, K, generator=g), "e2m1")
+    ref = reference.moe_gemm2_a4w4_ref(a, sa, w, sw, r.sorted_token_ids, r.sorted_weights,
+                                       r.sorted_expert_ids, r.num_valid_ids, 16, topk)
+    lines, outs = [], {}
+    for backend in ("hip", "flydsl"):
+        t0 = time.perf_counter()
+        out = outs[backend] = torch.zeros(T, N, dtype=torch.bfloat16)
+        moe_gemm2_a4w4(a, sa, w, sw, r.sorted_token_ids, r.sorted_expert_ids, r.num_valid_ids,
+                       r.sorted_weights, out, backend=backend)
+        ulp = int(metrics.bf16_ulp_distance(out, ref).max())
+        lines.append(f"moe_gemm2_a4w4[{backend}] T={T} topk={topk} E={E} N={N} K={K}: max {ulp} bf16 ulp "
+                     f"vs reference ({time.perf_counter() - t0:.2f} s)")
+    same = torch.equal(outs["hip"].view(torch.int16), outs["flydsl"].view(torch.int16))
+    lines.append(f"moe_gemm2_a4w4 hip vs flydsl: {'bit-identical' if same else 'MISMATCH'}")
+    return lines
+
+
 def run_demos() -> int:
     from .toolchain import launch_backend
     print(f"running demos on backend: {launch_backend()}")
     failures = 0
-    demos = [lambda: _dequant_demo("hip"), lambda: _dequant_demo("flydsl")]
+    demos = [lambda: _dequant_demo("hip"), lambda: _dequant_demo("flydsl"), _moe_gemm2_demo]
     try:
         from .ops import smallm_mxfp8
         demos.append(smallm_mxfp8.demo)
