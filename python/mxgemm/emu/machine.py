@@ -21,6 +21,8 @@ _W32 = {"b32": u32, "u32": u32, "i32": i32, "f32": f32}
 _FLOAT = ("f32", "f16", "f64")
 SKEY = 1000                               # race-tracking key of s<i> is SKEY + i
 INFLIGHT = 1 << 30                         # LDS epoch stamp of a direct-to-LDS write not yet retired
+WB, WMASK = 8, 255                         # LDS race stamps: epoch << WB | wave (wave < 16)
+SEVERAL = WMASK                            # reader "wave" when several waves read in one epoch
 
 _PLUGINS = ("salu", "valu", "vmem", "matrix")  # instruction handler modules (matrix loads its own)
 for _m in _PLUGINS:
@@ -269,8 +271,7 @@ def _retire(w, rec):
     if rec.kind == "async" and rec.lds is not None:
         g = w.wg
         d = rec.lds
-        sel = (g.lw_epoch[d] == INFLIGHT) & (g.lw_wave[d] == w.wid)
-        g.lw_epoch[d[sel]] = g.epoch
+        g.lw[d[g.lw[d] == (INFLIGHT << WB) | w.wid]] = (g.epoch << WB) | w.wid
 
 
 def waitcnt(w, vm, lgkm):
@@ -304,87 +305,116 @@ def at_barrier(w):
     for rec in w.lgkmq:
         if rec.kind == "lds_write":
             d = rec.lds
-            sel = g.lw_wave[d] == w.wid
-            g.lw_epoch[d[sel]] = np.maximum(g.lw_epoch[d[sel]], g.epoch + 1)
+            k = g.lw[d]
+            d = d[(k & WMASK) == w.wid]
+            g.lw[d] = np.maximum(g.lw[d], ((g.epoch + 1) << WB) | w.wid)   # same wave: max of epochs
 
 
 # ---------------------------------------------------------------------------- LDS access
 
-def _lds_addr(w, addr, nbytes):
+def _lds_addr(w, addr, nbytes, wrap=False):
+    """Bounds-checked int64 LDS byte addresses (inactive lanes -> 0); wrap: 32-bit address
+    math, applied only when some address is out of range (in-range ones are unchanged by it)."""
     a = addr if isinstance(addr, np.ndarray) and addr.dtype == np.int64 else np.asarray(addr).astype(np.int64)
     lim = w.wg.lds.size
     if w.full:
-        if a.min() >= 0 and a.max() + nbytes <= lim:
+        f = a.ravel()
+        if f[f.argmin()] >= 0 and f[f.argmax()] + nbytes <= lim:   # argmin/argmax: cheaper than min/max
             return a
+        if wrap:
+            return _lds_addr(w, a & 0xFFFFFFFF, nbytes)
         bad = (a < 0) | (a + nbytes > lim)
     else:
-        bad = w.mask & ((a < 0) | (a + nbytes > lim))
-    if bad.any():
-        lane = int(np.argmax(bad))
-        raise EmulatorFault(f"LDS access outside the {lim}-byte allocation: lane {lane}, address {int(a[lane]):#x}")
-    return np.where(w.mask, a, 0)
+        if wrap:
+            a = a & 0xFFFFFFFF
+        m = w.mask if a.ndim == 1 else w.mask[:, None]
+        bad = m & ((a < 0) | (a + nbytes > lim))
+    if np.count_nonzero(bad):
+        j = int(np.argmax(bad))
+        raise EmulatorFault(f"LDS access outside the {lim}-byte allocation: lane {j // (a.size // 64)}, "
+                            f"address {int(a.ravel()[j]):#x}")
+    return np.where(m, a, 0)
 
 
-def _lds_race(w, a, nbytes, write, inflight=False):
-    """Per-dword last writer (wave, epoch) and last reader (wave or -2 = several, epoch);
-    an access conflicts with another wave's access in the same barrier epoch."""
+def _lds_race(w, d, write, inflight=False):
+    """d: dword indices of the active lanes' access. Per dword the last writer and last reader
+    are packed as epoch << WB | wave (reader wave SEVERAL = more than one); an access conflicts
+    with another wave's access in the same barrier epoch."""
+    if not d.size:     # no active lane
+        return d
     g = w.wg
-    am = a if w.full else a[w.mask]
-    if nbytes % 4 == 0 and not (am & 3).any():
-        d = ((am >> 2)[:, None] + AR[nbytes >> 2]).ravel()
-    else:
-        d = np.unique(((am[:, None] + AR[nbytes]) >> 2).ravel())
-    X, E = w.wid, g.epoch
-    we = g.lw_epoch[d]
-    late = we >= E
-    if late.any():
-        bad = late & ((g.lw_wave[d] != X) | (we == INFLIGHT))
-        if bad.any():
+    X, EK = w.wid, g.epoch << WB
+    k = g.lw[d]
+    if k.ravel()[k.argmax()] >= EK:    # some dword written this epoch (or still in flight)
+        bad = (k >= EK) & (((k & WMASK) != X) | (k >= INFLIGHT << WB))
+        if np.count_nonzero(bad):
             _lds_race_error(w, d, bad, write)
+    r = g.lr[d]
+    other = (r >= EK) & (r != EK | X)   # read this epoch by another wave (reader epochs never exceed E)
     if write:
-        rd = (g.lr_epoch[d] == E) & (g.lr_wave[d] != X)
-        if rd.any():
-            _lds_race_error(w, d, rd, write)
-        g.lw_wave[d] = X
-        g.lw_epoch[d] = INFLIGHT if inflight else E
+        if np.count_nonzero(other):
+            _lds_race_error(w, d, other, write)
+        g.lw[d] = ((INFLIGHT << WB) if inflight else EK) | X
     else:
-        same = (g.lr_epoch[d] == E) & (g.lr_wave[d] != X)
-        g.lr_wave[d] = np.where(same, -2, X) if same.any() else X
-        g.lr_epoch[d] = E
+        g.lr[d] = np.where(other, EK | SEVERAL, EK | X)
     return d
 
 
 def _lds_race_error(w, d, bad, write):
-    g, X, E = w.wg, w.wid, w.wg.epoch
-    j = int(np.argmax(bad))
-    if g.lw_epoch[d[j]] == INFLIGHT:
+    g, X, EK = w.wg, w.wid, w.wg.epoch << WB
+    j = int(d.ravel()[np.argmax(bad)])
+    k = int(g.lw[j])
+    if k >> WB == INFLIGHT:
         what = "direct-to-LDS data not yet retired by s_waitcnt vmcnt + s_barrier"
     else:
-        other = int(g.lw_wave[d[j]]) if g.lw_epoch[d[j]] >= E else int(g.lr_wave[d[j]])
-        what = (f"{'written' if write else 'read'} here while wave {other if other >= 0 else '(several)'} "
+        other = (k if k >= EK else int(g.lr[j])) & WMASK
+        what = (f"{'written' if write else 'read'} here while wave {other if other != SEVERAL else '(several)'} "
                 f"accesses it without an s_barrier (and s_waitcnt) in between")
-    raise RaceError(f"LDS race at byte {int(d[j]) * 4:#x} (wave {X}): {what}")
+    raise RaceError(f"LDS race at byte {j * 4:#x} (wave {X}): {what}")
 
 
-def lds_load(w, addr, nbytes):
-    a = _lds_addr(w, addr, nbytes)
+def _lds_dwords(w, a, nbytes):
+    """Dword indices [..., n] of an access of nbytes per address if every address is dword
+    aligned (None otherwise)."""
+    if nbytes & 3 or np.count_nonzero(a & 3):
+        return None
+    d = a >> 2
+    return d[..., None] if nbytes == 4 else d[..., None] + AR[nbytes >> 2]
+
+
+def _lds_bytes_race(w, a, nbytes, write, inflight=False):
+    """Race check of an unaligned or sub-dword access (a: addresses of the active lanes)."""
+    return _lds_race(w, np.unique(((a.reshape(-1)[:, None] + AR[nbytes]) >> 2).ravel()), write, inflight)
+
+
+def lds_load(w, addr, nbytes, wrap=False):
+    """uint8 [64, nbytes * k] of LDS read at addr int [64] (or [64, k]: k accesses per lane, in
+    address order); inactive lanes read address 0."""
+    a = _lds_addr(w, addr, nbytes, wrap)
+    d = _lds_dwords(w, a, nbytes)
+    if d is not None:     # aligned dwords: gather 32-bit words
+        if w.race:
+            _lds_race(w, d if w.full else d[w.mask], False)
+        return w.wg.lds32[d].reshape(64, -1).view(np.uint8)
     if w.race:
-        _lds_race(w, a, nbytes, False)
-    if nbytes % 4 == 0 and not (a & 3).any():     # aligned dwords: gather 32-bit words
-        return w.wg.lds32[(a >> 2)[:, None] + AR[nbytes >> 2]].view(np.uint8)
-    return w.wg.lds[a[:, None] + AR[nbytes]]
+        _lds_bytes_race(w, a if w.full else a[w.mask], nbytes, False)
+    return w.wg.lds[a[..., None] + AR[nbytes]].reshape(64, -1)
 
 
-def lds_store(w, addr, data, ins=None, inflight=False):
+def lds_store(w, addr, data, ins=None, inflight=False, wrap=False):
     """data: uint8 [64, nbytes]. Returns the written dword indices in race mode."""
     nbytes = data.shape[1]
-    a = _lds_addr(w, addr, nbytes)
-    d = _lds_race(w, a, nbytes, True, inflight) if w.race else None
-    m = w.mask
+    a = _lds_addr(w, addr, nbytes, wrap)
+    am = a if w.full else a[w.mask]
+    d = None
+    if w.race:
+        d = _lds_dwords(w, am, nbytes)
+        d = _lds_race(w, d.ravel(), True, inflight) if d is not None else \
+            _lds_bytes_race(w, am, nbytes, True, inflight)
     if w.full:
         w.wg.lds[a[:, None] + AR[nbytes]] = data
     else:
-        w.wg.lds[a[m][:, None] + AR[nbytes]] = data[m]
+        w.wg.lds[am[:, None] + AR[nbytes]] = data[w.mask]
     return d
 
 
@@ -558,11 +588,9 @@ class Workgroup:
         self.lds32 = self.lds.view(np.uint32)
         self.epoch = 0
         if race:
-            nd = (lds_bytes + 3) // 4
-            self.lw_wave = np.full(nd, -1, np.int16)
-            self.lw_epoch = np.full(nd, -1, np.int32)
-            self.lr_wave = np.full(nd, -1, np.int16)
-            self.lr_epoch = np.full(nd, -1, np.int32)
+            nd = (lds_bytes + 3) // 4     # last writer / reader stamps, initially epoch -1
+            self.lw = np.full(nd, -1, np.int64)
+            self.lr = np.full(nd, -1, np.int64)
 
 
 class Wave:

@@ -314,7 +314,7 @@ _DS_WRITE = {"b32": 4, "b64": 8, "b96": 12, "b128": 16, "b8": 1, "b16": 2}
 def _ds_addr(ins, i, off_key="offset"):
     a = M.src(ins, i, "u32")
     off = ins.mods.get(off_key, 0)
-    return lambda w: (np.asarray(a(w)).astype(np.int64) + off) & 0xFFFFFFFF   # 32-bit LDS address math
+    return lambda w: np.asarray(a(w)).astype(np.int64) + off   # 32-bit wrap: lds_* wrap=True
 
 
 @handler(*[f"ds_read_{k}" for k in _DS_READ], "ds_read_u16_d16", "ds_read_u16_d16_hi", "ds_read_u8_d16",
@@ -331,7 +331,7 @@ def _ds_read(ins):
     keys = M.reg_keys(ins, 0)
 
     def run(w):
-        sink(w, M.lds_load(w, addr(w), size))
+        sink(w, M.lds_load(w, addr(w), size, wrap=True))
         M.track_load(w, ins, "lgkm", keys)
     return run
 
@@ -348,12 +348,10 @@ def _ds_read2(ins):
     size, a, o0, o1 = _ds2(ins, 1)
     put = M.dst_vec(ins, 0)
     keys = M.reg_keys(ins, 0)
+    offs = np.array([o0, o1], np.int64)
 
-    def run(w):
-        base = np.asarray(a(w)).astype(np.int64)
-        d = np.concatenate([M.lds_load(w, (base + o0) & 0xFFFFFFFF, size),
-                            M.lds_load(w, (base + o1) & 0xFFFFFFFF, size)], axis=1)
-        put(w, d.view(u32))
+    def run(w):   # both halves in one access: same result and race bookkeeping as two reads
+        put(w, M.lds_load(w, np.asarray(a(w)).astype(np.int64)[:, None] + offs, size, wrap=True).view(u32))
         M.track_load(w, ins, "lgkm", keys)
     return run
 
@@ -371,7 +369,7 @@ def _ds_write(ins):
     data = _data_source(ins, 1, size, hi)
 
     def run(w):
-        _ds_track_write(w, ins, M.lds_store(w, addr(w), data(w)))
+        _ds_track_write(w, ins, M.lds_store(w, addr(w), data(w), wrap=True))
     return run
 
 
@@ -382,8 +380,8 @@ def _ds_write2(ins):
 
     def run(w):
         base = np.asarray(a(w)).astype(np.int64)
-        x = M.lds_store(w, (base + o0) & 0xFFFFFFFF, d0(w))
-        y = M.lds_store(w, (base + o1) & 0xFFFFFFFF, d1(w))
+        x = M.lds_store(w, base + o0, d0(w), wrap=True)
+        y = M.lds_store(w, base + o1, d1(w), wrap=True)
         _ds_track_write(w, ins, None if x is None else np.concatenate([x, y]))
     return run
 
@@ -411,7 +409,7 @@ def _ds_atomic(ins):
 
     def run(w):
         # LDS atomics are exempt from the cross-wave race check: they are atomic by design.
-        a = M._lds_addr(w, addr(w), n)
+        a = M._lds_addr(w, addr(w), n, wrap=True)
         src = np.ascontiguousarray(data(w)[:, :n // 4]).view(dt)[:, 0]
         out = np.zeros(64, dt)
         lds = w.wg.lds
