@@ -66,7 +66,7 @@ def _race_wrap(ins, i, get):
         return get
 
     def checked(w):
-        if w.pend:
+        if not w.pend.keys().isdisjoint(keys):   # C-level test; details only on a hit
             check_pending(w, keys, ins)
         return get(w)
     return checked
@@ -141,7 +141,8 @@ def _as(val, t):
 def _col_setter(view, c, t):
     """Setter of column c of a register-file view (V, V16 or V64), EXEC-masked."""
     def put(w, val):
-        val = _as(val, t)
+        if val.__class__ is not np.ndarray or val.dtype != t:
+            val = _as(val, t)
         if w.full:
             view(w)[:, c] = val
         else:
@@ -177,7 +178,7 @@ def _checked(put, keys, ins):
         return put
 
     def checked(w, val):
-        if w.pend:
+        if not w.pend.keys().isdisjoint(keys):
             check_pending(w, keys, ins, "overwrites")
         put(w, val)
     return checked
@@ -227,7 +228,7 @@ def dst_vec(ins: Instr, i: int):
     keys = reg_keys(ins, i) if ins.prog.race else ()
 
     def put(w, val):
-        if keys and w.pend:
+        if keys and not w.pend.keys().isdisjoint(keys):
             check_pending(w, keys, ins, "overwrites")
         if w.full:
             w.V[:, r:r + n] = val

@@ -29,12 +29,12 @@ def fma32(a, b, c):
     s = np.add(p, c, dtype=f64)
     sb = np.asarray(s).view(u64)
     mid = (sb & u64(0x1FFFFFFF)) == u64(0x10000000)
-    if mid.any():
+    if np.count_nonzero(mid):   # cheaper than .any()
         c64 = np.asarray(c, f64)
         bb = s - p
         err = (p - (s - bb)) + (c64 - bb)
         s = np.where(mid & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return np.asarray(s).astype(f32) if np.ndim(s) else f32(s)
+    return s.astype(f32) if isinstance(s, np.ndarray) and s.ndim else f32(s)
 
 
 # ---------------------------------------------------------------------------- op tables
