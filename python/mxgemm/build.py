@@ -59,7 +59,10 @@ def cache_key(kernel: registry.Kernel, variant: dict, arch: str) -> str:
     if kernel.language == "hip":
         _hash_files(h, (root / "csrc" / "include").rglob("*.h"))
         comp = toolchain.find_compiler(arch)
-        h.update(repr((comp.kind, comp.version, toolchain.hip_flags(arch, variant))).encode())
+        # flags minus the absolute include path: headers are hashed by content above, so two
+        # checkouts (or an editable and an installed copy) share cache entries
+        flags = [f for f in toolchain.hip_flags(arch, variant) if not f.startswith("-I")]
+        h.update(repr((comp.kind, comp.version, flags)).encode())
     else:
         _hash_files(h, [p for p in (root / "flydsl_kernels").glob("*.py") if p != kernel.path])
         h.update(Path(__file__).with_name("flydsl_build.py").read_bytes())
