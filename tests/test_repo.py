@@ -28,3 +28,12 @@ def test_demo_runs_and_matches_reference():
     for what in ("compiler      gfx950", "backend", "smallm_mxfp8_gemv", "moe_gemm2_a4w4 hip vs flydsl: bit-identical",
                  "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm"):
         assert what in p.stdout, what
+
+
+def test_dispatch_bench_prints_numbers():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "mxgemm", "bench", "dispatch"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "smallm_mxfp8_gemm dispatch" in p.stdout and "moe_gemm2_a4w4 dispatch" in p.stdout
