@@ -114,3 +114,38 @@ def test_float_atomics():
     np.testing.assert_array_equal(ret[:64], old_f)
     np.testing.assert_array_equal(pu, ref_u)
     np.testing.assert_array_equal(ret[64:], old_u)
+
+
+BUFFER_SRC = r"""
+MXGEMM_KERNEL(buffer_atomics)(float* pf, unsigned* pb, v2h* ph, const int* off, const unsigned* val, int nbytes) {
+  int t = mxgemm::thread_x();
+  unsigned v = val[t];
+  // num_records = nbytes: lanes whose offset reaches past it are dropped (raw buffer rule)
+  __amdgpu_buffer_rsrc_t rf = __builtin_amdgcn_make_buffer_rsrc(pf, 0, nbytes, 0x00020000);
+  __amdgpu_buffer_rsrc_t rb = __builtin_amdgcn_make_buffer_rsrc(pb, 0, nbytes, 0x00020000);
+  __amdgpu_buffer_rsrc_t rh = __builtin_amdgcn_make_buffer_rsrc(ph, 0, nbytes, 0x00020000);
+  __builtin_amdgcn_raw_ptr_buffer_atomic_fadd_f32(__builtin_bit_cast(float, v), rf, off[t], 0, 0);
+  // clang has no raw-buffer bf16 atomic builtin: spell the instruction
+  asm volatile("buffer_atomic_pk_add_bf16 %0, %1, %2, 0 offen" :: "v"(v), "v"(off[t]), "s"(rb) : "memory");
+  __builtin_amdgcn_raw_ptr_buffer_atomic_fadd_v2f16(__builtin_bit_cast(v2h, v), rh, off[t], 0, 0);
+}
+"""
+
+
+def test_buffer_float_atomics_drop_out_of_range_lanes():
+    rng = np.random.default_rng(11)
+    n = 16                                                            # 16 dwords = num_records 64 B
+    dword = rng.integers(0, n + 4, 64).astype(np.int32)               # ~1/5 of lanes out of range
+    val = (rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32) & 0x8FFF8FFF) | 0x30003000
+    init = (rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32) & 0x8FFF8FFF) | 0x30003000
+    pf, pb, ph, *_ = run(BUFFER_SRC, "buffer_atomics", init, init, init, dword * 4, val, scalars=(4 * n,))
+    live = dword < n
+    f32 = lambda o, v: (np.array([o], np.uint32).view(np.float32).astype(np.float64)  # noqa: E731
+                        + np.array([v], np.uint32).view(np.float32).astype(np.float64)).astype(np.float32).view(np.uint32)[0]
+    keep = lambda add: lambda o, v: add(o, v[1]) if v[0] else o  # noqa: E731  (dropped lanes: no effect)
+    lanes = list(zip(live, val))
+    idx = np.minimum(dword, n - 1)
+    for got, add in ((pf, f32), (pb, _half_add(ml_dtypes.bfloat16)), (ph, _half_add(np.float16))):
+        ref, _ = _seq_add(init, idx, lanes, keep(add))
+        np.testing.assert_array_equal(got, ref)
+
