@@ -15,7 +15,6 @@
 #include <vector>
 
 #ifdef MXGEMM_WITH_HIP
-#include <ATen/cuda/CUDAContext.h>  // ROCm torch maps the CUDA stream API onto HIP
 #include <dlfcn.h>
 #endif
 
@@ -33,6 +32,7 @@ struct ArgSlot {
 struct Launch {
   std::vector<int64_t> grid, block;  // workgroups, threads per workgroup
   int64_t dynamic_lds;
+  uint64_t stream = 0;  // hipStream_t of torch's current stream (from Python), 0 for emu
 };
 
 void put(std::vector<uint8_t>& buf, int64_t off, const void* src, int64_t n) {
@@ -73,7 +73,7 @@ py::bytes pack_kernarg(const std::vector<std::tuple<int64_t, int64_t, std::strin
                        int64_t kernarg_size, const py::list& args, const std::vector<int64_t>& grid,
                        const std::vector<int64_t>& block, int64_t dynamic_lds) {
   std::vector<uint8_t> buf(kernarg_size, 0);
-  Launch L{grid, block, dynamic_lds};
+  Launch L{grid, block, dynamic_lds, 0};
   size_t user = 0;
   for (const auto& [off, size, kind] : layout) {
     ArgSlot s{off, size, kind};
@@ -91,7 +91,7 @@ py::bytes pack_kernarg(const std::vector<std::tuple<int64_t, int64_t, std::strin
         ptr = a.attr("address").cast<uint64_t>();
       } else {
         TORCH_CHECK(false, "argument ", user - 1, " must be a tensor (pointer slot), got ",
-                    std::string(py::str(a.get_type())));
+                    std::string(py::str(py::type::handle_of(a))));
       }
       put_value<uint64_t>(buf, s, ptr);
     } else if (kind == "by_value") {
@@ -180,7 +180,7 @@ class HipLauncher : public Launcher {
     size_t size = args.size();
     // HIP_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END
     void* config[] = {(void*)0x01, args.data(), (void*)0x02, &size, (void*)0x03};
-    void* stream = at::cuda::getCurrentCUDAStream().stream();
+    void* stream = reinterpret_cast<void*>(L.stream);
     int err = launch_(fn, L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1], L.block[2],
                       (unsigned)L.dynamic_lds, stream, nullptr, config);
     TORCH_CHECK(err == 0, "hipModuleLaunchKernel(", kernel, ") failed with error ", err);
@@ -227,7 +227,7 @@ bool has_hip() {
 
 void launch(const std::string& backend, const py::object& code, const std::string& kernel,
             const std::vector<int64_t>& grid, const std::vector<int64_t>& block,
-            const py::bytes& kernarg, const py::list& buffers, int64_t dynamic_lds) {
+            const py::bytes& kernarg, const py::list& buffers, int64_t dynamic_lds, uint64_t stream) {
   TORCH_CHECK(grid.size() == 3 && block.size() == 3, "grid and block must have 3 dimensions");
   auto& m = launchers();
 #ifdef MXGEMM_WITH_HIP
@@ -236,7 +236,7 @@ void launch(const std::string& backend, const py::object& code, const std::strin
   auto it = m.find(backend);
   TORCH_CHECK(it != m.end(), "launch backend '", backend, "' is not available in this build",
               backend == "hip" ? " (compiled without ROCm)" : " (emulator callback not set)");
-  it->second->launch(code, kernel, Launch{grid, block, dynamic_lds}, kernarg, buffers);
+  it->second->launch(code, kernel, Launch{grid, block, dynamic_lds, stream}, kernarg, buffers);
 }
 
 }  // namespace

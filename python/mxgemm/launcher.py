@@ -51,7 +51,7 @@ def host_ext():
     os.makedirs(build_dir, exist_ok=True)
     ext = cpp_extension.load(
         name=f"mxgemm_host_{tag}", sources=[str(src)], build_directory=build_dir,
-        extra_cflags=["-O2", "-std=c++17"] + (["-DMXGEMM_WITH_HIP"] if with_hip else []),
+        extra_cflags=["-O2"] + (["-DMXGEMM_WITH_HIP"] if with_hip else []),
         extra_ldflags=["-ldl"] if with_hip else [], verbose=False)
     ext.set_emu_callback(_emu_launch)
     return ext
@@ -99,8 +99,12 @@ def launch(art, grid, block, args, dynamic_lds: int = 0, backend: str | None = N
     ext = host_ext()
     kernarg = ext.pack_kernarg(layout, size, list(args), list(grid), list(block), dynamic_lds)
     buffers = [a for a in args if not isinstance(a, (int, float))]
-    code = str(art.asm_path) if backend == "emu" else _code_object(str(art.hsaco_path))
-    ext.launch(backend, code, art.symbol, list(grid), list(block), kernarg, buffers, dynamic_lds)
+    if backend == "emu":
+        code, stream = str(art.asm_path), 0
+    else:  # torch's current stream on the tensors' GPU, so launches order with torch's work
+        code = _code_object(str(art.hsaco_path))
+        stream = torch.cuda.current_stream(buffers[0].device).cuda_stream
+    ext.launch(backend, code, art.symbol, list(grid), list(block), kernarg, buffers, dynamic_lds, stream)
 
 
 @functools.lru_cache(maxsize=None)
