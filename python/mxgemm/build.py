@@ -46,25 +46,17 @@ class Artifact:
         return isa.kernel_info(self.asm, self.symbol)
 
 
-def _hash_files(h, paths):
-    for p in sorted(paths):
-        h.update(str(p.relative_to(registry.source_root())).encode())
-        h.update(p.read_bytes())
-
-
 def cache_key(kernel: registry.Kernel, variant: dict, arch: str) -> str:
     h = hashlib.sha256()
     root = registry.source_root()
     h.update(kernel.path.read_bytes())
     if kernel.language == "hip":
-        _hash_files(h, (root / "csrc" / "include").rglob("*.h"))
-        comp = toolchain.find_compiler(arch)
-        # flags minus the absolute include path: headers are hashed by content above, so two
-        # checkouts (or an editable and an installed copy) share cache entries
-        flags = [f for f in toolchain.hip_flags(arch, variant) if not f.startswith("-I")]
-        h.update(repr((comp.kind, comp.version, flags)).encode())
+        h.update(toolchain.hip_build_identity(arch, variant))
     else:
-        _hash_files(h, [p for p in (root / "flydsl_kernels").glob("*.py") if p != kernel.path])
+        for p in sorted((root / "flydsl_kernels").glob("*.py")):
+            if p != kernel.path:
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
         h.update(Path(__file__).with_name("flydsl_build.py").read_bytes())
         h.update(repr((toolchain.flydsl_version(), arch, sorted(variant.items()))).encode())
     h.update(kernel.symbol.encode())
@@ -151,36 +143,32 @@ def build(kernels=None, archs=None, jobs=None, progress=True, default_only=False
     todo = plan(kernels, archs, default_only)
     jobs = jobs or os.cpu_count() or 1
     t0 = time.perf_counter()
-    results, errors, n_new = [], [], 0
+    errors, n_new = [], 0
 
     def say(msg):
         if progress:
             print(msg, file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(_artifact, n, v, a): (n, v, a) for n, v, a in todo}
-        for i, fut in enumerate(as_completed(futs), 1):
-            n, v, a = futs[fut]
-            label = f"{n} [{registry.variant_id(v)}] {a}"
-            try:
-                art, compiled = fut.result()
-            except Exception as e:  # report all failures, then raise
-                errors.append((label, e))
-                say(f"[{i}/{len(todo)}] FAILED {label}: {str(e).splitlines()[0]}")
+        futs = [pool.submit(_artifact, n, v, a) for n, v, a in todo]
+        label = {f: f"{n} [{registry.variant_id(v)}] {a}" for f, (n, v, a) in zip(futs, todo)}
+        for i, fut in enumerate(as_completed(futs), 1):   # progress in completion order
+            e = fut.exception()
+            if e is not None:                             # report all failures, then raise
+                errors.append((label[fut], e))
+                say(f"[{i}/{len(todo)}] FAILED {label[fut]}: {str(e).splitlines()[0]}")
                 continue
-            results.append(art)
+            art, compiled = fut.result()
             n_new += compiled
-            say(f"[{i}/{len(todo)}] {'compiled' if compiled else 'cached  '} {label}"
+            say(f"[{i}/{len(todo)}] {'compiled' if compiled else 'cached  '} {label[fut]}"
                 + (f" ({art.seconds:.1f} s)" if compiled else ""))
     dt = time.perf_counter() - t0
     if n_new == 0 and not errors:
-        say(f"all {len(results)} artefacts cached, nothing compiled ({dt:.2f} s)")
+        say(f"all {len(futs)} artefacts cached, nothing compiled ({dt:.2f} s)")
     else:
-        say(f"{len(results)} artefacts: {n_new} compiled, {len(results) - n_new} cached, "
+        say(f"{len(futs) - len(errors)} artefacts: {n_new} compiled, {len(futs) - len(errors) - n_new} cached, "
             f"{len(errors)} failed ({dt:.1f} s)")
     if errors:
         raise toolchain.ToolchainError("build failed:\n" + "\n".join(f"  {l}: {e}" for l, e in errors))
-    order = {(n, registry.variant_id(v), a): i for i, (n, v, a) in enumerate(todo)}
-    results.sort(key=lambda a: order[(a.kernel, registry.variant_id(a.variant), a.arch)])
     build.last_compiled = n_new  # for tests and the CLI summary
-    return results
+    return [f.result()[0] for f in futs]  # in plan order

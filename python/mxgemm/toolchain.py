@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ def _clang_version(argv) -> str | None:
     return m.group(1) if m else None
 
 
+@functools.lru_cache(maxsize=None)
 def _rocm_compiler() -> Compiler | None:
     roots = [os.environ.get("ROCM_PATH"), os.environ.get("HIP_PATH"), "/opt/rocm"]
     for root in filter(None, roots):
@@ -140,6 +140,22 @@ def hip_flags(arch: str, defines: dict | None = None) -> list[str]:
     return flags
 
 
+def hip_build_identity(arch: str, defines: dict | None = None) -> bytes:
+    """Everything besides the source that decides a HIP compile's output: the shared headers'
+    contents, the flags (minus the checkout's absolute include path, so two checkouts or an
+    editable and an installed copy share cache entries) and the compiler."""
+    import hashlib
+    h = hashlib.sha256()
+    inc = include_dir()
+    for p in sorted(inc.rglob("*.h")):
+        h.update(str(p.relative_to(inc)).encode())
+        h.update(p.read_bytes())
+    comp = find_compiler(arch)
+    flags = [f for f in hip_flags(arch, defines) if not f.startswith("-I")]
+    h.update(repr((comp.kind, comp.version, flags)).encode())
+    return h.digest()
+
+
 def _run(argv, what):
     env = dict(os.environ)
     env.setdefault("TMPDIR", tempfile.gettempdir())
@@ -172,12 +188,10 @@ def assemble(asm: str | Path, arch: str, out_hsaco: str | Path) -> None:
 def compile_hip_source(text: str, arch: str = "gfx950", defines: dict | None = None) -> str:
     """Compile HIP C++ given as text and return the assembly text (for tests / corpora).
 
-    Results are cached by content hash like every other build.
+    Results are cached by content hash like every other build (headers included).
     """
     import hashlib
-    comp = find_compiler(arch)
-    key = hashlib.sha256(repr((text, arch, sorted((defines or {}).items()), comp.version,
-                               hip_flags(arch, defines))).encode()).hexdigest()[:24]
+    key = hashlib.sha256(text.encode() + hip_build_identity(arch, defines)).hexdigest()[:24]
     d = Path(cache_dir()) / "snippets"
     d.mkdir(parents=True, exist_ok=True)
     s = d / f"{key}.{arch}.s"
@@ -219,7 +233,3 @@ def launch_backend() -> str:
     if forced:
         return forced
     return "hip" if gpu_arch() == "gfx950" else "emu"
-
-
-def which(name):
-    return shutil.which(name)
