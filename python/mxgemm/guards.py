@@ -10,11 +10,19 @@ VOFFSET_LIMIT = 2 ** 31  # raw buffer voffset is a 32-bit byte offset; >= 2^31 b
 
 
 class GuardError(ValueError):
-    """A call broke one of the dispatcher's rules; the message names the rule and the value."""
+    """A call broke one of the dispatcher's rules; the message names the rule and the value.
+    ``rule`` and ``detail`` are kept apart for callers that turn a rule into a fallback."""
+
+    def __init__(self, rule: str, detail: str):
+        super().__init__(f"[{rule}] {detail}")
+        self.rule, self.detail = rule, detail
+
+    def __reduce__(self):  # picklable (multiprocessing, pytest-xdist) despite two arguments
+        return GuardError, (self.rule, self.detail)
 
 
 def fail(rule: str, detail: str):
-    raise GuardError(f"[{rule}] {detail}")
+    raise GuardError(rule, detail)
 
 
 def check_dtype(t: torch.Tensor, name: str, allowed) -> None:

@@ -169,27 +169,22 @@ def _check_out(out, shape, dtypes):
         guards.check_contiguous(out, "out")
 
 
-def _envelope(fallback: str, op: str, reason: str) -> Plan:
+def _envelope(fallback: str, op: str, rule: str, detail: str) -> Plan:
     """Out of every kernel's envelope: the fallback plan, or GuardError when asked to."""
     if fallback == "error":
-        rule = reason.split(":", 1)[0]
-        guards.fail(rule, reason.split(":", 1)[1].strip() + ' (fallback="error")')
-    return Plan(op, None, backend="fallback", fallback=True, reason=reason)
+        guards.fail(rule, detail + ' (fallback="error")')
+    return Plan(op, None, backend="fallback", fallback=True, reason=f"{rule}: {detail}")
 
 
 def _kernel_checks(fallback, op, named, backend_tensor):
     """2 GB voffset and arch: the two envelope rules shared by both ops. -> Plan | backend."""
-    for n, t in named:
-        if t is None:
-            continue
-        try:
-            guards.check_voffset(t, n, _VOFFSET_LIMIT)
-        except guards.GuardError as e:
-            return _envelope(fallback, op, "2GB-voffset: " + str(e).split("] ", 1)[1])
     try:
+        for n, t in named:
+            if t is not None:
+                guards.check_voffset(t, n, _VOFFSET_LIMIT)
         return guards.check_arch(backend_tensor)
     except guards.GuardError as e:
-        return _envelope(fallback, op, "arch: " + str(e).split("] ", 1)[1])
+        return _envelope(fallback, op, e.rule, e.detail)
 
 
 def _check_fallback_mode(fallback):
@@ -250,10 +245,10 @@ def _plan_gemm(a, a_scale, b, b_scale, out, config, fallback) -> Plan:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
         if choice is None:
             if M > 64:
-                return _envelope(fallback, op, f"M-range: M = {M} is outside the small-M "
-                                               f"kernels' envelope [1, 64]")
-            return _envelope(fallback, op, f"K%128: M = {M} > 16 needs the MFMA kernel, which "
-                                           f"requires K % 128 == 0; K = {K}")
+                return _envelope(fallback, op, "M-range", f"M = {M} is outside the small-M "
+                                                          f"kernels' envelope [1, 64]")
+            return _envelope(fallback, op, "K%128", f"M = {M} > 16 needs the MFMA kernel, which "
+                                                    f"requires K % 128 == 0; K = {K}")
         kernel, variant, why = choice
     if kernel == GEMV:
         block_n = THREADS // 16 * variant["N_SUB"]
