@@ -80,21 +80,35 @@ class KernelInfo:
                 f"insts={sum(self.histogram.values())}")
 
 
-_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(-?\d+)")
+_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(\S.*?)\s*(?:;.*)?$")
+_KERNEL_DESCRIPTOR = re.compile(r"^\s*\.amdhsa_kernel\s+(\S+)\s*\n(.*?)^\s*\.end_amdhsa_kernel", re.S | re.M)
+
+
+def metadata(asm: str) -> dict:
+    """The ``.amdgpu_metadata`` YAML as a dict ({} when the assembly has none)."""
+    m = re.search(r"\.amdgpu_metadata\s*\n(.*?)\n\s*\.end_amdgpu_metadata", asm, re.S)
+    return (yaml.safe_load(m.group(1)) or {}) if m else {}
+
+
+def directives(asm: str) -> dict:
+    """kernel name -> {directive without ``.amdhsa_``: value} of every kernel descriptor;
+    integer values as int, anything else (e.g. an expression) as its text."""
+    out = {}
+    for name, block in _KERNEL_DESCRIPTOR.findall(asm):
+        d = out[name] = {}
+        for k, v in (m.groups() for m in map(_DIRECTIVE.match, block.splitlines()) if m):
+            try:
+                d[k] = int(v, 0)
+            except ValueError:
+                d[k] = v
+    return out
 
 
 def _metadata(asm: str) -> dict:
-    m = re.search(r"\.amdgpu_metadata\s*\n(.*?)\n\s*\.end_amdgpu_metadata", asm, re.S)
-    if not m:
+    meta = metadata(asm)
+    if not meta:
         raise ValueError("no .amdgpu_metadata block in assembly")
-    return yaml.safe_load(m.group(1))
-
-
-def _directives(asm: str, name: str) -> dict:
-    m = re.search(rf"\.amdhsa_kernel {re.escape(name)}\s*\n(.*?)\.end_amdhsa_kernel", asm, re.S)
-    if not m:
-        raise ValueError(f"no .amdhsa_kernel {name} in assembly")
-    return {k: int(v) for k, v in (d.groups() for d in map(_DIRECTIVE.match, m.group(1).splitlines()) if d)}
+    return meta
 
 
 def _body(asm: str, name: str) -> list[str]:
@@ -132,7 +146,9 @@ def kernel_info(asm: str, name: str | None = None) -> KernelInfo:
     if name not in kernels:
         raise ValueError(f"kernel {name!r} not in assembly (has {sorted(kernels)})")
     k = kernels[name]
-    d = _directives(asm, name)
+    d = directives(asm).get(name)
+    if d is None:
+        raise ValueError(f"no .amdhsa_kernel {name} in assembly")
     target = meta.get("amdhsa.target", "")
     arch = re.search(r"gfx\w+", target).group(0)
     occ = re.search(rf"{re.escape(name)}.*?; Occupancy: (\d+)", asm, re.S)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import yaml
-
+from .. import isa as static_isa
 from .isa import Instr, parse_mods, parse_operand, split_operands
 
 _LABEL = re.compile(r"^([.\w$]+):")
+_FUNCTION = re.compile(r"^\s*\.type\s+([.\w$]+)\s*,\s*@function", re.M)
 _MNEMONIC = re.compile(r"^([a-z][a-z0-9_]*)\s*(.*)$")
 
 
@@ -62,35 +62,10 @@ def _strip_comment(line: str) -> str:
 def parse(text: str):
     """-> (codes: dict name -> KernelCode, metas: dict name -> KernelMeta)."""
     lines = text.splitlines()
-    directives, md_lines, md_text, funcs = {}, None, None, set()
-    cur_kd = None
-    for ln in lines:
-        s = _strip_comment(ln)
-        if md_lines is not None:
-            if s.startswith(".end_amdgpu_metadata"):
-                md_text = "\n".join(md_lines)
-                md_lines = None
-                continue
-            md_lines.append(ln)
-            continue
-        if s.startswith(".amdgpu_metadata"):
-            md_lines = []
-        elif s.startswith(".amdhsa_kernel "):
-            cur_kd = s.split()[1]
-            directives[cur_kd] = {}
-        elif s.startswith(".end_amdhsa_kernel"):
-            cur_kd = None
-        elif cur_kd and s.startswith(".amdhsa_"):
-            k, _, v = s[len(".amdhsa_"):].partition(" ")
-            try:
-                directives[cur_kd][k] = int(v.strip(), 0)
-            except ValueError:
-                directives[cur_kd][k] = v.strip()
-        elif s.startswith(".type") and "@function" in s:
-            funcs.add(s.split()[1].rstrip(","))
-    md = yaml.safe_load(md_text) if md_text else {}
+    md, directives = static_isa.metadata(text), static_isa.directives(text)
+    funcs = set(_FUNCTION.findall(text))
     metas = {}
-    for k in (md or {}).get("amdhsa.kernels", []):
+    for k in md.get("amdhsa.kernels", []):
         name = k[".name"]
         args = [KernelArg(a[".offset"], a[".size"], a[".value_kind"], a.get(".address_space"), a.get(".name"))
                 for a in k.get(".args", [])]
