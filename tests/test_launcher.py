@@ -13,7 +13,7 @@ def art():
 
 
 def _pack(art, args, grid=(3, 1, 1), block=(256, 1, 1)):
-    layout, size = launcher._layout(str(art.asm_path), art.symbol)
+    layout, size = launcher._layout(art)
     return layout, launcher.host_ext().pack_kernarg(layout, size, args, list(grid), list(block), 0)
 
 

@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from . import isa, toolchain
+from . import toolchain
 
 _EMU_SETTINGS = threading.local()
 _DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0)
@@ -57,11 +57,17 @@ def host_ext():
     return ext
 
 
-@functools.lru_cache(maxsize=None)
-def _layout(asm_path: str, symbol: str):
-    info = isa.kernel_info(open(asm_path).read(), symbol)
-    layout = [(a[".offset"], a[".size"], a[".value_kind"]) for a in info.args]
-    return layout, info.kernarg_size
+_LAYOUTS: dict = {}
+
+
+def _layout(art):
+    """(kernarg slots, kernarg size) from the artefact's metadata, once per code object."""
+    got = _LAYOUTS.get(art.asm_path)
+    if got is None:
+        info = art.isa()
+        got = _LAYOUTS[art.asm_path] = ([(a[".offset"], a[".size"], a[".value_kind"]) for a in info.args],
+                                        info.kernarg_size)
+    return got
 
 
 _PROGRAMS: dict = {}
@@ -69,10 +75,7 @@ _PROGRAMS: dict = {}
 
 def _emu_launch(code, kernel, grid, block, kernarg, buffers, dynamic_lds):
     """'emu' backend callback: ``code`` is the path of the kernel's assembly."""
-    try:
-        from .emu import Emulator
-    except ImportError as e:
-        raise RuntimeError(f"emu backend: the gfx950 emulator (mxgemm.emu) is unavailable: {e}") from e
+    from .emu import Emulator
     s = _emu_settings()
     emu = Emulator(arch="gfx950", race_check=s["race_check"], wg_order=s["wg_order"], seed=s["seed"])
     prog = _PROGRAMS.get(code)
@@ -95,7 +98,7 @@ def launch(art, grid, block, args, dynamic_lds: int = 0, backend: str | None = N
     backend = backend or backend_for(args)
     if backend == "emu" and art.arch != "gfx950":
         raise ValueError(f"the emulator runs gfx950 code only; {art.kernel} was built for {art.arch}")
-    layout, size = _layout(str(art.asm_path), art.symbol)
+    layout, size = _layout(art)
     ext = host_ext()
     kernarg = ext.pack_kernarg(layout, size, list(args), list(grid), list(block), dynamic_lds)
     buffers = [a for a in args if not isinstance(a, (int, float))]
