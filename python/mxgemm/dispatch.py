@@ -31,6 +31,13 @@ class Plan:
                 f"block={self.block}; {self.reason}")
 
 
+def tensor_key(t):
+    """What every guard reads of a tensor (shape, dtype, device, contiguity): planners memoise
+    on it, so a cached call re-runs no guard and hashes no data. None stays None."""
+    # .device, not get_device(): the latter is -1 for CPU and for "meta" alike.
+    return None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous())
+
+
 def planner(op: str):
     def deco(fn):
         _PLANNERS[op] = fn

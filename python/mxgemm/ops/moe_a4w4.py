@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import build, guards, launcher
-from ..dispatch import Plan, planner
+from ..dispatch import Plan, planner, tensor_key
 
 _KERNEL = {"hip": "moe_gemm2_a4w4", "flydsl": "moe_gemm2_a4w4_flydsl"}
 _BLOCK_MS = (16, 32)
@@ -35,7 +35,7 @@ _PLANS: dict = {}
 def plan_moe_gemm2_a4w4(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
                         sorted_weights, out, *, block_m=None, nt=None, backend="auto") -> Plan:
     tensors = (a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, sorted_weights, out)
-    key = (tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors), block_m, nt, backend)
+    key = (tuple(map(tensor_key, tensors)), block_m, nt, backend)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(*tensors, block_m=block_m, nt=nt, backend=backend)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import build, guards, launcher, registry
-from ..dispatch import Plan, planner
+from ..dispatch import Plan, planner, tensor_key
 
 ARCH = "gfx950"
 NUM_CUS = 256                 # MI355X compute units: the heuristic sizes grids against this
@@ -197,11 +197,6 @@ def _check_fallback_mode(fallback):
 _PLANS: dict = {}
 
 
-def _meta(t):
-    # .device, not get_device(): the latter is -1 for CPU and for "meta" alike.
-    return None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous())
-
-
 def _config_key(config):
     return config if config is None or isinstance(config, str) else tuple(sorted(dict(config).items()))
 
@@ -211,8 +206,8 @@ def _config_key(config):
 # ------------------------------------------------------------------------------------------
 @planner("smallm_mxfp8_gemm")
 def plan_smallm_mxfp8_gemm(a, a_scale, b, b_scale, *, out=None, config=None, fallback="auto") -> Plan:
-    key = ("gemm", _meta(a), _meta(a_scale), _meta(b), _meta(b_scale),
-           out if out is None else _meta(out), _config_key(config), fallback)
+    key = ("gemm", tensor_key(a), tensor_key(a_scale), tensor_key(b), tensor_key(b_scale),
+           tensor_key(out), _config_key(config), fallback)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan_gemm(a, a_scale, b, b_scale, out, config, fallback)
@@ -342,9 +337,9 @@ def moe_heuristic_config(num_tokens: int, N: int):
 def plan_moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
                                 num_valid_ids, *, topk_weights=None, block_m, out=None,
                                 out_dtype=torch.bfloat16, config=None, fallback="auto") -> Plan:
-    key = ("moe", _meta(a), _meta(a_scale), _meta(w), _meta(w_scale), _meta(sorted_token_ids),
-           _meta(sorted_expert_ids), _meta(num_valid_ids), _meta(topk_weights), block_m,
-           _meta(out), out_dtype, _config_key(config), fallback)
+    key = ("moe", *map(tensor_key, (a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                                    num_valid_ids, topk_weights, out)),
+           block_m, out_dtype, _config_key(config), fallback)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan_moe(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
