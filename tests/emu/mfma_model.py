@@ -91,6 +91,15 @@ def exact_sum_f32(terms) -> np.float32:
     return round_f32(sum((Fraction(t) for t in terms), Fraction(0)))
 
 
+def product(x: float, y: float) -> float:
+    """One element product as the MFMA forms it: IEEE 754 multiplication, so Inf x 0 (an e5m2
+    Inf against a zero element of the other operand) is an invalid operation giving NaN, and
+    the dot product is NaN. Spelled out because numpy's Inf * 0 gives NaN with a warning."""
+    if (np.isinf(x) and y == 0) or (np.isinf(y) and x == 0):
+        return np.nan
+    return x * y
+
+
 def model(shape, fa, fb, a_regs, b_regs, c_bits, sa=None, opa=0, sb=None, opb=0):
     """D bits [nregs, 64] of one MFMA."""
     m, n, k = shape
@@ -103,7 +112,7 @@ def model(shape, fa, fb, a_regs, b_regs, c_bits, sa=None, opa=0, sb=None, opb=0)
             terms = []
             for kb in range(k // block):
                 s = 1.0 if sa is None else scale_of(sa, opa, i, kb, m) * scale_of(sb, opb, j, kb, n)
-                terms += [a[i, kk] * b[j, kk] * s for kk in range(kb * block, (kb + 1) * block)]
+                terms += [product(a[i, kk], b[j, kk]) * s for kk in range(kb * block, (kb + 1) * block)]
             p[i, j] = exact_sum_f32(terms)
     c = np.asarray(c_bits, np.uint32).view(np.float32)
     d = np.zeros_like(c)
