@@ -1,5 +1,5 @@
 """Independent numpy/Fraction model of gfx950 MFMAs, written from the layout tables of
-MFMA_FACTS.md §1 (ISA §7.1.4-7.1.5, §7.2.1) and ml_dtypes decoders -- not from mxgemm.emu.
+docs/gfx950_isa.md §1.3-1.5 (ISA §7.1.4-7.1.5, §7.2.1) and ml_dtypes decoders -- not from mxgemm.emu.
 
 Numerics under test: exact sum over K of the exactly scaled products, one fp32 RNE rounding,
 then fp32 RNE add of C."""
@@ -36,7 +36,7 @@ def lane_items(regs, bits: int, count: int):
 
 
 def element_of(shape, fmt: str, lane: int, i: int):
-    """(row-or-col, k, kblock) of item i in lane l -- MFMA_FACTS §1 lane table; dense forms
+    """(row-or-col, k, kblock) of item i in lane l -- docs/gfx950_isa.md §1.3 lane table; dense forms
     (K 32/16): row l%M, k = (K/(64/M)) * (l/M) + i."""
     m, _, k = shape
     if k in (128, 64):

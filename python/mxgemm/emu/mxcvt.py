@@ -6,7 +6,7 @@ Everything here works on whole lane vectors; values travel as float64, which hol
 small-float value, every fp32 value, and every product of an element with an e8m0 scale
 exactly, so each conversion below rounds exactly once (RNE) like the hardware.
 
-Conversion rules follow the CDNA4 ISA (MFMA_FACTS.md §2):
+Conversion rules follow the CDNA4 ISA (docs/gfx950_isa.md §2):
   * scaled down-conversion q = RNE(x / 2^(E-127)), up-conversion x = q * 2^(E-127), where E is
     bits [30:23] of the fp32 scale operand; the ISA leaves the direction open, AMD's host model
     (amd_hip_ocp_host.hpp) divides on the way down, so do we.
