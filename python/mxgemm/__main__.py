@@ -1,7 +1,8 @@
 """python -m mxgemm {info,build,demo,bench}
 
-Without a command it prints this help and exits with status 2; a bad kernel or arch name or a
-failed compile prints one error message (no traceback) and exits with status 1."""
+Without a command it prints this help and exits with status 2. `build` with an unknown kernel,
+an arch no selected kernel supports, or a failed compile prints one error message (no
+traceback) and exits with status 1."""
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,18 @@ def artefact_line(a) -> str:
 
 
 def cmd_build(args) -> int:
-    from . import build, launcher
+    from . import build, launcher, toolchain
     archs = tuple(a for a in args.arch.split(",") if a) if args.arch else None
     kernels = args.kernel.split(",") if args.kernel else None
     t0 = time.perf_counter()
     if args.warm:
         print("building host extension ...", file=sys.stderr, flush=True)
         launcher.host_ext()
-    arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs, default_only=args.warm)
+    try:
+        arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs, default_only=args.warm)
+    except (ValueError, toolchain.ToolchainError) as e:   # bad names, failed compiles: no traceback
+        print(f"python -m mxgemm build: error: {e}", file=sys.stderr)
+        return 1
     if args.verbose:
         for a in arts:
             print(artefact_line(a))
@@ -90,12 +95,7 @@ def main(argv=None) -> int:
     if args.cmd is None:          # bare `python -m mxgemm`: the help, as a usage error (exit 2)
         p.print_help()
         return 2
-    from .toolchain import ToolchainError
-    try:
-        return args.fn(args)
-    except (ValueError, ToolchainError) as e:   # bad names, failed compiles: the message, no traceback
-        print(f"{p.prog} {args.cmd}: error: {e}", file=sys.stderr)
-        return 1
+    return args.fn(args)
 
 
 if __name__ == "__main__":
