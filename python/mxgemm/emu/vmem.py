@@ -205,6 +205,25 @@ def _buffer_addr(ins, vi, ri, oi, size):
     return get
 
 
+def _buffer_read(w, ao, size):
+    """uint8 [64, size] of a MUBUF load: each dword of a lane whose range check fails reads 0
+    (and touches no memory), every size alike."""
+    a, ok = ao
+    mem = w.emu.mem
+    if ok.all():
+        return mem.load(a, w.mask, size)
+    data = np.zeros((64, size), np.uint8)
+    if ok.shape[1] == 1 or (ok == ok[:, :1]).all():     # whole lanes in or out
+        m = w.mask & ok[:, 0]
+        data[m] = mem.load(a, m, size)[m]
+        return data
+    for j in range(ok.shape[1]):   # raw multi-dword access straddling num_records
+        m = w.mask & ok[:, j]
+        n = min(4, size - 4 * j)
+        data[m, 4 * j:4 * j + n] = mem.load(a + u64(4 * j), m, n)[m]
+    return data
+
+
 def _buffer_ops(ins):
     """Operand indices (vdata, vaddr, srsrc, soffset); vaddr None for 'off'/absent."""
     ops = ins.ops
@@ -229,16 +248,7 @@ def _buffer_load(ins):
     keys = M.reg_keys(ins, di)
 
     def run(w):
-        a, ok = addr(w)
-        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
-        if size > 4:
-            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
-            if not ok[:, 0].all():   # first dword OOB but later ones in range: reload those
-                more = w.mask & ~ok[:, 0] & ok.any(axis=1)
-                if more.any():
-                    d2 = w.emu.mem.load(a, more, size) * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
-                    data[more] = d2[more]
-        sink(w, data)
+        sink(w, _buffer_read(w, addr(w), size))
         M.track_load(w, ins, "vm", keys)
     return run
 
@@ -285,10 +295,7 @@ def _to_lds(ins, addr, size, signed):
     per = 16 if size > 8 else 4
 
     def run(w):
-        a, ok = addr(w)
-        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
-        if size >= 4:
-            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
+        data = _buffer_read(w, addr(w), size)
         data = _narrow(_widen(data, size, signed), max(size, 4))
         lds = (w.S[M0] & 0x3FFFC) + inst + _LANE * per
         d = M.lds_store(w, lds, data, inflight=w.race)
