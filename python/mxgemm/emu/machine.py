@@ -9,6 +9,7 @@ import struct
 import numpy as np
 
 from . import asm as _asm
+from .memfault import outside_buffers
 from .isa import (EXEC, HANDLERS, LANES, SHARED_BASE, EmulatorError, EmulatorFault, Instr, RaceError,
                   UnsupportedInstruction, const_bits, f16, f32, f64, i16, i32, i64, u16, u32, u64)
 
@@ -531,8 +532,7 @@ class Memory:
                 continue
             r = self._find(int(addr[lane]), int(addr[lane]) + nbytes)
             if r is None:
-                raise EmulatorFault(f"global access outside any registered buffer: lane {int(lane)}, "
-                                    f"address {int(addr[lane]):#x}, {nbytes} bytes")
+                raise outside_buffers(self.regions, int(lane), int(addr[lane]), nbytes)
             sel = left & (addr >= u64(r.base)) & (addr + u64(nbytes) <= u64(r.base + r.size))
             left &= ~sel
             yield r, sel
@@ -681,7 +681,7 @@ class Emulator:
         if wg_order not in ("linear", "shuffled"):
             raise ValueError("wg_order must be 'linear' or 'shuffled'")
         self.arch, self.race, self.wg_order, self.seed = arch, race_check, wg_order, seed
-        self._next_sparse = 1 << 52
+        self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
         self.mem = None
 
