@@ -605,6 +605,7 @@ class Wave:
         self.stop = self.done = False
         self.race = prog.race
         self.pend, self.vmq, self.lgkmq = {}, [], []
+        self.priv = None       # private segment, uint8 [64, bytes]: made by the first scratch access
         self.set_exec(0)
 
     def set_exec(self, x):
