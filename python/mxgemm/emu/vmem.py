@@ -173,7 +173,7 @@ def _buffer_addr(ins, vi, ri, oi, size):
     """Getter w -> (addr u64[64], ok bool[64, ndw]) for a MUBUF access: address = base +
     soffset + voffset + inst_offset + stride * index; raw buffers are out of range per dword
     when voffset + inst_offset + 4j >= num_records (soffset excluded), structured buffers when
-    index >= num_records [MFMA_FACTS §6, ISA §9.1.5-9.1.7]."""
+    index >= num_records [docs/buffer_oob.md, ISA §9.1.5-9.1.7]."""
     mods = ins.mods
     offen, idxen = bool(mods.get("offen")), bool(mods.get("idxen"))
     inst = mods.get("offset", 0)
@@ -290,7 +290,7 @@ def _buffer_atomic(ins):
 
 def _to_lds(ins, addr, size, signed):
     """Direct-to-LDS: LDS address = M0[17:2]*4 + inst_offset + TID*4 (TID*16 for x3/x4);
-    out-of-range reads write 0 [MFMA_FACTS §4]."""
+    out-of-range reads write 0 [docs/buffer_oob.md]."""
     inst = ins.mods.get("offset", 0)
     per = 16 if size > 8 else 4
 
