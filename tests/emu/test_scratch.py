@@ -67,6 +67,11 @@ def test_register_spills_run_and_are_reported():
     for k in range(40):
         s = (s + v[k] * k) & 0xFFFFFFFF
     np.testing.assert_array_equal(out, s.astype(np.uint32))
+    body = asm.split("spill:", 1)[1].split(".Lfunc_end", 1)[0]
+    assert "s_cbranch" not in body and "s_branch" not in body          # straight line: each runs once
+    st = program(SOURCE)[0].last_stats
+    for kind in ("store", "load"):
+        assert st[f"scratch_{kind}"] == 3 * body.count(f"scratch_{kind}_"), kind
 
 
 def test_private_access_past_the_segment_faults():

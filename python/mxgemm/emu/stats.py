@@ -9,8 +9,8 @@ import functools
 import re
 
 # bytes per lane of a memory mnemonic's size suffix (first match in the mnemonic wins)
-_VMEM_BYTES = (("dwordx4", 16), ("dwordx3", 12), ("dwordx2", 8), ("_x2", 8), ("dword", 4), ("short", 2),
-               ("byte", 1))
+_VMEM_BYTES = (("dwordx4", 16), ("dwordx3", 12), ("dwordx2", 8), ("_x2", 8), ("f64", 8), ("dword", 4),
+               ("short", 2), ("byte", 1))
 _DS_BYTES = (("b128", 16), ("b96", 12), ("b64", 8), ("u64", 8), ("f64", 8), ("b32", 4), ("u32", 4),
              ("i32", 4), ("f32", 4), ("u16", 2), ("i16", 2), ("b16", 2), ("u8", 1), ("i8", 1), ("b8", 1))
 _VMEM = ("global_", "flat_", "buffer_", "scratch_")
@@ -34,9 +34,11 @@ def classify(base: str, to_lds: bool = False):
         n = _bytes(base, _VMEM_BYTES)
         if to_lds or base.startswith("global_load_lds"):
             return "vmem_load_lds", n
-        if "_atomic" in base:
-            return "vmem_atomic", n
-        return ("vmem_store" if "_store" in base else "vmem_load"), n
+        space = "scratch" if base.startswith("scratch_") else "vmem"     # scratch: spills, private arrays
+        for kind in ("atomic", "store", "load"):
+            if f"_{kind}" in base:
+                return f"{space}_{kind}", n
+        return "vmem_cache", 0          # buffer_inv, buffer_wbl2, ...
     if base.startswith("ds_"):
         n = _bytes(base, _DS_BYTES)
         if base.startswith(("ds_read2", "ds_write2")):
