@@ -5,11 +5,14 @@
     prog = emu.load(asm_text)            # clang -S / FlyDSL ISA dump text
     emu.launch(prog, "kernel", grid=(gx, gy, gz), block=(bx, by, bz), args=[...])
     emu.launch_kernarg(prog, "kernel", grid, block, kernarg_bytes, buffers=[...])
+    emu.launch(..., workgroups=[(x, y, z), ...])   # run only these workgroups of the grid
+    emu.last_stats                       # counters of the last launch (dict, see ``stats``)
     big = emu.sparse_buffer(nbytes)      # lazily paged; big.write(off, t), big.read(off, n)
 
 Modules: ``isa`` (operand decoding, errors, handler registry), ``asm`` (assembly and
 metadata parsing), ``machine`` (waves, memory, scheduling, race tracking, launch),
-``salu`` / ``valu`` / ``vmem`` (instruction handlers), plug-ins such as ``matrix``.
+``salu`` / ``valu`` / ``vmem`` (instruction handlers; ``vmem`` also private/scratch memory),
+plug-ins such as ``matrix``, ``stats`` (counters, workgroup windows), ``memfault`` (fault text).
 
 Handler-registration API (for plug-in modules such as ``emu/matrix.py``)
 ------------------------------------------------------------------------

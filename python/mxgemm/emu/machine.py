@@ -9,6 +9,8 @@ import struct
 import numpy as np
 
 from . import asm as _asm
+from .memfault import outside_buffers
+from .stats import LaunchCounter, select_workgroups
 from .isa import (EXEC, HANDLERS, LANES, SHARED_BASE, EmulatorError, EmulatorFault, Instr, RaceError,
                   UnsupportedInstruction, const_bits, f16, f32, f64, i16, i32, i64, u16, u32, u64)
 
@@ -531,8 +533,7 @@ class Memory:
                 continue
             r = self._find(int(addr[lane]), int(addr[lane]) + nbytes)
             if r is None:
-                raise EmulatorFault(f"global access outside any registered buffer: lane {int(lane)}, "
-                                    f"address {int(addr[lane]):#x}, {nbytes} bytes")
+                raise outside_buffers(self.regions, int(lane), int(addr[lane]), nbytes)
             sel = left & (addr >= u64(r.base)) & (addr + u64(nbytes) <= u64(r.base + r.size))
             left &= ~sel
             yield r, sel
@@ -605,6 +606,7 @@ class Wave:
         self.stop = self.done = False
         self.race = prog.race
         self.pend, self.vmq, self.lgkmq = {}, [], []
+        self.priv = None       # private segment, uint8 [64, bytes]: made by the first scratch access
         self.set_exec(0)
 
     def set_exec(self, x):
@@ -681,9 +683,10 @@ class Emulator:
         if wg_order not in ("linear", "shuffled"):
             raise ValueError("wg_order must be 'linear' or 'shuffled'")
         self.arch, self.race, self.wg_order, self.seed = arch, race_check, wg_order, seed
-        self._next_sparse = 1 << 52
+        self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
         self.mem = None
+        self.last_stats = None      # counters of the last launch (see emu.stats)
 
     def load(self, asm_text: str) -> Program:
         return Program(asm_text, self.race)
@@ -732,18 +735,21 @@ class Emulator:
                 buf[a.offset:a.offset + a.size] = int(f(grid, block, dynamic_lds)).to_bytes(a.size, "little")
         return bytes(buf)
 
-    def launch(self, prog, kernel, grid=(1, 1, 1), block=(64, 1, 1), args=(), dynamic_lds=0):
+    def launch(self, prog, kernel, grid=(1, 1, 1), block=(64, 1, 1), args=(), dynamic_lds=0, workgroups=None):
         grid, block = _dim3(grid), _dim3(block)
         kernarg = self.pack_kernarg(prog, kernel, grid, block, list(args), dynamic_lds)
         import torch
         bufs = [a for a in args if isinstance(a, (torch.Tensor, SparseBuffer))]
-        self.launch_kernarg(prog, kernel, grid, block, kernarg, bufs, dynamic_lds)
+        self.launch_kernarg(prog, kernel, grid, block, kernarg, bufs, dynamic_lds, workgroups)
 
-    def launch_kernarg(self, prog, kernel, grid, block, kernarg: bytes, buffers, dynamic_lds=0):
+    def launch_kernarg(self, prog, kernel, grid, block, kernarg: bytes, buffers, dynamic_lds=0, workgroups=None):
+        """workgroups: iterable of (x, y, z) ids to run (None = the whole grid)."""
         import torch
         grid, block = _dim3(grid), _dim3(block)
         meta = prog.kernel_meta(kernel)
         fns, instrs = prog.decoded(kernel)
+        self.last_stats, counter = None, LaunchCounter(instrs)
+        fns = counter.wrap(fns)
         mem = self.mem = Memory()
         for b in buffers:
             if isinstance(b, SparseBuffer):
@@ -763,7 +769,8 @@ class Emulator:
         lds_bytes = meta.group_segment_fixed_size + dynamic_lds
         if lds_bytes > LDS_MAX:
             raise EmulatorFault(f"kernel {kernel!r} needs {lds_bytes} bytes of LDS; gfx950 has {LDS_MAX}")
-        order = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        order = select_workgroups(grid, workgroups) if workgroups is not None else \
+            [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
         if self.wg_order == "shuffled":
             np.random.default_rng(self.seed).shuffle(order)
         ctx = (meta, fns, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
@@ -771,6 +778,7 @@ class Emulator:
             for wgid in order:
                 self._run_workgroup(prog, kernel, ctx, wgid)
         self._keep = (karg, packet)
+        self.last_stats = counter.stats(len(order), len(order) * -(-block[0] * block[1] * block[2] // 64))
 
     def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid):
         d = meta.d

@@ -251,11 +251,6 @@ def cvt_up(src_u32, fmt: str, opsel: int, count: int, scale_u32=None):
         return np.stack([decode_table(name)[c] * s for c in codes])
 
 
-def cvt_pk_bf16_f32(x0_u32, x1_u32) -> np.ndarray:
-    """v_cvt_pk_bf16_f32: {bf16(S1), bf16(S0)} with RNE (quiet NaNs)."""
-    return (bf16_round(f32_of(x1_u32)) << np.uint32(16)) | bf16_round(f32_of(x0_u32))
-
-
 # ---- emulator handlers (called from matrix._wire) ------------------------------------------
 
 _SDWA_SEL = {"BYTE_0": 0, "BYTE_1": 1, "BYTE_2": 2, "BYTE_3": 3, "WORD_0": 0, "WORD_1": 1, "DWORD": 0}
@@ -335,16 +330,3 @@ def register(M, handler):
     ups += [f"v_cvt_{p}f32_{q}" for p in ("", "pk_") for q in ("fp8", "bf8")]
     handler(*downs)(build_down)
     handler(*ups)(build_up)
-
-    def build_pk_bf16(ins):
-        a, b, put = M.src(ins, 1, "f32"), M.src(ins, 2, "f32"), M.dst(ins, 0, "b32")
-
-        def run(w):
-            x0 = np.broadcast_to(np.asarray(a(w), np.float32), (64,)).view(np.uint32)
-            x1 = np.broadcast_to(np.asarray(b(w), np.float32), (64,)).view(np.uint32)
-            put(w, cvt_pk_bf16_f32(x0, x1))
-        return run
-
-    from .isa import HANDLERS
-    if "v_cvt_pk_bf16_f32" not in HANDLERS:      # valu may already provide it; keep one copy
-        handler("v_cvt_pk_bf16_f32")(build_pk_bf16)
