@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 import mxgemm  # noqa: E402
 from mxgemm import metrics, quant, reference, routing, toolchain  # noqa: E402
-from mxgemm.ops import smallm_mxfp8 as op  # noqa: E402
+from mxgemm.ops._mxfp8 import dequant  # noqa: E402
 
 
 def dense_inputs(M, N, K, device, copies=1, seed=0):
@@ -130,7 +130,7 @@ def hardware_dense(Ms, N, K):
         plan = mxgemm.explain("smallm_mxfp8_gemm", a, sa, bs[0][0], bs[0][1])
         runs = {
             "mxgemm": lambda i: mxgemm.smallm_mxfp8_gemm(a, sa, *bs[i], out=out),
-            "torch": lambda i: out.copy_(op._dequant(a, sa) @ op._dequant(*bs[i]).T),
+            "torch": lambda i: out.copy_(dequant(a, sa) @ dequant(*bs[i]).T),
         }
         if "triton" in peers:
             runs["triton"] = lambda i: peers["triton"](a, sa, *bs[i], out)
