@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import operator
 import os
 import types
 import typing
@@ -67,8 +66,6 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
 OPS: dict = {}
 _SCHEMA_TYPES = {torch.Tensor: "Tensor", int: "int", bool: "bool", str: "str", float: "float",
                  torch.dtype: "ScalarType"}
-_meta = operator.attrgetter("shape", "dtype", "device")
-_contiguous = torch.Tensor.is_contiguous
 
 
 def _schema_type(hint) -> str:
@@ -78,19 +75,33 @@ def _schema_type(hint) -> str:
     return _SCHEMA_TYPES[hint]
 
 
+def _key_function(types_):
+    """key(flat) of the plan cache for an op with these parameter types: what guards read of
+    each tensor (shape, dtype, device, contiguity; None stays None) and every other argument.
+    Generated once per op as straight-line code: the attribute reads are the whole cost of a
+    cached call, so no loop or per-tensor call is added to them."""
+    fields = []
+    for i, t in enumerate(types_):
+        read = f"t{i}.shape, t{i}.dtype, t{i}.device, t{i}.is_contiguous()"
+        fields.append(read if t == "Tensor" else f"(None if t{i} is None else ({read}))" if t == "Tensor?"
+                      else f"t{i}")
+    names = ", ".join(f"t{i}" for i in range(len(types_)))
+    scope: dict = {}
+    exec(f"def key(flat):\n    {names}, = flat\n    return ({', '.join(fields)},)\n", scope)
+    return scope["key"]
+
+
 class Op:
     def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None):
         hints = typing.get_type_hints(fn)
         params = list(inspect.signature(fn).parameters.values())
         self.name, self.__doc__ = fn.__name__, fn.__doc__
         self.names = tuple(p.name for p in params)
+        self.n_positional = sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
         self.defaults = tuple(p.default for p in params)
         types_ = [_schema_type(hints[n]) for n in self.names]
         self.tensors = tuple(i for i, t in enumerate(types_) if t.startswith("Tensor"))
-        self.optional = tuple(i for i, t in enumerate(types_) if t == "Tensor?")
-        # key parts, gathered by C-level itemgetters (a tuple, or the one value for one index)
-        self._required = operator.itemgetter(*(i for i, t in enumerate(types_) if t == "Tensor"))
-        self._others = operator.itemgetter(*(i for i, t in enumerate(types_) if not t.startswith("Tensor")))
+        self._key = _key_function(types_)
         self._plan_fn, self._fallback, self._alloc = plan, fallback, alloc
         self._convert = convert or {}
         self._check_data = check_data
@@ -117,8 +128,8 @@ class Op:
     # -- the call
     def flatten(self, args, kw) -> list:
         """Positional and keyword arguments -> one value per parameter, converted."""
-        if len(args) > len(self.names):
-            raise TypeError(f"{self.name}() takes {len(self.names)} arguments, {len(args)} given")
+        if len(args) > self.n_positional:
+            raise TypeError(f"{self.name}() takes {self.n_positional} positional arguments, {len(args)} given")
         flat = list(args)
         for n, d in zip(self.names[len(args):], self.defaults[len(args):]):
             v = kw.pop(n, d)
@@ -147,9 +158,7 @@ class Op:
     # -- planning
     def plan(self, flat) -> Plan:
         """The memoised plan of a call given one value per parameter (out may be None)."""
-        req = self._required(flat)   # C-level loops over the always-present tensors
-        key = (tuple(map(_meta, req)), tuple(map(_contiguous, req)), self._others(flat),
-               *[None if flat[i] is None else (_meta(flat[i]), _contiguous(flat[i])) for i in self.optional])
+        key = self._key(flat)
         p = self._plans.get(key)
         if p is None:
             p = self._plans[key] = self._plan_fn(self.namespace(flat))
