@@ -79,7 +79,7 @@ def _compile(kernel, variant, arch, asm_path: Path, hsaco_path: Path):
             toolchain.assemble(tmp_s, arch, tmp_h)
         else:
             from .flydsl_build import compile_flydsl
-            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h)
+            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h, kernel.symbol)
         # hsaco last: its presence marks a complete entry
         os.replace(tmp_s, asm_path)
         os.replace(tmp_h, hsaco_path)
