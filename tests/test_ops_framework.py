@@ -49,3 +49,15 @@ def test_plan_cache_key_tells_apart_what_guards_read():
                   [x, s, torch.zeros(2, 64), "hip"], [x, s, None, "flydsl"]):
         assert op._key(other) != base
     assert op._key([x.clone(), s.clone(), None, "hip"]) == base
+
+
+def test_registry_argument_order_matches_each_kernels_metadata():
+    """Kernel.args (what the framework packs, by name) has one name per explicit argument of
+    the compiled kernel: op tensors exactly at the pointer slots, scalars at by-value slots."""
+    from mxgemm import build, launcher, registry
+    tensor_names = {op.names[i] for op in OPS.values() for i in op.tensors}
+    for k in registry.KERNELS.values():
+        slots, _ = launcher.layout(build.artifact(k.name, k.variants[0], "gfx950"))
+        kinds = [kind for _, _, kind in slots if not kind.startswith("hidden_")]
+        assert len(kinds) == len(k.args), k.name
+        assert [kind == "global_buffer" for kind in kinds] == [n in tensor_names for n in k.args], k.name
