@@ -41,8 +41,7 @@ def default_shapes():
 def candidates(M, N, K):
     """Every (kernel, variant) whose envelope covers the shape."""
     for kernel in (op.GEMV, op.MFMA):
-        lo, hi = op.M_RANGE[kernel]
-        if lo <= M <= hi and K % op.K_ALIGN[kernel] == 0:
+        if op.serves(kernel, M, K):
             for v in registry.get(kernel).variants:
                 yield kernel, v
 

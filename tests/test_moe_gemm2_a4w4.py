@@ -203,3 +203,34 @@ def test_guard_rejects(name, mutate, rule):
     with pytest.raises(guards.GuardError, match=rf"\[{rule}\]"):
         mxgemm.explain("moe_gemm2_a4w4", *[args[k] for k in keys], **kw)
     assert bool((out == 1.0).all())  # nothing written
+
+
+# ---- data rules and messages in the user's units ----
+@pytest.mark.parametrize("backend", ["hip", "flydsl"])
+def test_expert_id_beyond_w_raises_before_launch(backend):
+    c = make_case(tokens=4, topk=2, experts=4, block_m=16)
+    c["sorted_expert_ids"] = c["sorted_expert_ids"].clone()
+    c["sorted_expert_ids"][1] = 99
+    out = new_out(c).fill_(1.0)
+    with pytest.raises(guards.GuardError, match=r"\[expert-id\] sorted_expert_ids\[1\] = 99 but w holds 4 experts"):
+        mxgemm.moe_gemm2_a4w4(*op_args(c, out), backend=backend)
+    assert bool((out == 1.0).all())
+
+
+def test_routing_over_more_experts_than_w_raises():
+    c = make_case(tokens=8, topk=2, experts=4, block_m=16)
+    top = int(c["sorted_expert_ids"].max())
+    assert top >= 2
+    c["w"], c["w_scale"] = c["w"][:2].contiguous(), c["w_scale"][:2].contiguous()
+    with pytest.raises(guards.GuardError, match=rf"\[expert-id\] .* = {top} but w holds 2 experts"):
+        mxgemm.moe_gemm2_a4w4(*op_args(c, new_out(c)))
+
+
+def test_shape_messages_blame_the_right_tensor_in_elements():
+    c = make_case(tokens=4, topk=2, experts=4, block_m=16)
+    out = torch.zeros(3, 256, dtype=torch.bfloat16)
+    with pytest.raises(guards.GuardError, match=r"\[shape\] out has shape \[3, 256\]: its T = 3"):
+        mxgemm.moe_gemm2_a4w4(*op_args(c, out))
+    c["a"], c["a_scale"] = c["a"][:, :64].contiguous(), c["a_scale"][:, :4].contiguous()
+    with pytest.raises(guards.GuardError, match=r"\[shape\] a has K = 128 .* but w has K = 256"):
+        mxgemm.moe_gemm2_a4w4(*op_args(c, new_out(c)))

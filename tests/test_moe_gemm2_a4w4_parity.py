@@ -13,7 +13,7 @@ side with VGPR / LDS / occupancy.
 import pytest
 
 from mxgemm import build, metrics, registry
-from mxgemm.ops.moe_a4w4 import k_step_profile
+from mxgemm.isa import k_step_profile
 from test_moe_gemm2_a4w4 import (VARIANTS, assert_within_atomic_order_bound, make_case, reference_out,
                                  run)
 

@@ -24,7 +24,8 @@ def cmd_info(args) -> int:
     print(f"ld.lld        {toolchain.ld_lld_dir() / 'llvm' / 'bin' / 'ld.lld'} (ROCM_PATH for FlyDSL)")
     gpu = toolchain.gpu_arch()
     print(f"gpu           {gpu or 'none'}")
-    print(f"backend       {toolchain.launch_backend()}  (hip on a gfx950 GPU, emu otherwise)")
+    from .launcher import default_backend
+    print(f"backend       {default_backend()}  (hip on a ROCm GPU, emu otherwise; MXGEMM_BACKEND forces one)")
     print(f"cache         {toolchain.cache_dir()}")
     return 0
 
@@ -42,8 +43,8 @@ def cmd_build(args) -> int:
     archs = tuple(a for a in args.arch.split(",") if a) if args.arch else None
     kernels = args.kernel.split(",") if args.kernel else None
     t0 = time.perf_counter()
-    if args.warm:
-        print("building host extension ...", file=sys.stderr, flush=True)
+    if args.warm and launcher.hip_available():
+        print("building the HIP launcher ...", file=sys.stderr, flush=True)
         launcher.host_ext()
     try:
         arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs, default_only=args.warm)

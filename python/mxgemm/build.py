@@ -79,7 +79,7 @@ def _compile(kernel, variant, arch, asm_path: Path, hsaco_path: Path):
             toolchain.assemble(tmp_s, arch, tmp_h)
         else:
             from .flydsl_build import compile_flydsl
-            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h)
+            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h, kernel.symbol)
         # hsaco last: its presence marks a complete entry
         os.replace(tmp_s, asm_path)
         os.replace(tmp_h, hsaco_path)
@@ -176,3 +176,20 @@ def build(kernels=None, archs=None, jobs=None, progress=True, default_only=False
                                        + "\n".join(f"  {l}: {e}" for l, e in errors))
     build.last_compiled = n_new  # for tests and the CLI summary
     return [f.result()[0] for f in futs]  # in plan order
+
+
+def cmake_list() -> str:
+    """The HIP half of the registry for CMakeLists.txt (csrc/kernels.cmake): one entry per
+    (kernel, variant) and the compile flags of mxgemm.toolchain. tests/test_build.py checks the
+    file is current and says how to regenerate it."""
+    flags = [f for f in toolchain.hip_flags("ARCH") if not f.startswith(("--offload-arch=", "-I"))]
+    lines = ["# Generated from python/mxgemm/registry.py by mxgemm.build.cmake_list(): do not edit.",
+             f"set(MXGEMM_HIP_FLAGS {' '.join(flags)})",
+             "# name|variant id|source|archs|defines",
+             "set(MXGEMM_HIP_KERNELS"]
+    for k in registry.KERNELS.values():
+        if k.language == "hip":
+            for v in k.variants:
+                defines = ",".join(f"{d}={x}" for d, x in sorted(v.items()))
+                lines.append(f'  "{k.name}|{registry.variant_id(v)}|{k.source}|{",".join(k.archs)}|{defines}"')
+    return "\n".join(lines) + ")\n"

@@ -227,10 +227,3 @@ def gpu_arch() -> str | None:
         pass
     return None
 
-
-def launch_backend() -> str:
-    """'hip' on a gfx950 GPU, else 'emu' (the CPU emulator). MXGEMM_BACKEND overrides."""
-    forced = os.environ.get("MXGEMM_BACKEND")
-    if forced:
-        return forced
-    return "hip" if gpu_arch() == "gfx950" else "emu"
