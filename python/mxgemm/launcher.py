@@ -17,12 +17,14 @@ import torch
 from . import toolchain
 
 _EMU_SETTINGS = threading.local()
-_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0)
+_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, asm_edit=None)
 
 
 @contextlib.contextmanager
 def emulator_settings(**kw):
-    """Temporarily change emulator options (race_check, wg_order, seed) for launches."""
+    """Temporarily change emulator options for launches: race_check, wg_order, seed, and
+    asm_edit (a function assembly text -> text applied before loading, e.g. to delete one
+    s_waitcnt; edited programs are not cached)."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
@@ -78,7 +80,7 @@ def _emu_launch(code, kernel, grid, block, kernarg, buffers, dynamic_lds):
     from .emu import Emulator
     s = _emu_settings()
     emu = Emulator(arch="gfx950", race_check=s["race_check"], wg_order=s["wg_order"], seed=s["seed"])
-    prog = _PROGRAMS.get(code)
+    prog = emu.load(s["asm_edit"](open(code).read())) if s["asm_edit"] else _PROGRAMS.get(code)
     if prog is None:
         prog = _PROGRAMS[code] = emu.load(open(code).read())
     emu.launch_kernarg(prog, kernel, grid, block, kernarg, list(buffers), dynamic_lds)
