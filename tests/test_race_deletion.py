@@ -81,21 +81,25 @@ RUNNERS = {
     "moe_gemm2_a4w4": _a4w4("hip"), "moe_gemm2_a4w4_flydsl": _a4w4("flydsl"),
 }
 
-# A deletion that raises no RaceError on any input: (kernel, variant id or None for all, sync
-# line, first memory instruction after it) -> why. Each must still be reached on the inputs above
+# Deletions that raise no RaceError on any input: (kernel, variant ids or None for all, sync line,
+# first memory instruction after it, why). Each must still be reached on the inputs above
 # (checked with an s_trap in its place).
-_WAVE_LOCAL = ("output slot o is read by thread o and written by the 16 lanes of its own wave "
-               "(M_TILE * 16 * N_SUB = 256 slots): no LDS data crosses waves")
-REDUNDANT = {
-    ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword"):
-        "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
-        "lgkmcnt(0) on every path (K >= 256)",
-    ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16"):
-        "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
-        "runs whenever the second does (a block's real rows precede its padding)",
-    ("smallm_mxfp8_gemv", "M_TILE16_N_SUB1", "s_waitcnt lgkmcnt(0)", "ds_read_b128"): _WAVE_LOCAL,
-    ("smallm_mxfp8_gemv", "M_TILE16_N_SUB1", "s_barrier", "ds_read_b128"): _WAVE_LOCAL,
-}
+_WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by thread o and written by "
+               "the 16 lanes of its own wave: no LDS data crosses waves")
+REDUNDANT = (
+    ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
+     "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
+     "lgkmcnt(0) on every path (K >= 256)"),
+    ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
+     "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
+     "runs whenever the second does (a block's real rows precede its padding)"),
+    ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
+     _WAVE_LOCAL),
+    ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
+    ("smallm_mxfp8_mfma", ("M_TILE16_SPLIT_K2",), "s_waitcnt lgkmcnt(0)", "global_store_short",
+     "epilog store i > 0: it runs only if store 0 (a smaller row, same column) ran, whose wait "
+     "retired the split-K ds_read"),
+)
 MEMORY = re.compile(r"\s*(buffer_|global_|flat_|scratch_|ds_|s_load|s_buffer_load|s_store|s_atomic)")
 BLOCK_END = re.compile(r"\s*(s_cbranch|s_branch|s_setpc|s_endpgm|\S+:)")
 COUNTERS = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
@@ -121,8 +125,9 @@ def repeats_earlier_wait(lines, i):
 
 def listed_reason(kernel, variant, lines, i):
     nxt = next((l.split()[0] for l in lines[i + 1:] if MEMORY.match(l)), None)
-    return (REDUNDANT.get((kernel, registry.variant_id(variant), lines[i].strip(), nxt))
-            or REDUNDANT.get((kernel, None, lines[i].strip(), nxt)))
+    vid = registry.variant_id(variant)
+    return next((why for k, vids, sync, mem, why in REDUNDANT
+                 if (k, sync, mem) == (kernel, lines[i].strip(), nxt) and (vids is None or vid in vids)), None)
 
 
 def _edit(line, replacement):

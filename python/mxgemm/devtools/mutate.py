@@ -2,8 +2,8 @@
 targeted kernels' tests there, report which test caught it (or SURVIVED).
 
 The working tree is never touched. Every run gets one temporary root holding the repo copy
-(re-copied per mutation) and an MXGEMM_CACHE_DIR seeded from the user's cache: artefacts are
-keyed by a hash of their sources, so unmutated kernels are reused and mutated ones rebuilt.
+(re-copied per mutation) and an MXGEMM_CACHE_DIR seeded with the user's kernel artefacts: they
+are keyed by a hash of their sources, so unmutated kernels are reused and mutated ones rebuilt.
 """
 from __future__ import annotations
 
@@ -97,7 +97,9 @@ def main(argv=None) -> int:
     bad = 0
     with tempfile.TemporaryDirectory(prefix="mxgemm-mutate-") as tmp:
         work, cache = Path(tmp), Path(tmp) / "cache"
-        shutil.copytree(toolchain.cache_dir(), cache, ignore=shutil.ignore_patterns("*.lock"))
+        # Kernel artefacts only: the host extension is rebuilt for the copy's source path (and a
+        # copied build lock of a concurrent build would never be released).
+        shutil.copytree(toolchain.cache_dir(), cache, ignore=shutil.ignore_patterns("host_ext", "*lock"))
         for m in chosen:
             t0 = time.perf_counter()
             verdict = run_one(m, work, cache, args.timeout)
