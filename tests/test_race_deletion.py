@@ -1,9 +1,10 @@
 """Race mode over the production kernels: deleting any one s_waitcnt / s_barrier of a shipped
 gfx950 code object must raise RaceError on the inputs below, launched through the real op path
-(mxgemm.launcher.emulator_settings(asm_edit=...)). A deletion that cannot raise is listed in
-REDUNDANT with the reason; the test then proves the deleted line is reached on these inputs (an
-s_trap in its place must fire), so inputs that skip a wait (e.g. all-padding tiles) cannot pass
-for redundancy.
+(mxgemm.launcher.emulator_settings(asm_edit=...)). A deletion that cannot raise is either a
+repeat of an at-least-as-strong wait earlier in its basic block with no load in between, or
+listed in REDUNDANT with the reason; either way the test proves the line is reached on these
+inputs (an s_trap in its place must fire), so inputs that skip a wait (e.g. all-padding tiles)
+cannot pass for redundancy.
 
 Default run: a deterministic sample, the last registered variant of each kernel (its largest
 tiles, ~30 s CPU in all). MXGEMM_RACE_SWEEP=all runs every variant (625 deletions).
