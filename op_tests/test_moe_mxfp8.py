@@ -59,10 +59,13 @@ def hardware_moe(Ts, N, K, E, topk, block_m):
               f"{check_moe(T, N, K, E, topk, block_m, 'cuda')} ({blocks} blocks)", flush=True)
 
 
-def emulator_smoke():
+def emulator_smoke() -> int:
+    """The small emulator case; 1 (the exit status) if it is outside the op's promise."""
     t0 = time.perf_counter()
-    print(f"moe T=3 E=4 topk=2 N=64 K=256 on the emulator: {check_moe(3, 64, 256, 4, 2, 4, 'cpu')}")
+    verdict = check_moe(3, 64, 256, 4, 2, 4, 'cpu')
+    print(f"moe T=3 E=4 topk=2 N=64 K=256 on the emulator: {verdict}")
     print(f"({time.perf_counter() - t0:.1f} s)")
+    return int(not verdict.startswith("ok"))
 
 
 def main(argv=None):
@@ -76,7 +79,7 @@ def main(argv=None):
     p.add_argument("--emulator", action="store_true", help="run the small emulator case only")
     args = p.parse_args(argv)
     if args.emulator or toolchain.gpu_arch() != "gfx950":
-        emulator_smoke()
+        sys.exit(emulator_smoke())
     else:
         hardware_moe(args.T, args.N, args.K, args.E, args.topk, args.block_m)
 

@@ -120,11 +120,15 @@ def hardware_dense(Ms, N, K):
                   f"{nbytes / us / 1e6:>7.2f}  {note}", flush=True)
 
 
-def emulator_smoke():
+def emulator_smoke() -> int:
+    """The small emulator cases; 1 (the exit status) if any is outside the op's promise."""
     t0 = time.perf_counter()
-    print(f"dense M=4 N=128 K=256 on the emulator: {check_dense(4, 128, 256, 'cpu')}")
-    print(f"dense M=16 N=64 K=512 on the emulator: {check_dense(16, 64, 512, 'cpu')}")
+    results = [("dense M=4 N=128 K=256", check_dense(4, 128, 256, 'cpu')),
+               ("dense M=16 N=64 K=512", check_dense(16, 64, 512, 'cpu'))]
+    for case, verdict in results:
+        print(f"{case} on the emulator: {verdict}")
     print(f"({time.perf_counter() - t0:.1f} s)")
+    return int(any(not verdict.startswith("ok") for _, verdict in results))
 
 
 def main(argv=None):
@@ -135,7 +139,7 @@ def main(argv=None):
     p.add_argument("--emulator", action="store_true", help="run the small emulator cases only")
     args = p.parse_args(argv)
     if args.emulator or toolchain.gpu_arch() != "gfx950":
-        emulator_smoke()
+        sys.exit(emulator_smoke())
     else:
         hardware_dense(args.M, args.N, args.K)
 

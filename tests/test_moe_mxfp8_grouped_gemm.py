@@ -5,7 +5,8 @@ and expert = sorted_expert_ids[p // block_m]:
     out[p] = topk_weights[token, slot] * A[token] @ W[expert]^T    (MX-scaled, fp32 accumulate)
 padding rows (token >= T, or expert -1) are 0 and rows past num_valid_ids[0] are not written.
 Every kernel variant runs on the emulator in race mode against mxgemm.reference (which takes
-the routing's sorted_weights: sorted_weights[p] == topk_weights[token, slot]). The accuracy
+the routing's sorted_weights: sorted_weights[p] == topk_weights[token, slot]). The contract
+(nearly bitwise: bf16 >= 99.9% bit-exact, every bf16 output of these cases is), the accuracy
 bound and the test data are those of tests/test_smallm_mxfp8_gemm.py (see its docstring).
 """
 from __future__ import annotations

@@ -23,13 +23,15 @@ EMU_ARCH = "gfx950"   # the one arch mxgemm.emu executes
 BACKENDS = ("emu", "hip")
 
 _EMU_SETTINGS = threading.local()
-_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None)
+_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None)
 
 
 @contextlib.contextmanager
 def emulator_settings(**kw):
     """Temporarily change emulator options for launches: race_check, wg_order, seed, and
-    workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all)."""
+    workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all), and
+    asm_edit (a function assembly text -> text applied before loading, e.g. to delete one
+    s_waitcnt; edited programs are not cached)."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
@@ -178,7 +180,7 @@ def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
     emu = Emulator(arch=EMU_ARCH, race_check=settings["race_check"], wg_order=settings["wg_order"],
                    seed=settings["seed"])
     key = (art.asm_path, settings["race_check"])
-    prog = _PROGRAMS.get(key)
+    prog = emu.load(settings["asm_edit"](art.asm)) if settings["asm_edit"] else _PROGRAMS.get(key)
     if prog is None:
         prog = _PROGRAMS[key] = emu.load(art.asm)
     kernarg = pack_kernarg(slots, size, host, grid, block, dynamic_lds)
