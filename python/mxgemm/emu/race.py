@@ -119,27 +119,21 @@ def lds_check(w, d, write, inflight=False, rows=None):
             _error(w, d, bad, write, X)
     r = g.lr[d]
     other = (r >= EK) & (r != EK | X)   # read this epoch by another wave (reader epochs never exceed E)
-    if w.k > 1:                         # dwords two waves of this access touch
-        both = _between_waves(g, d, X)
-        if write:
-            other |= both
     if write:
+        if w.k > 1:     # two waves of this access write one dword: stamp each element's wave into
+            g.scratch[d] = X                       # scratch; an element not reading its own back
+            other |= g.scratch[d] != X             # shares the dword with another wave
         if np.count_nonzero(other):
             _error(w, d, other, write, X)
         g.lw[d] = ((INFLIGHT << WB) if inflight else EK) | X
     else:
-        g.lr[d] = np.where(other, EK | SEVERAL, EK | X)
-        if w.k > 1 and np.count_nonzero(both):
-            g.lr[d[both]] = EK | SEVERAL
+        s = np.where(other, EK | SEVERAL, EK | X)
+        g.lr[d] = s
+        if w.k > 1:     # a dword two waves of this access read: the stamp read back differs
+            mixed = g.lr[d] != s
+            if np.count_nonzero(mixed):
+                g.lr[d[mixed]] = EK | SEVERAL
     return d
-
-
-def _between_waves(g, d, X):
-    """bool like d: the dword is also accessed by another wave of the same lockstep access
-    (each element stamps its wave into a scratch array; an element that does not read its own
-    wave back shares the dword with another wave)."""
-    g.scratch[d] = X            # X broadcasts over each row
-    return g.scratch[d] != X
 
 
 def _error(w, d, bad, write, X):
