@@ -8,6 +8,7 @@ Both outputs come from one FlyDSL compilation: the .s is FlyDSL's ``*_final_isa.
 (regenerated from the same LLVM module as the binary) and the .hsaco is the code object
 embedded in the compiled module's ``gpu.binary`` op (FlyDSL links it with
 ``$ROCM_PATH/llvm/bin/ld.lld``; ``toolchain.ld_lld_dir()`` provides one without ROCm).
+Facts relied on: docs/toolchain.md §2.
 """
 from __future__ import annotations
 

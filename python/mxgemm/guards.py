@@ -6,7 +6,7 @@ import torch
 
 from . import toolchain
 
-VOFFSET_LIMIT = 2 ** 31  # raw buffer voffset is a 32-bit byte offset; >= 2^31 breaks OOB sentinels
+VOFFSET_LIMIT = 2 ** 31  # >= 2^31 breaks the OOB sentinel offsets (docs/gfx950_isa.md §6)
 
 
 class GuardError(ValueError):

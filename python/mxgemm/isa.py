@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import yaml
 
 # Per-SIMD limits used for occupancy, from LLVM's AMDGPUBaseInfo / GCNSubtarget and AMD's
-# CDNA3/CDNA4 ISA guides:
+# CDNA3/CDNA4 ISA guides (docs/gfx950_isa.md §8):
 #  gfx950 (CDNA4): unified VGPR+AGPR file of 512 regs per lane per SIMD, allocated in granules
 #    of 8; at most 8 waves per SIMD; 800 SGPRs per SIMD in granules of 16; 160 KiB LDS per CU
 #    (4 SIMDs per CU).

@@ -17,12 +17,13 @@ import torch
 from . import toolchain
 
 _EMU_SETTINGS = threading.local()
-_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0)
+_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None)
 
 
 @contextlib.contextmanager
 def emulator_settings(**kw):
-    """Temporarily change emulator options (race_check, wg_order, seed) for launches."""
+    """Temporarily change emulator options for launches: race_check, wg_order, seed, and
+    workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all)."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
@@ -81,7 +82,7 @@ def _emu_launch(code, kernel, grid, block, kernarg, buffers, dynamic_lds):
     prog = _PROGRAMS.get(code)
     if prog is None:
         prog = _PROGRAMS[code] = emu.load(open(code).read())
-    emu.launch_kernarg(prog, kernel, grid, block, kernarg, list(buffers), dynamic_lds)
+    emu.launch_kernarg(prog, kernel, grid, block, kernarg, list(buffers), dynamic_lds, s["workgroups"])
 
 
 def backend_for(args) -> str:

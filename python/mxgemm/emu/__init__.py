@@ -1,20 +1,24 @@
 """CPU emulator for AMDGPU kernel assembly (target gfx950: CDNA4, wave64).
 
     from mxgemm.emu import Emulator, EmulatorFault, RaceError, UnsupportedInstruction
-    emu = Emulator(arch="gfx950", race_check=True, wg_order="linear")   # or "shuffled", seed=
+    emu = Emulator(arch="gfx950", race_check=True, wg_order="linear")   # or "shuffled", seed=, lockstep=False
     prog = emu.load(asm_text)            # clang -S / FlyDSL ISA dump text
     emu.launch(prog, "kernel", grid=(gx, gy, gz), block=(bx, by, bz), args=[...])
     emu.launch_kernarg(prog, "kernel", grid, block, kernarg_bytes, buffers=[...])
+    emu.launch(..., workgroups=[(x, y, z), ...])   # run only these workgroups of the grid
+    emu.last_stats                       # counters of the last launch (dict, see ``stats``)
     big = emu.sparse_buffer(nbytes)      # lazily paged; big.write(off, t), big.read(off, n)
 
 Modules: ``isa`` (operand decoding, errors, handler tables), ``asm`` (assembly and metadata
 parsing), ``target`` (what the core needs to know about an ISA target) and one module per
 target (``gfx950``: wave size, named SGPRs, s_waitcnt encoding, LDS size, handler table),
-``regs`` (register/operand access), ``memory`` (global buffers), ``lds`` (shared memory),
-``race`` (outstanding-load and LDS race tracking), ``wave`` (waves, workgroups, scheduling),
-``launch`` (programs, kernarg/ABI, the Emulator); handler modules ``salu`` / ``valu`` /
-``vmem`` / ``matrix`` / ``mxcvt`` / ``lds_transpose`` / ``float_atomics``. A new target is a
-new module building a ``Target`` from its tables, listed in ``launch.TARGETS``.
+``regs`` (register/operand access), ``memory`` (global buffers), ``memfault`` (fault text
+naming the nearest buffer), ``lds`` (shared memory), ``race`` (outstanding-load and LDS race
+tracking), ``wave`` (waves, workgroups, scheduling, private segments), ``launch`` (programs,
+kernarg/ABI, the Emulator), ``stats`` (per-launch counters, workgroup windows); handler
+modules ``salu`` / ``valu`` / ``vmem`` (also private/scratch memory) / ``matrix`` / ``mxcvt``
+/ ``lds_transpose`` / ``float_atomics``. A new target is a new module building a ``Target``
+from its tables, listed in ``launch.TARGETS``.
 
 Handler-registration API (for handler modules such as ``emu/matrix.py``)
 -----------------------------------------------------------------------
@@ -50,10 +54,12 @@ Operand access helpers in ``regs`` (all build closures once; all do race checks)
   src_vec / dst_vec    whole register tuples as uint32 [w.n, n] (VGPR/AGPR/SGPR/constant).
   read_checked(ins, i, get)  wraps a custom getter of operand i with the race check.
   mask_of(x, n) / bits_of(b) convert lane masks between ints and bool arrays.
-Wave state (``wave.Wave``): T (the target), n (lanes = T.wave), V (uint32 [n, nvgpr] unified
+Wave state (``wave.Wave``; a lockstep unit of k waves is one Wave with n = k * T.wave lanes,
+wave-major): T (the target), k, n (lanes), lane (lane index within its wave [n]), V (uint32 [n, nvgpr] unified
 VGPR+AGPR file, lane-major; AGPR a[i] is column prog.meta.accum_offset + i), S (list of Python
 ints in the target's numbering: T.vcc, T.m0, T.exec), scc, exec (int), mask (bool [n], EXEC),
-full (EXEC all ones), wg (workgroup: .lds uint8 array), emu, prog, kernel.
+full (EXEC all ones), wg (workgroup: .lds uint8 array), private(nbytes) (the lanes' private
+segments, uint8 [n, nbytes]), emu, prog, kernel.
 Memory: ``w.emu.mem.load(addr u64[n], mask, nbytes) -> uint8 [n, nbytes]``, ``.store(addr, mask,
 data)``, ``.atomic(addr, mask, dtype, fn)`` (lane-ordered read-modify-write, fn(old, lane_index)
 -> new, returns old values); LDS via ``lds.load(w, addr int[n], nbytes)`` / ``lds.store(w, addr,

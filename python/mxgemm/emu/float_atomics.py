@@ -1,6 +1,6 @@
 """Float read-modify-write semantics of the global/buffer atomics (ISA §9.2, ch.12).
 
-All float atomic adds round to nearest even and keep denormals (in L2; MFMA_FACTS §5). Each
+All float atomic adds round to nearest even and keep denormals (in L2; docs/gfx950_isa.md §5). Each
 add is computed in float64 and rounded once to the memory format; for bf16/f16/fp32 operands
 float64 (53 bits >= 2p + 2) makes that equal to the correctly rounded add.
 """
@@ -48,7 +48,8 @@ ADD_OPS = {"pk_add_bf16": pk_add_bf16, "pk_add_f16": pk_add_f16, "add_f32": add_
 
 
 # ---- emulator handlers: global_atomic_* and buffer_atomic_* for add_f32 / pk_add_bf16 /
-# pk_add_f16 / cmpswap. With sc0 the first operand is the returned pre-op value (ISA §9.2).
+# pk_add_f16 / cmpswap. With sc0 the first operand is the returned pre-op value (ISA §9.2;
+# docs/gfx950_isa.md §5).
 
 def _rmw(ins, op):
     if op == "cmpswap":
@@ -98,7 +99,7 @@ def _build_global(ins):
 def _build_buffer(ins):
     """Raw buffer atomics (offen / no idxen): address = base + soffset + voffset + offset;
     a lane with inst_offset + voffset + 4 > num_records is out of range: dropped and returns
-    0 (atomics are all-or-nothing; MFMA_FACTS §6)."""
+    0 (atomics are all-or-nothing; docs/gfx950_isa.md §6)."""
     op = ins.base[len("buffer_atomic_"):]
     ret, o = _returning(ins)
     if ins.mods.get("idxen"):

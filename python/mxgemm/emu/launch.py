@@ -10,6 +10,7 @@ from . import asm as _asm
 from . import gfx950
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
 from .memory import Memory, SparseBuffer
+from .stats import LaunchCounter, select_workgroups
 from .wave import Wave, Workgroup, run_workgroup
 
 TARGETS = {t.arch: t for t in (gfx950.TARGET,)}
@@ -91,9 +92,10 @@ class Emulator:
         if wg_order not in ("linear", "shuffled"):
             raise ValueError("wg_order must be 'linear' or 'shuffled'")
         self.arch, self.race, self.wg_order, self.seed, self.lockstep = arch, race_check, wg_order, seed, lockstep
-        self._next_sparse = 1 << 52
+        self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
         self.mem = None
+        self.last_stats = None      # counters of the last launch (see emu.stats)
 
     def load(self, asm_text: str) -> Program:
         return Program(asm_text, self.race, self.target)
@@ -142,18 +144,21 @@ class Emulator:
                 buf[a.offset:a.offset + a.size] = int(f(grid, block, dynamic_lds)).to_bytes(a.size, "little")
         return bytes(buf)
 
-    def launch(self, prog, kernel, grid=(1, 1, 1), block=(64, 1, 1), args=(), dynamic_lds=0):
+    def launch(self, prog, kernel, grid=(1, 1, 1), block=(64, 1, 1), args=(), dynamic_lds=0, workgroups=None):
         grid, block = _dim3(grid), _dim3(block)
         kernarg = self.pack_kernarg(prog, kernel, grid, block, list(args), dynamic_lds)
         import torch
         bufs = [a for a in args if isinstance(a, (torch.Tensor, SparseBuffer))]
-        self.launch_kernarg(prog, kernel, grid, block, kernarg, bufs, dynamic_lds)
+        self.launch_kernarg(prog, kernel, grid, block, kernarg, bufs, dynamic_lds, workgroups)
 
-    def launch_kernarg(self, prog, kernel, grid, block, kernarg: bytes, buffers, dynamic_lds=0):
+    def launch_kernarg(self, prog, kernel, grid, block, kernarg: bytes, buffers, dynamic_lds=0, workgroups=None):
+        """workgroups: iterable of (x, y, z) ids to run (None = the whole grid)."""
         import torch
         grid, block = _dim3(grid), _dim3(block)
         meta = prog.kernel_meta(kernel)
         fns, instrs = prog.decoded(kernel)
+        self.last_stats, counter = None, LaunchCounter(instrs)
+        fns = counter.wrap(fns)
         mem = self.mem = Memory()
         for b in buffers:
             if isinstance(b, SparseBuffer):
@@ -174,7 +179,8 @@ class Emulator:
         T = prog.target
         if lds_bytes > T.lds_bytes:
             raise EmulatorFault(f"kernel {kernel!r} needs {lds_bytes} bytes of LDS; {T.arch} has {T.lds_bytes}")
-        order = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        order = select_workgroups(grid, workgroups) if workgroups is not None else \
+            [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
         if self.wg_order == "shuffled":
             np.random.default_rng(self.seed).shuffle(order)
         ctx = (meta, fns, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
@@ -182,6 +188,7 @@ class Emulator:
             for wgid in order:
                 self._run_workgroup(prog, kernel, ctx, wgid)
         self._keep = (karg, packet)
+        self.last_stats = counter.stats(len(order), len(order) * -(-block[0] * block[1] * block[2] // T.wave))
 
     def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid):
         d = meta.d

@@ -1,6 +1,6 @@
 """ds_read_b64_tr_b4/_b8/_b16 and ds_read_b96_tr_b6: transposing LDS reads (ISA §11.4).
 
-The ISA gives no lane formula; we use Triton's model (MFMA_FACTS §3), which rocjitsu's
+The ISA gives no lane formula; we use Triton's model (docs/gfx950_isa.md §3), which rocjitsu's
 "16-lane destination-centric" model matches: each 16-lane group is independent; lane i of the
 group loads its own 64 (96) bits as N = 64/bits (96/6 = 16) elements L[i][0..N-1], and lane j
 receives R[j][e] = L[(16/N) e + j/N][j mod N]. For b6 we extrapolate the same formula (N = 16,

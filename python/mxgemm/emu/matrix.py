@@ -1,7 +1,7 @@
 """gfx950 matrix-core (MFMA) semantics on register arrays.
 
 Registers are uint32 numpy arrays shaped [nregs, 64 lanes]. Operand layouts are from the CDNA4
-ISA (§7.1.4-7.1.5, §7.2) as tabled in MFMA_FACTS.md §1; the bf16/f16 and fp8 16x16x32 /
+ISA (§7.1.4-7.1.5, §7.2) as tabled in docs/gfx950_isa.md §1.3; the bf16/f16 and fp8 16x16x32 /
 32x32x16 forms use the ISA's dense layout (lane l holds row l%M, K = kpl*(l/M) + i, the same
 pattern the AMD matrix-core blog shows for 32x32x16 fp8).
 
@@ -12,7 +12,7 @@ Numerics model (all of it lives in `_dot_scaled`; change it there if hardware di
   3. C is added afterwards with one more fp32 RNE rounding: D = fp32(P + C).
   NaN/Inf propagate as IEEE: any NaN element or NaN scale (0xFF) in a row/column block makes
   the output NaN, Inf*0 is NaN, +Inf + -Inf is NaN.
-The ISA documents neither the accumulation order nor its precision (MFMA_FACTS §1 Math), so this
+The ISA documents neither the accumulation order nor its precision (docs/gfx950_isa.md §1.1), so this
 is the "ideal" model: it is independent of summation order, which makes kernels bit-exact
 against a reference that sums exactly. Exactness: float64 sums are exact when every partial
 sum is a multiple of a common quantum q below 2^53 q; we prove that per output element with a
@@ -39,7 +39,7 @@ BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16, "f16"
 @functools.lru_cache(maxsize=None)
 def ab_layout(mn: int, k: int, fmt: str):
     """(row, kidx) arrays [64, items]: lane l's item i of the A (or B) operand is element
-    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: MFMA_FACTS §1."""
+    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: docs/gfx950_isa.md §1.3."""
     lane = np.arange(64)[:, None]
     groups = 64 // mn                     # lane groups along K: 4 for 16x16, 2 for 32x32
     g = lane // mn
@@ -214,7 +214,7 @@ def mfma_scale_f8f6f4(m, n, k, a_regs, b_regs, c_f32, cbsz, blgp, scale_a_u32, o
 
 def opsel_byte(op_sel, op_sel_hi, src: int) -> int:
     """Scale byte of source src (0 = A, 1 = B) from the assembly's op_sel / op_sel_hi lists
-    (clang 22 syntax, MFMA_FACTS §1 Scales): byte = op_sel_hi[src] * 2 + op_sel[src]."""
+    (clang 22 syntax, docs/gfx950_isa.md §1.5): byte = op_sel_hi[src] * 2 + op_sel[src]."""
     lo = op_sel[src] if op_sel and len(op_sel) > src else 0
     hi = op_sel_hi[src] if op_sel_hi and len(op_sel_hi) > src else 0
     return (int(hi) << 1) | int(lo)

@@ -9,6 +9,7 @@ import numpy as np
 
 from .isa import EmulatorFault, u64
 from .lds import AR
+from .memfault import outside_buffers
 
 
 
@@ -122,8 +123,7 @@ class Memory:
                 continue
             r = self._find(int(addr[lane]), int(addr[lane]) + nbytes)
             if r is None:
-                raise EmulatorFault(f"global access outside any registered buffer: lane {int(lane)}, "
-                                    f"address {int(addr[lane]):#x}, {nbytes} bytes")
+                raise outside_buffers(self.regions, int(lane), int(addr[lane]), nbytes)
             sel = left & (addr >= u64(r.base)) & (addr + u64(nbytes) <= u64(r.base + r.size))
             left &= ~sel
             yield r, sel

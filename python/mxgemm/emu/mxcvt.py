@@ -6,7 +6,7 @@ Everything here works on whole lane vectors; values travel as float64, which hol
 small-float value, every fp32 value, and every product of an element with an e8m0 scale
 exactly, so each conversion below rounds exactly once (RNE) like the hardware.
 
-Conversion rules follow the CDNA4 ISA (MFMA_FACTS.md §2):
+Conversion rules follow the CDNA4 ISA (docs/gfx950_isa.md §2):
   * scaled down-conversion q = RNE(x / 2^(E-127)), up-conversion x = q * 2^(E-127), where E is
     bits [30:23] of the fp32 scale operand; the ISA leaves the direction open, AMD's host model
     (amd_hip_ocp_host.hpp) divides on the way down, so do we.
@@ -253,11 +253,6 @@ def cvt_up(src_u32, fmt: str, opsel: int, count: int, scale_u32=None):
     s = 1.0 if scale_u32 is None else scale_factor(scale_u32)
     with np.errstate(invalid="ignore", over="ignore"):
         return np.stack([decode_table(name)[c] * s for c in codes])
-
-
-def cvt_pk_bf16_f32(x0_u32, x1_u32) -> np.ndarray:
-    """v_cvt_pk_bf16_f32: {bf16(S1), bf16(S0)} with RNE (quiet NaNs)."""
-    return (bf16_round(f32_of(x1_u32)) << np.uint32(16)) | bf16_round(f32_of(x0_u32))
 
 
 # ---- emulator handlers ----------------------------------------------------------------------

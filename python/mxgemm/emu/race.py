@@ -66,7 +66,7 @@ def _own(w, k):
 
 def waitcnt(w, vm, lgkm):
     """Retire outstanding ops: vmcnt in order; LDS ops in order but scalar loads may return out
-    of order, so only lgkmcnt(0) is known to cover them [ISA §4.4 s_waitcnt]."""
+    of order, so only lgkmcnt(0) is known to cover them [ISA §4.4; docs/gfx950_isa.md §7]."""
     if vm is not None:
         while len(w.vmq) > vm:
             _retire(w, w.vmq.pop(0))

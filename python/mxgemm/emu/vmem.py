@@ -6,7 +6,7 @@ import re
 import numpy as np
 
 from . import lds, race, regs as R
-from .isa import SHARED_BASE, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
+from .isa import SHARED_BASE, EmulatorFault, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
 
 # suffix -> (bytes, sign-extend, d16 half: None | 0 lo | 1 hi)
 _SIZES = {"ubyte": (1, False, None), "sbyte": (1, True, None), "ushort": (2, False, None),
@@ -172,7 +172,7 @@ def _buffer_addr(ins, vi, ri, oi, size):
     """Getter w -> (addr u64[64], ok bool[64, ndw]) for a MUBUF access: address = base +
     soffset + voffset + inst_offset + stride * index; raw buffers are out of range per dword
     when voffset + inst_offset + 4j >= num_records (soffset excluded), structured buffers when
-    index >= num_records [MFMA_FACTS §6, ISA §9.1.5-9.1.7]."""
+    index >= num_records [docs/buffer_oob.md, ISA §9.1.5-9.1.7]."""
     mods = ins.mods
     offen, idxen = bool(mods.get("offen")), bool(mods.get("idxen"))
     inst = mods.get("offset", 0)
@@ -204,6 +204,25 @@ def _buffer_addr(ins, vi, ri, oi, size):
     return get
 
 
+def _buffer_read(w, ao, size):
+    """uint8 [w.n, size] of a MUBUF load: each dword of a lane whose range check fails reads 0
+    (and touches no memory), every size alike."""
+    a, ok = ao
+    mem = w.emu.mem
+    if ok.all():
+        return mem.load(a, w.mask, size)
+    data = np.zeros((w.n, size), np.uint8)
+    if ok.shape[1] == 1 or (ok == ok[:, :1]).all():     # whole lanes in or out
+        m = w.mask & ok[:, 0]
+        data[m] = mem.load(a, m, size)[m]
+        return data
+    for j in range(ok.shape[1]):   # raw multi-dword access straddling num_records
+        m = w.mask & ok[:, j]
+        n = min(4, size - 4 * j)
+        data[m, 4 * j:4 * j + n] = mem.load(a + u64(4 * j), m, n)[m]
+    return data
+
+
 def _buffer_ops(ins):
     """Operand indices (vdata, vaddr, srsrc, soffset); vaddr None for 'off'/absent."""
     ops = ins.ops
@@ -228,16 +247,7 @@ def _buffer_load(ins):
     keys = R.reg_keys(ins, di)
 
     def run(w):
-        a, ok = addr(w)
-        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
-        if size > 4:
-            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
-            if not ok[:, 0].all():   # first dword OOB but later ones in range: reload those
-                more = w.mask & ~ok[:, 0] & ok.any(axis=1)
-                if more.any():
-                    d2 = w.emu.mem.load(a, more, size) * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
-                    data[more] = d2[more]
-        sink(w, data)
+        sink(w, _buffer_read(w, addr(w), size))
         race.track_load(w, ins, "vm", keys)
     return run
 
@@ -279,15 +289,12 @@ def _buffer_atomic(ins):
 
 def _to_lds(ins, addr, size, signed):
     """Direct-to-LDS: LDS address = M0[17:2]*4 + inst_offset + TID*4 (TID*16 for x3/x4);
-    out-of-range reads write 0 [MFMA_FACTS §4]."""
+    out-of-range reads write 0 [docs/gfx950_isa.md §4, docs/buffer_oob.md]."""
     inst = ins.mods.get("offset", 0)
     per = 16 if size > 8 else 4
 
     def run(w):
-        a, ok = addr(w)
-        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
-        if size >= 4:
-            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
+        data = _buffer_read(w, addr(w), size)
         data = _narrow(_widen(data, size, signed), max(size, 4))
         to = (w.S[w.T.m0] & 0x3FFFC) + inst + w.lane * per
         d = lds.store(w, to, data, inflight=w.race)
@@ -301,6 +308,68 @@ def _global_lds(ins):
     size, signed, _ = _SIZES[ins.base[len("global_load_lds_"):]]
     ga = _gaddr(ins, 0, 1)
     return _to_lds(ins, lambda w: (ga(w), np.ones((w.n, 4), bool)), size, signed)
+
+
+# ---------------------------------------------------------------------------- private (scratch)
+
+def _priv_offsets(ins, vi, si):
+    """Getter w -> (int64 [w.n] byte offsets into each lane's private segment, the segment
+    uint8 [w.n, bytes]); address = vaddr + saddr + inst_offset, per lane (the hardware swizzles
+    lanes apart, so a lane only ever sees its own bytes) [ISA §10 scratch instructions]."""
+    off = ins.mods.get("offset", 0)
+    v = R.src(ins, vi, "u32") if ins.ops[vi].kind != "off" else None
+    s = R.src(ins, si, "u32") if ins.ops[si].kind != "off" else None
+    size = ins.prog.meta.d("private_segment_fixed_size", 0)
+
+    def get(w):
+        o = np.full(w.n, off, np.int64)
+        if v is not None:
+            o = o + np.asarray(v(w)).astype(np.int64)
+        if s is not None:
+            o = o + int(s(w))
+        return o, w.private(size)
+    return get
+
+
+def _priv_index(w, o, seg, nbytes):
+    """(lanes [w.n, 1], byte columns [w.n, nbytes]) of the active lanes' accesses (others read 0)."""
+    bad = w.mask & ((o < 0) | (o + nbytes > seg.shape[1]))
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise EmulatorFault(f"private (scratch) access outside the kernel's {seg.shape[1]}-byte private "
+                            f"segment: {w.lane_name(j)}, offset {int(o[j])}, {nbytes} bytes")
+    return np.arange(w.n)[:, None], np.where(w.mask, o, 0)[:, None] + lds.AR[nbytes]
+
+
+@handler(*[f"scratch_load_{s}" for s in _SIZES if not s.startswith(("byte", "short")) or "d16" in s])
+def _scratch_load(ins):
+    size, signed, d16 = _SIZES[ins.base[len("scratch_load_"):]]
+    addr = _priv_offsets(ins, 1, 2)
+    sink = _load_sink(ins, 0, size, signed, d16)
+    keys = R.reg_keys(ins, 0)
+
+    def run(w):
+        o, seg = addr(w)
+        sink(w, seg[_priv_index(w, o, seg, size)])
+        race.track_load(w, ins, "vm", keys)
+    return run
+
+
+@handler(*[f"scratch_store_{s}" for s in
+           ("byte", "short", "dword", "dwordx2", "dwordx3", "dwordx4", "byte_d16_hi", "short_d16_hi")])
+def _scratch_store(ins):
+    sz = ins.base[len("scratch_store_"):]
+    size = _SIZES[sz][0]
+    addr = _priv_offsets(ins, 0, 2)
+    data = _data_source(ins, 1, size, sz.endswith("d16_hi"))
+
+    def run(w):
+        o, seg = addr(w)
+        lanes, cols = _priv_index(w, o, seg, size)
+        m = w.mask
+        seg[lanes[m], cols[m]] = data(w)[m]
+        race.track_load(w, ins, "vm", (), "store")
+    return run
 
 
 # ---------------------------------------------------------------------------- LDS

@@ -25,6 +25,7 @@ class Workgroup:
         self.lds32 = self.lds.view(np.uint32)
         self.epoch = 0
         self.V = np.zeros((nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
+        self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
         if race:
             nd = (lds_bytes + 3) // 4     # last writer / reader stamps, initially epoch -1
             self.lw = np.full(nd, -1, np.int64)
@@ -65,6 +66,14 @@ class Wave:
         else:
             m = mask_of(x, T.wave)
             self.mask = m if self.k == 1 else np.tile(m, self.k)
+
+    def private(self, nbytes):
+        """This unit's lanes' private (scratch) segments, uint8 [n, nbytes] (rows of the
+        workgroup's, so they survive lockstep splits and merges)."""
+        wg, wl = self.wg, self.T.wave
+        if wg.priv is None:
+            wg.priv = np.zeros((wg.V.shape[0], nbytes), np.uint8)
+        return wg.priv[self.wid * wl:self.wid * wl + self.n]
 
     def lane_wids(self):
         """Wave id of each lane [n] (lockstep units only)."""
