@@ -81,3 +81,22 @@ def test_counts_follow_the_workgroup_window():
     emu, prog = _compiled()
     st = _launch(emu, prog, 5, workgroups=[(1, 0, 0), (4, 0, 0)])
     assert st["workgroups"] == 2 and st["mfma"] == 6 and st["vmem_store_bytes"] == 2 * 192
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_lockstep_units_count_every_wave(lockstep):
+    """Four waves per workgroup (identical, so the default scheduler runs them as one lockstep
+    unit): every count is the per-wave count times the waves run, on both schedules. Race
+    checking is off because the block's waves write the same LDS bytes."""
+    from mxgemm.emu import Emulator
+    _, _, asm = program(SOURCE)
+    emu = Emulator(race_check=False, lockstep=lockstep)
+    prog = emu.load(asm)
+    out = torch.zeros(64 * 4, dtype=torch.int32)
+    x = torch.arange(64 * 5, dtype=torch.int32)
+    emu.launch(prog, "counted", grid=(2, 1, 1), block=(256, 1, 1), args=[out, x], dynamic_lds=1024)
+    st = emu.last_stats
+    assert st["workgroups"] == 2 and st["waves"] == 8
+    for k, v in PER_WAVE.items():
+        assert st[k] == v * 8, (k, st[k], v * 8)
+    assert st["mfma_by_shape"] == {"16x16x32": 16, "32x32x16": 8}

@@ -35,12 +35,14 @@ MXGEMM_KERNEL(spill)(unsigned* __restrict__ out, const unsigned* __restrict__ x,
 """
 
 
-def test_dynamically_indexed_private_array():
+# one wave per workgroup, or all waves in one workgroup (run as a lockstep unit)
+@pytest.mark.parametrize("grid, block", [(2, 64), (1, 128)])
+def test_dynamically_indexed_private_array(grid, block):
     rng = np.random.default_rng(1)
     n = 128
     x = rng.standard_normal(n * 48).astype(np.float32)
     idx = rng.integers(0, 1000, n * 8).astype(np.int32)
-    out, _, _ = run(SOURCE, "priv", np.zeros(n, np.float32), x, idx, grid=2, block=64)
+    out, _, _ = run(SOURCE, "priv", np.zeros(n, np.float32), x, idx, grid=grid, block=block)
     a = x.reshape(n, 48) * np.arange(1, 49, dtype=np.float32)
     a[np.arange(n), idx.reshape(n, 8)[:, 0] % 48] = -1
     ref = np.zeros(n, np.float32)
@@ -51,7 +53,8 @@ def test_dynamically_indexed_private_array():
     assert "scratch_store" in asm and "scratch_load_dword v" in asm
 
 
-def test_register_spills_run_and_are_reported():
+@pytest.mark.parametrize("grid, block", [(3, 64), (1, 192)])
+def test_register_spills_run_and_are_reported(grid, block):
     asm = program(SOURCE)[2]
     info = isa.kernel_info(asm, "spill")
     assert info.vgpr_spills > 0 and info.scratch_bytes > 0      # what the zero-spill checks assert on
@@ -59,7 +62,7 @@ def test_register_spills_run_and_are_reported():
     rng = np.random.default_rng(2)
     n = 192
     x = rng.integers(0, 1 << 32, 40 * n, dtype=np.uint64).astype(np.uint32)
-    out, _ = run(SOURCE, "spill", np.zeros(n, np.uint32), x, grid=3, block=64, scalars=(n,))
+    out, _ = run(SOURCE, "spill", np.zeros(n, np.uint32), x, grid=grid, block=block, scalars=(n,))
     v = x.reshape(40, n).astype(np.uint64)
     s = np.zeros(n, np.uint64)
     for k in range(40):

@@ -74,16 +74,19 @@ class LaunchCounter:
     def wrap(self, fns):
         execs, lanes = self.execs, self.lanes
 
+        # a lockstep unit (w.k waves, one EXEC) counts k wave-instructions; counted after fn
+        # returns, since a unit that splits re-runs the instruction wave by wave
         def counted(pc, fn, with_lanes):
             if with_lanes:
                 def run(w):
-                    execs[pc] += 1
-                    lanes[pc] += w.exec.bit_count()
+                    n = w.exec.bit_count()
                     fn(w)
+                    execs[pc] += w.k
+                    lanes[pc] += n * w.k
             else:
                 def run(w):
-                    execs[pc] += 1
                     fn(w)
+                    execs[pc] += w.k
             return run
         return [counted(pc, fn, self.cls[pc][1] > 0) for pc, fn in enumerate(fns)]
 
