@@ -107,9 +107,10 @@ CATALOGUE = (
         (A4W4_HIP, "ws_voff[nt] = nrow * k_scales + 2u * (uint32_t)g;",
          "ws_voff[nt] = (nrow + 1u) * k_scales + 2u * (uint32_t)g;"),),
         "weight scales of the next row"),
-    Mutation("a4w4-hip-delete-lgkm-wait", ("moe_gemm2_a4w4",), (
-        (A4W4_HIP, "    WAIT_LGKMCNT0();\n    mfma_k_step<0>(acc, cur, af);", "    mfma_k_step<0>(acc, cur, af);"),),
-        "MFMAs read the LDS A tile without waiting for the reads"),
+    Mutation("a4w4-hip-delete-k-step-barrier", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "    __builtin_amdgcn_s_barrier();\n    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE",
+         "    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE"),),
+        "A(kt) read from LDS without the barrier that makes every wave's DMA visible"),
     # ---- MXFP8 dequant (HIP and FlyDSL)
     Mutation("dequant-hip-drop-scale", ("mxfp8_dequant",), (
         (DEQUANT_HIP, "v.x = e8m0_apply(decode_e4m3(bits & 0xFFu), e);", "v.x = decode_e4m3(bits & 0xFFu);"),),
