@@ -3,7 +3,10 @@ retired it), and LDS bytes two waves touch in one barrier epoch.
 
 Registers: a wave keeps the outstanding memory ops per wait counter (``vmq``, ``lgkmq``) and a
 map ``pend`` register key -> op. LDS: per dword the last writer and last reader are packed as
-epoch << WB | wave; an access conflicts with another wave's access in the same epoch."""
+epoch << WB | wave; an access conflicts with another wave's access in the same epoch. Reads
+while no dword has been written in the epoch (``wtop``, an upper bound of every writer stamp)
+cannot conflict; they are logged, and their reader stamps applied only when a write of the
+same epoch follows (the only access that looks at them)."""
 from __future__ import annotations
 
 import numpy as np
@@ -99,6 +102,17 @@ def at_barrier(w):
             mine = _own(w, k)
             d, k = d[mine], k[mine]
             g.lw[d] = np.maximum(k, ((g.epoch + 1) << WB) | (k & WMASK))   # same wave: max of epochs
+            g.wtop = max(g.wtop, ((g.epoch + 1) << WB) | WMASK)
+
+
+def next_epoch(g):
+    """Workgroup g passes a barrier. Reads logged in the old epoch can no longer conflict; the
+    top writer stamp is recomputed only if a direct-to-LDS write made it INFLIGHT."""
+    g.epoch += 1
+    if g.lw is not None:
+        g.reads.clear()
+        if g.wtop >= INFLIGHT << WB:
+            g.wtop = int(g.lw.max())
 
 
 def lds_check(w, d, write, inflight=False, rows=None):
@@ -106,6 +120,24 @@ def lds_check(w, d, write, inflight=False, rows=None):
     row (first axis) per active lane; rows: their lane numbers (lockstep units, else unused)."""
     if not d.size:     # no active lane
         return d
+    g = w.wg
+    EK = g.epoch << WB
+    if not write and g.wtop < EK:   # no dword written this epoch or in flight: the read conflicts
+        g.reads.append((w, d, rows))   # with nothing yet; its reader stamps matter only to a
+        if len(g.reads) >= 256:        # later write of this epoch, which applies them first
+            _stamp_reads(g)            # (or now: a bounded log)
+        return d
+    _stamp_reads(g)
+    return _check(w, d, write, inflight, rows)
+
+
+def _stamp_reads(g):
+    reads, g.reads = g.reads, []
+    for w, d, rows in reads:
+        _check(w, d, False, False, rows)
+
+
+def _check(w, d, write, inflight, rows):
     g = w.wg
     EK = g.epoch << WB
     if w.k == 1:
@@ -126,6 +158,7 @@ def lds_check(w, d, write, inflight=False, rows=None):
         if np.count_nonzero(other):
             _error(w, d, other, write, X)
         g.lw[d] = ((INFLIGHT << WB) if inflight else EK) | X
+        g.wtop = max(g.wtop, ((INFLIGHT << WB) if inflight else EK) | WMASK)
     else:
         s = np.where(other, EK | SEVERAL, EK | X)
         g.lr[d] = s

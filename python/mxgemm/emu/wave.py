@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import race
 from .isa import EmulatorError, EmulatorFault, Split, u16, u32, u64
 from .regs import mask_of
 
@@ -24,12 +25,15 @@ class Workgroup:
         self.lds = np.zeros((lds_bytes + 3) & ~3, np.uint8)
         self.lds32 = self.lds.view(np.uint32)
         self.epoch = 0
+        self.lw = None
         self.V = np.zeros((nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
         self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
         if race:
             nd = (lds_bytes + 3) // 4     # last writer / reader stamps, initially epoch -1
             self.lw = np.full(nd, -1, np.int64)
             self.lr = np.full(nd, -1, np.int64)
+            self.wtop = -1        # no stamp in lw exceeds it
+            self.reads = []       # race.lds_check: reads of this epoch whose stamps are not yet in lr
             self.scratch = np.zeros(nd, np.int64)   # race.lds_check of lockstep units
 
 
@@ -166,7 +170,7 @@ def run_workgroup(waves, fns, instrs, lockstep=True):
         units = [u for u in stopped if not u.done]
         for u in units:
             u.stop = False
-        wg.epoch += 1
+        race.next_epoch(wg)
         if lockstep:
             units = _merge_all(units)
 
