@@ -124,3 +124,14 @@ register(Kernel(
     name="moe_gemm2_a4w4_flydsl", language="flydsl", source="flydsl_kernels/moe_gemm2_a4w4.py",
     symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
+
+# --- tensorwise FP8 grouped GEMM for MoE training (issue 13) ---
+# One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. Small 64 x 64 tiles
+# keep emulator tests fast; 128 x 128 is the hardware-sized variant.
+register(Kernel(
+    name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
+    symbol="grouped_gemm_fp8",
+    variants=variant_grid(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"), OUT=("bf16", "f16"), BM=(64, 128),
+                          BN=(64, 128)),
+    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
+        "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))
