@@ -250,10 +250,11 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
 
 
 def _group_bounds(b, group_offs, g):
-    """(group_offs[g], group_offs[g + 1]) as i32 (row counts stay below 2^31)."""
-    return [arith.trunci(b.i32, llvm.load(b.i64, b.gep(group_offs, arith.muli(b.wide(arith.addi(g, b.c(d))),
-                                                                               b.c(8, b.i64)))))
-            for d in (0, 1)]
+    """(group_offs[g], group_offs[g + 1]) as uniform i32 (row counts stay below 2^31). Loads after
+    the tile loop's stores may not be scalar loads; readfirstlane keeps the buffer resources
+    built from them in SGPRs (no waterfall loops)."""
+    return [rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
+        b.i64, b.gep(group_offs, arith.muli(b.wide(arith.addi(g, b.c(d))), b.c(8, b.i64)))))) for d in (0, 1)]
 
 
 def _group_scan(b, group_offs, G, bm, n_tiles, tile):

@@ -167,3 +167,23 @@ def kernel_info(asm: str, name: str | None = None) -> KernelInfo:
 
 def all_kernels(asm: str) -> list[KernelInfo]:
     return [kernel_info(asm, n) for n in kernel_names(asm)]
+
+
+def loop_bodies(asm: str, name: str) -> list[list[str]]:
+    """Instruction lines of every loop of kernel ``name``: from a label to a later branch back
+    to it (nested loops appear both on their own and inside their parent)."""
+    lines = [l for l in (x.split(";")[0].strip() for x in asm.splitlines()) if l]
+    start = lines.index(f"{name}:")
+    labels, loops = {}, []
+    for i, l in enumerate(lines[start + 1:], start + 1):
+        if l.startswith(".Lfunc_end"):
+            break
+        if l.endswith(":"):
+            labels[l[:-1]] = i
+            continue
+        parts = l.split()
+        if parts[0].startswith("s_branch") or parts[0].startswith("s_cbranch"):
+            target = labels.get(parts[-1])
+            if target is not None:
+                loops.append([x for x in lines[target + 1:i + 1] if not x.endswith(":") and not x.startswith(".")])
+    return loops

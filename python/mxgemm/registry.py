@@ -131,7 +131,7 @@ register(Kernel(
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
     symbol="grouped_gemm_fp8",
-    variants=variant_grid(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"), OUT=("bf16", "f16"), BM=(64, 128),
-                          BN=(64, 128)),
+    variants=variant_grid(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"), OUT=("bf16", "f16"), BM=(64, 128, 256),
+                          BN=(64, 128, 256)),
     doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))
