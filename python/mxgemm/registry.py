@@ -126,12 +126,14 @@ register(Kernel(
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
 
 # --- tensorwise FP8 grouped GEMM for MoE training (issue 13) ---
-# One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. Small 64 x 64 tiles
-# keep emulator tests fast; 128 x 128 is the hardware-sized variant.
+# One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
+# format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
+# bf16 variants (256 x 256 needs more than 512 registers per lane and spills).
+_GROUPED_FP8_LAYOUTS = dict(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"))
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
     symbol="grouped_gemm_fp8",
-    variants=variant_grid(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"), OUT=("bf16", "f16"), BM=(64, 128, 256),
-                          BN=(64, 128, 256)),
+    variants=variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16", "f16"), BM=(64,), BN=(64,))
+    + variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
     doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))

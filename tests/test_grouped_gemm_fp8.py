@@ -1,0 +1,143 @@
+"""grouped_gemm_fp8 kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN.
+
+Spec: every layout x format (e4m3, e5m2) x output (bf16, fp16) is bit-identical to
+mxgemm.reference (grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref model the kernel's
+order: one exact fp32-rounded sum per 128-wide contraction chunk, chunks added in order, times
+fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 3}, uneven groups with an empty one,
+group sizes and N / K (M for TN) off the 64-tile, one tile per workgroup (over-launched grid)
+and persistent grids smaller than the tile count, group_m 1 and 2, linear and shuffled
+workgroup order. Code objects: no spills, LDS <= 160 KiB, the MFMA in the contraction loop.
+Launches go through mxgemm.launcher.launch (artefact + grid/block/kernel arguments).
+"""
+import pytest
+import torch
+
+from mxgemm import build, isa, launcher, metrics, reference, registry
+
+KERNEL = "grouped_gemm_fp8"
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+OUT = {"bf16": torch.bfloat16, "f16": torch.float16}
+LDS_LIMIT = 160 * 1024
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def tile_bound(layout, lens, m, n, bm, bn):
+    """Workgroups that cover every tile without reading group sizes on the host: NT/NN
+    sum ceil(len_g / BM) <= ceil(sum_m / BM) + G (the kernel's own scan drops the excess)."""
+    if layout == "TN":
+        return len(lens) * ceil_div(m, bm) * ceil_div(n, bn)
+    return (ceil_div(sum(lens), bm) + len(lens)) * ceil_div(n, bn)
+
+
+def make_case(layout, fmt, lens, n, k, seed=0):
+    """fp8 operands + fp32 scales; NT/NN: a [sum_m, k], b [G, n, k] / [G, k, n], out [sum_m, n];
+    TN: a [sum_k, n] (out rows), b [sum_k, k] (out columns), out [G, n, k]."""
+    g = torch.Generator().manual_seed(seed)
+    q = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fmt])  # noqa: E731
+    s = sum(lens)
+    offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    if layout == "TN":
+        a, b = q(s, n), q(s, k)
+    else:
+        a, b = q(s, k), (q(len(lens), n, k) if layout == "NT" else q(len(lens), k, n))
+    scales = torch.rand(2, generator=g) + 0.25
+    return dict(a=a, b=b, a_scale=scales[:1].clone(), b_scale=scales[1:].clone(), group_offs=offs, lens=lens)
+
+
+def reference_out(layout, c, out_dtype):
+    if layout == "TN":
+        return reference.grouped_gemm_fp8_variable_k_ref(c["a"], c["a_scale"][0], c["b"], c["b_scale"][0],
+                                                         c["group_offs"], out_dtype)
+    return reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"][0], c["b"], c["b_scale"][0], c["group_offs"],
+                                          trans_b=layout == "NT", out_dtype=out_dtype)
+
+
+def run(variant, c, grid=None, group_m=2, wg_order="linear"):
+    """Launch on the emulator; grid None = one workgroup per tile bound (over-launch)."""
+    layout, a, b = variant["LAYOUT"], c["a"], c["b"]
+    G = len(c["lens"])
+    if layout == "TN":
+        m, n, k = a.shape[1], b.shape[1], a.shape[0]
+        out = torch.full((G, m, n), float("nan"), dtype=OUT[variant["OUT"]])
+    else:
+        m, k = a.shape
+        n = b.shape[1] if layout == "NT" else b.shape[2]
+        out = torch.full((m, n), float("nan"), dtype=OUT[variant["OUT"]])
+    grid = grid or tile_bound(layout, c["lens"], m, n, variant["BM"], variant["BN"])
+    art = build.artifact(KERNEL, variant)
+    u8 = lambda t: t.view(torch.uint8)  # noqa: E731
+    with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=3):
+        launcher.launch(art, (grid, 1, 1), (256, 1, 1), [u8(a), c["a_scale"], u8(b), c["b_scale"], c["group_offs"],
+                                                         out, G, m, n, k, group_m, grid])
+    return out
+
+
+def small(layout, fmt, out):
+    return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT=fmt, OUT=out, BM=64, BN=64)
+
+
+# (layout, fmt, out, group sizes, N, K, grid, group_m, workgroup order); for TN the group sizes
+# are the contraction lengths and (N, K) the output's [rows, columns].
+CASES = [
+    ("NT", "e4m3", "bf16", [40, 0, 77], 80, 144, None, 2, "linear"),
+    ("NT", "e5m2", "f16", [150], 48, 272, 2, 1, "shuffled"),
+    ("NN", "e4m3", "f16", [3, 70, 0], 96, 48, 3, 2, "linear"),
+    ("NN", "e5m2", "bf16", [65], 144, 80, None, 1, "shuffled"),
+    ("TN", "e4m3", "bf16", [130, 0, 57], 48, 80, None, 1, "linear"),
+    ("TN", "e5m2", "f16", [200], 80, 112, 2, 2, "shuffled"),
+    ("TN", "e4m3", "f16", [0, 9], 16, 64, None, 2, "linear"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-G{len(c[3])}-grid{c[6] or 'all'}-gm{c[7]}"
+                                             for c in CASES])
+def test_bit_exact_vs_reference(case):
+    layout, fmt, out_t, lens, n, k, grid, group_m, order = case
+    variant = small(layout, fmt, out_t)
+    c = make_case(layout, fmt, lens, n, k, seed=len(lens) * 31 + n)
+    out = run(variant, c, grid=grid, group_m=group_m, wg_order=order)
+    ref = reference_out(layout, c, OUT[out_t])
+    assert ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(out, ref, f"{KERNEL} {registry.variant_id(variant)}")
+    if layout == "TN":  # an empty group's slice is written as zeros
+        for g, length in enumerate(lens):
+            assert length or bool((out[g] == 0).all())
+
+
+def test_persistent_grid_equals_one_tile_per_workgroup():
+    """Same bits whatever the grid: one workgroup looping over all tiles vs one per tile."""
+    variant = small("NT", "e4m3", "bf16")
+    c = make_case("NT", "e4m3", [33, 0, 20], 64, 128, seed=5)
+    metrics.assert_bitwise_equal(run(variant, c, grid=1), run(variant, c), "grid 1 vs full")
+
+
+# ---- code objects ----
+ISA_VARIANTS = [v for v in registry.get(KERNEL).variants if v["FMT"] == "e4m3" and v["OUT"] == "bf16"]
+
+
+@pytest.mark.parametrize("variant", ISA_VARIANTS, ids=registry.variant_id)
+def test_code_object(variant):
+    art = build.artifact(KERNEL, variant)
+    info = art.isa()
+    print(f"\n{KERNEL} [{registry.variant_id(variant)}]: {info.summary(256)}")
+    assert info.spills == 0 and info.scratch_bytes == 0
+    assert 0 < info.lds_bytes <= LDS_LIMIT
+    assert info.occupancy(256) >= 1
+    loops = isa.loop_bodies(art.asm, KERNEL)
+    # the contraction loop: MFMAs between barriers, a whole number of (BM/32) x (BN/32) steps
+    per_step = (variant["BM"] // 32) * (variant["BN"] // 32)
+    k_loops = [body for body in loops if any(l.startswith("v_mfma_f32_16x16x128_f8f6f4") for l in body)]
+    inner = min(k_loops, key=len)
+    mfmas = sum(l.startswith("v_mfma_f32_16x16x128_f8f6f4") for l in inner)
+    barriers = sum(l.startswith("s_barrier") for l in inner)
+    assert barriers >= 1 and mfmas == per_step * barriers
+    tr_reads = sum(l.startswith("ds_read_b64_tr_b8") for l in inner)
+    # 16-row operand tiles per wave and step read through ds_read_b64_tr_b8 (4 reads each)
+    transposed = {"NT": 0, "NN": variant["BN"] // 32, "TN": (variant["BM"] + variant["BN"]) // 32}
+    assert tr_reads == 4 * barriers * transposed[variant["LAYOUT"]]
+    # no waterfall loop around a buffer access (every buffer resource is uniform)
+    assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)
+                   for body in loops)
