@@ -198,6 +198,8 @@ def test_grouped_fp8_fwd():
     out = R.grouped_gemm_fp8_ref(a, s1, b, s2, GROUP_OFFS)
     assert_bitwise_equal(R.grouped_gemm_fp8_ref(a, s1, b, s2, GROUP_OFFS, out_dtype=torch.float32), torch.from_numpy(want), "fwd fp32")
     assert_bitwise_equal(out, to_bf16_torch(want), "fwd")
+    assert_bitwise_equal(R.grouped_gemm_fp8_ref(a, s1, b, s2, GROUP_OFFS, out_dtype=torch.float16),
+                         torch.from_numpy(want.astype(np.float16)), "fwd fp16")  # numpy f32 -> f16 is RNE
     gi = np.searchsorted(GROUP_OFFS.numpy(), np.arange(150), side="right") - 1
     exact = np.einsum("mk,mnk->mn", av, bv[gi]) * sc[0] * sc[1]
     terms = np.einsum("mk,mnk->mn", np.abs(av), np.abs(bv[gi])) * sc[0] * sc[1]
