@@ -114,8 +114,19 @@ def test_persistent_grid_equals_one_tile_per_workgroup():
     metrics.assert_bitwise_equal(run(variant, c, grid=1), run(variant, c), "grid 1 vs full")
 
 
-# ---- code objects ----
 ISA_VARIANTS = [v for v in registry.get(KERNEL).variants if v["FMT"] == "e4m3" and v["OUT"] == "bf16"]
+
+
+@pytest.mark.parametrize("variant", [v for v in ISA_VARIANTS if v["BM"] > 64], ids=registry.variant_id)
+def test_hardware_tiles_bit_exact(variant):
+    """The 128 x 128 / 256 x 128 tiles (accumulators partly in AGPRs) on a two-workgroup persistent grid."""
+    layout = variant["LAYOUT"]
+    c = make_case(layout, "e4m3", [140, 0, 20] if layout == "TN" else [130, 0, 77], 144, 160, seed=variant["BM"])
+    metrics.assert_bitwise_equal(run(variant, c, grid=2), reference_out(layout, c, torch.bfloat16),
+                                 f"{KERNEL} {registry.variant_id(variant)}")
+
+
+# ---- code objects ----
 
 
 @pytest.mark.parametrize("variant", ISA_VARIANTS, ids=registry.variant_id)
