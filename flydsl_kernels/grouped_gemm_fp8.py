@@ -36,7 +36,8 @@ index, so 32-bit voffsets stay below 128 * row stride + BM * row stride whatever
 
 Tile order: for NT/NN the workgroup scans group_offs on device (one scalar loop over G) to
 find its group and the total tile count; within a group tiles go in bands of `group_m`
-M-tiles (L2 reuse of B). TN tiles are G x (M/BM) x (N/BN) in group-major order. Persistent
+M-tiles (L2 reuse of B). TN has G x (M/BM) x (N/BN) tiles dealt cyclically over the groups
+(tile t: group t % G), so workgroups running together share out skewed contraction lengths. Persistent
 and one-tile-per-workgroup launches are the same body: workgroup w runs tiles w, w + grid,
 ... < total, so a grid capped at num_cu CUs loops and an over-launched grid exits early.
 
@@ -304,9 +305,8 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
         tile = arith.addi(bid, arith.muli(arith.index_cast(b.i32, loop.induction_variable), nwg))
         two = b.c(2, b.i64)
         if layout == "TN":
-            per_group = arith.muli(m_tiles, n_tiles)
-            g = arith.divui(tile, per_group)
-            mt, nt = _swizzle(b, arith.remui(tile, per_group), m_tiles, n_tiles, group_m)
+            g = arith.remui(tile, G)
+            mt, nt = _swizzle(b, arith.divui(tile, G), m_tiles, n_tiles, group_m)
             s, e = _group_bounds(b, group_offs, g)
             i0, j0 = arith.muli(mt, b.c(bm)), arith.muli(nt, b.c(bn))
             a_base = b.gep(a, arith.addi(arith.muli(b.wide(s), b.wide(M)), b.wide(i0)))

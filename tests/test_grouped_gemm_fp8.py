@@ -3,7 +3,7 @@
 Spec: every layout x format (e4m3, e5m2) x output (bf16, fp16) is bit-identical to
 mxgemm.reference (grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref model the kernel's
 order: one exact fp32-rounded sum per 128-wide contraction chunk, chunks added in order, times
-fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 3}, uneven groups with an empty one,
+fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 2, 3, 8}, uneven groups with an empty one,
 group sizes and N / K (M for TN) off the 64-tile, one tile per workgroup (over-launched grid)
 and persistent grids smaller than the tile count, group_m 1 and 2, linear and shuffled
 workgroup order. Code objects: no spills, LDS <= 160 KiB, the MFMA in the contraction loop.
@@ -89,6 +89,8 @@ CASES = [
     ("TN", "e4m3", "bf16", [130, 0, 57], 48, 80, None, 1, "linear"),
     ("TN", "e5m2", "f16", [200], 80, 112, 2, 2, "shuffled"),
     ("TN", "e4m3", "f16", [0, 9], 16, 64, None, 2, "linear"),
+    ("NT", "e4m3", "bf16", [5, 0, 0, 70, 1, 0, 33, 16], 64, 128, 5, 2, "shuffled"),
+    ("TN", "e5m2", "bf16", [5, 0, 0, 130, 1, 0, 33, 16], 32, 48, 7, 1, "shuffled"),
 ]
 
 
