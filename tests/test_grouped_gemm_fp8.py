@@ -154,3 +154,44 @@ def test_code_object(variant):
     # no waterfall loop around a buffer access (every buffer resource is uniform)
     assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)
                    for body in loops)
+
+
+# ---- 64-bit addressing: operands and output beyond 4 GB ----
+# Rows before group_offs[0] belong to no group, so a single group that starts past 2^32 bytes
+# runs only its own tiles. Sparse emulator buffers hold the > 4 GB tensors (pages materialise
+# where written) and sit 4 GB apart, so a 32-bit offset that wrapped would fault or read zeros.
+BIG_ROWS = {"NT": 1 << 25, "NN": 1 << 25, "TN": 1 << 26}   # rows before the group: 4 GB of a (and out)
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+def test_beyond_4gb(layout):
+    from mxgemm.emu import Emulator
+    variant = small(layout, "e4m3", "bf16")
+    lens, n, k = [70], 64, 128
+    c = make_case(layout, "e4m3", lens, n, k, seed=11)
+    s0 = BIG_ROWS[layout]
+    emu = Emulator(arch="gfx950", race_check=True)
+    prog = emu.load(build.artifact(KERNEL, variant).asm)
+
+    def big(rows_data):   # sparse [s0 + rows, cols] fp8 buffer holding rows_data at rows s0..
+        rows, cols = rows_data.shape
+        buf = emu.sparse_buffer((s0 + rows) * cols)
+        buf.write(s0 * cols, rows_data.view(torch.uint8).contiguous().view(-1))
+        return buf
+
+    offs = torch.tensor([s0, s0 + lens[0]], dtype=torch.int64)
+    a = big(c["a"])
+    if layout == "TN":
+        b, m, nn, kk = big(c["b"]), c["a"].shape[1], c["b"].shape[1], s0 + lens[0]
+        out = torch.full((1, m, nn), float("nan"), dtype=torch.bfloat16)
+    else:
+        b, m, nn, kk = c["b"].view(torch.uint8), s0 + lens[0], n, k
+        out = emu.sparse_buffer(m * n * 2)
+        assert m * n * 2 > 1 << 32
+    assert (s0 + lens[0]) * c["a"].shape[1] > 1 << 32
+    grid = 2
+    emu.launch(prog, KERNEL, grid=(grid, 1, 1), block=(256, 1, 1),
+               args=[a, c["a_scale"], b, c["b_scale"], offs, out, 1, m, nn, kk, 1, grid])
+    if layout != "TN":
+        out = out.read(s0 * n * 2, lens[0] * n * 2).view(torch.bfloat16).view(lens[0], n)
+    metrics.assert_bitwise_equal(out, reference_out(layout, c, torch.bfloat16), f"{layout} beyond 4 GB")

@@ -686,7 +686,9 @@ class Emulator:
         if wg_order not in ("linear", "shuffled"):
             raise ValueError("wg_order must be 'linear' or 'shuffled'")
         self.arch, self.race, self.wg_order, self.seed = arch, race_check, wg_order, seed
-        self._next_sparse = 1 << 52
+        # Sparse buffers live in [2^47, 2^48): a buffer resource holds a 48-bit base (as the GPU's
+        # virtual addresses), and x86-64 user space (host tensors) stays below 2^47.
+        self._next_sparse = 1 << 47
         self.wave_instructions = 0
         self.mem = None
 
