@@ -195,3 +195,34 @@ def test_beyond_4gb(layout):
     if layout != "TN":
         out = out.read(s0 * n * 2, lens[0] * n * 2).view(torch.bfloat16).view(lens[0], n)
     metrics.assert_bitwise_equal(out, reference_out(layout, c, torch.bfloat16), f"{layout} beyond 4 GB")
+
+
+# ---- race mode catches a missing wait in the contraction loop ----
+def _k_loop(asm):
+    """Line range of the innermost loop holding the MFMAs (the contraction loop)."""
+    lines = asm.splitlines()
+    k_loops = [r for r in isa.loops(asm, KERNEL) if any("v_mfma" in lines[i] for i in r)]
+    return min(k_loops, key=len)
+
+
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+def test_dropped_k_loop_vmcnt_wait_raises(layout):
+    """Deleting any one s_waitcnt vmcnt of the contraction loop (the waits for the prefetched
+    tiles before they are staged into LDS) makes race mode raise; the shipped code runs clean
+    (every other test)."""
+    from mxgemm.emu import Emulator, RaceError
+    variant = small(layout, "e4m3", "bf16")
+    asm = build.artifact(KERNEL, variant).asm
+    lines = asm.splitlines()
+    waits = [i for i in _k_loop(asm) if lines[i].strip().startswith("s_waitcnt") and "vmcnt" in lines[i]]
+    assert waits
+    c = make_case(layout, "e4m3", [130] if layout == "TN" else [64], 64, 256, seed=2)
+    (m, n, k), out_shape = ((64, 256, 130), (1, 64, 256)) if layout == "TN" else ((64, 64, 256), (64, 64))
+    for i in waits:
+        mutated = lines[:i] + ["\t; deleted: " + lines[i].strip()] + lines[i + 1:]
+        emu = Emulator(arch="gfx950", race_check=True)
+        out = torch.zeros(out_shape, dtype=torch.bfloat16)
+        with pytest.raises(RaceError):
+            emu.launch(emu.load("\n".join(mutated)), KERNEL, grid=(1, 1, 1), block=(256, 1, 1),
+                       args=[c["a"].view(torch.uint8), c["a_scale"], c["b"].view(torch.uint8), c["b_scale"],
+                             c["group_offs"], out, 1, m, n, k, 1, 1])
