@@ -9,7 +9,8 @@ on v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for three l
   TN      a[offs[g] + c, i]         b[offs[g] + c, j]         [G, M, N]           contraction (variable K)
 
   a: NT/NN [sum_m, K], TN [sum_k, M];  b: NT [G, N, K], NN [G, K, N], TN [sum_k, N];  all fp8 bytes.
-  a_scale, b_scale: fp32 scalars (pointers); group_offs: int64 [G + 1], offs[0] = 0, non-decreasing.
+  a_scale, b_scale: fp32 scalars (pointers); group_offs: int64 [G + 1], non-decreasing (rows
+  before offs[0] or from offs[G] on belong to no group: never read, never written).
 
 Numerics: each MFMA sums one 128-wide contraction chunk [128 s, 128 s + 128) of the tile (zero
 padded past the end); chunks are accumulated in increasing order into fp32 from +0 (for TN the
@@ -32,20 +33,22 @@ sizes are arbitrary, empty groups allowed (TN writes zeros for them).
 
 64-bit addressing: every buffer resource is rebuilt per tile and per contraction step from a
 64-bit base pointer advanced to the tile's first row/column and the step's first contraction
-index, so 32-bit voffsets stay below 128 * row stride + BM * row stride whatever the tensor size.
+index, so a 32-bit voffset stays below max(BM, BN, 128) row strides whatever the tensor size
+(row counts themselves are i32).
 
 Tile order: for NT/NN the workgroup scans group_offs on device (one scalar loop over G) to
 find its group and the total tile count; within a group tiles go in bands of `group_m`
 M-tiles (L2 reuse of B). TN has G x (M/BM) x (N/BN) tiles dealt cyclically over the groups
-(tile t: group t % G), so workgroups running together share out skewed contraction lengths. Persistent
-and one-tile-per-workgroup launches are the same body: workgroup w runs tiles w, w + grid,
-... < total, so a grid capped at num_cu CUs loops and an over-launched grid exits early.
+(tile t: group t % G), so workgroups running together share out skewed contraction lengths.
+Persistent and one-tile-per-workgroup launches are the same body: workgroup w runs tiles w,
+w + grid, ... < total, so a grid capped at num_cu CUs loops and an over-launched grid exits early.
 
 Kernel arguments (no hidden ones):
   a, a_scale, b, b_scale, group_offs, out     global pointers
   G, M, N, K, group_m, grid                   int32  (NT/NN: M = sum_m; TN: K = sum_k)
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
-launch's workgroup count: the kernel strides its tile loop by it). Variant keys: LAYOUT, FMT, OUT, BM, BN.
+launch's workgroup count: the kernel strides its tile loop by it).
+Variant keys: LAYOUT, FMT (both operands), OUT (bf16 / f16), BM, BN (64, 128, 256).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx

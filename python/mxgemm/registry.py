@@ -125,7 +125,7 @@ register(Kernel(
     symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
 
-# --- tensorwise FP8 grouped GEMM for MoE training (issue 13) ---
+# --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
 # bf16 variants (256 x 256 needs more than 512 registers per lane and spills).
