@@ -55,7 +55,6 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 
-SYMBOL = "grouped_gemm_fp8"
 THREADS = 256
 BK = 128                          # contraction per step = the MFMA's K
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
@@ -65,10 +64,6 @@ BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
 FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
 LAYOUTS = ("NT", "NN", "TN")
 K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False)}  # (A, B) contraction-contiguous
-
-
-def kernel_symbol(LAYOUT="NT", FMT="e4m3", OUT="bf16", BM=64, BN=64):  # noqa: N803 (registry spelling)
-    return SYMBOL
 
 
 class _Ir:
@@ -335,8 +330,8 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
         scf.YieldOp([])
 
 
-def build(layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
-    """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
+def build(symbol: str, layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
+    """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
     if layout not in LAYOUTS or fmt not in FMT_CODE or out not in ("bf16", "f16") or bm not in (64, 128, 256) \
             or bn not in (64, 128, 256):
         raise ValueError(f"variant LAYOUT={layout} FMT={fmt} OUT={out} BM={bm} BN={bn}: LAYOUT in {LAYOUTS}, "
@@ -349,7 +344,7 @@ def build(layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
     class SharedStorage:
         buf: fx.Array[fx.Int8, lds_bytes, 16]
 
-    @flyc.kernel(name=SYMBOL)
+    @flyc.kernel(name=symbol)
     def grouped_gemm_fp8_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
                                 group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
                                 K: fx.Int32, group_m: fx.Int32, grid: fx.Int32):
@@ -367,10 +362,10 @@ def build(layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
     return grouped_gemm_fp8
 
 
-def compile_for_build(arch: str, LAYOUT="NT", FMT="e4m3", OUT="bf16", BM=64, BN=64):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", OUT="bf16", BM=64, BN=64):  # noqa: N803
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(LAYOUT, FMT, OUT, BM, BN)
+    fn = build(symbol, LAYOUT, FMT, OUT, BM, BN)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     flyc.compile(fn, p(fx.Uint8), p(fx.Float32), p(fx.Uint8), p(fx.Float32), p(fx.Int64),
                  p(fx.BFloat16 if OUT == "bf16" else fx.Float16), 1, 64, 64, 128, 1, 1)

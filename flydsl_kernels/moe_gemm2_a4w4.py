@@ -32,7 +32,6 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, scf
 from flydsl._mlir.dialects import rocdl
 
-SYMBOL = "moe_gemm2_a4w4"
 THREADS = 256
 BLOCK_N = 256
 BLOCK_K = 256
@@ -44,11 +43,6 @@ INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0
 BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
 WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
 WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
-
-
-def kernel_symbol(BM: int = 32, NT: int = 0) -> str:  # noqa: N803 (registry spells variants upper case)
-    # One name for every variant, as the HIP kernel: a launch is the same call for both.
-    return SYMBOL
 
 
 class _B:
@@ -308,7 +302,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
             scf.YieldOp([])
 
 
-def build(bm: int = 32, nt: int = 0):
+def build(symbol: str, bm: int = 32, nt: int = 0):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
     if bm not in (16, 32) or nt not in (0, 1):
         raise ValueError(f"variant BM={bm} NT={nt}: BM must be 16 or 32, NT 0 or 1")
@@ -317,7 +311,7 @@ def build(bm: int = 32, nt: int = 0):
     class SharedStorage:
         buf: fx.Array[fx.Int8, 2 * BUF_BYTES, 16]
 
-    @flyc.kernel(name=SYMBOL)
+    @flyc.kernel(name=symbol)
     def moe_gemm2_a4w4_kernel(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
                               sorted_token_ids: fx.Pointer, sorted_expert_ids: fx.Pointer,
                               num_valid_ids: fx.Pointer, sorted_weights: fx.Pointer, out: fx.Pointer,
@@ -340,12 +334,12 @@ def build(bm: int = 32, nt: int = 0):
     return moe_gemm2_a4w4
 
 
-def compile_for_build(arch: str, BM: int = 32, NT: int = 0):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, BM: int = 32, NT: int = 0):  # noqa: N803
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
 
     Null pointers and Python ints are compile placeholders: nothing touches a device.
     """
-    fn = build(BM, NT)
+    fn = build(symbol, BM, NT)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8 = fx.Uint8
     flyc.compile(fn, p(u8), p(u8), p(u8), p(u8), p(fx.Int32), p(fx.Int32), p(fx.Int32), p(fx.Float32),

@@ -71,7 +71,7 @@ def run(variant, c, grid=None, group_m=2, wg_order="linear"):
     u8 = lambda t: t.view(torch.uint8)  # noqa: E731
     with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=3):
         launcher.launch(art, (grid, 1, 1), (256, 1, 1), [u8(a), c["a_scale"], u8(b), c["b_scale"], c["group_offs"],
-                                                         out, G, m, n, k, group_m, grid])
+                                                         out, G, m, n, k, group_m, grid], "emu")
     return out
 
 
