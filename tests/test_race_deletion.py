@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import build, launcher, quant, registry, routing
+from mxgemm import build, quant, registry, routing
 from mxgemm.emu import EmulatorFault, RaceError
 from mxgemm.launcher import emulator_settings
 
@@ -75,20 +75,21 @@ def _a4w4(backend):
     return run
 
 
-def _grouped_fp8(v):  # two groups (one K step + a 2-row tail; one short step), a 1-workgroup persistent grid
-    g = torch.Generator().manual_seed(7)
-    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[v["FMT"]]
-    lens, m, n, k = [130, 3], 16, 32, 32
-    q = lambda *s: torch.randn(*s, generator=g).to(fp8).view(torch.uint8)  # noqa: E731
-    rows = sum(lens)
-    a, b = (q(rows, m), q(rows, n)) if v["LAYOUT"] == "TN" else (q(rows, k), q(len(lens), n, k))
-    out = torch.zeros((len(lens), m, n) if v["LAYOUT"] == "TN" else (rows, n),
-                      dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
-    offs = torch.tensor([0, lens[0], rows], dtype=torch.int64)
-    one = torch.ones(1)
-    launcher.launch(build.artifact("grouped_gemm_fp8", v), (1, 1, 1), (256, 1, 1),
-                    [a, one, b, one, offs, out, len(lens), m if v["LAYOUT"] == "TN" else rows, n,
-                     rows if v["LAYOUT"] == "TN" else k, 1, 1], "emu")
+def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a persistent grid of 1
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[v["FMT"]]
+    q = lambda *s: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(dtype)  # noqa: E731
+    bm, bn, one = v["BM"], v["BN"], torch.ones(1)
+    kw = dict(out_dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
+    if v["LAYOUT"] == "TN":  # one K step + a 2-row tail, then a short group
+        lens = torch.tensor([130, 3])
+        args, op = (q(133, bm), one, q(133, bn), one, lens), "grouped_gemm_fp8_variable_k"
+    else:  # groups of bm + 2 and bm - 2 rows: a partial second row tile; K = two steps
+        lens, trans_b = torch.tensor([bm + 2, bm - 2]), v["LAYOUT"] == "NT"
+        args, op = (q(2 * bm, 256), one, q(2, bn, 256) if trans_b else q(2, 256, bn), one, lens), \
+            "grouped_gemm_fp8_kernel"
+        kw.update(trans_b=trans_b, num_cu=1)
+    assert mxgemm.explain(op, *args, **kw).variant == v
+    getattr(mxgemm, op)(*args, **kw)
 
 
 RUNNERS = {
