@@ -7,6 +7,8 @@ fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 2, 3, 8}, uneven groups
 group sizes and N / K (M for TN) off the 64-tile, one tile per workgroup (over-launched grid)
 and persistent grids smaller than the tile count, group_m 1 and 2, linear and shuffled
 workgroup order. Code objects: no spills, LDS <= 160 KiB, the MFMA in the contraction loop.
+Beyond 4 GB (sparse emulator buffers): A and out (NT/NN), A and B (TN) whole; B (NT/NN) and
+the TN output through a workgroup window running one tile.
 Launches go through mxgemm.launcher.launch (artefact + grid/block/kernel arguments).
 """
 import pytest
@@ -228,29 +230,53 @@ def test_dropped_k_loop_vmcnt_wait_raises(layout):
                              c["group_offs"], out, 1, m, n, k, 1, 1])
 
 
-# ---- training accuracy: forward, dgrad, wgrad vs unquantised fp32 ----
-@pytest.mark.parametrize("fmt,min_db", [("e4m3", 25.0), ("e5m2", 20.0)])
-def test_training_snr(fmt, min_db):
-    """MoE layer y_g = x_g w_g^T with tensorwise dynamic quantisation of x, w and grad_y (as the
-    training op does): SNR of y, grad_x, grad_w against fp32 math on the unquantised tensors."""
-    from mxgemm import metrics as mt
-    from mxgemm.quant import tensorwise_cast_to_fp8
-    g = torch.Generator().manual_seed(7)
-    lens, n, k = [40, 0, 77], 96, 128
-    offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
-    x, w, dy = (torch.randn(sum(lens), k, generator=g), torch.randn(len(lens), n, k, generator=g) * 0.05,
-                torch.randn(sum(lens), n, generator=g))
-    (xq, xs), (wq, ws), (dyq, dys) = (tensorwise_cast_to_fp8(t, fmt) for t in (x, w, dy))
-    pack = lambda a, sa, b, sb: dict(a=a, a_scale=sa.reshape(1), b=b, b_scale=sb.reshape(1),  # noqa: E731
-                                     group_offs=offs, lens=lens)
-    y = run(small("NT", fmt, "bf16"), pack(xq, xs, wq, ws))
-    dx = run(small("NN", fmt, "bf16"), pack(dyq, dys, wq, ws))
-    dw = run(small("TN", fmt, "bf16"), pack(dyq, dys, xq, xs))
-    rows = [slice(s, e) for s, e in zip(offs[:-1].tolist(), offs[1:].tolist())]
-    y_ref = torch.cat([x[r] @ w[i].T for i, r in enumerate(rows)])
-    dx_ref = torch.cat([dy[r] @ w[i] for i, r in enumerate(rows)])
-    dw_ref = torch.stack([dy[r].T @ x[r] for r in rows])
-    snrs = {name: mt.snr_db(got.float(), ref) for name, got, ref in
-            (("out", y, y_ref), ("grad_a", dx, dx_ref), ("grad_b", dw, dw_ref))}
-    print(f"\n{fmt} SNR dB: " + ", ".join(f"{k_}={v:.1f}" for k_, v in snrs.items()))
-    assert all(v >= min_db for v in snrs.values()), snrs
+# B (NT/NN) and the output (TN) beyond 4 GB: the tensors are too large to compute whole, so one
+# workgroup window runs the last tile, whose operand or output bytes start past 2^32; only the
+# bytes that tile reads are written into the sparse buffers (the rest read as zeros).
+WIN = 64  # the 64 x 64 tile
+
+
+# NN's row stride is N bytes and a tile's offsets span 128 of them (< 2^31), so N < 2^24 there.
+@pytest.mark.parametrize("layout,n,k", [("NT", 1 << 25, 128), ("NN", 1 << 22, 1024)])
+def test_b_beyond_4gb_window(layout, n, k):
+    """G = 2, group 0 empty, N * K = 2^32: group 1's weights start at 4 GB; the last tile (rows
+    64..69, columns N-64..N; for NT its output too) lies past 4 GB."""
+    from mxgemm.emu import Emulator
+    lens = [0, 70]
+    c = make_case(layout, "e4m3", lens, WIN, k, seed=13)   # b holds only the tile's 64 columns
+    emu = Emulator(arch="gfx950", race_check=True)
+    b = emu.sparse_buffer(2 * n * k)
+    j0 = n - WIN
+    if layout == "NT":   # b[1, j0 + j, :] for the tile's columns
+        b.write((n + j0) * k, c["b"][1].view(torch.uint8).contiguous().view(-1))
+    else:                # b[1, kk, j0 .. j0 + 63] for every contraction row
+        for kk in range(k):
+            b.write((k + kk) * n + j0, c["b"][1, kk].view(torch.uint8).contiguous())
+    out = emu.sparse_buffer(70 * n * 2)
+    m_tiles, n_tiles = 2, n // WIN
+    grid = m_tiles * n_tiles
+    emu.launch(emu.load(build.artifact(KERNEL, small(layout, "e4m3", "bf16")).asm), KERNEL, grid=(grid, 1, 1),
+               block=(256, 1, 1), workgroups=[(grid - 1, 0, 0)],
+               args=[c["a"].view(torch.uint8), c["a_scale"], b, c["b_scale"], c["group_offs"], out, 2, 70, n, k, 1,
+                     grid])
+    got = torch.stack([out.read((r * n + j0) * 2, WIN * 2).view(torch.bfloat16) for r in range(64, 70)])
+    metrics.assert_bitwise_equal(got, reference_out(layout, c, torch.bfloat16)[64:70], f"{layout} B beyond 4 GB")
+
+
+def test_wgrad_out_beyond_4gb_window():
+    """TN with out [2, 2^16, 2^16] bf16 (16 GB): the last tile of group 1 starts past 2^33 bytes."""
+    from mxgemm.emu import Emulator
+    lens, m = [3, 5], 1 << 16
+    c = make_case("TN", "e4m3", lens, m, m, seed=17)    # a [8, m], b [8, m]
+    emu = Emulator(arch="gfx950", race_check=True)
+    out = emu.sparse_buffer(2 * m * m * 2)
+    tiles = m // WIN
+    grid = 2 * tiles * tiles
+    emu.launch(emu.load(build.artifact(KERNEL, small("TN", "e4m3", "bf16")).asm), KERNEL, grid=(grid, 1, 1),
+               block=(256, 1, 1), workgroups=[(grid - 1, 0, 0)],   # tile grid - 1: group 1, last (m, n) tile
+               args=[c["a"].view(torch.uint8), c["a_scale"], c["b"].view(torch.uint8), c["b_scale"], c["group_offs"],
+                     out, 2, m, m, 8, 1, grid])
+    i0 = m - WIN
+    got = torch.stack([out.read(((m + i0 + r) * m + i0) * 2, WIN * 2).view(torch.bfloat16) for r in range(WIN)])
+    tile = dict(c, a=c["a"][:, i0:].contiguous(), b=c["b"][:, i0:].contiguous())
+    metrics.assert_bitwise_equal(got, reference_out("TN", tile, torch.bfloat16)[1], "TN out beyond 4 GB")

@@ -4,9 +4,11 @@ and variable-K wgrad (groups along the contraction), one FlyDSL kernel family
 grouped_gemm_fp8_variable_k_ref)."""
 from __future__ import annotations
 
+import types
+
 import torch
 
-from .. import guards, registry
+from .. import guards, quant, registry
 from ._op import Plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
@@ -189,3 +191,44 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
     (torch.bfloat16 or torch.float16).
     """
+
+
+class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
+    """Forward NT/NN on tensorwise-quantised a and b; backward quantises grad_out the same way
+    and runs dgrad (the other b layout) and the variable-K wgrad."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, fmt, num_cu):
+        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fmt) for t in (a, b))
+        ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
+        ctx.trans_b, ctx.fmt, ctx.num_cu, ctx.dtype = trans_b, fmt, num_cu, a.dtype
+        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, a.dtype, num_cu)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        aq, sa, bq, sb, lens, offs = ctx.saved_tensors
+        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.fmt)
+        grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.dtype, ctx.num_cu)
+        grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.dtype) if ctx.trans_b
+                  else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.dtype))
+        return grad_a, grad_b, None, None, None, None, None
+
+
+def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
+                     trans_b: bool = True, fmt: str = "e4m3", num_cu: int | None = None) -> torch.Tensor:
+    """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
+    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]), out in a's dtype.
+
+    a, b: bf16 or fp16 (one dtype), quantised on every call with one scale per tensor
+    (mxgemm.quant.tensorwise_cast_to_fp8, format ``fmt``: "e4m3" or "e5m2"); the backward
+    quantises grad_out the same way and runs grouped_gemm_fp8_kernel (grad_a) and
+    grouped_gemm_fp8_variable_k (grad_b). group_lens / group_offs / num_cu as in
+    grouped_gemm_fp8_kernel."""
+    if a.dtype not in _OUT or b.dtype != a.dtype:
+        guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16 or torch.float16; got a {a.dtype}, "
+                             f"b {b.dtype}")
+    if fmt not in ("e4m3", "e5m2"):
+        guards.fail("fmt", f"fmt = {fmt!r}; expected 'e4m3' or 'e5m2'")
+    if group_offs is None:
+        group_offs = group_offsets(types.SimpleNamespace(group_lens=group_lens))
+    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, fmt, num_cu)
