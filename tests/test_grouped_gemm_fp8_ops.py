@@ -139,7 +139,7 @@ def test_autograd_op_forward_and_backward(trans_b, fmt, min_db):
     w = (torch.randn(3, n, k, generator=g) * 0.05 if trans_b else torch.randn(3, k, n, generator=g) * 0.05)
     w = w.bfloat16().requires_grad_()
     dy = torch.randn(sum(lens), n, generator=g).bfloat16()
-    y = mxgemm.grouped_gemm_fp8(x, w, torch.tensor(lens), trans_b=trans_b, fmt=fmt)
+    y = mxgemm.grouped_gemm_fp8(x, w, torch.tensor(lens), trans_b=trans_b, format=fmt)
     y.backward(dy)
     (xq, xs), (wq, ws), (dq, ds) = (tensorwise_cast_to_fp8(t.detach(), fmt) for t in (x, w, dy))
     metrics.assert_bitwise_equal(y, reference.grouped_gemm_fp8_ref(xq, xs, wq, ws, offs, trans_b=trans_b), "y")
@@ -159,9 +159,15 @@ def test_autograd_op_forward_and_backward(trans_b, fmt, min_db):
     assert all(v >= min_db for v in snrs.values()), snrs
 
 
-def test_autograd_op_guards():
-    x, w = torch.zeros(4, 16), torch.zeros(1, 16, 16)
-    with pytest.raises(guards.GuardError, match=r"\[dtype\] a and b must share one dtype.*got a torch.float32"):
+def test_autograd_op_fp32_inputs_and_guards():
+    x, w = torch.randn(4, 16, requires_grad=True), torch.randn(1, 16, 16, requires_grad=True)
+    y = mxgemm.grouped_gemm_fp8(x, w, torch.tensor([4]), out_dtype=torch.bfloat16)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == w.grad.dtype == torch.float32
+    with pytest.raises(guards.GuardError, match=r"\[dtype\] out_dtype is torch.float32 \(a's dtype when None\)"):
         mxgemm.grouped_gemm_fp8(x, w, torch.tensor([4]))
-    with pytest.raises(guards.GuardError, match=r"\[fmt\] fmt = 'e3m4'"):
-        mxgemm.grouped_gemm_fp8(x.bfloat16(), w.bfloat16(), torch.tensor([4]), fmt="e3m4")
+    with pytest.raises(guards.GuardError, match=r"\[dtype\] a and b must share one dtype.*got a torch.float32, b "
+                                                 r"torch.bfloat16"):
+        mxgemm.grouped_gemm_fp8(x, w.bfloat16(), torch.tensor([4]))
+    with pytest.raises(guards.GuardError, match=r"\[format\] format = 'e3m4'"):
+        mxgemm.grouped_gemm_fp8(x.bfloat16(), w.bfloat16(), torch.tensor([4]), format="e3m4")

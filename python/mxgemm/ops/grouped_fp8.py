@@ -198,37 +198,44 @@ class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
     and runs dgrad (the other b layout) and the variable-K wgrad."""
 
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, fmt, num_cu):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt):
         (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fmt) for t in (a, b))
         ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
-        ctx.trans_b, ctx.fmt, ctx.num_cu, ctx.dtype = trans_b, fmt, num_cu, a.dtype
-        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, a.dtype, num_cu)
+        ctx.trans_b, ctx.fmt, ctx.num_cu, ctx.out_dtype = trans_b, fmt, num_cu, out_dtype
+        ctx.dtypes = a.dtype, b.dtype
+        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu)
 
     @staticmethod
     def backward(ctx, grad_out):
         aq, sa, bq, sb, lens, offs = ctx.saved_tensors
         gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.fmt)
-        grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.dtype, ctx.num_cu)
-        grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.dtype) if ctx.trans_b
-                  else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.dtype))
-        return grad_a, grad_b, None, None, None, None, None
+        grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu)
+        grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.out_dtype) if ctx.trans_b
+                  else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.out_dtype))
+        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), None, None, None, None, None, None
 
 
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
-                     trans_b: bool = True, fmt: str = "e4m3", num_cu: int | None = None) -> torch.Tensor:
+                     trans_b: bool = True, out_dtype: torch.dtype | None = None, num_cu: int | None = None,
+                     format: str = "e4m3") -> torch.Tensor:  # noqa: A002 (the name users pass)
     """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
-    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]), out in a's dtype.
+    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
 
-    a, b: bf16 or fp16 (one dtype), quantised on every call with one scale per tensor
-    (mxgemm.quant.tensorwise_cast_to_fp8, format ``fmt``: "e4m3" or "e5m2"); the backward
-    quantises grad_out the same way and runs grouped_gemm_fp8_kernel (grad_a) and
-    grouped_gemm_fp8_variable_k (grad_b). group_lens / group_offs / num_cu as in
+    a, b: bf16, fp16 or fp32 (one dtype), quantised on every call with one scale per tensor
+    (mxgemm.quant.tensorwise_cast_to_fp8, ``format`` "e4m3" or "e5m2"); out_dtype: bf16 or
+    fp16, default a.dtype. The backward quantises grad_out the same way and runs
+    grouped_gemm_fp8_kernel (grad_a) and grouped_gemm_fp8_variable_k (grad_b), each computed in
+    out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu as in
     grouped_gemm_fp8_kernel."""
-    if a.dtype not in _OUT or b.dtype != a.dtype:
-        guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16 or torch.float16; got a {a.dtype}, "
-                             f"b {b.dtype}")
-    if fmt not in ("e4m3", "e5m2"):
-        guards.fail("fmt", f"fmt = {fmt!r}; expected 'e4m3' or 'e5m2'")
+    if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
+        guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
+                             f"got a {a.dtype}, b {b.dtype}")
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in _OUT:
+        guards.fail("dtype", f"out_dtype is {out_dtype} (a's dtype when None); expected torch.bfloat16 or "
+                             "torch.float16")
+    if format not in ("e4m3", "e5m2"):
+        guards.fail("format", f"format = {format!r}; expected 'e4m3' or 'e5m2'")
     if group_offs is None:
         group_offs = group_offsets(types.SimpleNamespace(group_lens=group_lens))
-    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, fmt, num_cu)
+    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format)
