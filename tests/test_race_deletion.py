@@ -75,11 +75,29 @@ def _a4w4(backend):
     return run
 
 
+def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a persistent grid of 1
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[v["FMT"]]
+    q = lambda *s: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(dtype)  # noqa: E731
+    bm, bn, one = v["BM"], v["BN"], torch.ones(1)
+    kw = dict(out_dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
+    if v["LAYOUT"] == "TN":  # one K step + a 2-row tail, then a short group
+        lens = torch.tensor([130, 3])
+        args, op = (q(133, bm), one, q(133, bn), one, lens), "grouped_gemm_fp8_variable_k"
+    else:  # groups of bm + 2 and bm - 2 rows: a partial second row tile; K = two steps
+        lens, trans_b = torch.tensor([bm + 2, bm - 2]), v["LAYOUT"] == "NT"
+        args, op = (q(2 * bm, 256), one, q(2, bn, 256) if trans_b else q(2, 256, bn), one, lens), \
+            "grouped_gemm_fp8_kernel"
+        kw.update(trans_b=trans_b, num_cu=1)
+    assert mxgemm.explain(op, *args, **kw).variant == v
+    getattr(mxgemm, op)(*args, **kw)
+
+
 RUNNERS = {
     "mxfp8_dequant": _dequant("hip"), "mxfp8_dequant_flydsl": _dequant("flydsl"),
     "smallm_mxfp8_gemv": _smallm("smallm_mxfp8_gemv"), "smallm_mxfp8_mfma": _smallm("smallm_mxfp8_mfma"),
     "smallm_mxfp8_moe_grouped_gemm": _moe_mxfp8,
     "moe_gemm2_a4w4": _a4w4("hip"), "moe_gemm2_a4w4_flydsl": _a4w4("flydsl"),
+    "grouped_gemm_fp8": _grouped_fp8,
 }
 
 # Deletions that raise no RaceError on any input: (kernel, variant ids or None for all, sync line,

@@ -8,6 +8,9 @@ __version__ = "0.1.0"
 
 from .ops import (  # noqa: E402,F401
     explain,
+    grouped_gemm_fp8,
+    grouped_gemm_fp8_kernel,
+    grouped_gemm_fp8_variable_k,
     moe_gemm2_a4w4,
     moe_mxfp8_grouped_gemm,
     mxfp8_dequantize,

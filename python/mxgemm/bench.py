@@ -35,6 +35,7 @@ def dispatch_calls() -> dict:
                               torch.rand(T, topk, generator=g), E, block_m=16)
     ids = (r16.sorted_token_ids, r16.sorted_expert_ids, r16.num_valid_ids)
     N2, K2 = 7168, 256
+    one, lens = torch.ones(1), torch.full((8,), 512, dtype=torch.int64)
     calls = {
         "smallm_mxfp8_gemm": ((e4m3(M, K), u8(M, K // 32), e4m3(N, K), u8(N, K // 32)), {}),
         "moe_mxfp8_grouped_gemm": ((e4m3(T, K), u8(T, K // 32), e4m3(E, 64, K), u8(E, 64, K // 32), *ids),
@@ -42,6 +43,9 @@ def dispatch_calls() -> dict:
         "moe_gemm2_a4w4": ((u8(T * topk, K2 // 2), u8(T * topk, K2 // 32), u8(E, N2, K2 // 2), u8(E, N2, K2 // 32),
                             *ids, r16.sorted_weights, torch.empty(T, N2, dtype=torch.bfloat16)), {}),
         "mxfp8_dequantize": ((u8(M, K), u8(M, K // 32)), {}),
+        # a training step's MoE layer: 8 experts, 4096 routed rows
+        "grouped_gemm_fp8_kernel": ((e4m3(4096, 2048), one, e4m3(8, 1024, 2048), one, lens), {}),
+        "grouped_gemm_fp8_variable_k": ((e4m3(4096, 1024), one, e4m3(4096, 2048), one, lens), {}),
     }
     out = {}
     for name, (args, kw) in calls.items():

@@ -169,6 +169,31 @@ def all_kernels(asm: str) -> list[KernelInfo]:
     return [kernel_info(asm, n) for n in kernel_names(asm)]
 
 
+def loops(asm: str, name: str) -> list[range]:
+    """Line ranges (indices into asm.splitlines()) of every loop of kernel ``name``: from a label
+    to a later branch back to it (nested loops appear both on their own and inside their parent)."""
+    lines = [x.split(";")[0].strip() for x in asm.splitlines()]
+    start = lines.index(f"{name}:")
+    labels, found = {}, []
+    for i, l in enumerate(lines[start + 1:], start + 1):
+        if l.startswith(".Lfunc_end"):
+            break
+        if l.endswith(":"):
+            labels[l[:-1]] = i
+            continue
+        parts = l.split()
+        if parts and parts[0].startswith(("s_branch", "s_cbranch")) and parts[-1] in labels:
+            found.append(range(labels[parts[-1]] + 1, i + 1))
+    return found
+
+
+def loop_bodies(asm: str, name: str) -> list[list[str]]:
+    """Instruction lines of every loop of kernel ``name`` (see ``loops``)."""
+    lines = [x.split(";")[0].strip() for x in asm.splitlines()]
+    return [[lines[i] for i in r if lines[i] and not lines[i].endswith(":") and not lines[i].startswith(".")]
+            for r in loops(asm, name)]
+
+
 # ---- loop structure (HIP vs FlyDSL parity report of moe_gemm2_a4w4) ----
 STEPS_PER_LOOP_ITERATION = 2  # both kernels run K steps in pairs (two alternating register sets)
 _COUNTED = (("scaled MFMA", ("v_mfma_scale_f32_16x16x128_f8f6f4",)),

@@ -93,18 +93,18 @@ def ceil_to_ue8m0(sf: torch.Tensor) -> torch.Tensor:
     return (exp.clamp(1, 254) << 23).view(torch.float32)
 
 
-def _cast_blocks(x: torch.Tensor, bm: int, bk: int, use_ue8m0: bool):
-    """Shared body: x [M, K] -> (e4m3 [M, K], sf [ceil(M/bm), ceil(K/bk)]) with zero padding."""
+def _cast_blocks(x: torch.Tensor, bm: int, bk: int, use_ue8m0: bool, fmt: str = "e4m3"):
+    """Shared body: x [M, K] -> (fp8 [M, K], sf [ceil(M/bm), ceil(K/bk)]) with zero padding."""
     M, K = x.shape
     pm, pk = -M % bm, -K % bk
     xp = torch.nn.functional.pad(x.float(), (0, pk, 0, pm))
     xv = xp.view((M + pm) // bm, bm, (K + pk) // bk, bk)
-    sf = xv.abs().amax(dim=(1, 3)).clamp(min=FP8_AMAX_EPS) / F.FP8_E4M3_MAX
+    sf = xv.abs().amax(dim=(1, 3)).clamp(min=FP8_AMAX_EPS) / (F.FP8_E4M3_MAX if fmt == "e4m3" else F.FP8_E5M2_MAX)
     if use_ue8m0:
         sf = ceil_to_ue8m0(sf)
     y = xv * (1.0 / sf)[:, None, :, None]  # reciprocal then multiply, as DeepGEMM does
-    codes = F.encode(y, "e4m3").view(M + pm, K + pk)[:M, :K].contiguous()
-    return F.to_torch_fp8(codes, "e4m3"), sf
+    codes = F.encode(y, fmt).view(M + pm, K + pk)[:M, :K].contiguous()
+    return F.to_torch_fp8(codes, fmt), sf
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128):
@@ -118,9 +118,10 @@ def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran: int = 
     return _cast_blocks(x, gran, gran, use_ue8m0)
 
 
-def tensorwise_cast_to_fp8(x: torch.Tensor):
-    """x (any shape) -> (e4m3 same shape, sf fp32 0-dim): one scale max(amax, 1e-4) / 448."""
-    q, sf = _cast_blocks(x.reshape(1, -1), 1, x.numel(), False)
+def tensorwise_cast_to_fp8(x: torch.Tensor, fmt: str = "e4m3"):
+    """x (any shape) -> (fmt same shape, sf fp32 0-dim): one scale max(amax, 1e-4) / fmt max
+    (448 e4m3, 57344 e5m2)."""
+    q, sf = _cast_blocks(x.reshape(1, -1), 1, x.numel(), False, fmt)
     return q.view(x.shape), sf.reshape(())
 
 

@@ -1,13 +1,14 @@
 """Reference ops: the ground truth every kernel test compares against (pure torch, CPU).
 
 Accumulation model (all ops): the reduction dimension is cut into chunks (32 for MX
-scales, 128 for DeepGEMM block scales, 32 for tensorwise FP8). Each chunk's dot product
+scales, 128 for DeepGEMM block scales and for tensorwise FP8). Each chunk's dot product
 of the decoded, unscaled elements is computed exactly (float64 holds it exactly: every
 e4m3*e4m3 or fp4 product has <= 8 significant bits and a chunk spans < 2^45; for e5m2
 operands it is exact unless one chunk spans more than 2^53), then scaled and rounded to
 fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
-into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator), or the
-fp32 accumulator itself with out_dtype=torch.float32 (MoE gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may differ from this by a
+into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator) (fp16 RNE for
+out_dtype=torch.float16), or the fp32 accumulator itself with out_dtype=torch.float32 (MoE
+gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may differ from this by a
 few fp32 ulps of the accumulator, i.e. rarely by 1 bf16 ulp.
 """
 from typing import Optional
@@ -19,7 +20,7 @@ from .quant import MX_BLOCK, mx_values
 from .routing import TOKEN_MASK
 
 FP8_BLOCK = 128  # DeepGEMM's 1x128 / 128x128 scale granularity
-TENSORWISE_CHUNK = 32
+TENSORWISE_CHUNK = 128  # the K of v_mfma_f32_16x16x128_f8f6f4, one exact sum per chunk
 
 
 def _accumulate(a: torch.Tensor, b: torch.Tensor, chunk: int, combine=None) -> torch.Tensor:
@@ -36,8 +37,10 @@ def _accumulate(a: torch.Tensor, b: torch.Tensor, chunk: int, combine=None) -> t
 
 
 def _out(acc: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    assert out_dtype in (torch.bfloat16, torch.float32), out_dtype
-    return F.bf16_rne(acc) if out_dtype == torch.bfloat16 else acc
+    assert out_dtype in (torch.bfloat16, torch.float16, torch.float32), out_dtype
+    if out_dtype == torch.bfloat16:
+        return F.bf16_rne(acc)
+    return acc.half() if out_dtype == torch.float16 else acc  # fp32 -> fp16 in torch is RNE
 
 
 def _fmt(t: torch.Tensor) -> str:
@@ -142,10 +145,11 @@ def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
 
 
 # ---- FP8 tensorwise grouped GEMM (one fp32 scale per tensor) ----
-def _tensorwise(a, sa, b, sb) -> torch.Tensor:
-    """a [M, R] x b [N, R]^T fp8 -> fp32 (acc * sa) * sb."""
+def _tensorwise(a, sa, b, sb, out_dtype) -> torch.Tensor:
+    """a [M, R] x b [N, R]^T fp8 -> out_dtype: rne(acc * fp32(sa * sb)), acc summed in
+    TENSORWISE_CHUNK (= the f8f6f4 MFMA's K) chunks from the first row of R."""
     acc = _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), TENSORWISE_CHUNK)
-    return acc * sa.float() * sb.float()
+    return _out(acc * (sa.float() * sb.float()), out_dtype)
 
 
 def _groups(group_offs: torch.Tensor):
@@ -153,33 +157,25 @@ def _groups(group_offs: torch.Tensor):
     return [(g, o[g], o[g + 1]) for g in range(len(o) - 1)]
 
 
-def grouped_fp8_fwd_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """Forward NT: a [M, K] fp8, b [G, N, K] fp8, group_offs int64 [G+1] (rows
-    group_offs[g]:group_offs[g+1] of a belong to group g), scales fp32 scalars.
-    out[m, n] = sa * sb * sum_k a[m, k] b[g, n, k] -> bf16 [M, N] (rows outside every group 0)."""
-    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+def grouped_gemm_fp8_ref(a, a_scale, b, b_scale, group_offs, trans_b: bool = True,
+                         out_dtype=torch.bfloat16) -> torch.Tensor:
+    """a [sum_m, K] fp8, b [G, N, K] (trans_b, forward) or [G, K, N] (dgrad) fp8, fp32 scalar
+    scales, group_offs int64 [G+1] (rows group_offs[g]:group_offs[g+1] of a belong to group g)
+    -> [sum_m, N]: out[m] = a_scale * b_scale * b[g] a[m] (rows outside every group 0)."""
+    n = b.shape[1] if trans_b else b.shape[2]
+    out = torch.zeros(a.shape[0], n, dtype=out_dtype)
     for g, s, e in _groups(group_offs):
-        out[s:e] = _tensorwise(a[s:e], a_scale, b[g], b_scale)
-    return _out(out, out_dtype)
+        out[s:e] = _tensorwise(a[s:e], a_scale, b[g] if trans_b else b[g].T, b_scale, out_dtype)
+    return out
 
 
-def grouped_fp8_dgrad_ref(dy, dy_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """Dgrad NN: dy [M, N] fp8, b [G, N, K] fp8 -> dx bf16 [M, K],
-    dx[m, k] = s_dy * s_b * sum_n dy[m, n] b[g, n, k] for m in group g."""
-    out = torch.zeros(dy.shape[0], b.shape[2], dtype=torch.float32)
+def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """Variable-K (wgrad): a [sum_k, M] fp8, b [sum_k, N] fp8 -> [G, M, N], out[g] = a_scale *
+    b_scale * a_g^T b_g over the group's rows (empty group -> 0); chunks start at the group's first row."""
+    out = torch.zeros(len(group_offs) - 1, a.shape[1], b.shape[1], dtype=out_dtype)
     for g, s, e in _groups(group_offs):
-        out[s:e] = _tensorwise(dy[s:e], dy_scale, b[g].T, b_scale)
-    return _out(out, out_dtype)
-
-
-def grouped_fp8_wgrad_ref(dy, dy_scale, x, x_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """Variable-K wgrad TN: dy [M, N] fp8, x [M, K] fp8 -> dw bf16 [G, N, K],
-    dw[g, n, k] = s_dy * s_x * sum_{m in group g} dy[m, n] x[m, k] (empty group -> 0);
-    the reduction runs over the group's rows in chunks of 32."""
-    out = torch.zeros(len(group_offs) - 1, dy.shape[1], x.shape[1], dtype=torch.float32)
-    for g, s, e in _groups(group_offs):
-        out[g] = _tensorwise(dy[s:e].T, dy_scale, x[s:e].T, x_scale)
-    return _out(out, out_dtype)
+        out[g] = _tensorwise(a[s:e].T, a_scale, b[s:e].T, b_scale, out_dtype)
+    return out
 
 
 # ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----

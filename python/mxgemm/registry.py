@@ -101,7 +101,7 @@ def find_variant(kernel: Kernel, **params) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The table. One entry per kernel family; keep entries grouped by the issue that owns them.
+# The table. One entry per kernel family.
 # ---------------------------------------------------------------------------------------------
 
 # Sample kernels (foundation): e8m0-scaled MXFP8 dequantise, the same op in both languages.
@@ -117,7 +117,7 @@ register(Kernel(
     symbol="mxfp8_dequant", **_DEQUANT,
     doc="FlyDSL twin of mxfp8_dequant; sample of the FlyDSL path"))
 
-# --- small-M MXFP8 (issue 6) ---
+# --- small-M MXFP8 ---
 # One source, three kernels: each is emitted when its defining parameter is set (N_SUB: GEMV,
 # SPLIT_K: MFMA, BLOCK_N: MoE), so every variant compiles exactly one kernel.
 _SMALLM_SRC = "csrc/kernels/smallm_mxfp8.hip"
@@ -146,7 +146,7 @@ register(Kernel(
     variants=variant_grid(BLOCK_N=(8, 16), M_CHUNK=(2, 4)),
     doc="MXFP8 MoE grouped GEMM over sorted_token_ids; optional top-k weights; bf16/fp32 out"))
 
-# --- a4w4 MXFP4 MoE gemm2 (issue 7) ---
+# --- a4w4 MXFP4 MoE gemm2 ---
 # One HIP reference kernel and its 1:1 FlyDSL port; BM (rows per workgroup, = the routing
 # block size) x NT (non-temporal weight loads) are parameters of one body in each language.
 # A workgroup owns one routing block of BM sorted rows x 256 output columns; K runs in
@@ -165,3 +165,19 @@ register(Kernel(
     name="moe_gemm2_a4w4_flydsl", language="flydsl", source="flydsl_kernels/moe_gemm2_a4w4.py",
     symbol="moe_gemm2_a4w4", **_MOE_GEMM2_A4W4,
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
+
+# --- tensorwise FP8 grouped GEMM for MoE training ---
+# One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
+# format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
+# bf16 variants (256 x 256 needs more than 512 registers per lane and spills).
+_GROUPED_FP8_LAYOUTS = dict(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"))
+register(Kernel(
+    name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
+    symbol="grouped_gemm_fp8",
+    args=("a", "a_scale", "b", "b_scale", "group_offs", "out", "G", "M", "N", "K", "group_m", "grid"),
+    # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
+    grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
+    variants=variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16", "f16"), BM=(64,), BN=(64,))
+    + variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
+    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
+        "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))

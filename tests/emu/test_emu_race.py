@@ -33,3 +33,16 @@ def test_deleted_sync_raises(name, line):
     prog = emu.load("\n".join(lines))
     with pytest.raises(RaceError):
         CASES[name](emu, prog)
+
+
+def test_load_overwriting_an_outstanding_load_is_in_order():
+    """Two vector-memory loads into the same register with no wait between them: loads return
+    in issue order (LLVM emits this), so no RaceError and the later load's value wins; an ALU
+    write over the outstanding load is still a race."""
+    asm = asm_of("math")
+    load = "global_load_dword v14, v[2:3], off"
+    assert load in asm
+    emu = Emulator(race_check=True)
+    CASES["math"](emu, emu.load(asm.replace(load, "global_load_dword v14, v[4:5], off\n\t" + load, 1)))
+    with pytest.raises(RaceError, match="overwrites v14"):
+        CASES["math"](emu, emu.load(asm.replace(load, load + "\n\tv_mov_b32 v14, 0", 1)))

@@ -15,6 +15,7 @@ A4W4_HIP = "csrc/kernels/moe_gemm2_a4w4.hip"
 A4W4_FLY = "flydsl_kernels/moe_gemm2_a4w4.py"
 DEQUANT_HIP = "csrc/kernels/mxfp8_dequant.hip"
 DEQUANT_FLY = "flydsl_kernels/mxfp8_dequant.py"
+GROUPED_FP8 = "flydsl_kernels/grouped_gemm_fp8.py"
 VALU = "python/mxgemm/emu/valu.py"
 ATOMICS = "python/mxgemm/emu/float_atomics.py"
 
@@ -31,6 +32,7 @@ KERNEL_TESTS = {
     "moe_gemm2_a4w4_flydsl": ("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"),
     "mxfp8_dequant": ("tests/test_mxfp8_dequantize.py",),
     "mxfp8_dequant_flydsl": ("tests/test_mxfp8_dequantize.py",),
+    "grouped_gemm_fp8": ("tests/test_grouped_gemm_fp8.py",),
 }
 
 _TRUNC_BF16 = "__builtin_bit_cast(__bf16, (unsigned short)(__builtin_bit_cast(unsigned int, {x}) >> 16))"
@@ -121,6 +123,25 @@ CATALOGUE = (
     Mutation("dequant-flydsl-drop-scale", ("mxfp8_dequant_flydsl",), (
         (DEQUANT_FLY, "[v, arith.subi(s, c(127))]", "[v, c(0)]"),),
         "FlyDSL dequant ignores the scale"),
+    # ---- tensorwise FP8 grouped GEMM (FlyDSL)
+    Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))",
+         "scale = llvm.load(b.f32, a_scale)"),),
+        "epilogue scales by a_scale only, not the product a_scale * b_scale"),
+    Mutation("grouped-fp8-bf16-truncate", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "arith.truncf(v4h, arith.mulf(acc[i * nj_n + j], splat))",
+         "arith.truncf(v4h, llvm.bitcast(b.v4f32, arith.andi(llvm.bitcast(b.v4i32, arith.mulf("
+         "acc[i * nj_n + j], splat)), arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat("
+         "b.v4i32, ir.IntegerAttr.get(b.i32, -65536))))))"),),
+        "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
+    Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
+         "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),
+        "group scan counts ceil((len - 1) / BM) row tiles: a last row alone in its tile is never computed"),
+    Mutation("grouped-fp8-tn-contraction-off-by-one", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "arith.subi(e, s),\n                  out_base, N, scale)",
+         "arith.subi(arith.subi(e, s), b.c(1)),\n                  out_base, N, scale)"),),
+        "variable-K wgrad drops each group's last contraction row"),
     # ---- emulator semantics (kernel tests must pin them)
     Mutation("emu-v_add_f32-plus-1ulp", ALL, (
         (VALU, '"v_add_f32": ("f32", "f32 f32", lambda a, b: a + b),',

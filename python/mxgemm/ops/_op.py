@@ -92,7 +92,7 @@ def _key_function(types_):
 
 
 class Op:
-    def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None):
+    def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None):
         hints = typing.get_type_hints(fn)
         params = list(inspect.signature(fn).parameters.values())
         self.name, self.__doc__ = fn.__name__, fn.__doc__
@@ -104,6 +104,7 @@ class Op:
         self._key = _key_function(types_)
         self._plan_fn, self._fallback, self._alloc = plan, fallback, alloc
         self._convert = convert or {}
+        self._fill = fill or {}
         self._check_data = check_data
         self._plans: dict = {}
         self.out_index = self.names.index("out")
@@ -141,6 +142,10 @@ class Op:
         for n, conv in self._convert.items():
             i = self.names.index(n)
             flat[i] = conv(flat[i])
+        for n, derive in self._fill.items():
+            i = self.names.index(n)
+            if flat[i] is None:
+                flat[i] = derive(self.namespace(flat))
         return flat
 
     def __call__(self, *args, **kw):
@@ -212,13 +217,14 @@ def validate() -> bool:
     return os.environ.get("MXGEMM_VALIDATE", "0") not in ("", "0")
 
 
-def op(plan, fallback=None, alloc=None, convert=None, check_data=None):
+def op(plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None):
     """Decorator: the annotated signature function -> the public op (see the module docstring).
     ``alloc``: torch.empty / torch.zeros for out-less calls; ``convert``: {param: fn} applied
-    to user values (e.g. a config dict -> its string form); ``check_data(x, plan)``: checks of
-    tensor contents, run on CPU tensors (and on GPU ones under MXGEMM_VALIDATE=1)."""
+    to user values (e.g. a config dict -> its string form); ``fill``: {param: fn(x)} computes an
+    argument left None from the others (e.g. group offsets from group lengths); ``check_data(x,
+    plan)``: checks of tensor contents, run on CPU tensors (and on GPU ones under MXGEMM_VALIDATE=1)."""
     def deco(fn):
-        return functools.update_wrapper(Op(fn, plan, fallback, alloc, convert, check_data), fn,
+        return functools.update_wrapper(Op(fn, plan, fallback, alloc, convert, check_data, fill), fn,
                                         updated=())
     return deco
 

@@ -1,0 +1,372 @@
+"""Tensorwise FP8 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K).
+
+One body computes, per group g, out_g[i, j] = rne(fp32(a_scale * b_scale) * sum_c A_g(i, c) B_g(j, c))
+on v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for three layouts:
+
+  LAYOUT  A_g(i, c)                 B_g(j, c)                 out                 groups along
+  NT      a[offs[g] + i, c]         b[g, j, c]                [sum_m, N]          rows of a / out
+  NN      a[offs[g] + i, c]         b[g, c, j]                [sum_m, N]          rows of a / out
+  TN      a[offs[g] + c, i]         b[offs[g] + c, j]         [G, M, N]           contraction (variable K)
+
+  a: NT/NN [sum_m, K], TN [sum_k, M];  b: NT [G, N, K], NN [G, K, N], TN [sum_k, N];  all fp8 bytes.
+  a_scale, b_scale: fp32 scalars (pointers); group_offs: int64 [G + 1], non-decreasing (rows
+  before offs[0] or from offs[G] on belong to no group: never read, never written).
+
+Numerics: each MFMA sums one 128-wide contraction chunk [128 s, 128 s + 128) of the tile (zero
+padded past the end); chunks are accumulated in increasing order into fp32 from +0 (for TN the
+chunks start at the group's first row). The epilogue multiplies by the fp32 product a_scale *
+b_scale and rounds to bf16 or fp16 (RNE). mxgemm.reference.grouped_gemm_fp8_ref models exactly
+this order.
+
+Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
+block of 16 x 16 MFMA tiles. Per 128-wide contraction step both operand tiles go global ->
+VGPR (16-byte buffer loads, prefetched one step ahead) -> LDS (two ping-pong buffers, one
+barrier per step) -> MFMA operands: 16-byte ds_reads for contraction-contiguous ("K-major")
+operands, ds_read_b64_tr_b8 transposing reads for the others (NN's B, both TN operands).
+The MFMA computes the transposed tile (src0 = B rows, src1 = A rows) so a lane holds 4
+consecutive output columns of one row: one 8-byte store.
+
+Masking: rows past a group's end, columns past N (or M for TN) and contraction past K (or past
+the group for TN) load as zero (buffer voffset 0x80000000, out of range); stores of such rows
+and columns are dropped the same way. N, K (NT/NN) and M, N (TN) must be multiples of 16; group
+sizes are arbitrary, empty groups allowed (TN writes zeros for them).
+
+64-bit addressing: every buffer resource is rebuilt per tile and per contraction step from a
+64-bit base pointer advanced to the tile's first row/column and the step's first contraction
+index, so a 32-bit voffset stays below max(BM, BN, 128) row strides whatever the tensor size
+(row counts themselves are i32).
+
+Tile order: for NT/NN the workgroup scans group_offs on device (one scalar loop over G) to
+find its group and the total tile count; within a group tiles go in bands of `group_m`
+M-tiles (L2 reuse of B). TN has G x (M/BM) x (N/BN) tiles dealt cyclically over the groups
+(tile t: group t % G), so workgroups running together share out skewed contraction lengths.
+Persistent and one-tile-per-workgroup launches are the same body: workgroup w runs tiles w,
+w + grid, ... < total, so a grid capped at num_cu CUs loops and an over-launched grid exits early.
+
+Kernel arguments (no hidden ones):
+  a, a_scale, b, b_scale, group_offs, out     global pointers
+  G, M, N, K, group_m, grid                   int32  (NT/NN: M = sum_m; TN: K = sum_k)
+Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
+launch's workgroup count: the kernel strides its tile loop by it).
+Variant keys: LAYOUT, FMT (both operands), OUT (bf16 / f16), BM, BN (64, 128, 256).
+"""
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith, llvm, rocdl, scf
+
+THREADS = 256
+BK = 128                          # contraction per step = the MFMA's K
+PAD = 16                          # LDS row padding (bytes) against bank conflicts
+INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range: loads 0, stores dropped
+NUM_RECORDS = 0x7FFFFFFF          # every valid voffset is below 2^31 after rebasing
+BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
+FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
+LAYOUTS = ("NT", "NN", "TN")
+K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False)}  # (A, B) contraction-contiguous
+
+
+class _Ir:
+    """Typed constants and the integer ops the kernel uses (i32 unless named)."""
+
+    def __init__(self):
+        self.i1 = ir.IntegerType.get_signless(1)
+        self.i8 = ir.IntegerType.get_signless(8)
+        self.i16 = ir.IntegerType.get_signless(16)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.i64 = ir.IntegerType.get_signless(64)
+        self.f32 = ir.F32Type.get()
+        self.v2i32 = ir.VectorType.get([2], self.i32)
+        self.v4i32 = ir.VectorType.get([4], self.i32)
+        self.v8i32 = ir.VectorType.get([8], self.i32)
+        self.v4f32 = ir.VectorType.get([4], self.f32)
+        self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
+        self.idx = ir.IndexType.get()
+
+    def c(self, v, t=None):
+        return arith.constant(t or self.i32, v)
+
+    def cmp(self, pred, a, b):
+        return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
+
+    def ceil_div(self, a, d):
+        return arith.divui(arith.addi(a, self.c(d - 1)), self.c(d))
+
+    def wide(self, a):
+        return arith.extui(self.i64, a)
+
+    def gep(self, base, byte_offset):
+        return llvm.getelementptr(base.type, base, [byte_offset], [-2147483648], self.i8, 0)
+
+    def rsrc(self, base):
+        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.c(NUM_RECORDS, self.i64),
+                                      self.c(BUFFER_FLAGS))
+
+    def for_range(self, n, init=()):
+        """scf.for over i32 [0, n) with loop-carried values: (op, i32 induction var, carried)."""
+        loop = scf.ForOp(arith.constant(self.idx, 0), arith.index_cast(self.idx, n), arith.constant(self.idx, 1),
+                         list(init))
+        return loop, loop.body
+
+    def barrier(self):
+        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
+        rocdl.s_barrier()
+        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+
+
+class _Operand:
+    """One MFMA operand X(r, c) (r: output rows for A / columns for B; c: contraction) of a tile.
+
+    k_major: X(r, c) at base + r * ld + c (16-byte rows of the contraction), else at
+    base + c * ld + r. `rows` is how many BMN rows of this tile exist; lds_off the operand's
+    region inside one LDS buffer."""
+
+    def __init__(self, b, bmn, k_major, lds_off):
+        self.bmn, self.k_major, self.lds_off = bmn, k_major, lds_off
+        self.stride = BK + PAD if k_major else bmn + PAD       # LDS row stride (bytes)
+        self.lds_bytes = (bmn if k_major else BK) * self.stride
+        self.chunks = bmn * BK // (THREADS * 16)                 # 16-byte loads per thread and step
+        per_row = BK // 16 if k_major else bmn // 16
+        tid = fx.thread_idx.x.ir_value()
+        self.slots = []                                          # (row-dim index, contraction index, LDS byte)
+        for p in range(self.chunks):
+            q = arith.addi(tid, b.c(p * THREADS))
+            line, col = arith.divui(q, b.c(per_row)), arith.remui(q, b.c(per_row))
+            col = arith.muli(col, b.c(16))
+            r, c = (line, col) if k_major else (col, line)
+            self.slots.append((r, c, arith.addi(arith.muli(line, b.c(self.stride)), col)))
+
+    def step_base(self, b, tile_base, ld, kt):
+        """64-bit base of contraction step kt."""
+        adv = b.wide(arith.muli(kt, b.c(BK)))
+        return b.gep(tile_base, adv if self.k_major else arith.muli(adv, b.wide(ld)))
+
+    def load(self, b, base, ld, rows, c_left):
+        """This thread's 16-byte chunks of the step (zeros outside rows x c_left)."""
+        rs = b.rsrc(base)
+        out = []
+        for r, c, _ in self.slots:
+            ok = arith.andi(b.cmp("slt", r, rows), b.cmp("slt", c, c_left))
+            off = arith.addi(arith.muli(r, ld), c) if self.k_major else arith.addi(arith.muli(c, ld), r)
+            voff = arith.select(ok, off, b.c(INVALID_OFFSET))
+            out.append(rocdl.raw_ptr_buffer_load(b.v4i32, rs, voff, b.c(0), aux=ir.IntegerAttr.get(b.i32, 0)))
+        return out
+
+    def store_lds(self, b, buf, regs):
+        for (_, _, at), v in zip(self.slots, regs):
+            llvm.store(v, b.gep(buf, arith.addi(b.c(self.lds_off), at)), alignment=16)
+
+    def mfma_operand(self, b, buf, r0, lane):
+        """v8i32 operand of rows r0 .. r0+15 (lane l: row l % 16, contraction 16(l/16) + i % 16 + 64(i/16))."""
+        g, s = arith.divui(lane, b.c(16)), arith.remui(lane, b.c(16))
+        region = b.gep(buf, b.c(self.lds_off))
+        if self.k_major:
+            row = arith.muli(arith.addi(r0, s), b.c(self.stride))
+            parts = [llvm.load(b.v4i32, b.gep(region, arith.addi(row, arith.addi(arith.muli(g, b.c(16)), b.c(h)))),
+                               alignment=16) for h in (0, 64)]
+            return llvm.shufflevector(b.v8i32, parts[0], parts[1], list(range(8)))
+        # Transposing reads: lane s of a 16-lane group reads 8 bytes of contraction row
+        # (k0 + s/2) at rows 8(s%2).. ; lane j receives the rows-dim element j of rows k0..k0+7.
+        col = arith.addi(r0, arith.muli(arith.remui(s, b.c(2)), b.c(8)))
+        parts = []
+        for k0 in (0, 8, 64, 72):
+            krow = arith.addi(arith.addi(arith.muli(g, b.c(16)), b.c(k0)), arith.divui(s, b.c(2)))
+            at = arith.addi(arith.muli(krow, b.c(self.stride)), col)
+            parts.append(rocdl.ds_read_tr8_b64(b.v2i32, b.gep(region, at)))
+        lo = llvm.shufflevector(b.v4i32, parts[0], parts[1], list(range(4)))
+        hi = llvm.shufflevector(b.v4i32, parts[2], parts[3], list(range(4)))
+        return llvm.shufflevector(b.v8i32, lo, hi, list(range(8)))
+
+
+def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, out_base, out_ld, scale):
+    """One BM x BN output tile. *_base: 64-bit tile bases; *_rows: existing rows of each
+    operand tile; c_len: contraction length; out_ld: output row stride in elements."""
+    bm, bn, fmt, out_t = cfg
+    A, B = ops
+    tid = fx.thread_idx.x.ir_value()
+    lane = arith.remui(tid, b.c(64))
+    wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(64)))
+    wm, wn = arith.divui(wave, b.c(2)), arith.remui(wave, b.c(2))
+    mi_n, nj_n = bm // 32, bn // 32
+    a_r0 = [arith.addi(arith.muli(wm, b.c(bm // 2)), b.c(16 * i)) for i in range(mi_n)]
+    b_r0 = [arith.addi(arith.muli(wn, b.c(bn // 2)), b.c(16 * j)) for j in range(nj_n)]
+    buf_bytes = A.lds_bytes + B.lds_bytes
+    steps = b.ceil_div(c_len, BK)
+
+    def load(kt):
+        c_left = arith.subi(c_len, arith.muli(kt, b.c(BK)))
+        return (A.load(b, A.step_base(b, a_base, a_ld, kt), a_ld, a_rows, c_left),
+                B.load(b, B.step_base(b, b_base, b_ld, kt), b_ld, b_rows, c_left))
+
+    def buffer(kt):
+        return b.gep(lds, arith.muli(arith.andi(kt, b.c(1)), b.c(buf_bytes)))
+
+    def stage(kt, regs):
+        buf = buffer(kt)
+        A.store_lds(b, buf, regs[0])
+        B.store_lds(b, buf, regs[1])
+
+    stage(b.c(0), load(b.c(0)))
+    b.barrier()
+    zero = arith.constant(b.v4f32, ir.DenseElementsAttr.get_splat(b.v4f32, ir.FloatAttr.get(b.f32, 0.0)))
+    loop, body = b.for_range(steps, [zero] * (mi_n * nj_n))
+    with ir.InsertionPoint(body):
+        kt = arith.index_cast(b.i32, loop.induction_variable)
+        acc = list(loop.inner_iter_args)
+        nxt = arith.addi(kt, b.c(1))
+        regs = load(nxt)                                  # prefetch; all-zero past the last step
+        buf = buffer(kt)
+        a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
+        b_ops = [B.mfma_operand(b, buf, r0, lane) for r0 in b_r0]
+        zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
+        for i in range(mi_n):
+            for j in range(nj_n):
+                acc[i * nj_n + j] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                    b.v4f32, [b_ops[j], a_ops[i], acc[i * nj_n + j], FMT_CODE[fmt], FMT_CODE[fmt], 0, zero_scale,
+                              0, zero_scale])
+        stage(nxt, regs)
+        b.barrier()
+        scf.YieldOp(acc)
+    acc = list(loop.results)
+
+    # Epilogue: lane holds out[i0 + lane%16, j0 + 4(lane/16) .. +3] of each 16 x 16 tile.
+    out_rs = b.rsrc(out_base)
+    half = ir.BF16Type.get() if out_t == "bf16" else ir.F16Type.get()
+    v4h = ir.VectorType.get([4], half)
+    splat = llvm.shufflevector(b.v4f32, llvm.insertelement(llvm.mlir_undef(b.v4f32), scale, b.c(0)),
+                               llvm.mlir_undef(b.v4f32), [0, 0, 0, 0])
+    row_l = arith.remui(lane, b.c(16))
+    col_l = arith.muli(arith.divui(lane, b.c(16)), b.c(4))
+    for i in range(mi_n):
+        row = arith.addi(a_r0[i], row_l)
+        for j in range(nj_n):
+            col = arith.addi(b_r0[j], col_l)
+            ok = arith.andi(b.cmp("slt", row, a_rows), b.cmp("slt", col, b_rows))
+            voff = arith.select(ok, arith.muli(arith.addi(arith.muli(row, out_ld), col), b.c(2)),
+                                b.c(INVALID_OFFSET))
+            v = llvm.bitcast(b.v2i32, arith.truncf(v4h, arith.mulf(acc[i * nj_n + j], splat)))
+            rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=ir.IntegerAttr.get(b.i32, 0))
+
+
+def _group_bounds(b, group_offs, g):
+    """(group_offs[g], group_offs[g + 1]) as uniform i32 (row counts stay below 2^31). Loads after
+    the tile loop's stores may not be scalar loads; readfirstlane keeps the buffer resources
+    built from them in SGPRs (no waterfall loops)."""
+    return [rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
+        b.i64, b.gep(group_offs, arith.muli(b.wide(arith.addi(g, b.c(d))), b.c(8, b.i64)))))) for d in (0, 1)]
+
+
+def _group_scan(b, group_offs, G, bm, n_tiles, tile):
+    """Scalar scan of group_offs: (total tiles, group of `tile`, its index in the group, group start, end)."""
+    zero = b.c(0)
+    loop, body = b.for_range(G, [zero, zero, zero, zero, zero])
+    with ir.InsertionPoint(body):
+        g = arith.index_cast(b.i32, loop.induction_variable)
+        start, sel_g, sel_local, sel_s, sel_e = loop.inner_iter_args
+        s, e = _group_bounds(b, group_offs, g)
+        count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)
+        end = arith.addi(start, count)
+        hit = arith.andi(b.cmp("sge", tile, start), b.cmp("slt", tile, end))
+        scf.YieldOp([end, arith.select(hit, g, sel_g), arith.select(hit, arith.subi(tile, start), sel_local),
+                     arith.select(hit, s, sel_s), arith.select(hit, e, sel_e)])
+    return loop.results
+
+
+def _swizzle(b, local, m_tiles, n_tiles, group_m):
+    """(m-tile, n-tile) of a group-local tile index: bands of group_m m-tiles, n-major inside a band."""
+    per_band = arith.muli(group_m, n_tiles)
+    first_m = arith.muli(arith.divui(local, per_band), group_m)
+    size = arith.minui(arith.subi(m_tiles, first_m), group_m)
+    r = arith.remui(local, per_band)
+    return arith.addi(first_m, arith.remui(r, size)), arith.divui(r, size)
+
+
+def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, group_m, nwg, lds):
+    b = _Ir()
+    bm, bn, _, _ = cfg
+    ka, kb = K_MAJOR[layout]
+    A = _Operand(b, bm, ka, 0)
+    B = _Operand(b, bn, kb, A.lds_bytes)
+    ops = (A, B)
+    scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))
+    group_m = arith.maxui(group_m, b.c(1))
+    n_tiles = b.ceil_div(N, bn)
+    bid = fx.block_idx.x.ir_value()
+    if layout == "TN":
+        m_tiles = b.ceil_div(M, bm)
+        total = arith.muli(G, arith.muli(m_tiles, n_tiles))
+    else:
+        total = _group_scan(b, group_offs, G, bm, n_tiles, bid)[0]
+    iters = arith.divui(arith.addi(arith.subi(arith.maxsi(total, bid), bid), arith.subi(nwg, b.c(1))), nwg)
+    loop, body = b.for_range(iters)
+    with ir.InsertionPoint(body):
+        tile = arith.addi(bid, arith.muli(arith.index_cast(b.i32, loop.induction_variable), nwg))
+        two = b.c(2, b.i64)
+        if layout == "TN":
+            g = arith.remui(tile, G)
+            mt, nt = _swizzle(b, arith.divui(tile, G), m_tiles, n_tiles, group_m)
+            s, e = _group_bounds(b, group_offs, g)
+            i0, j0 = arith.muli(mt, b.c(bm)), arith.muli(nt, b.c(bn))
+            a_base = b.gep(a, arith.addi(arith.muli(b.wide(s), b.wide(M)), b.wide(i0)))
+            b_base = b.gep(bp, arith.addi(arith.muli(b.wide(s), b.wide(N)), b.wide(j0)))
+            out_row = arith.addi(arith.muli(b.wide(g), b.wide(M)), b.wide(i0))
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.wide(N)), b.wide(j0)), two))
+            _tile(b, cfg, ops, lds, a_base, M, arith.subi(M, i0), b_base, N, arith.subi(N, j0), arith.subi(e, s),
+                  out_base, N, scale)
+        else:
+            _, g, local, s, e = _group_scan(b, group_offs, G, bm, n_tiles, tile)
+            mt, nt = _swizzle(b, local, b.ceil_div(arith.subi(e, s), bm), n_tiles, group_m)
+            row0 = arith.addi(s, arith.muli(mt, b.c(bm)))
+            j0 = arith.muli(nt, b.c(bn))
+            a_base = b.gep(a, arith.muli(b.wide(row0), b.wide(K)))
+            b_group = arith.muli(b.wide(g), arith.muli(b.wide(N), b.wide(K)))
+            if layout == "NT":
+                b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.wide(j0), b.wide(K)))), K
+            else:
+                b_base, b_ld = b.gep(bp, arith.addi(b_group, b.wide(j0))), N
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.wide(row0), b.wide(N)), b.wide(j0)), two))
+            _tile(b, cfg, ops, lds, a_base, K, arith.subi(e, row0), b_base, b_ld, arith.subi(N, j0), K,
+                  out_base, N, scale)
+        scf.YieldOp([])
+
+
+def build(symbol: str, layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
+    """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
+    if layout not in LAYOUTS or fmt not in FMT_CODE or out not in ("bf16", "f16") or bm not in (64, 128, 256) \
+            or bn not in (64, 128, 256):
+        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} OUT={out} BM={bm} BN={bn}: LAYOUT in {LAYOUTS}, "
+                         f"FMT in {tuple(FMT_CODE)}, OUT in (bf16, f16), BM and BN in (64, 128, 256)")
+    ka, kb = K_MAJOR[layout]
+    lds_bytes = 2 * sum((n if k else BK) * ((BK if k else n) + PAD) for n, k in ((bm, ka), (bn, kb)))
+    cfg = (bm, bn, fmt, out)
+
+    @fx.struct
+    class SharedStorage:
+        buf: fx.Array[fx.Int8, lds_bytes, 16]
+
+    @flyc.kernel(name=symbol)
+    def grouped_gemm_fp8_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
+                                group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
+                                K: fx.Int32, group_m: fx.Int32, grid: fx.Int32):
+        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
+        _body(cfg, layout, *[fx.to_llvm_ptr(p) for p in (a, a_scale, b, b_scale, group_offs, out)],
+              *[v.ir_value() for v in (G, M, N, K, group_m, grid)], fx.to_llvm_ptr(lds.buf.ptr))
+
+    @flyc.jit
+    def grouped_gemm_fp8(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
+                         group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
+                         K: fx.Int32, group_m: fx.Int32, grid: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        grouped_gemm_fp8_kernel(a, a_scale, b, b_scale, group_offs, out, G, M, N, K, group_m, grid).launch(
+            grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return grouped_gemm_fp8
+
+
+def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", OUT="bf16", BM=64, BN=64):  # noqa: N803
+    """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
+    Null pointers and Python ints are compile placeholders: nothing touches a device."""
+    fn = build(symbol, LAYOUT, FMT, OUT, BM, BN)
+    p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
+    flyc.compile(fn, p(fx.Uint8), p(fx.Float32), p(fx.Uint8), p(fx.Float32), p(fx.Int64),
+                 p(fx.BFloat16 if OUT == "bf16" else fx.Float16), 1, 64, 64, 128, 1, 1)
+    return fn

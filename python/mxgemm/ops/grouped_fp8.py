@@ -1,0 +1,241 @@
+"""Tensorwise FP8 grouped GEMM for MoE training: forward / dgrad (groups along the rows of a)
+and variable-K wgrad (groups along the contraction), one FlyDSL kernel family
+(flydsl_kernels/grouped_gemm_fp8.py; bit-exact model: mxgemm.reference.grouped_gemm_fp8_ref /
+grouped_gemm_fp8_variable_k_ref)."""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .. import guards, quant, registry
+from ._op import Plan, kernel_plan, op
+
+_KERNEL = "grouped_gemm_fp8"
+_FACTS = registry.get(_KERNEL)
+_FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+_OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_MAX_ROWS = 1 << 31       # row counts and group offsets are i32 inside the kernel
+_VOFFSET_ROWS = 256       # a tile's 32-bit buffer offsets span up to max(BM, BN, 128) row strides
+GROUP_M = 2               # forward / dgrad tile order: bands of 2 row tiles share a B column tile
+
+
+def group_offsets(x) -> torch.Tensor:
+    """[0, cumsum(group_lens)] as int64, on group_lens' device."""
+    lens = x.group_lens.reshape(-1).to(torch.int64)   # a malformed group_lens meets its guard in the planner
+    return torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+
+
+def _check_operands(x, names_2d, b_dim):
+    fmt_dtypes = tuple(_FMT)
+    guards.check_dtype(x.a, "a", fmt_dtypes)
+    if x.b.dtype != x.a.dtype:
+        guards.fail("dtype", f"b has dtype {x.b.dtype} but a has {x.a.dtype}: both operands share one fp8 format")
+    for n in ("a_scale", "b_scale"):
+        t = getattr(x, n)
+        guards.check_dtype(t, n, torch.float32)
+        if t.numel() != 1:
+            guards.fail("shape", f"{n} must hold one fp32 scale (tensorwise); got shape {list(t.shape)}")
+    guards.check_dtype(x.group_lens, "group_lens", torch.int64)
+    guards.check_dtype(x.group_offs, "group_offs", torch.int64)
+    if x.out_dtype not in _OUT:
+        guards.fail("dtype", f"out_dtype is {x.out_dtype}; expected torch.bfloat16 or torch.float16")
+    if x.a.dim() != 2:
+        guards.fail("shape", f"a must be 2-D {names_2d}; got shape {list(x.a.shape)}")
+    if x.b.dim() != b_dim:
+        guards.fail("shape", f"b must be {b_dim}-D; got shape {list(x.b.shape)}")
+    if x.group_lens.dim() != 1:
+        guards.fail("shape", f"group_lens must be 1-D [G]; got shape {list(x.group_lens.shape)}")
+    G = x.group_lens.shape[0]
+    guards.check_shape(x.group_offs, "group_offs", (G + 1,))
+    named = dict(a=x.a, a_scale=x.a_scale, b=x.b, b_scale=x.b_scale, group_lens=x.group_lens,
+                 group_offs=x.group_offs, out=x.out)
+    for n, t in named.items():
+        if t is not None:
+            guards.check_contiguous(t, n)
+    return G, guards.check_same_device(**named)
+
+
+def _check_out(x, shape):
+    if x.out is not None:
+        guards.check_dtype(x.out, "out", x.out_dtype)
+        guards.check_shape(x.out, "out", shape)
+
+
+def _check_sizes(rows, rows_name, strides):
+    """Row counts fit i32; every tile's buffer offsets (rows x row stride bytes) stay below 2^31."""
+    if rows >= _MAX_ROWS:
+        guards.fail("shape", f"{rows_name} = {rows} rows; the kernel counts rows in int32 (< 2^31)")
+    for name, stride in strides.items():
+        if _VOFFSET_ROWS * stride >= guards.VOFFSET_LIMIT:
+            guards.fail("2GB-voffset", f"{name} rows are {stride} bytes: {_VOFFSET_ROWS} of them must span "
+                                       f"< 2^31 bytes (one tile's buffer offsets)")
+
+
+def _tiles(rows_per_tile_dim, cols, out_dtype):
+    """(BM, BN): 64 x 64 for fp16 output and small problems, else the largest tile the sizes fill."""
+    if out_dtype == torch.float16 or cols < 128 or rows_per_tile_dim < 128:
+        return 64, 64
+    return (256, 128) if rows_per_tile_dim >= 256 else (128, 128)
+
+
+def _variant(layout, x, bm, bn):
+    return registry.find_variant(_FACTS, LAYOUT=layout, FMT=_FMT[x.a.dtype], OUT=_OUT[x.out_dtype], BM=bm, BN=bn)
+
+
+def _plan_rows(x) -> Plan:
+    G, device = _check_operands(x, "[sum_m, K]", 3)
+    sum_m, K = x.a.shape
+    if x.trans_b:
+        N, kb = x.b.shape[1], x.b.shape[2]
+        b_form = "[G, N, K] (trans_b=True)"
+    else:
+        kb, N = x.b.shape[1], x.b.shape[2]
+        b_form = "[G, K, N] (trans_b=False)"
+    if kb != K:
+        guards.fail("shape", f"b has K = {kb} (shape {list(x.b.shape)}, {b_form}) but a has K = {K} "
+                             f"(shape {list(x.a.shape)})")
+    if x.b.shape[0] != G:
+        guards.fail("shape", f"b holds {x.b.shape[0]} groups (shape {list(x.b.shape)}) but group_lens has {G}")
+    guards.check_multiple(K, "K", _FACTS.k_align, f"K%{_FACTS.k_align}")
+    guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
+    _check_out(x, (sum_m, N))
+    _check_sizes(sum_m, "sum_m", dict(a=K, b=K if x.trans_b else N, out=2 * N))
+    if x.num_cu is not None and x.num_cu < 1:
+        guards.fail("num_cu", f"num_cu = {x.num_cu}; expected None or >= 1")
+    name = "grouped_gemm_fp8_kernel"
+    shape = dict(out_shape=(sum_m, N), out_dtype=x.out_dtype)
+    if sum_m == 0 or N == 0:
+        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+    layout = "NT" if x.trans_b else "NN"
+    bm, bn = _tiles(sum_m // max(G, 1), N, x.out_dtype)
+    # tiles without reading group_lens on the host: sum_g ceil(len_g / BM) <= ceil(sum_m / BM) + G
+    bound = (-(-sum_m // bm) + G) * -(-N // bn)
+    grid = bound if x.num_cu is None else min(bound, x.num_cu)
+    why = (f"{'forward (NT)' if x.trans_b else 'dgrad (NN)'}, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
+           + (f"persistent grid of {grid} workgroups (num_cu)" if x.num_cu is not None
+              else f"{grid} workgroups (one per possible tile; the kernel's group scan drops the excess)"))
+    return kernel_plan(name, _KERNEL, _variant(layout, x, bm, bn), device, why, **shape,
+                       grid=grid, G=G, M=sum_m, N=N, K=K, group_m=GROUP_M)
+
+
+def _plan_variable_k(x) -> Plan:
+    G, device = _check_operands(x, "[sum_k, M]", 2)
+    sum_k, M = x.a.shape
+    if x.b.shape[0] != sum_k:
+        guards.fail("shape", f"b has {x.b.shape[0]} contraction rows (shape {list(x.b.shape)}) but a has "
+                             f"{sum_k} (shape {list(x.a.shape)}): both are [sum_k, *]")
+    N = x.b.shape[1]
+    guards.check_multiple(M, "M", _FACTS.n_align, f"M%{_FACTS.n_align}")
+    guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
+    _check_out(x, (G, M, N))
+    _check_sizes(sum_k, "sum_k", dict(a=M, b=N, out=2 * N))
+    name = "grouped_gemm_fp8_variable_k"
+    shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
+    if G * M * N == 0:
+        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+    bm, bn = _tiles(M, N, x.out_dtype)
+    grid = G * -(-M // bm) * -(-N // bn)
+    return kernel_plan(name, _KERNEL, _variant("TN", x, bm, bn), device,
+                       f"variable-K wgrad (TN), {bm} x {bn} tiles, {grid} workgroups (G x tiles of [M, N])",
+                       **shape, grid=grid, G=G, M=M, N=N, K=sum_k, group_m=GROUP_M)
+
+
+def _check_groups(x, plan) -> None:
+    """group_lens non-negative, summing to the grouped dimension; group_offs its prefix sums from 0."""
+    lens, offs = x.group_lens.cpu(), x.group_offs.cpu()
+    rows, what = x.a.shape[0], "a.shape[0] (" + ("sum_m)" if plan.op == "grouped_gemm_fp8_kernel" else "sum_k)")
+    if lens.numel() and int(lens.min()) < 0:
+        g = int((lens < 0).nonzero()[0])
+        guards.fail("group_lens", f"group_lens[{g}] = {int(lens[g])} is negative")
+    if int(lens.sum()) != rows:
+        guards.fail("group_lens", f"group_lens sums to {int(lens.sum())} but {what} = {rows}")
+    want = torch.cat([offs.new_zeros(1), lens.cumsum(0)])
+    if not torch.equal(offs, want):
+        g = int((offs != want).nonzero()[0])
+        guards.fail("group_offs", f"group_offs[{g}] = {int(offs[g])}; expected {int(want[g])} "
+                                  f"(0 then the running sum of group_lens)")
+
+
+@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets})
+def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                            group_lens: torch.Tensor, group_offs: torch.Tensor | None = None, trans_b: bool = True,
+                            out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped GEMM with tensorwise FP8 operands, groups along the rows of ``a`` (MoE forward
+    and dgrad): for g < G and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
+        out[r, :] = rne(fp32(a_scale * b_scale) * a[r, :] . B_g)   with fp32 accumulation,
+    B_g = b[g]^T (trans_b, b [G, N, K]: forward) or b[g] (b [G, K, N]: dgrad).
+
+    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same dtype; a_scale, b_scale: one fp32
+    each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to
+    sum_m); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
+    K % 16 == 0, N % 16 == 0. out_dtype: torch.bfloat16 or torch.float16; out: optional
+    [sum_m, N] of that dtype. num_cu: cap the grid at this many workgroups (persistent: each
+    loops over tiles); None launches one workgroup per possible tile.
+    Group sizes are checked against sum_m on CPU tensors (on a GPU only under MXGEMM_VALIDATE=1).
+    """
+
+
+@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets})
+def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                                group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
+                                out_dtype: torch.dtype = torch.bfloat16, *,
+                                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped GEMM with tensorwise FP8 operands, groups along the contraction (MoE wgrad):
+        out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
+    fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
+
+    a: [sum_k, M], b: [sum_k, N], one fp8 dtype (float8_e4m3fn or float8_e5m2); a_scale,
+    b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
+    (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
+    (torch.bfloat16 or torch.float16).
+    """
+
+
+class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
+    """Forward NT/NN on tensorwise-quantised a and b; backward quantises grad_out the same way
+    and runs dgrad (the other b layout) and the variable-K wgrad."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt):
+        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fmt) for t in (a, b))
+        ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
+        ctx.trans_b, ctx.fmt, ctx.num_cu, ctx.out_dtype = trans_b, fmt, num_cu, out_dtype
+        ctx.dtypes = a.dtype, b.dtype
+        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        aq, sa, bq, sb, lens, offs = ctx.saved_tensors
+        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.fmt)
+        grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu)
+        grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.out_dtype) if ctx.trans_b
+                  else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.out_dtype))
+        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), None, None, None, None, None, None
+
+
+def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
+                     trans_b: bool = True, out_dtype: torch.dtype | None = None, num_cu: int | None = None,
+                     format: str = "e4m3") -> torch.Tensor:  # noqa: A002 (the name users pass)
+    """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
+    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
+
+    a, b: bf16, fp16 or fp32 (one dtype), quantised on every call with one scale per tensor
+    (mxgemm.quant.tensorwise_cast_to_fp8, ``format`` "e4m3" or "e5m2"); out_dtype: bf16 or
+    fp16, default a.dtype. The backward quantises grad_out the same way and runs
+    grouped_gemm_fp8_kernel (grad_a) and grouped_gemm_fp8_variable_k (grad_b), each computed in
+    out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu as in
+    grouped_gemm_fp8_kernel."""
+    if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
+        guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
+                             f"got a {a.dtype}, b {b.dtype}")
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in _OUT:
+        guards.fail("dtype", f"out_dtype is {out_dtype} (a's dtype when None); expected torch.bfloat16 or "
+                             "torch.float16")
+    if format not in ("e4m3", "e5m2"):
+        guards.fail("format", f"format = {format!r}; expected 'e4m3' or 'e5m2'")
+    if group_offs is None:
+        group_offs = group_offsets(types.SimpleNamespace(group_lens=group_lens))
+    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format)

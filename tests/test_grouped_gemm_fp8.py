@@ -1,0 +1,282 @@
+"""grouped_gemm_fp8 kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN.
+
+Spec: every layout x format (e4m3, e5m2) x output (bf16, fp16) is bit-identical to
+mxgemm.reference (grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref model the kernel's
+order: one exact fp32-rounded sum per 128-wide contraction chunk, chunks added in order, times
+fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 2, 3, 8}, uneven groups with an empty one,
+group sizes and N / K (M for TN) off the 64-tile, one tile per workgroup (over-launched grid)
+and persistent grids smaller than the tile count, group_m 1 and 2, linear and shuffled
+workgroup order. Code objects: no spills, LDS <= 160 KiB, the MFMA in the contraction loop.
+Beyond 4 GB (sparse emulator buffers): A and out (NT/NN), A and B (TN) whole; B (NT/NN) and
+the TN output through a workgroup window running one tile.
+Launches go through mxgemm.launcher.launch (artefact + grid/block/kernel arguments).
+"""
+import pytest
+import torch
+
+from mxgemm import build, isa, launcher, metrics, reference, registry
+
+KERNEL = "grouped_gemm_fp8"
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+OUT = {"bf16": torch.bfloat16, "f16": torch.float16}
+LDS_LIMIT = 160 * 1024
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def tile_bound(layout, lens, m, n, bm, bn):
+    """Workgroups that cover every tile without reading group sizes on the host: NT/NN
+    sum ceil(len_g / BM) <= ceil(sum_m / BM) + G (the kernel's own scan drops the excess)."""
+    if layout == "TN":
+        return len(lens) * ceil_div(m, bm) * ceil_div(n, bn)
+    return (ceil_div(sum(lens), bm) + len(lens)) * ceil_div(n, bn)
+
+
+def make_case(layout, fmt, lens, n, k, seed=0):
+    """fp8 operands + fp32 scales; NT/NN: a [sum_m, k], b [G, n, k] / [G, k, n], out [sum_m, n];
+    TN: a [sum_k, n] (out rows), b [sum_k, k] (out columns), out [G, n, k]."""
+    g = torch.Generator().manual_seed(seed)
+    q = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fmt])  # noqa: E731
+    s = sum(lens)
+    offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    if layout == "TN":
+        a, b = q(s, n), q(s, k)
+    else:
+        a, b = q(s, k), (q(len(lens), n, k) if layout == "NT" else q(len(lens), k, n))
+    scales = torch.rand(2, generator=g) + 0.25
+    return dict(a=a, b=b, a_scale=scales[:1].clone(), b_scale=scales[1:].clone(), group_offs=offs, lens=lens)
+
+
+def reference_out(layout, c, out_dtype):
+    if layout == "TN":
+        return reference.grouped_gemm_fp8_variable_k_ref(c["a"], c["a_scale"][0], c["b"], c["b_scale"][0],
+                                                         c["group_offs"], out_dtype)
+    return reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"][0], c["b"], c["b_scale"][0], c["group_offs"],
+                                          trans_b=layout == "NT", out_dtype=out_dtype)
+
+
+def run(variant, c, grid=None, group_m=2, wg_order="linear"):
+    """Launch on the emulator; grid None = one workgroup per tile bound (over-launch)."""
+    layout, a, b = variant["LAYOUT"], c["a"], c["b"]
+    G = len(c["lens"])
+    if layout == "TN":
+        m, n, k = a.shape[1], b.shape[1], a.shape[0]
+        out = torch.full((G, m, n), float("nan"), dtype=OUT[variant["OUT"]])
+    else:
+        m, k = a.shape
+        n = b.shape[1] if layout == "NT" else b.shape[2]
+        out = torch.full((m, n), float("nan"), dtype=OUT[variant["OUT"]])
+    grid = grid or tile_bound(layout, c["lens"], m, n, variant["BM"], variant["BN"])
+    art = build.artifact(KERNEL, variant)
+    u8 = lambda t: t.view(torch.uint8)  # noqa: E731
+    with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=3):
+        launcher.launch(art, (grid, 1, 1), (256, 1, 1), [u8(a), c["a_scale"], u8(b), c["b_scale"], c["group_offs"],
+                                                         out, G, m, n, k, group_m, grid], "emu")
+    return out
+
+
+def small(layout, fmt, out):
+    return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT=fmt, OUT=out, BM=64, BN=64)
+
+
+# (layout, fmt, out, group sizes, N, K, grid, group_m, workgroup order); for TN the group sizes
+# are the contraction lengths and (N, K) the output's [rows, columns].
+CASES = [
+    ("NT", "e4m3", "bf16", [40, 0, 77], 80, 144, None, 2, "linear"),
+    ("NT", "e5m2", "f16", [150], 48, 272, 2, 1, "shuffled"),
+    ("NN", "e4m3", "f16", [3, 70, 0], 96, 48, 3, 2, "linear"),
+    ("NN", "e5m2", "bf16", [65], 144, 80, None, 1, "shuffled"),
+    ("TN", "e4m3", "bf16", [130, 0, 57], 48, 80, None, 1, "linear"),
+    ("TN", "e5m2", "f16", [200], 80, 112, 2, 2, "shuffled"),
+    ("TN", "e4m3", "f16", [0, 9], 16, 64, None, 2, "linear"),
+    ("NT", "e4m3", "bf16", [5, 0, 0, 70, 1, 0, 33, 16], 64, 128, 5, 2, "shuffled"),
+    ("TN", "e5m2", "bf16", [5, 0, 0, 130, 1, 0, 33, 16], 32, 48, 7, 1, "shuffled"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-G{len(c[3])}-grid{c[6] or 'all'}-gm{c[7]}"
+                                             for c in CASES])
+def test_bit_exact_vs_reference(case):
+    layout, fmt, out_t, lens, n, k, grid, group_m, order = case
+    variant = small(layout, fmt, out_t)
+    c = make_case(layout, fmt, lens, n, k, seed=len(lens) * 31 + n)
+    out = run(variant, c, grid=grid, group_m=group_m, wg_order=order)
+    ref = reference_out(layout, c, OUT[out_t])
+    assert ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(out, ref, f"{KERNEL} {registry.variant_id(variant)}")
+    if layout == "TN":  # an empty group's slice is written as zeros
+        for g, length in enumerate(lens):
+            assert length or bool((out[g] == 0).all())
+
+
+def test_persistent_grid_equals_one_tile_per_workgroup():
+    """Same bits whatever the grid: one workgroup looping over all tiles vs one per tile."""
+    variant = small("NT", "e4m3", "bf16")
+    c = make_case("NT", "e4m3", [33, 0, 20], 64, 128, seed=5)
+    metrics.assert_bitwise_equal(run(variant, c, grid=1), run(variant, c), "grid 1 vs full")
+
+
+ISA_VARIANTS = [v for v in registry.get(KERNEL).variants if v["FMT"] == "e4m3" and v["OUT"] == "bf16"]
+
+
+@pytest.mark.parametrize("variant", [v for v in ISA_VARIANTS if v["BM"] > 64], ids=registry.variant_id)
+def test_hardware_tiles_bit_exact(variant):
+    """The 128 x 128 / 256 x 128 tiles (accumulators partly in AGPRs) on a two-workgroup persistent grid."""
+    layout = variant["LAYOUT"]
+    c = make_case(layout, "e4m3", [140, 0, 20] if layout == "TN" else [130, 0, 77], 144, 160, seed=variant["BM"])
+    metrics.assert_bitwise_equal(run(variant, c, grid=2), reference_out(layout, c, torch.bfloat16),
+                                 f"{KERNEL} {registry.variant_id(variant)}")
+
+
+# ---- code objects ----
+
+
+@pytest.mark.parametrize("variant", ISA_VARIANTS, ids=registry.variant_id)
+def test_code_object(variant):
+    art = build.artifact(KERNEL, variant)
+    info = art.isa()
+    print(f"\n{KERNEL} [{registry.variant_id(variant)}]: {info.summary(256)}")
+    assert info.spills == 0 and info.scratch_bytes == 0
+    assert 0 < info.lds_bytes <= LDS_LIMIT
+    assert info.occupancy(256) >= 1
+    loops = isa.loop_bodies(art.asm, KERNEL)
+    # the contraction loop: MFMAs between barriers, a whole number of (BM/32) x (BN/32) steps
+    per_step = (variant["BM"] // 32) * (variant["BN"] // 32)
+    k_loops = [body for body in loops if any(l.startswith("v_mfma_f32_16x16x128_f8f6f4") for l in body)]
+    inner = min(k_loops, key=len)
+    mfmas = sum(l.startswith("v_mfma_f32_16x16x128_f8f6f4") for l in inner)
+    barriers = sum(l.startswith("s_barrier") for l in inner)
+    assert barriers >= 1 and mfmas == per_step * barriers
+    tr_reads = sum(l.startswith("ds_read_b64_tr_b8") for l in inner)
+    # 16-row operand tiles per wave and step read through ds_read_b64_tr_b8 (4 reads each)
+    transposed = {"NT": 0, "NN": variant["BN"] // 32, "TN": (variant["BM"] + variant["BN"]) // 32}
+    assert tr_reads == 4 * barriers * transposed[variant["LAYOUT"]]
+    # no waterfall loop around a buffer access (every buffer resource is uniform)
+    assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)
+                   for body in loops)
+
+
+# ---- 64-bit addressing: operands and output beyond 4 GB ----
+# Rows before group_offs[0] belong to no group, so a single group that starts past 2^32 bytes
+# runs only its own tiles. Sparse emulator buffers hold the > 4 GB tensors (pages materialise
+# where written) and sit 4 GB apart, so a 32-bit offset that wrapped would fault or read zeros.
+BIG_ROWS = {"NT": 1 << 25, "NN": 1 << 25, "TN": 1 << 26}   # rows before the group: 4 GB of a (and out)
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+def test_beyond_4gb(layout):
+    from mxgemm.emu import Emulator
+    variant = small(layout, "e4m3", "bf16")
+    lens, n, k = [70], 64, 128
+    c = make_case(layout, "e4m3", lens, n, k, seed=11)
+    s0 = BIG_ROWS[layout]
+    emu = Emulator(arch="gfx950", race_check=True)
+    prog = emu.load(build.artifact(KERNEL, variant).asm)
+
+    def big(rows_data):   # sparse [s0 + rows, cols] fp8 buffer holding rows_data at rows s0..
+        rows, cols = rows_data.shape
+        buf = emu.sparse_buffer((s0 + rows) * cols)
+        buf.write(s0 * cols, rows_data.view(torch.uint8).contiguous().view(-1))
+        return buf
+
+    offs = torch.tensor([s0, s0 + lens[0]], dtype=torch.int64)
+    a = big(c["a"])
+    if layout == "TN":
+        b, m, nn, kk = big(c["b"]), c["a"].shape[1], c["b"].shape[1], s0 + lens[0]
+        out = torch.full((1, m, nn), float("nan"), dtype=torch.bfloat16)
+    else:
+        b, m, nn, kk = c["b"].view(torch.uint8), s0 + lens[0], n, k
+        out = emu.sparse_buffer(m * n * 2)
+        assert m * n * 2 > 1 << 32
+    assert (s0 + lens[0]) * c["a"].shape[1] > 1 << 32
+    grid = 2
+    emu.launch(prog, KERNEL, grid=(grid, 1, 1), block=(256, 1, 1),
+               args=[a, c["a_scale"], b, c["b_scale"], offs, out, 1, m, nn, kk, 1, grid])
+    if layout != "TN":
+        out = out.read(s0 * n * 2, lens[0] * n * 2).view(torch.bfloat16).view(lens[0], n)
+    metrics.assert_bitwise_equal(out, reference_out(layout, c, torch.bfloat16), f"{layout} beyond 4 GB")
+
+
+# ---- race mode catches a missing wait in the contraction loop ----
+def _k_loop(asm):
+    """Line range of the innermost loop holding the MFMAs (the contraction loop)."""
+    lines = asm.splitlines()
+    k_loops = [r for r in isa.loops(asm, KERNEL) if any("v_mfma" in lines[i] for i in r)]
+    return min(k_loops, key=len)
+
+
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+def test_dropped_k_loop_vmcnt_wait_raises(layout):
+    """Deleting any one s_waitcnt vmcnt of the contraction loop (the waits for the prefetched
+    tiles before they are staged into LDS) makes race mode raise; the shipped code runs clean
+    (every other test)."""
+    from mxgemm.emu import Emulator, RaceError
+    variant = small(layout, "e4m3", "bf16")
+    asm = build.artifact(KERNEL, variant).asm
+    lines = asm.splitlines()
+    waits = [i for i in _k_loop(asm) if lines[i].strip().startswith("s_waitcnt") and "vmcnt" in lines[i]]
+    assert waits
+    c = make_case(layout, "e4m3", [130] if layout == "TN" else [64], 64, 256, seed=2)
+    (m, n, k), out_shape = ((64, 256, 130), (1, 64, 256)) if layout == "TN" else ((64, 64, 256), (64, 64))
+    for i in waits:
+        mutated = lines[:i] + ["\t; deleted: " + lines[i].strip()] + lines[i + 1:]
+        emu = Emulator(arch="gfx950", race_check=True)
+        out = torch.zeros(out_shape, dtype=torch.bfloat16)
+        with pytest.raises(RaceError):
+            emu.launch(emu.load("\n".join(mutated)), KERNEL, grid=(1, 1, 1), block=(256, 1, 1),
+                       args=[c["a"].view(torch.uint8), c["a_scale"], c["b"].view(torch.uint8), c["b_scale"],
+                             c["group_offs"], out, 1, m, n, k, 1, 1])
+
+
+# B (NT/NN) and the output (TN) beyond 4 GB: the tensors are too large to compute whole, so one
+# workgroup window runs the last tile, whose operand or output bytes start past 2^32; only the
+# bytes that tile reads are written into the sparse buffers (the rest read as zeros).
+WIN = 64  # the 64 x 64 tile
+
+
+# NN's row stride is N bytes and a tile's offsets span 128 of them (< 2^31), so N < 2^24 there.
+@pytest.mark.parametrize("layout,n,k", [("NT", 1 << 25, 128), ("NN", 1 << 22, 1024)])
+def test_b_beyond_4gb_window(layout, n, k):
+    """G = 2, group 0 empty, N * K = 2^32: group 1's weights start at 4 GB; the last tile (rows
+    64..69, columns N-64..N; for NT its output too) lies past 4 GB."""
+    from mxgemm.emu import Emulator
+    lens = [0, 70]
+    c = make_case(layout, "e4m3", lens, WIN, k, seed=13)   # b holds only the tile's 64 columns
+    emu = Emulator(arch="gfx950", race_check=True)
+    b = emu.sparse_buffer(2 * n * k)
+    j0 = n - WIN
+    if layout == "NT":   # b[1, j0 + j, :] for the tile's columns
+        b.write((n + j0) * k, c["b"][1].view(torch.uint8).contiguous().view(-1))
+    else:                # b[1, kk, j0 .. j0 + 63] for every contraction row
+        for kk in range(k):
+            b.write((k + kk) * n + j0, c["b"][1, kk].view(torch.uint8).contiguous())
+    out = emu.sparse_buffer(70 * n * 2)
+    m_tiles, n_tiles = 2, n // WIN
+    grid = m_tiles * n_tiles
+    emu.launch(emu.load(build.artifact(KERNEL, small(layout, "e4m3", "bf16")).asm), KERNEL, grid=(grid, 1, 1),
+               block=(256, 1, 1), workgroups=[(grid - 1, 0, 0)],
+               args=[c["a"].view(torch.uint8), c["a_scale"], b, c["b_scale"], c["group_offs"], out, 2, 70, n, k, 1,
+                     grid])
+    got = torch.stack([out.read((r * n + j0) * 2, WIN * 2).view(torch.bfloat16) for r in range(64, 70)])
+    metrics.assert_bitwise_equal(got, reference_out(layout, c, torch.bfloat16)[64:70], f"{layout} B beyond 4 GB")
+
+
+def test_wgrad_out_beyond_4gb_window():
+    """TN with out [2, 2^16, 2^16] bf16 (16 GB): the last tile of group 1 starts past 2^33 bytes."""
+    from mxgemm.emu import Emulator
+    lens, m = [3, 5], 1 << 16
+    c = make_case("TN", "e4m3", lens, m, m, seed=17)    # a [8, m], b [8, m]
+    emu = Emulator(arch="gfx950", race_check=True)
+    out = emu.sparse_buffer(2 * m * m * 2)
+    tiles = m // WIN
+    grid = 2 * tiles * tiles
+    emu.launch(emu.load(build.artifact(KERNEL, small("TN", "e4m3", "bf16")).asm), KERNEL, grid=(grid, 1, 1),
+               block=(256, 1, 1), workgroups=[(grid - 1, 0, 0)],   # tile grid - 1: group 1, last (m, n) tile
+               args=[c["a"].view(torch.uint8), c["a_scale"], c["b"].view(torch.uint8), c["b_scale"], c["group_offs"],
+                     out, 2, m, m, 8, 1, grid])
+    i0 = m - WIN
+    got = torch.stack([out.read(((m + i0 + r) * m + i0) * 2, WIN * 2).view(torch.bfloat16) for r in range(WIN)])
+    tile = dict(c, a=c["a"][:, i0:].contiguous(), b=c["b"][:, i0:].contiguous())
+    metrics.assert_bitwise_equal(got, reference_out("TN", tile, torch.bfloat16)[1], "TN out beyond 4 GB")
