@@ -32,6 +32,8 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, scf
 from flydsl._mlir.dialects import rocdl
 
+from ir_builder import INVALID_OFFSET, Builder as _B
+
 SYMBOL = "moe_gemm2_a4w4"
 THREADS = 256
 BLOCK_N = 256
@@ -40,8 +42,6 @@ ROW_BYTES = BLOCK_K // 2          # packed fp4 bytes of one row per K step
 WAVE_N = BLOCK_N // 4             # columns per wave
 N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
 BUF_BYTES = 4 * 64 * 16           # one LDS buffer: every wave's 16-byte-per-lane DMA slot
-INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0
-BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
 WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
 WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
 
@@ -49,55 +49,6 @@ WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
 def kernel_symbol(BM: int = 32, NT: int = 0) -> str:  # noqa: N803 (registry spells variants upper case)
     # One name for every variant, as the HIP kernel: a launch is the same call for both.
     return SYMBOL
-
-
-class _B:
-    """Small IR builder: typed constants and the integer ops the kernel uses (all i32 unless named)."""
-
-    def __init__(self):
-        self.i1 = ir.IntegerType.get_signless(1)
-        self.i16 = ir.IntegerType.get_signless(16)
-        self.i32 = ir.IntegerType.get_signless(32)
-        self.i64 = ir.IntegerType.get_signless(64)
-        self.f32 = ir.F32Type.get()
-        self.bf16 = ir.BF16Type.get()
-        self.v4i32 = ir.VectorType.get([4], self.i32)
-        self.v8i32 = ir.VectorType.get([8], self.i32)
-        self.v4f32 = ir.VectorType.get([4], self.f32)
-        self.v2f32 = ir.VectorType.get([2], self.f32)
-        self.v2bf16 = ir.VectorType.get([2], self.bf16)
-        self.gptr = ir.Type.parse("!llvm.ptr<1>")
-        self.lptr = ir.Type.parse("!llvm.ptr<3>")
-        self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
-
-    def c(self, v, t=None):
-        return arith.constant(t or self.i32, v)
-
-    def add(self, a, b):
-        return arith.addi(a, b)
-
-    def mul(self, a, b):
-        return arith.muli(a, b)
-
-    def cmp(self, pred, a, b):
-        return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
-
-    def sel(self, cond, a, b):
-        return arith.select(cond, a, b)
-
-    def u64(self, a):
-        return arith.extui(self.i64, a)
-
-    def gep(self, base, byte_offset):
-        """Byte GEP on an !llvm.ptr (any address space)."""
-        return llvm.getelementptr(base.type, base, [byte_offset], [-2147483648], ir.IntegerType.get_signless(8), 0)
-
-    def gload(self, t, base, byte_offset, align):
-        return llvm.load(t, self.gep(base, byte_offset), alignment=align)
-
-    def rsrc(self, base, nbytes):
-        """Raw buffer resource (stride 0) over nbytes (i32) from an !llvm.ptr<1>."""
-        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.u64(nbytes), self.c(BUFFER_FLAGS))
 
 
 def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):

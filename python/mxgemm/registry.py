@@ -124,3 +124,15 @@ register(Kernel(
     name="moe_gemm2_a4w4_flydsl", language="flydsl", source="flydsl_kernels/moe_gemm2_a4w4.py",
     symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
+
+# --- DeepGEMM-compatible FP8 block-scale grouped GEMMs (issue 14) ---
+# One FlyDSL body: contiguous / masked grouping (MASKED), fp32 software-promoted / e8m0 hardware
+# scales (UE8M0) and the output type (OUT) are parameters. BM=BN=128 is the production tile;
+# 32 x 32 keeps emulator tests fast.
+register(Kernel(
+    name="deep_gemm_fp8", language="flydsl", source="flydsl_kernels/deep_gemm_fp8.py",
+    symbol="deep_gemm_fp8",
+    variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16")),
+    doc="e4m3 x e4m3 grouped GEMM with 1x128 / 128x128 block scales (fp32 or e8m0), DeepGEMM's "
+        "contiguous (m_indices) and masked (masked_m) layouts; bf16/f16 out; K % 128, N % BN"))

@@ -210,6 +210,8 @@ _OPS = {
     "v_cvt_i16_f16": ("i16", "f16", lambda a: _cvt_i(a, i16, -32768, 32767)),
     "v_cvt_pkrtz_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(_f16_rtz(a), _f16_rtz(b))),
     "v_cvt_pk_bf16_f32": ("u32", "f32 f32", lambda a, b: _bf16(a) | (_bf16(b) << u32(16))),
+    "v_cvt_pk_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(np.asarray(a, f32).astype(f16),
+                                                              np.asarray(b, f32).astype(f16))),  # RNE
     "v_cvt_pk_u16_u32": ("u32", "u32 u32", lambda a, b: np.minimum(a, 0xFFFF) | (np.minimum(b, 0xFFFF) << u32(16))),
     "v_cvt_pk_u8_f32": ("u32", "f32 u32 u32", lambda a, s, c: _pk_u8(a, s, c)),
     **{f"v_cvt_f32_ubyte{k}": ("f32", "u32", (lambda k: lambda a: ((a >> u32(8 * k)) & u32(0xFF)).astype(f32))(k))
