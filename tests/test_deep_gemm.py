@@ -138,16 +138,25 @@ def _check(d, ref, written, fp32_product, name):
     assert diff < 1e-3, f"{name}: calc_diff {diff}"
 
 
-@pytest.mark.parametrize("variant", SMALL, ids=registry.variant_id)
-def test_contiguous_matches_reference(variant):
+# (variant, group row counts, N): every small variant on 4 groups with an empty one and
+# unaligned sizes; 1 and 8 groups on one variant; the production 128 x 128 tile once.
+CONTIGUOUS = [(v, [100, 0, 37, 128], 64) for v in SMALL] + [
+    (SMALL[0], [45], 32), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32),
+    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128)]
+
+
+@pytest.mark.parametrize("variant,group_rows,n", CONTIGUOUS,
+                         ids=[f"{registry.variant_id(v)}-G{len(g)}" for v, g, _ in CONTIGUOUS])
+def test_contiguous_matches_reference(variant, group_rows, n):
     ue8m0, out = variant["UE8M0"], OUT_DTYPE[variant["OUT"]]
-    x, w, m_indices = contiguous_case([100, 0, 37, 128], n=64, k=256, seed=variant["UE8M0"])
+    x, w, m_indices = contiguous_case(group_rows, n=n, k=256, seed=len(group_rows) + ue8m0)
     a, sfa, b, sfb = quantize(x, w, ue8m0)
-    d = torch.full((len(m_indices), 64), SENTINEL, dtype=out)
-    # every 32-row tile: only the tiles holding rows of a group run (the others exit at once)
-    run_kernel({**variant, "MASKED": 0}, a, sfa, b, sfb, d, m_indices, len(m_indices), 0, len(m_indices) // 32)
+    d = torch.full((len(m_indices), n), SENTINEL, dtype=out)
+    # every BM-row tile: only the tiles holding rows of a group run (the others exit at once)
+    run_kernel({**variant, "MASKED": 0}, a, sfa, b, sfb, d, m_indices, len(m_indices), 0,
+               len(m_indices) // variant["BM"])
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out)
-    fp32_product = torch.stack([x[i] @ w[max(int(gi), 0)].T for i, gi in enumerate(m_indices)])
+    fp32_product = torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}")
 
 
