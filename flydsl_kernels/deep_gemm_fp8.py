@@ -25,8 +25,12 @@ src1 = A rows (m), so lane l accumulates D^T[n = 4(l/16) + i][m = l%16], i.e. 4 
 columns of one output row, written with one 8-byte buffer store (rows out of the group get an
 out-of-range offset: the store is dropped).
 
-Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups (int32).
-rows = M (contiguous) or G*M_max (masked); m_max is read only when MASKED. K % 128 == 0,
+Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups, sfa_sg,
+sfa_sm, sfa_sk (int32). rows = M (contiguous) or G*M_max (masked); m_max is read only when
+MASKED. sfa is addressed by element strides (group, row in group, K block): sfa[g, m, kb] at
+g*sfa_sg + m*sfa_sm + kb*sfa_sk (contiguous: g = 0, m = the row), so both the row-major
+[.., M, K/128] scales and DeepGEMM's MN-major (transposed) ones are read in place. sfb is
+row-major [G, ceil(N/128), K/128]. K % 128 == 0,
 N % BN == 0. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
 m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
 """
@@ -56,7 +60,8 @@ def _check(bm, bn, masked, ue8m0, out):
                          f"BM, BN in {TILES}; MASKED, UE8M0 in (0, 1); OUT bf16 or f16")
 
 
-def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, lds):
+def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_strides, lds):
+    sfa_sg, sfa_sm, sfa_sk = sfa_strides
     B = Builder()
     by = fx.block_idx.y.ir_value()
     if masked:
@@ -66,6 +71,7 @@ def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_m
         limit = B.gload(B.i32, layout, B.mul(group, B.c(4)), 4)
         row_base = B.add(B.mul(group, m_max), m_in_group)
         run = B.cmp("slt", m_in_group, limit)
+        sfa_tile = B.add(B.mul(group, sfa_sg), B.mul(m_in_group, sfa_sm))  # scale element of the tile's row 0
 
         def row_ok(rl):
             return B.cmp("slt", B.add(m_in_group, rl), limit)
@@ -73,6 +79,7 @@ def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_m
         row_base = B.mul(by, B.c(bm))
         group = B.gload(B.i32, layout, B.mul(row_base, B.c(4)), 4)
         run = arith.andi(B.cmp("sge", group, B.c(0)), B.cmp("slt", group, groups))
+        sfa_tile = B.mul(row_base, sfa_sm)
 
         def row_ok(rl):
             r = B.add(row_base, rl)
@@ -81,11 +88,13 @@ def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_m
             return arith.andi(inside, B.cmp("eq", owner, group))
     if_run = scf.IfOp(run, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok)
+        _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
+                   sfa_tile, sfa_sm, sfa_sk)
         scf.YieldOp([])
 
 
-def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok):
+def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
+               sfa_tile, sfa_sm, sfa_sk):
     wm_rows, wn_cols = bm // 2, bn // 2
     m_tiles, n_tiles = wm_rows // 16, wn_cols // 16
     dmas = bm * (BLOCK_K // 16) // THREADS          # 16-byte A chunks per thread per K block
@@ -100,7 +109,8 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
     kb = arith.divui(k, B.c(BLOCK_K))
 
     a_rsrc = B.rsrc(a, B.mul(rows, k))
-    sfa_rsrc = B.rsrc(sfa, B.mul(rows, B.mul(kb, B.c(esz))))
+    # sfa is strided (row-major or MN-major): the range check only has to reject INVALID_OFFSET.
+    sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))
     b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(group), B.u64(B.mul(n, k)))), B.mul(n, k))
     sfb_row = B.gep(sfb, B.mul(B.add(B.mul(group, arith.divui(B.add(n, B.c(BLOCK_K - 1)), B.c(BLOCK_K))), arith.divui(n0, B.c(BLOCK_K))),
                                B.mul(kb, B.c(esz))))
@@ -124,7 +134,7 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
                                 B.mul(arith.xori(B.add(g, B.c(4 * h)), arith.andi(rl, B.c(7))), B.c(16)))
                           for h in range(2)])
         ok, r = row_ok(rl), B.add(row_base, rl)
-        sfa_voff.append(B.sel(ok, B.mul(r, B.mul(kb, B.c(esz))), B.c(INVALID_OFFSET)))
+        sfa_voff.append(B.sel(ok, B.mul(B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(esz)), B.c(INVALID_OFFSET)))
         col = B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.mul(g, B.c(4))))
         d_voff.append(B.sel(ok, B.mul(B.add(B.mul(r, n), col), B.c(2)), B.c(INVALID_OFFSET)))
     b_voff = [B.add(B.mul(B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))), k),
@@ -137,7 +147,8 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         soff = B.mul(kt, B.c(BLOCK_K))
         bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.add(b_voff[nt], B.c(64 * h)), soff, aux=B.c_attr(0))
                for h in range(2)] for nt in range(n_tiles)]
-        sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], B.mul(kt, B.c(esz)), aux=B.c_attr(0))
+        sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], B.mul(kt, B.mul(sfa_sk, B.c(esz))),
+                                        aux=B.c_attr(0))
               for mt in range(m_tiles)]
         sb = B.gload(scale_t, sfb_row, B.mul(B.sel(live, kt, B.c(0)), B.c(esz)), esz)
         if ue8m0:
@@ -230,16 +241,18 @@ def build(bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     @flyc.kernel(name=SYMBOL)
     def deep_gemm_fp8_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                              layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
-                             groups: fx.Int32):
+                             groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
         _body(bm, bn, masked, ue8m0, out, *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
-              *[v.ir_value() for v in (rows, n, k, m_max, groups)], fx.to_llvm_ptr(lds.buf.ptr))
+              *[v.ir_value() for v in (rows, n, k, m_max, groups)],
+              [v.ir_value() for v in (sfa_sg, sfa_sm, sfa_sk)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
     def deep_gemm_fp8(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                       layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
-                      groups: fx.Int32, m_tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups).launch(
+                      groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32, m_tiles: fx.Int32,
+                      stream: fx.Stream = fx.Stream(None)):
+        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_sg, sfa_sm, sfa_sk).launch(
             grid=(n // bn, m_tiles, 1), block=(THREADS, 1, 1), stream=stream)
 
     return deep_gemm_fp8
@@ -253,5 +266,5 @@ def compile_for_build(arch: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):
     u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
     sf = u8 if UE8M0 else f32
     flyc.compile(fn, p(u8), p(sf), p(u8), p(sf), p(fx.BFloat16 if OUT == "bf16" else fx.Float16), p(i32),
-                 BM, BN, BLOCK_K, BM, 1, 1)
+                 BM, BN, BLOCK_K, BM, 1, BM, 1, 1, 1)
     return fn

@@ -103,13 +103,23 @@ def quantize(x, w, ue8m0):
     return a.view(*x.shape), sfa.view(*x.shape[:-1], -1), b, sfb
 
 
+def mn_major(sf: torch.Tensor) -> torch.Tensor:
+    """The same scales in DeepGEMM's MN-major layout: [.., M, K/128] with M the unit-stride dim,
+    M padded to 4 elements (16 bytes) as DeepGEMM's TMA-aligned tensors are."""
+    m, kb = sf.shape[-2:]
+    storage = torch.zeros(*sf.shape[:-2], kb, deep_gemm.align(m, 4), dtype=sf.dtype)
+    storage[..., :m] = sf.transpose(-1, -2)
+    return storage[..., :m].transpose(-1, -2)
+
+
 def run_kernel(variant, a, sfa, b, sfb, d, layout, rows, m_max, m_tiles):
     art = build.artifact(KERNEL, variant)
     G, N, K = b.shape
+    sg, sm, sk = sfa.stride() if sfa.dim() == 3 else (0, *sfa.stride())
     grid = (N // variant["BN"], m_tiles, 1)
     with launcher.emulator_settings(race_check=True):
-        launcher.launch(art, grid, (256, 1, 1),
-                        [a.view(torch.uint8), sfa, b.view(torch.uint8), sfb, d, layout, rows, N, K, m_max, G])
+        launcher.launch(art, grid, (256, 1, 1), [a.view(torch.uint8), sfa, b.view(torch.uint8), sfb, d, layout,
+                                                 rows, N, K, m_max, G, sg, sm, sk])
 
 
 def contiguous_case(group_rows, n, k, seed):
@@ -140,17 +150,20 @@ def _check(d, ref, written, fp32_product, name):
 
 # (variant, group row counts, N): every small variant on 4 groups with an empty one and
 # unaligned sizes; 1 and 8 groups on one variant; the production 128 x 128 tile once.
-CONTIGUOUS = [(v, [100, 0, 37, 128], 64) for v in SMALL] + [
-    (SMALL[0], [45], 32), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32),
-    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128)]
+# (variant, group row counts, N, activation-scale layout): every small variant on 4 groups with an
+# empty one and unaligned sizes; 1 and 8 groups and MN-major scales on some; the 128 x 128 tile once.
+CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row") for v in SMALL] + [
+    (SMALL[0], [45], 32, "mn"), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn"),
+    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row")]
 
 
-@pytest.mark.parametrize("variant,group_rows,n", CONTIGUOUS,
-                         ids=[f"{registry.variant_id(v)}-G{len(g)}" for v, g, _ in CONTIGUOUS])
-def test_contiguous_matches_reference(variant, group_rows, n):
+@pytest.mark.parametrize("variant,group_rows,n,sfa_layout", CONTIGUOUS,
+                         ids=[f"{registry.variant_id(v)}-G{len(g)}-{s}" for v, g, _, s in CONTIGUOUS])
+def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout):
     ue8m0, out = variant["UE8M0"], OUT_DTYPE[variant["OUT"]]
     x, w, m_indices = contiguous_case(group_rows, n=n, k=256, seed=len(group_rows) + ue8m0)
     a, sfa, b, sfb = quantize(x, w, ue8m0)
+    sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
     d = torch.full((len(m_indices), n), SENTINEL, dtype=out)
     # every BM-row tile: only the tiles holding rows of a group run (the others exit at once)
     run_kernel({**variant, "MASKED": 0}, a, sfa, b, sfb, d, m_indices, len(m_indices), 0,
@@ -160,14 +173,18 @@ def test_contiguous_matches_reference(variant, group_rows, n):
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}")
 
 
-@pytest.mark.parametrize("variant", SMALL, ids=registry.variant_id)
-def test_masked_matches_reference(variant):
+MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn")]
+
+
+@pytest.mark.parametrize("variant,sfa_layout", MASKED, ids=[f"{registry.variant_id(v)}-{s}" for v, s in MASKED])
+def test_masked_matches_reference(variant, sfa_layout):
     ue8m0, out = variant["UE8M0"], OUT_DTYPE[variant["OUT"]]
-    G, m_max, n, k = 4, 48, 64, 256
+    G, m_max, n, k = 4, 46, 64, 256
     g = torch.Generator().manual_seed(2 + ue8m0)
     x, w = torch.randn(G, m_max, k, generator=g), torch.randn(G, n, k, generator=g)
-    masked_m = torch.tensor([48, 0, 17, 33], dtype=torch.int32)  # full, empty, partial tiles
+    masked_m = torch.tensor([46, 0, 17, 33], dtype=torch.int32)  # full, empty, partial tiles
     a, sfa, b, sfb = quantize(x, w, ue8m0)
+    sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
     d = torch.full((G, m_max, n), SENTINEL, dtype=out)
     run_kernel({**variant, "MASKED": 1}, a, sfa, b, sfb, d, masked_m, G * m_max, m_max, G * 2)
     ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out)
