@@ -30,7 +30,8 @@ sfa_sm, sfa_sk (int32). rows = M (contiguous) or G*M_max (masked); m_max is read
 MASKED. sfa is addressed by element strides (group, row in group, K block): sfa[g, m, kb] at
 g*sfa_sg + m*sfa_sm + kb*sfa_sk (contiguous: g = 0, m = the row), so both the row-major
 [.., M, K/128] scales and DeepGEMM's MN-major (transposed) ones are read in place. sfb is
-row-major [G, ceil(N/128), K/128]. K % 128 == 0,
+row-major [G, ceil(N/128), K/128]. Byte offsets are 32-bit buffer offsets: a (rows*K), one
+group of b (N*K), d (rows*N*2) and every sfa offset must stay below 2^31 (the caller's guard). K % 128 == 0,
 N % BN == 0. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
 m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
 """
@@ -39,14 +40,12 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 
-from ir_builder import INVALID_OFFSET, Builder
+from ir_builder import INVALID_OFFSET, Builder, pipelined_step
 
 SYMBOL = "deep_gemm_fp8"
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
 E8M0_ONE = 127                    # hardware scale byte for 1.0
-WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
-WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
 TILES = (32, 64, 128)             # allowed BM and BN
 
 
@@ -169,19 +168,13 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
     zero_acc = B.splat(B.v4f32, 0.0)
     one = B.c(E8M0_ONE)
 
-    def run_step(kt, acc, cur):
-        rocdl.s_waitcnt(WAIT_VMCNT0)
-        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
-        rocdl.s_barrier()
-        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+    def read_tile(kt):
         tile = B.gep(lds, B.mul(arith.andi(kt, B.c(1)), B.c(buf_bytes)))
-        af = [cat([llvm.load(B.v4i32, B.gep(tile, a_lds_off[mt][h]), alignment=16) for h in range(2)])
-              for mt in range(m_tiles)]
-        kn = B.add(kt, B.c(1))
-        live = B.cmp("slt", kn, kb)
-        nxt = load_step(kn, live)
-        dma_step(kn, live)
-        rocdl.s_waitcnt(WAIT_LGKMCNT0)
+        return [cat([llvm.load(B.v4i32, B.gep(tile, a_lds_off[mt][h]), alignment=16) for h in range(2)])
+                for mt in range(m_tiles)]
+
+    def run_step(kt, acc, cur):
+        af, nxt = pipelined_step(B, kt, kb, read_tile, load_step, dma_step)
         bw, sa, sb = cur
         acc = [list(x) for x in acc]
         if not ue8m0:

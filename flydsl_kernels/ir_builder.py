@@ -8,6 +8,31 @@ from flydsl._mlir.dialects import arith, llvm, rocdl
 
 INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0, stores dropped
 BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
+WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
+WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
+
+
+def loads_done_barrier():
+    """Wait for this wave's buffer loads (incl. buffer->LDS DMA), then a workgroup barrier with
+    release/acquire fences (as HIP's __syncthreads): every wave's DMA data is visible after it."""
+    rocdl.s_waitcnt(WAIT_VMCNT0)
+    llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
+    rocdl.s_barrier()
+    llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+
+
+def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
+    """The K-step skeleton of the double-buffered kernels: barrier (step kt's data has landed),
+    read step kt's LDS tile, issue step kt+1's loads (empty resources past the end), wait for
+    the LDS reads. Returns (tile registers, step kt+1's prefetched registers)."""
+    loads_done_barrier()
+    tile = read_tile(kt)
+    kn = b.add(kt, b.c(1))
+    live = b.cmp("slt", kn, k_steps)
+    nxt = load_step(kn, live)
+    dma_step(kn, live)
+    rocdl.s_waitcnt(WAIT_LGKMCNT0)
+    return tile, nxt
 
 
 class Builder:

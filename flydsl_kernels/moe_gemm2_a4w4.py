@@ -32,7 +32,7 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, scf
 from flydsl._mlir.dialects import rocdl
 
-from ir_builder import INVALID_OFFSET, Builder as _B
+from ir_builder import INVALID_OFFSET, Builder as _B, pipelined_step
 
 SYMBOL = "moe_gemm2_a4w4"
 THREADS = 256
@@ -42,8 +42,6 @@ ROW_BYTES = BLOCK_K // 2          # packed fp4 bytes of one row per K step
 WAVE_N = BLOCK_N // 4             # columns per wave
 N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
 BUF_BYTES = 4 * 64 * 16           # one LDS buffer: every wave's 16-byte-per-lane DMA slot
-WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
-WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
 
 
 def kernel_symbol(BM: int = 32, NT: int = 0) -> str:  # noqa: N803 (registry spells variants upper case)
@@ -169,21 +167,15 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         # e2m1 uses the low 4 of the 8 operand registers (as the HIP {x0..x3, 0, 0, 0, 0}).
         return llvm.shufflevector(b.v8i32, v4, zero4, list(range(8)))
 
+    def read_tile(kt):
+        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
+        return [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
+                for mt in range(m_tiles)]
+
     def run_step(kt, acc, cur):
         """One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched.
         Returns (acc, prefetched registers)."""
-        rocdl.s_waitcnt(WAIT_VMCNT0)
-        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")  # as HIP's __syncthreads
-        rocdl.s_barrier()
-        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
-        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
-        af = [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
-              for mt in range(m_tiles)]
-        kn = b.add(kt, b.c(1))
-        live = b.cmp("slt", kn, k_steps)
-        nxt = load_step(kn, live)
-        dma_step(kn, live)
-        rocdl.s_waitcnt(WAIT_LGKMCNT0)
+        af, nxt = pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step)
         wf, ws, as_ = cur
         acc = [list(x) for x in acc]
         for s in range(2):

@@ -1,7 +1,10 @@
 """mxgemm.deep_gemm: DeepGEMM's public names on AMD gfx950 (``import mxgemm.deep_gemm as deep_gemm``).
 
-So far: the layout helpers DeepGEMM users call when they build grouped inputs. The grouped
-FP8 GEMMs themselves are the ``deep_gemm_fp8`` kernel family (see ``mxgemm.registry``).
+So far: the layout helpers DeepGEMM users call when they build grouped inputs, and
+``mxgemm.deep_gemm.utils`` (DeepGEMM's casts and ``calc_diff``). The grouped FP8 GEMMs
+(``m_grouped_fp8_gemm_nt_contiguous`` / ``_masked``) run as the ``deep_gemm_fp8`` kernel family
+(``mxgemm.registry``; layouts and numerics in ``flydsl_kernels/deep_gemm_fp8.py``); their public
+functions with host-side guards are not exposed here yet.
 """
 from .utils import align, ceil_div
 
