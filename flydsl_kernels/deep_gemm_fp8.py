@@ -22,8 +22,9 @@ Per K block of 128: A (BM x 128 bytes) goes to LDS by 16-byte buffer->LDS DMA (L
 c of row r holds memory chunk c ^ (r & 7)), double-buffered; B comes from global straight
 into registers; B, sfa and sfb are loaded one K block ahead. MFMA operands: src0 = B rows (n),
 src1 = A rows (m), so lane l accumulates D^T[n = 4(l/16) + i][m = l%16], i.e. 4 consecutive
-columns of one output row, written with one 8-byte buffer store (rows out of the group get an
-out-of-range offset: the store is dropped).
+columns of one output row. Epilogue (CShuffle): the tile, converted, goes through LDS and is
+written as 16-byte row chunks (rows out of the group get an out-of-range offset: the store is
+dropped).
 
 Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups, sfa_sg,
 sfa_sm, sfa_sk (int32). rows = M (contiguous) or G*M_max (masked); m_max is read only when
@@ -40,7 +41,7 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 
-from ir_builder import INVALID_OFFSET, Builder, pipelined_step
+from ir_builder import INVALID_OFFSET, Builder, loads_done_barrier, pipelined_step
 
 SYMBOL = "deep_gemm_fp8"
 THREADS = 256
@@ -125,17 +126,15 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         dma_voff.append(B.sel(row_ok(rl), B.add(B.mul(B.add(row_base, rl), k), B.mul(chunk, B.c(16))),
                               B.c(INVALID_OFFSET)))
 
-    # This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa and d offsets.
-    a_lds_off, sfa_voff, d_voff = [], [], []
+    # This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets.
+    a_lds_off, sfa_voff = [], []
     for mt in range(m_tiles):
         rl = B.add(B.mul(wm, B.c(wm_rows)), B.add(B.c(mt * 16), r16))
         a_lds_off.append([B.add(B.mul(rl, B.c(BLOCK_K)),
                                 B.mul(arith.xori(B.add(g, B.c(4 * h)), arith.andi(rl, B.c(7))), B.c(16)))
                           for h in range(2)])
-        ok, r = row_ok(rl), B.add(row_base, rl)
-        sfa_voff.append(B.sel(ok, B.mul(B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(esz)), B.c(INVALID_OFFSET)))
-        col = B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.mul(g, B.c(4))))
-        d_voff.append(B.sel(ok, B.mul(B.add(B.mul(r, n), col), B.c(2)), B.c(INVALID_OFFSET)))
+        sfa_voff.append(B.sel(row_ok(rl), B.mul(B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(esz)),
+                              B.c(INVALID_OFFSET)))
     b_voff = [B.add(B.mul(B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))), k),
                     B.mul(g, B.c(16))) for nt in range(n_tiles)]
     scale_t = B.i8 if ue8m0 else B.f32
@@ -215,12 +214,35 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         scf.YieldOp(flat(acc, regs))
     acc, _ = unflat(loop.results)
 
+    # CShuffle epilogue: the converted BM x BN tile goes through LDS (reusing the A buffers) so
+    # that d is written in 16-byte row chunks. C tile row pitch BN*2 bytes; 16-byte chunk c of
+    # row r sits at chunk c ^ (r % chunks) (the 16 rows one MFMA tile writes hit distinct banks).
+    chunks = bn * 2 // 16
     out_t = ir.VectorType.get([4], ir.BF16Type.get() if out == "bf16" else ir.F16Type.get())
     v2i32 = ir.VectorType.get([2], B.i32)
+
+    def c_tile_offset(row, col):  # col: element column, a multiple of 4
+        chunk = arith.xori(arith.shrui(col, B.c(3)), arith.remui(row, B.c(chunks)))
+        return B.add(B.mul(row, B.c(bn * 2)), B.add(B.mul(chunk, B.c(16)), B.mul(arith.andi(col, B.c(4)), B.c(2))))
+
+    loads_done_barrier()  # every wave is past its last A reads and its last (empty) DMA
     for mt in range(m_tiles):
+        row = B.add(B.mul(wm, B.c(wm_rows)), B.add(B.c(mt * 16), r16))
         for nt in range(n_tiles):
+            col = B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), B.mul(g, B.c(4))))
             packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))
-            rocdl.raw_ptr_buffer_store(packed, d_rsrc, B.add(d_voff[mt], B.c(nt * 32)), B.c(0), aux=B.c_attr(0))
+            llvm.store(packed, B.gep(lds, c_tile_offset(row, col)), alignment=8)
+    loads_done_barrier()
+    rows_per_pass = THREADS // chunks
+    for p in range((bm + rows_per_pass - 1) // rows_per_pass):
+        row = B.add(B.c(p * rows_per_pass), arith.divui(tid, B.c(chunks)))
+        col = B.mul(arith.remui(tid, B.c(chunks)), B.c(8))
+        live = B.cmp("slt", row, B.c(bm))
+        row = B.sel(live, row, B.c(0))  # the threads of a partial last pass read row 0, store nothing
+        v = llvm.load(B.v4i32, B.gep(lds, c_tile_offset(row, col)), alignment=16)
+        ok = arith.andi(live, row_ok(row))
+        voff = B.sel(ok, B.mul(B.add(B.mul(B.add(row_base, row), n), B.add(n0, col)), B.c(2)), B.c(INVALID_OFFSET))
+        rocdl.raw_ptr_buffer_store(v, d_rsrc, voff, B.c(0), aux=B.c_attr(0))
 
 
 def build(bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):

@@ -214,7 +214,9 @@ def test_code_object_spill_free_with_mfma_and_promotion_in_the_loop(variant):
     assert info.lds_bytes == 2 * variant["BM"] * 128          # two A buffers of BM x 128 bytes
     assert info.occupancy(256) >= 2
     tiles = (variant["BM"] // 32) * (variant["BN"] // 32)     # 16x16 MFMA tiles per wave
-    assert info.count("buffer_store_dwordx2") == tiles        # one 8-byte store per tile
+    rows_per_pass = 256 // (variant["BN"] // 8)               # CShuffle: one 16-byte row chunk per thread
+    assert info.count("buffer_store_dwordx4") == -(-variant["BM"] // rows_per_pass)
+    assert info.count("buffer_store_dwordx2") == 0 and info.count("ds_write_b64") == tiles
     loop = " ".join(loop_bodies(art.asm))
     mfma = loop.count("v_mfma_scale_f32_16x16x128_f8f6f4")
     assert mfma >= tiles and mfma % tiles == 0               # one MFMA per tile per K block (unrolled)
