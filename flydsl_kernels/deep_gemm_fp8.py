@@ -43,15 +43,10 @@ from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 
 from ir_builder import INVALID_OFFSET, Builder, loads_done_barrier, pipelined_step
 
-SYMBOL = "deep_gemm_fp8"
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
-
-
-def kernel_symbol(BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16") -> str:  # noqa: N803 (registry spelling)
-    return SYMBOL
 
 
 def _check(bm, bn, masked, ue8m0, out):
@@ -245,7 +240,7 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         rocdl.raw_ptr_buffer_store(v, d_rsrc, voff, B.c(0), aux=B.c_attr(0))
 
 
-def build(bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
+def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
     _check(bm, bn, masked, ue8m0, out)
 
@@ -253,7 +248,7 @@ def build(bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     class SharedStorage:
         buf: fx.Array[fx.Int8, 2 * bm * BLOCK_K, 16]
 
-    @flyc.kernel(name=SYMBOL)
+    @flyc.kernel(name=symbol)
     def deep_gemm_fp8_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                              layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
                              groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32):
@@ -273,10 +268,10 @@ def build(bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     return deep_gemm_fp8
 
 
-def compile_for_build(arch: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):  # noqa: N803
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(BM, BN, MASKED, UE8M0, OUT)
+    fn = build(symbol, BM, BN, MASKED, UE8M0, OUT)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
     sf = u8 if UE8M0 else f32

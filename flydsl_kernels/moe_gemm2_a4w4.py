@@ -34,7 +34,6 @@ from flydsl._mlir.dialects import rocdl
 
 from ir_builder import INVALID_OFFSET, Builder as _B, pipelined_step
 
-SYMBOL = "moe_gemm2_a4w4"
 THREADS = 256
 BLOCK_N = 256
 BLOCK_K = 256
@@ -42,11 +41,6 @@ ROW_BYTES = BLOCK_K // 2          # packed fp4 bytes of one row per K step
 WAVE_N = BLOCK_N // 4             # columns per wave
 N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
 BUF_BYTES = 4 * 64 * 16           # one LDS buffer: every wave's 16-byte-per-lane DMA slot
-
-
-def kernel_symbol(BM: int = 32, NT: int = 0) -> str:  # noqa: N803 (registry spells variants upper case)
-    # One name for every variant, as the HIP kernel: a launch is the same call for both.
-    return SYMBOL
 
 
 def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
@@ -251,7 +245,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
             scf.YieldOp([])
 
 
-def build(bm: int = 32, nt: int = 0):
+def build(symbol: str, bm: int = 32, nt: int = 0):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
     if bm not in (16, 32) or nt not in (0, 1):
         raise ValueError(f"variant BM={bm} NT={nt}: BM must be 16 or 32, NT 0 or 1")
@@ -260,7 +254,7 @@ def build(bm: int = 32, nt: int = 0):
     class SharedStorage:
         buf: fx.Array[fx.Int8, 2 * BUF_BYTES, 16]
 
-    @flyc.kernel(name=SYMBOL)
+    @flyc.kernel(name=symbol)
     def moe_gemm2_a4w4_kernel(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
                               sorted_token_ids: fx.Pointer, sorted_expert_ids: fx.Pointer,
                               num_valid_ids: fx.Pointer, sorted_weights: fx.Pointer, out: fx.Pointer,
@@ -283,12 +277,12 @@ def build(bm: int = 32, nt: int = 0):
     return moe_gemm2_a4w4
 
 
-def compile_for_build(arch: str, BM: int = 32, NT: int = 0):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, BM: int = 32, NT: int = 0):  # noqa: N803
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
 
     Null pointers and Python ints are compile placeholders: nothing touches a device.
     """
-    fn = build(BM, NT)
+    fn = build(symbol, BM, NT)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8 = fx.Uint8
     flyc.compile(fn, p(u8), p(u8), p(u8), p(u8), p(fx.Int32), p(fx.Int32), p(fx.Int32), p(fx.Float32),

@@ -37,16 +37,11 @@ VEC = 4
 BLOCK_K = 32  # MX block size: one e8m0 scale per 32 elements of a row
 
 
-def kernel_symbol(THREADS: int = THREADS, VEC: int = VEC) -> str:  # noqa: N803 (registry spells variants upper case)
-    # The default variant keeps the HIP twin's name, so one launcher call serves both.
-    return "mxfp8_dequant" if (THREADS, VEC) == (256, 4) else f"mxfp8_dequant_t{THREADS}_v{VEC}"
-
-
-def build(threads: int = THREADS, vec: int = VEC):
-    """The ``@flyc.jit`` launcher ``fn(x, scale, out, M, K, stream)`` for one variant."""
+def build(symbol: str, threads: int = THREADS, vec: int = VEC):
+    """The ``@flyc.jit`` launcher ``fn(x, scale, out, M, K, stream)`` of kernel ``symbol`` for one variant."""
     per_block = threads * vec
 
-    @flyc.kernel(name=kernel_symbol(threads, vec))
+    @flyc.kernel(name=symbol)
     def mxfp8_dequant_kernel(x: fx.Pointer, scale: fx.Pointer, out: fx.Pointer, M: fx.Int32, K: fx.Int32):
         i32, f32 = ir.IntegerType.get_signless(32), ir.F32Type.get()
         tid = fx.thread_idx.x
@@ -81,12 +76,12 @@ def build(threads: int = THREADS, vec: int = VEC):
     return mxfp8_dequant
 
 
-def compile_for_build(arch: str, THREADS: int = THREADS, VEC: int = VEC):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, THREADS: int = THREADS, VEC: int = VEC):  # noqa: N803
     """Trace + compile once (arch comes from FLYDSL_GPU_ARCH set by the build); returns the jit fn.
 
     Null pointers and Python ints are compile placeholders: nothing touches a device.
     """
-    fn = build(THREADS, VEC)
+    fn = build(symbol, THREADS, VEC)
     u8 = lambda: flyc.from_c_void_p(fx.Uint8, 0)  # noqa: E731
     flyc.compile(fn, u8(), u8(), flyc.from_c_void_p(fx.Float32, 0), 1, BLOCK_K)
     return fn

@@ -90,3 +90,32 @@ def test_every_registered_kernel_builds_for_every_arch():
     want = {(n, registry.variant_id(v), a) for n, k in registry.KERNELS.items()
             for a in k.archs for v in k.variants}
     assert {(a.kernel, registry.variant_id(a.variant), a.arch) for a in arts} == want
+
+
+def test_cmake_kernel_list_is_the_registry():
+    path = registry.source_root() / "csrc" / "kernels.cmake"
+    assert path.read_text() == build.cmake_list(), (
+        "csrc/kernels.cmake is stale: regenerate it with\n  PYTHONPATH=python python -c "
+        "\"from mxgemm.build import cmake_list; print(cmake_list(), end='')\" > csrc/kernels.cmake")
+
+
+def test_cmake_builds_every_hip_variant_with_its_defines(tmp_path):
+    """Configure CMakeLists.txt (no compile) and read the outputs and -D flags it would build."""
+    import re
+    import shutil
+    import subprocess
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not installed")
+    root = registry.source_root()
+    p = subprocess.run(["cmake", "-S", str(root), "-B", str(tmp_path), "-G", "Unix Makefiles"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rules = (tmp_path / "CMakeFiles" / "mxgemm_kernels.dir" / "build.make").read_text()
+    got = set(re.findall(r"-mcpu=(gfx\w+) -c \S+/([\w]+)-(\w+)\.s ", rules))
+    want = {(a, n, registry.variant_id(v)) for n, v, a in build.plan()
+            if registry.get(n).language == "hip"}
+    assert got == want
+    for n, v, a in build.plan():
+        if registry.get(n).language == "hip" and v:
+            defines = " ".join(f"-D{k}={x}" for k, x in sorted(v.items()))
+            assert f"{defines} -S {root}/{registry.get(n).source}" in rules, (n, v)

@@ -113,13 +113,15 @@ def mn_major(sf: torch.Tensor) -> torch.Tensor:
 
 
 def run_kernel(variant, a, sfa, b, sfb, d, layout, rows, m_max, m_tiles):
-    art = build.artifact(KERNEL, variant)
+    """One launch with the registry's argument order and grid, on the emulator in race mode."""
+    kernel = registry.get(KERNEL)
     G, N, K = b.shape
     sg, sm, sk = sfa.stride() if sfa.dim() == 3 else (0, *sfa.stride())
-    grid = (N // variant["BN"], m_tiles, 1)
+    values = dict(a=a.view(torch.uint8), sfa=sfa, b=b.view(torch.uint8), sfb=sfb, out=d, layout=layout,
+                  rows=rows, N=N, K=K, m_max=m_max, groups=G, sfa_sg=sg, sfa_sm=sm, sfa_sk=sk)
     with launcher.emulator_settings(race_check=True):
-        launcher.launch(art, grid, (256, 1, 1), [a.view(torch.uint8), sfa, b.view(torch.uint8), sfb, d, layout,
-                                                 rows, N, K, m_max, G, sg, sm, sk])
+        launcher.launch(build.artifact(KERNEL, variant), kernel.launch_grid(variant, N=N, m_tiles=m_tiles),
+                        (kernel.threads, 1, 1), [values[n] for n in kernel.args], "emu", writes=(d,))
 
 
 def contiguous_case(group_rows, n, k, seed):

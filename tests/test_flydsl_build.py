@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mxgemm import toolchain
-from mxgemm.flydsl_build import compile_flydsl, elf_machine, elf_sections, flydsl_kernel_symbol
+from mxgemm.flydsl_build import compile_flydsl, elf_machine, elf_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "flydsl_kernels" / "mxfp8_dequant.py"
@@ -22,7 +22,7 @@ def built(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(arch)
     s, h = d / "k.s", d / "k.hsaco"
     t0 = time.perf_counter()
-    compile_flydsl(SRC, arch, {}, s, h)
+    compile_flydsl(SRC, arch, {}, s, h, SYMBOL)
     print(f"flydsl {arch}: {time.perf_counter() - t0:.1f}s")
     return arch, s, h
 
@@ -36,11 +36,6 @@ def _metadata_args(asm, symbol):
         f = dict(re.findall(r"\.(\w+):\s+(\S+)", "." + item.strip()))
         out.append((int(f["offset"]), int(f["size"]), f["value_kind"]))
     return out
-
-
-def test_symbol():
-    assert flydsl_kernel_symbol(SRC, {}) == SYMBOL
-    assert flydsl_kernel_symbol(SRC, {"THREADS": 128, "VEC": 4}) != SYMBOL
 
 
 def test_asm_kernel_and_abi(built):
@@ -78,7 +73,7 @@ def test_asm_reassembles_to_same_code(built, tmp_path):
 
 def test_compile_error_is_toolchain_error(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def kernel_symbol(**v):\n    return 'x'\n\ndef compile_for_build(arch, **v):\n"
+    bad.write_text("def compile_for_build(arch, symbol, **v):\n"
                    "    raise RuntimeError('boom from kernel module')\n")
     with pytest.raises(toolchain.ToolchainError, match="boom from kernel module"):
-        compile_flydsl(bad, "gfx950", {}, tmp_path / "k.s", tmp_path / "k.hsaco")
+        compile_flydsl(bad, "gfx950", {}, tmp_path / "k.s", tmp_path / "k.hsaco", "x")

@@ -5,7 +5,8 @@ and expert = sorted_expert_ids[p // block_m]:
     out[p] = topk_weights[token, slot] * A[token] @ W[expert]^T    (MX-scaled, fp32 accumulate)
 padding rows (token >= T, or expert -1) are 0 and rows past num_valid_ids[0] are not written.
 Every kernel variant runs on the emulator in race mode against mxgemm.reference (which takes
-the routing's sorted_weights: sorted_weights[p] == topk_weights[token, slot]). The accuracy
+the routing's sorted_weights: sorted_weights[p] == topk_weights[token, slot]). The contract
+(nearly bitwise: bf16 >= 99.9% bit-exact, every bf16 output of these cases is), the accuracy
 bound and the test data are those of tests/test_smallm_mxfp8_gemm.py (see its docstring).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 import mxgemm
 from mxgemm import build, guards, reference, registry, routing
-from mxgemm.ops import smallm_mxfp8 as op
+from mxgemm.ops import moe_mxfp8 as op
 from test_smallm_mxfp8_gemm import assert_matches_reference, mx_operand
 
 MOE = op.MOE
@@ -117,8 +118,9 @@ def test_fallback_matches_reference():
     plan = mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4)
     assert plan.fallback and "arch" in plan.reason
     out = torch.zeros(srt.sorted_token_ids.shape[0], w.shape[1], dtype=torch.bfloat16)
-    op._moe_fallback(a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids,
-                     srt.num_valid_ids, tw, 4, out)
+    moe = op.moe_mxfp8_grouped_gemm
+    op._fallback(moe.namespace(moe.flatten((a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids,
+                                            srt.num_valid_ids), dict(topk_weights=tw, block_m=4, out=out))), plan)
     check_against_reference(out, a, a_scale, w, w_scale, srt, 4, True, "fallback")
 
 
@@ -205,3 +207,11 @@ def test_isa_no_spills_and_128_bit_weight_loads(variant):
     buffer_loads = {m for m in info.histogram if m.startswith("buffer_load")}
     assert buffer_loads == {"buffer_load_dwordx4", "buffer_load_ubyte"}, buffer_loads
     assert info.occupancy(256) >= 4, info.summary()
+
+
+def test_guard_expert_id_beyond_w(problem):
+    (a, sa, w, sw, ids, eids, nv), tw, out = problem
+    eids = eids.clone()
+    eids[0] = 99
+    assert "sorted_expert_ids[0] = 99 but w holds 4 experts" in _rejects("expert-id", a, sa, w, sw, ids, eids, nv,
+                                                                        out=out, block_m=4)

@@ -1,8 +1,11 @@
-"""The op_tests/ scripts cannot rot: each runs its small emulator case here, and the shipped
-tuned-config CSV is exactly what the tuner's documented heuristic writes."""
+"""The op_tests/ scripts cannot rot: each runs its small emulator case here, and every row of the
+shipped tuned-config CSV (heuristic or measured) is a valid, buildable config the dispatcher takes."""
+import csv
 import subprocess
 import sys
 from pathlib import Path
+
+from mxgemm import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +19,13 @@ def _run(*args):
 def test_smallm_mxfp8_emulator_cases_pass():
     out = _run(ROOT / "op_tests" / "test_smallm_mxfp8.py", "--emulator")
     cases = [l for l in out.splitlines() if "on the emulator:" in l]
-    assert len(cases) == 3 and all(": ok:" in l for l in cases), out
+    assert len(cases) == 2 and all(": ok:" in l for l in cases), out
+
+
+def test_moe_mxfp8_emulator_case_passes():
+    out = _run(ROOT / "op_tests" / "test_moe_mxfp8.py", "--emulator")
+    cases = [l for l in out.splitlines() if "on the emulator:" in l]
+    assert len(cases) == 1 and ": ok:" in cases[0], out
 
 
 def test_moe_gemm2_a4w4_emulator_case_passes():
@@ -24,9 +33,80 @@ def test_moe_gemm2_a4w4_emulator_case_passes():
     assert "hip vs flydsl: bit-identical" in out, out
 
 
-def test_shipped_config_csv_is_the_heuristic(tmp_path):
-    csv = tmp_path / "heuristic.csv"
-    _run(ROOT / "op_tests" / "tune_smallm_mxfp8.py", "--heuristic", "--out", csv)
-    shipped = ROOT / "python" / "mxgemm" / "configs" / "smallm_mxfp8_gfx950.csv"
-    assert sorted(csv.read_text().splitlines()) == sorted(shipped.read_text().splitlines())
-    assert all(",heuristic" in l for l in shipped.read_text().splitlines()[1:])
+CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "us", "source"]
+SHIPPED_CSV = ROOT / "python" / "mxgemm" / "configs" / "smallm_mxfp8_gfx950.csv"
+
+
+def csv_rows(path):
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def row_variant(r) -> dict:
+    """A row's variant: its non-blank parameter columns as ints."""
+    return {p: int(r[p]) for p in CSV_HEADER[5:8] if r[p] != ""}
+
+
+def csv_problems(path) -> list[str]:
+    """Why a tuned-config CSV is not usable: schema, registered kernel / variant / arch, shapes."""
+    header, rows = csv_rows(path)
+    if header != CSV_HEADER:
+        return [f"header {header} != {CSV_HEADER}"]
+    bad, seen = [], set()
+    for n, r in enumerate(rows, 2):
+        where = f"line {n}"
+        try:
+            M, N, K = (int(r[d]) for d in "MNK")
+        except ValueError:
+            bad.append(f"{where}: M, N, K must be integers")
+            continue
+        if min(M, N, K) <= 0 or K % 32:
+            bad.append(f"{where}: shape {M}x{N}x{K} (positive, K a multiple of the MX block 32)")
+        if (r["arch"], M, N, K) in seen:
+            bad.append(f"{where}: duplicate shape {M}x{N}x{K}")
+        seen.add((r["arch"], M, N, K))
+        kernel = registry.KERNELS.get(r["kernel"])
+        if kernel is None:
+            bad.append(f"{where}: unregistered kernel {r['kernel']!r}")
+            continue
+        if r["arch"] not in kernel.archs:
+            bad.append(f"{where}: {kernel.name} is not built for {r['arch']}")
+        if row_variant(r) not in kernel.variants:
+            bad.append(f"{where}: {kernel.name} has no variant {row_variant(r)}")
+        if r["source"] not in ("heuristic", "measured") or (r["source"] == "measured") != (r["us"] != ""):
+            bad.append(f"{where}: source {r['source']!r} with us {r['us']!r} (measured rows carry their time)")
+        elif r["us"] and not float(r["us"]) > 0:
+            bad.append(f"{where}: us {r['us']} must be positive")
+    return bad
+
+
+def test_shipped_config_csv_rows_are_valid_buildable_configs():
+    from mxgemm import build
+    from mxgemm.ops import smallm_mxfp8 as op
+    assert csv_problems(SHIPPED_CSV) == []
+    _, rows = csv_rows(SHIPPED_CSV)
+    assert rows
+    for r in rows:   # the dispatcher takes every row for its own shape (its kernel's M / K envelope)
+        M, N, K = (int(r[d]) for d in "MNK")
+        assert op.tuned_config(M, N, K, r["arch"])[:2] == (r["kernel"], row_variant(r)), r
+        assert build.artifact(r["kernel"], row_variant(r), r["arch"]).hsaco_path.exists()   # memoised
+
+
+def test_config_csv_check_rejects_broken_rows(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(",".join(CSV_HEADER) + "\n"
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic\n"
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic\n"
+                   "gfx950,8,1280,8200,nosuch,16,,4,,heuristic\n"
+                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,heuristic\n"
+                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,measured\n")
+    assert csv_problems(bad) == [
+        "line 3: duplicate shape 4x1280x8192",
+        "line 4: shape 8x1280x8200 (positive, K a multiple of the MX block 32)",
+        "line 4: unregistered kernel 'nosuch'",
+        "line 5: smallm_mxfp8_mfma is not built for gfx1250",
+        "line 5: smallm_mxfp8_mfma has no variant {'M_TILE': 16, 'SPLIT_K': 3}",
+        "line 6: source 'measured' with us '' (measured rows carry their time)"]
+    (tmp_path / "renamed.csv").write_text(SHIPPED_CSV.read_text().replace("SPLIT_K", "SPLITK", 1))
+    assert csv_problems(tmp_path / "renamed.csv")[0].startswith("header ")

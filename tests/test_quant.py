@@ -133,6 +133,12 @@ def test_mx_layouts():
     assert torch.equal(vals, Q.dequantize_mx(p, s, "e2m1")[:, 0::2])
 
 
+@pytest.mark.parametrize("K", [1, 33, 100])
+def test_quantize_mx_rejects_k_off_the_block(K):
+    with pytest.raises(ValueError, match=rf"K % 32 == 0\] K of x \(its last dimension\) = {K} must be a multiple of 32"):
+        Q.quantize_mx(torch.ones(2, K))
+
+
 def half_ulp(y: torch.Tensor, fmt: str) -> torch.Tensor:
     """Half the element format's spacing at |y| (the RNE error bound before scaling)."""
     _, mbits, bias = F.SPECS[fmt]

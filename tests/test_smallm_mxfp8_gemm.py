@@ -2,7 +2,16 @@
 
 Spec: out[m, n] = bf16(sum_kb 2^(SA[m,kb]-127) 2^(SB[n,kb]-127) sum_{k in kb} A[m,k] B[n,k]),
 a [M, K] / b [N, K] float8_e4m3fn, scales e8m0 per 32 K. Every kernel variant runs on the
-gfx950 emulator in race mode and matches mxgemm.reference within 1 bf16 ulp per element.
+gfx950 emulator in race mode and matches mxgemm.reference bit for bit in nearly every element
+(bf16 output: >= 99.9%, the rest within 1 bf16 ulp or the proven bound below).
+
+Contract: nearly-bitwise, not bitwise. The reference adds the 32-blocks in K order, the kernels
+in their own order (below), so bitwise equality is not provable; on the test data every bf16
+output of every GEMV and MoE case is bit-exact and one MFMA element in 16384 (M=64 N=256 K=256)
+is 1 ulp off. The 99.9% floor is what makes a rounding bug fail: bf16 truncation instead of
+RNE leaves only ~57-72% of outputs bit-exact. fp32 outputs (MoE) expose the order difference
+in the last fp32 bit (70-77% bit-exact on the data; floor 60%) and are also held to the fp32
+reordering bound.
 
 Why 1 bf16 ulp is the right bound. Kernel and reference both form each 32-block's product sum,
 scale it by 2^(ea+eb-254) and add the blocks in fp32, but in different orders (the reference
@@ -82,9 +91,11 @@ def assert_matches_reference(got, ref, x, x_scale, w, w_scale, anchored_cols=Non
     """got, ref [R, N] (bf16 or fp32); x [R, K], w [N, K] the operands each row/col used;
     row_weight [R]: a factor applied to each row after the sum (MoE top-k weights).
 
-    Elements meeting the 1-ulp precondition: <= 1 bf16 ulp (NaN matches NaN). Others: within
-    the fp32 reordering bound (2 nb + 32) u A + 1 bf16 ulp. anchored_cols must all qualify."""
+    Nearly all elements bit-exact (module docstring); elements meeting the 1-ulp precondition:
+    <= 1 bf16 ulp (NaN matches NaN). Others: within the fp32 reordering bound
+    (2 nb + 32) u A + 1 bf16 ulp. anchored_cols must all qualify."""
     from mxgemm.quant import dequantize_mx
+    metrics.assert_mostly_bitwise_equal(got, ref, 0.999 if got.dtype == torch.bfloat16 else 0.6, name)
     nb = x.shape[1] // 32
     dx, dw = dequantize_mx(x, x_scale).double(), dequantize_mx(w, w_scale).double()
     exact, absum = dx @ dw.T, dx.abs() @ dw.abs().T
@@ -165,13 +176,13 @@ def test_out_argument_is_written_in_place():
     out = torch.full((2, 128), 7.0, dtype=torch.bfloat16)
     res = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, out=out)
     assert res is out
-    metrics.assert_close_ulp(out, reference.smallm_mxfp8_gemm_ref(a, sa, b, sb))
+    metrics.assert_bitwise_equal(out, reference.smallm_mxfp8_gemm_ref(a, sa, b, sb))
 
 
 def test_e8m0fnu_scales_accepted():
     a, sa, b, sb = operands(1, 128, 256)
     got = mxgemm.smallm_mxfp8_gemm(a, sa.view(torch.float8_e8m0fnu), b, sb.view(torch.float8_e8m0fnu))
-    metrics.assert_close_ulp(got, reference.smallm_mxfp8_gemm_ref(a, sa, b, sb))
+    metrics.assert_bitwise_equal(got, reference.smallm_mxfp8_gemm_ref(a, sa, b, sb))
 
 
 def test_fake_impl_gives_shape_without_running():
@@ -217,8 +228,7 @@ def test_config_csv_rows_are_valid_and_match_the_documented_heuristic():
         M, N, K = int(r["M"]), int(r["N"]), int(r["K"])
         kernel, variant = r["kernel"], op._variant_of(r["kernel"], r)
         assert variant in registry.get(kernel).variants, r
-        lo, hi = op.M_RANGE[kernel]
-        assert lo <= M <= hi and K % op.K_ALIGN[kernel] == 0, r
+        assert op.serves(kernel, M, K), r
         assert r["source"] in ("heuristic", "measured"), r
         if r["source"] == "heuristic":
             assert op.heuristic_config(M, N, K)[:2] == (kernel, variant), r
@@ -364,5 +374,7 @@ def test_isa_gemv_uses_packed_fma_and_ldexp():
 def test_bench_dispatch_cached_path_is_cheap():
     """The CLI reports the figure (target <= 5 us); here only a loose bound against gross
     regressions such as file I/O or rebuilding the plan per call on a loaded CI machine."""
-    us = min(op.bench_dispatch(2000) for _ in range(3))
+    from mxgemm.bench import _us_per_call, dispatch_calls
+    fn, _ = dispatch_calls()["smallm_mxfp8_gemm"]
+    us = _us_per_call(fn, 2000)
     assert 0 < us < 50, us

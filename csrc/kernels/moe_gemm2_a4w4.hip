@@ -89,7 +89,7 @@ MXGEMM_DEVICE __amdgpu_buffer_rsrc_t make_rsrc(const void* base, uint32_t bytes)
 }
 
 // s_waitcnt vmcnt(n) with lgkmcnt/expcnt left alone (gfx9 encoding: vmcnt split over
-// bits [3:0] and [15:14]).
+// bits [3:0] and [15:14]; docs/gfx950_isa.md §7).
 #define WAIT_VMCNT(n) __builtin_amdgcn_s_waitcnt(((n) & 0xF) | (((n) >> 4) << 14) | (0x7 << 4) | (0xF << 8))
 // s_waitcnt lgkmcnt(0) only.
 #define WAIT_LGKMCNT0() __builtin_amdgcn_s_waitcnt(0xC07F)

@@ -6,8 +6,8 @@ and config a call would use and why. See README.md for the layout.
 """
 __version__ = "0.1.0"
 
-from .dispatch import explain  # noqa: E402,F401
 from .ops import (  # noqa: E402,F401
+    explain,
     moe_gemm2_a4w4,
     moe_mxfp8_grouped_gemm,
     mxfp8_dequantize,

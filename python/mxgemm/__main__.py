@@ -1,4 +1,8 @@
-"""python -m mxgemm {info,build,demo,bench}"""
+"""python -m mxgemm {info,build,demo,bench}
+
+Without a command it prints this help and exits with status 2. `build` with an unknown kernel,
+an arch no selected kernel supports, or a failed compile prints one error message (no
+traceback) and exits with status 1."""
 from __future__ import annotations
 
 import argparse
@@ -20,34 +24,48 @@ def cmd_info(args) -> int:
     print(f"ld.lld        {toolchain.ld_lld_dir() / 'llvm' / 'bin' / 'ld.lld'} (ROCM_PATH for FlyDSL)")
     gpu = toolchain.gpu_arch()
     print(f"gpu           {gpu or 'none'}")
-    print(f"backend       {toolchain.launch_backend()}  (hip on a gfx950 GPU, emu otherwise)")
+    from .launcher import default_backend
+    print(f"backend       {default_backend()}  (hip on a ROCm GPU, emu otherwise; MXGEMM_BACKEND forces one)")
     print(f"cache         {toolchain.cache_dir()}")
     return 0
 
 
+def artefact_line(a) -> str:
+    """One artefact by its registry name (HIP and FlyDSL ports share a symbol), language,
+    variant and arch, then its ISA facts."""
+    from . import registry
+    return (f"{a.kernel:30s} {registry.get(a.kernel).language:6s} {registry.variant_id(a.variant):18s} "
+            f"{a.isa().summary()}")
+
+
 def cmd_build(args) -> int:
-    from . import build, launcher, registry
+    from . import build, launcher, toolchain
     archs = tuple(a for a in args.arch.split(",") if a) if args.arch else None
     kernels = args.kernel.split(",") if args.kernel else None
     t0 = time.perf_counter()
-    if args.warm:
-        print("building host extension ...", file=sys.stderr, flush=True)
+    if args.warm and launcher.hip_available():
+        print("building the HIP launcher ...", file=sys.stderr, flush=True)
         launcher.host_ext()
-    arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs, default_only=args.warm)
+    try:
+        arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs, default_only=args.warm)
+    except (ValueError, toolchain.ToolchainError) as e:   # bad names, failed compiles: no traceback
+        print(f"python -m mxgemm build: error: {e}", file=sys.stderr)
+        return 1
     if args.verbose:
         for a in arts:
-            print(f"{registry.variant_id(a.variant):>20}  {a.isa().summary()}")
-    print(f"{len(arts)} artefacts ready in {time.perf_counter() - t0:.2f} s "
-          f"({build.build.last_compiled} compiled)")
+            print(artefact_line(a))
+    n_new = build.build.last_compiled
+    print(f"{len(arts)} artefacts of {len({a.kernel for a in arts})} kernels ready: {n_new} compiled, "
+          f"{len(arts) - n_new} cached, {time.perf_counter() - t0:.2f} s")
     return 0
 
 
 def cmd_demo(args) -> int:
-    from . import build, registry
+    from . import build
     cmd_info(args)
     print("\nbuilt kernels:")
     for a in build.build(progress=False):
-        print(f"  {a.kernel:32s} {registry.variant_id(a.variant):18s} {a.isa().summary()}")
+        print("  " + artefact_line(a))
     from .demo import run_demos
     print()
     return run_demos()
@@ -59,8 +77,9 @@ def cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mxgemm", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="python -m mxgemm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="versions, compiler, backend, cache dir").set_defaults(fn=cmd_info)
     b = sub.add_parser("build", help="compile registered kernels (content-hash cached)")
     b.add_argument("--arch", help="comma list, e.g. gfx950,gfx1250 (default: every kernel's archs)")
@@ -74,6 +93,9 @@ def main(argv=None) -> int:
     be.add_argument("what", choices=["dispatch", "emu"], help="what to measure")
     be.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
+    if args.cmd is None:          # bare `python -m mxgemm`: the help, as a usage error (exit 2)
+        p.print_help()
+        return 2
     return args.fn(args)
 
 

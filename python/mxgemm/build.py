@@ -79,7 +79,7 @@ def _compile(kernel, variant, arch, asm_path: Path, hsaco_path: Path):
             toolchain.assemble(tmp_s, arch, tmp_h)
         else:
             from .flydsl_build import compile_flydsl
-            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h)
+            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h, kernel.symbol)
         # hsaco last: its presence marks a complete entry
         os.replace(tmp_s, asm_path)
         os.replace(tmp_h, hsaco_path)
@@ -124,8 +124,18 @@ def _artifact(name, variant, arch):
 
 
 def plan(kernels=None, archs=None, default_only=False):
-    """All (kernel, variant, arch) triples selected by names and archs."""
+    """All (kernel, variant, arch) triples selected by names and archs. An unknown kernel name, or
+    an arch that none of the selected kernels is built for, is a ValueError naming what exists."""
     names = kernels or list(registry.KERNELS)
+    unknown = [n for n in names if n not in registry.KERNELS]
+    if unknown:
+        raise ValueError(f"unknown kernel {', '.join(map(repr, unknown))}; registered kernels: "
+                         f"{', '.join(registry.KERNELS)}")
+    supported = sorted({a for n in names for a in registry.KERNELS[n].archs})
+    orphan = [a for a in archs or () if a not in supported]
+    if orphan:
+        raise ValueError(f"no selected kernel is built for arch {', '.join(orphan)}; "
+                         f"supported: {', '.join(supported)}")
     out = []
     for n in names:
         k = registry.get(n)
@@ -142,7 +152,6 @@ def build(kernels=None, archs=None, jobs=None, progress=True, default_only=False
     """Build (or find cached) every selected artefact, in parallel, printing progress to stderr."""
     todo = plan(kernels, archs, default_only)
     jobs = jobs or os.cpu_count() or 1
-    t0 = time.perf_counter()
     errors, n_new = [], 0
 
     def say(msg):
@@ -162,13 +171,25 @@ def build(kernels=None, archs=None, jobs=None, progress=True, default_only=False
             n_new += compiled
             say(f"[{i}/{len(todo)}] {'compiled' if compiled else 'cached  '} {label[fut]}"
                 + (f" ({art.seconds:.1f} s)" if compiled else ""))
-    dt = time.perf_counter() - t0
-    if n_new == 0 and not errors:
-        say(f"all {len(futs)} artefacts cached, nothing compiled ({dt:.2f} s)")
-    else:
-        say(f"{len(futs) - len(errors)} artefacts: {n_new} compiled, {len(futs) - len(errors) - n_new} cached, "
-            f"{len(errors)} failed ({dt:.1f} s)")
     if errors:
-        raise toolchain.ToolchainError("build failed:\n" + "\n".join(f"  {l}: {e}" for l, e in errors))
+        raise toolchain.ToolchainError(f"build failed ({len(errors)} of {len(todo)} artefacts):\n"
+                                       + "\n".join(f"  {l}: {e}" for l, e in errors))
     build.last_compiled = n_new  # for tests and the CLI summary
     return [f.result()[0] for f in futs]  # in plan order
+
+
+def cmake_list() -> str:
+    """The HIP half of the registry for CMakeLists.txt (csrc/kernels.cmake): one entry per
+    (kernel, variant) and the compile flags of mxgemm.toolchain. tests/test_build.py checks the
+    file is current and says how to regenerate it."""
+    flags = [f for f in toolchain.hip_flags("ARCH") if not f.startswith(("--offload-arch=", "-I"))]
+    lines = ["# Generated from python/mxgemm/registry.py by mxgemm.build.cmake_list(): do not edit.",
+             f"set(MXGEMM_HIP_FLAGS {' '.join(flags)})",
+             "# name|variant id|source|archs|defines",
+             "set(MXGEMM_HIP_KERNELS"]
+    for k in registry.KERNELS.values():
+        if k.language == "hip":
+            for v in k.variants:
+                defines = ",".join(f"{d}={x}" for d, x in sorted(v.items()))
+                lines.append(f'  "{k.name}|{registry.variant_id(v)}|{k.source}|{",".join(k.archs)}|{defines}"')
+    return "\n".join(lines) + ")\n"

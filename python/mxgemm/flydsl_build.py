@@ -8,6 +8,7 @@ Both outputs come from one FlyDSL compilation: the .s is FlyDSL's ``*_final_isa.
 (regenerated from the same LLVM module as the binary) and the .hsaco is the code object
 embedded in the compiled module's ``gpu.binary`` op (FlyDSL links it with
 ``$ROCM_PATH/llvm/bin/ld.lld``; ``toolchain.ld_lld_dir()`` provides one without ROCm).
+Facts relied on: docs/toolchain.md §2.
 """
 from __future__ import annotations
 
@@ -27,17 +28,9 @@ from .toolchain import ToolchainError, ld_lld_dir
 _TIMEOUT_S = 600
 
 
-def flydsl_kernel_symbol(source: str | Path, variant: dict) -> str:
-    """The kernel's symbol in the .s: the module's ``kernel_symbol(**variant)``.
-
-    Importing a kernel module only defines functions (FlyDSL traces on compile), so this is
-    cheap and safe in the parent process.
-    """
-    return _load_module(Path(source)).kernel_symbol(**variant)
-
-
-def compile_flydsl(source: Path, arch: str, variant: dict, out_s: Path, out_hsaco: Path) -> None:
-    """Compile the FlyDSL kernel module ``source`` for ``arch`` with compile-time ``variant``.
+def compile_flydsl(source: Path, arch: str, variant: dict, out_s: Path, out_hsaco: Path, symbol: str) -> None:
+    """Compile the FlyDSL kernel module ``source`` for ``arch`` with compile-time ``variant``,
+    naming the kernel ``symbol`` (its registry symbol).
 
     Writes ``out_s`` (FlyDSL's final ISA) and ``out_hsaco`` (its gpu.binary code object).
     Raises ToolchainError carrying FlyDSL's output on failure.
@@ -62,7 +55,7 @@ def compile_flydsl(source: Path, arch: str, variant: dict, out_s: Path, out_hsac
                                                         env.get("PYTHONPATH")])),
         })
         env.pop("FLYDSL_DUMP_IR", None)
-        job = {"source": str(source), "arch": arch, "variant": variant,
+        job = {"source": str(source), "arch": arch, "variant": variant, "symbol": symbol,
                "dump": str(tmp / "dump"), "out_s": str(tmp / "k.s"), "out_hsaco": str(tmp / "k.hsaco")}
         argv = [sys.executable, "-c", "import sys; from mxgemm.flydsl_build import _worker; _worker(sys.argv[1])",
                 json.dumps(job)]
@@ -119,8 +112,8 @@ def _gpu_binaries(ir_text: str) -> list[bytes]:
 def _worker(job_json: str) -> None:
     job = json.loads(job_json)
     mod = _load_module(Path(job["source"]))
-    symbol = mod.kernel_symbol(**job["variant"])
-    jitfn = mod.compile_for_build(job["arch"], **job["variant"])
+    symbol = job["symbol"]
+    jitfn = mod.compile_for_build(job["arch"], symbol, **job["variant"])
     last = getattr(jitfn, "_last_compiled", None)
     if last is None:
         sys.exit("compile_for_build did not compile (no _last_compiled): did it return the @flyc.jit function?")

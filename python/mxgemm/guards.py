@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import toolchain
-
-VOFFSET_LIMIT = 2 ** 31  # raw buffer voffset is a 32-bit byte offset; >= 2^31 breaks OOB sentinels
+VOFFSET_LIMIT = 2 ** 31  # >= 2^31 breaks the OOB sentinel offsets (docs/gfx950_isa.md §6)
 
 
 class GuardError(ValueError):
@@ -71,14 +69,13 @@ def check_range(value: int, name: str, allowed, rule: str) -> None:
         fail(rule, f"{name} = {value} is outside the kernel envelope {sorted(allowed)}")
 
 
-def check_arch(*tensors) -> str:
-    """Backend for tensors on this device: 'emu' for CPU tensors (the gfx950 emulator),
-    'hip' for tensors on a gfx950 GPU; anything else is rejected naming the detected arch."""
-    dev = tensors[0].device
-    if dev.type == "cpu":
-        return "emu"
-    arch = toolchain.gpu_arch()
-    if dev.type == "cuda" and arch == "gfx950":
-        return "hip"
-    fail("arch", f"HIP kernels run on gfx950 GPUs or on the emulator (CPU tensors); tensors are on "
-                 f"{dev} whose arch is {arch or ('CUDA/non-ROCm' if dev.type == 'cuda' else dev.type)}")
+def check_expert_ids(sorted_expert_ids, num_valid_ids, block_m: int, experts: int) -> None:
+    """Every block holding live rows (below num_valid_ids[0]) names an expert of ``w``: the
+    kernels skip or misread a block whose id is >= the expert count. Reads the ids (a device
+    sync on a GPU)."""
+    ids = sorted_expert_ids[:-(-int(num_valid_ids[0]) // block_m)]
+    bad = int(ids.max()) if ids.numel() else -1
+    if bad >= experts:
+        block = int((ids == bad).nonzero()[0])
+        fail("expert-id", f"sorted_expert_ids[{block}] = {bad} but w holds {experts} experts "
+                          f"(ids 0..{experts - 1})")

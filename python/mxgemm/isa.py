@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import yaml
 
 # Per-SIMD limits used for occupancy, from LLVM's AMDGPUBaseInfo / GCNSubtarget and AMD's
-# CDNA3/CDNA4 ISA guides:
+# CDNA3/CDNA4 ISA guides (docs/gfx950_isa.md §8):
 #  gfx950 (CDNA4): unified VGPR+AGPR file of 512 regs per lane per SIMD, allocated in granules
 #    of 8; at most 8 waves per SIMD; 800 SGPRs per SIMD in granules of 16; 160 KiB LDS per CU
 #    (4 SIMDs per CU).
@@ -167,3 +167,38 @@ def kernel_info(asm: str, name: str | None = None) -> KernelInfo:
 
 def all_kernels(asm: str) -> list[KernelInfo]:
     return [kernel_info(asm, n) for n in kernel_names(asm)]
+
+
+# ---- loop structure (HIP vs FlyDSL parity report of moe_gemm2_a4w4) ----
+STEPS_PER_LOOP_ITERATION = 2  # both kernels run K steps in pairs (two alternating register sets)
+_COUNTED = (("scaled MFMA", ("v_mfma_scale_f32_16x16x128_f8f6f4",)),
+            ("buffer loads (all)", ("buffer_load_",)),
+            ("  of which direct-to-LDS", ("buffer_load_dwordx4/lds",)),
+            ("barriers", ("s_barrier",)),
+            ("ds_read_b128", ("ds_read_b128",)))
+
+
+def k_step_profile(asm: str, symbol: str = "moe_gemm2_a4w4") -> dict:
+    """Instruction counts per K step of the main loop (the body between the loop header and
+    its back-edge, divided by the steps it runs) of one kernel's assembly."""
+    lines = [l for l in (x.split(";")[0].strip() for x in asm.splitlines()) if l]
+    start = lines.index(f"{symbol}:")
+    labels = {}
+    for i, l in enumerate(lines[start:], start):
+        if l.endswith(":") and l.startswith(".LBB"):
+            labels[l[:-1]] = i
+    loop = None
+    for i, l in enumerate(lines[start:], start):
+        parts = l.split()
+        if parts[0].startswith("s_cbranch") and len(parts) > 1 and labels.get(parts[1], i) < i:
+            loop = lines[labels[parts[1]] + 1:i + 1]
+            break
+    if loop is None:
+        raise ValueError(f"{symbol}: no loop back-edge found")
+    keyed = [(l.split()[0] + ("/lds" if l.split()[0].startswith("buffer_load") and " lds" in f" {l} " else ""))
+             for l in loop if not l.endswith(":") and not l.startswith(".")]
+    out = {}
+    for name, prefixes in _COUNTED:
+        n = sum(1 for m in keyed if any(m.startswith(p) for p in prefixes))
+        out[name] = n / STEPS_PER_LOOP_ITERATION
+    return out

@@ -1,28 +1,37 @@
-"""Launch a built kernel through the C++ host extension's Launcher.
+"""The launch path: backend choice, kernarg packing, and the two backends.
 
-Backend per call, from where the tensors are: CPU tensors -> "emu" (mxgemm.emu runs the
-gfx950 assembly), tensors on a gfx950 GPU -> "hip" (hipModuleLaunchKernel). The host
-extension packs the kernarg from the kernel's own metadata either way, so the emulator sees
-exactly the bytes a GPU would.
+Backend per call, decided once by ``backend_for`` (and carried by the op's plan): CPU tensors
+-> "emu" (mxgemm.emu executes the gfx950 assembly), tensors on a ROCm GPU -> "hip"
+(hipModuleLaunchKernel through the C++ host extension). ``MXGEMM_BACKEND=emu`` forces the
+emulator for GPU tensors too (they are copied to the CPU and the outputs back): that is how a
+GPU user cross-checks a kernel. Both backends get the same kernarg bytes, packed here from
+the kernel's own metadata.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import struct
 import threading
 
 import torch
 
-from . import toolchain
+from . import guards, toolchain
+
+EMU_ARCH = "gfx950"   # the one arch mxgemm.emu executes
+BACKENDS = ("emu", "hip")
 
 _EMU_SETTINGS = threading.local()
-_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0)
+_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None)
 
 
 @contextlib.contextmanager
 def emulator_settings(**kw):
-    """Temporarily change emulator options (race_check, wg_order, seed) for launches."""
+    """Temporarily change emulator options for launches: race_check, wg_order, seed, and
+    workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all), and
+    asm_edit (a function assembly text -> text applied before loading, e.g. to delete one
+    s_waitcnt; edited programs are not cached)."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
@@ -38,30 +47,99 @@ def _emu_settings():
     return getattr(_EMU_SETTINGS, "value", _DEFAULT_EMU)
 
 
+# ---------------------------------------------------------------------------------------------
+# Backend choice
+# ---------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
-def host_ext():
-    """The pybind11 host extension, JIT-built once with torch.utils.cpp_extension (ninja-cached
-    in the mxgemm cache dir)."""
-    from torch.utils import cpp_extension
-    from .registry import source_root
-    src = source_root() / "csrc" / "host" / "mxgemm_host.cpp"
-    with_hip = bool(getattr(torch.version, "hip", None))
-    tag = "hip" if with_hip else "cpu"
-    build_dir = os.path.join(toolchain.cache_dir(), "host_ext", f"torch{torch.__version__}-{tag}")
-    os.makedirs(build_dir, exist_ok=True)
-    ext = cpp_extension.load(
-        name=f"mxgemm_host_{tag}", sources=[str(src)], build_directory=build_dir,
-        extra_cflags=["-O2"] + (["-DMXGEMM_WITH_HIP"] if with_hip else []),
-        extra_ldflags=["-ldl"] if with_hip else [], verbose=False)
-    ext.set_emu_callback(_emu_launch)
-    return ext
+def forced_backend() -> str | None:
+    """``MXGEMM_BACKEND`` (emu|hip), read once per process; None when unset."""
+    forced = os.environ.get("MXGEMM_BACKEND") or None
+    if forced not in (None, *BACKENDS):
+        raise ValueError(f"MXGEMM_BACKEND must be one of {BACKENDS}; got {forced!r}")
+    return forced
+
+
+def default_backend() -> str:
+    """The backend for tensors on the default device: hip on a ROCm GPU, else emu."""
+    return forced_backend() or ("hip" if toolchain.gpu_arch() else "emu")
+
+
+def backend_for(device: torch.device, archs: tuple) -> tuple[str, str]:
+    """(backend, arch) that runs a kernel built for ``archs`` on tensors on ``device``, or
+    GuardError [arch] / [backend] naming the device and what it is."""
+    forced = forced_backend()
+    if device.type == "cpu" or (device.type == "cuda" and forced == "emu"):
+        if forced == "hip":
+            guards.fail("backend", f"MXGEMM_BACKEND=hip needs tensors on a ROCm GPU; they are on {device}")
+        if EMU_ARCH not in archs:
+            guards.fail("arch", f"the emulator runs {EMU_ARCH} code; this kernel is built for {archs}")
+        return "emu", EMU_ARCH
+    gpu = toolchain.gpu_arch() if device.type == "cuda" else None
+    if gpu in archs:
+        return "hip", gpu
+    what = gpu or ("a CUDA/non-ROCm GPU" if device.type == "cuda" else device.type)
+    guards.fail("arch", f"the kernel runs on {'/'.join(archs)} GPUs or on the emulator (CPU tensors); "
+                        f"tensors are on {device} ({what})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernarg packing
+# ---------------------------------------------------------------------------------------------
+def _grid_dims(grid, block) -> int:
+    """hidden_grid_dims is the AQL dispatch packet's dimensionality (LLVM AMDGPUUsage, code
+    object v5 hidden arguments). The packet's grid is counted in work-items, so a dimension
+    counts once it holds more than one work-item; the emulator builds its packet the same way."""
+    items = [g * b for g, b in zip(grid, block)]
+    return 3 if items[2] > 1 else 2 if items[1] > 1 else 1
+
+
+def _hidden(kind: str, grid, block, dynamic_lds: int) -> int:
+    """Code object v5 hidden arguments our launches define; every other one (printf, heap,
+    queue, ...) is unused by mxgemm kernels and stays 0."""
+    axis = "xyz".find(kind[-1])
+    if kind.startswith("hidden_block_count_"):
+        return grid[axis]
+    if kind.startswith("hidden_group_size_"):
+        return block[axis]
+    if kind == "hidden_grid_dims":
+        return _grid_dims(grid, block)
+    if kind == "hidden_dynamic_lds_size":
+        return dynamic_lds
+    return 0  # hidden_remainder_*: grids are whole workgroups by construction
+
+
+def pack_kernarg(layout, size: int, args, grid, block, dynamic_lds: int = 0) -> bytes:
+    """The kernarg segment: ``args`` (tensors for pointer slots, ints / floats by value) in
+    kernel-argument order at their metadata offsets, then the hidden arguments. None in a
+    pointer slot is a null pointer (an optional tensor the kernel is told not to read)."""
+    buf = bytearray(size)
+    explicit = [s for s in layout if not s[2].startswith("hidden_")]
+    if len(args) != len(explicit):
+        raise TypeError(f"kernel takes {len(explicit)} arguments, {len(args)} given")
+    for i, ((off, n, kind), a) in enumerate(zip(explicit, args)):
+        if kind == "global_buffer":
+            if not (a is None or isinstance(a, torch.Tensor)):
+                raise TypeError(f"argument {i} must be a tensor (pointer slot), got {type(a).__name__}")
+            buf[off:off + n] = (0 if a is None else a.data_ptr()).to_bytes(n, "little")
+        elif kind == "by_value" and isinstance(a, float):
+            buf[off:off + n] = struct.pack({4: "<f", 8: "<d"}[n], a)
+        elif kind == "by_value" and isinstance(a, int):
+            if not -(1 << (8 * n - 1)) <= a < (1 << (8 * n)):
+                raise OverflowError(f"argument {i} = {a} does not fit its {n}-byte slot")
+            buf[off:off + n] = (a & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
+        else:
+            raise TypeError(f"argument {i} ({kind} slot) cannot take {type(a).__name__}")
+    for off, n, kind in layout:
+        if kind.startswith("hidden_"):
+            buf[off:off + n] = _hidden(kind, grid, block, dynamic_lds).to_bytes(n, "little")
+    return bytes(buf)
 
 
 _LAYOUTS: dict = {}
 
 
-def _layout(art):
-    """(kernarg slots, kernarg size) from the artefact's metadata, once per code object."""
+def layout(art):
+    """(kernarg slots (offset, size, value_kind), kernarg size) of an artefact, read once."""
     got = _LAYOUTS.get(art.asm_path)
     if got is None:
         info = art.isa()
@@ -70,44 +148,68 @@ def _layout(art):
     return got
 
 
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+def launch(art, grid, block, args, backend: str, writes=(), dynamic_lds: int = 0) -> None:
+    """Run artefact ``art`` (mxgemm.build.Artifact) with ``args`` in kernel-argument order.
+    ``writes``: the tensors the kernel writes (copied back when GPU tensors run on the emulator)."""
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    slots, size = layout(art)
+    if backend == "emu":
+        _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds)
+    else:
+        kernarg = pack_kernarg(slots, size, args, grid, block, dynamic_lds)
+        dev = next(a.device for a in args if isinstance(a, torch.Tensor))
+        # torch's current stream on the tensors' GPU, so launches order with torch's work
+        host_ext().launch(_code_object(str(art.hsaco_path)), art.symbol, list(grid), list(block), kernarg,
+                          dynamic_lds, torch.cuda.current_stream(dev).cuda_stream)
+
+
 _PROGRAMS: dict = {}
 
 
-def _emu_launch(code, kernel, grid, block, kernarg, buffers, dynamic_lds):
-    """'emu' backend callback: ``code`` is the path of the kernel's assembly."""
+def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
     from .emu import Emulator
-    s = _emu_settings()
-    emu = Emulator(arch="gfx950", race_check=s["race_check"], wg_order=s["wg_order"], seed=s["seed"])
-    prog = _PROGRAMS.get(code)
+    if art.arch != EMU_ARCH:
+        raise ValueError(f"the emulator runs {EMU_ARCH} code only; {art.kernel} was built for {art.arch}")
+    # GPU tensors (MXGEMM_BACKEND=emu on a ROCm machine) run on CPU copies
+    host = [a.cpu() if isinstance(a, torch.Tensor) and a.device.type != "cpu" else a for a in args]
+    settings = _emu_settings()
+    emu = Emulator(arch=EMU_ARCH, race_check=settings["race_check"], wg_order=settings["wg_order"],
+                   seed=settings["seed"])
+    key = (art.asm_path, settings["race_check"])
+    prog = emu.load(settings["asm_edit"](art.asm)) if settings["asm_edit"] else _PROGRAMS.get(key)
     if prog is None:
-        prog = _PROGRAMS[code] = emu.load(open(code).read())
-    emu.launch_kernarg(prog, kernel, grid, block, kernarg, list(buffers), dynamic_lds)
+        prog = _PROGRAMS[key] = emu.load(art.asm)
+    kernarg = pack_kernarg(slots, size, host, grid, block, dynamic_lds)
+    emu.launch_kernarg(prog, art.symbol, grid, block, kernarg,
+                       [a for a in host if isinstance(a, torch.Tensor)], dynamic_lds, settings["workgroups"])
+    for a, h in zip(args, host):
+        if h is not a and any(a is w for w in writes):
+            a.copy_(h)
 
 
-def backend_for(args) -> str:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return "emu" if a.device.type == "cpu" else "hip"
-    return "emu"
+def hip_available() -> bool:
+    """Whether this torch is a ROCm build (the only place the HIP launcher can be built)."""
+    return bool(getattr(torch.version, "hip", None))
 
 
-def launch(art, grid, block, args, dynamic_lds: int = 0, backend: str | None = None) -> None:
-    """Run artefact ``art`` (mxgemm.build.Artifact) with ``args`` in kernel-argument order."""
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
-    backend = backend or backend_for(args)
-    if backend == "emu" and art.arch != "gfx950":
-        raise ValueError(f"the emulator runs gfx950 code only; {art.kernel} was built for {art.arch}")
-    layout, size = _layout(art)
-    ext = host_ext()
-    kernarg = ext.pack_kernarg(layout, size, list(args), list(grid), list(block), dynamic_lds)
-    buffers = [a for a in args if not isinstance(a, (int, float))]
-    if backend == "emu":
-        code, stream = str(art.asm_path), 0
-    else:  # torch's current stream on the tensors' GPU, so launches order with torch's work
-        code = _code_object(str(art.hsaco_path))
-        stream = torch.cuda.current_stream(buffers[0].device).cuda_stream
-    ext.launch(backend, code, art.symbol, list(grid), list(block), kernarg, buffers, dynamic_lds, stream)
+@functools.lru_cache(maxsize=1)
+def host_ext():
+    """The HIP launcher (csrc/host/mxgemm_host.cpp), JIT-built once with
+    torch.utils.cpp_extension; it exists only with a ROCm torch."""
+    if not hip_available():
+        raise RuntimeError("the hip backend needs a ROCm build of torch; CPU tensors run on the emulator")
+    from torch.utils import cpp_extension
+
+    from .registry import source_root
+    src = source_root() / "csrc" / "host" / "mxgemm_host.cpp"
+    build_dir = os.path.join(toolchain.cache_dir(), "host_ext", f"torch{torch.__version__}-hip")
+    os.makedirs(build_dir, exist_ok=True)
+    return cpp_extension.load(name="mxgemm_host_hip", sources=[str(src)], build_directory=build_dir,
+                              extra_cflags=["-O2"], extra_ldflags=["-ldl"], verbose=False)
 
 
 @functools.lru_cache(maxsize=None)

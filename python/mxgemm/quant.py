@@ -11,7 +11,7 @@ Dequantised value = decode(code) * scale.
 """
 import torch
 
-from . import formats as F
+from . import formats as F, guards
 
 MX_BLOCK = 32
 # floor(log2(max)) of each element format: the exponent OCP MX aligns the block amax to
@@ -56,10 +56,11 @@ def quantize_mx(x: torch.Tensor, fmt: str = "e4m3", mode: str = "floor", block: 
 
     Elements are divided by their block's scale exactly (powers of two) and encoded
     with RNE, saturating. payload: fp8 torch dtype for e4m3/e5m2, packed uint8
-    [..., K/2] for e2m1, uint8 codes for e3m2/e2m3.
+    [..., K/2] for e2m1, uint8 codes for e3m2/e2m3. K must be a multiple of ``block``
+    (mxgemm.guards.GuardError, a ValueError, otherwise).
     """
     K = x.shape[-1]
-    assert K % block == 0, f"K={K} must be a multiple of the block size {block}"
+    guards.check_multiple(K, "K of x (its last dimension)", block, f"MX block: K % {block} == 0")
     xb = x.float().reshape(*x.shape[:-1], K // block, block)
     scale = mx_scale_e8m0(xb.abs().amax(-1), fmt, mode)
     codes = F.encode(xb / F.decode_e8m0(scale).unsqueeze(-1), fmt, saturate=True).reshape(x.shape)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -26,6 +27,11 @@ def source_root() -> Path:
 
 @dataclass(frozen=True)
 class Kernel:
+    """A kernel and everything dispatch needs to launch it; ops read these, never restate them.
+
+    The launch grid is ``ceil(dims[d] / tile(variant)[d])`` for each name d in ``grid``
+    (x, y, z; a name missing from the tile counts 1 per workgroup), where ``dims`` are the
+    problem sizes the op passes under those names."""
     name: str                       # what it is: "smallm_mxfp8_gemv", not "k2"
     language: str                   # "hip" | "flydsl"
     source: str                     # path relative to source_root()
@@ -34,10 +40,26 @@ class Kernel:
     variants: tuple = ({},)         # tuple of dicts of compile-time parameters
     default: bool = True            # built on install / by `python -m mxgemm build`
     doc: str = ""
+    args: tuple = ()                # kernel arguments in order: names of the op's values
+    grid: tuple = ()                # problem dims mapped to grid x, y, z
+    tile: Callable[[dict], dict] = lambda variant: {}   # variant -> {dim: extent per workgroup}
+    threads: int = 256              # workgroup size (x)
+    k_align: int = 32               # K must be a multiple of this
+    n_align: int = 1                # N must be a multiple of this
+    m_range: tuple | None = None    # (lo, hi) rows of A the kernel serves, None: any
 
     @property
     def path(self) -> Path:
         return source_root() / self.source
+
+    def launch_grid(self, variant: dict, **dims) -> tuple:
+        tile = self.tile(variant)
+        g = tuple(-(-dims[d] // tile.get(d, 1)) for d in self.grid)
+        return g + (1,) * (3 - len(g))
+
+    def values(self, param: str) -> tuple:
+        """Sorted values a variant parameter takes: values("BM") -> (16, 32)."""
+        return tuple(sorted({v[param] for v in self.variants}))
 
 
 KERNELS: dict[str, Kernel] = {}
@@ -79,59 +101,83 @@ def find_variant(kernel: Kernel, **params) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The table. One entry per kernel family; keep entries grouped by the issue that owns them.
+# The table. One entry per kernel family; keep entries grouped by family.
 # ---------------------------------------------------------------------------------------------
 
 # Sample kernels (foundation): e8m0-scaled MXFP8 dequantise, the same op in both languages.
+# One thread per 4 elements: a 256-thread workgroup covers 1024 elements of x.
+_DEQUANT = dict(args=("x", "scale", "out", "M", "K"), grid=("elements",), tile=lambda v: {"elements": 1024},
+                archs=("gfx950", "gfx1250"))
 register(Kernel(
     name="mxfp8_dequant", language="hip", source="csrc/kernels/mxfp8_dequant.hip",
-    symbol="mxfp8_dequant", archs=("gfx950", "gfx1250"),
+    symbol="mxfp8_dequant", **_DEQUANT,
     doc="x[M,K] e4m3 * 2^(scale[M,K/32]-127) -> f32 [M,K]; sample of the HIP path"))
 register(Kernel(
     name="mxfp8_dequant_flydsl", language="flydsl", source="flydsl_kernels/mxfp8_dequant.py",
-    symbol="mxfp8_dequant", archs=("gfx950", "gfx1250"),
+    symbol="mxfp8_dequant", **_DEQUANT,
     doc="FlyDSL twin of mxfp8_dequant; sample of the FlyDSL path"))
 
-# --- small-M MXFP8 (issue 6) ---
+# --- small-M MXFP8 ---
 # One source, three kernels: each is emitted when its defining parameter is set (N_SUB: GEMV,
 # SPLIT_K: MFMA, BLOCK_N: MoE), so every variant compiles exactly one kernel.
 _SMALLM_SRC = "csrc/kernels/smallm_mxfp8.hip"
+_SMALLM_DENSE_ARGS = ("a", "a_scale", "b", "b_scale", "out", "M", "N", "K")
 register(Kernel(
     name="smallm_mxfp8_gemv", language="hip", source=_SMALLM_SRC, symbol="smallm_mxfp8_gemv",
+    args=_SMALLM_DENSE_ARGS, grid=("N", "M"), m_range=(1, 16),
+    # 16 lane groups of 16 threads, each owning N_SUB weight rows
+    tile=lambda v: {"N": 16 * v["N_SUB"], "M": v["M_TILE"]},
     # M_TILE=16 with N_SUB=2 needs > 256 VGPRs and spills, so it is not offered.
     variants=variant_grid(M_TILE=(1, 2, 4, 8), N_SUB=(1, 2)) + variant_grid(M_TILE=(16,), N_SUB=(1,)),
     doc="MXFP8 GEMV, M <= M_TILE per workgroup row, 16*N_SUB weight rows per workgroup; packed FMA"))
 register(Kernel(
     name="smallm_mxfp8_mfma", language="hip", source=_SMALLM_SRC, symbol="smallm_mxfp8_mfma",
+    args=_SMALLM_DENSE_ARGS, grid=("N", "M"), m_range=(8, 64), k_align=128,
+    # 4 waves of 16 columns, SPLIT_K of them sharing each column block
+    tile=lambda v: {"N": 16 * (4 // v["SPLIT_K"]), "M": v["M_TILE"]},
     variants=variant_grid(M_TILE=(16, 32, 64), SPLIT_K=(1, 2, 4)),
     doc="MXFP8 small-M GEMM on v_mfma_scale_f32_16x16x128_f8f6f4; in-workgroup split-K; K % 128"))
 register(Kernel(
     name="smallm_mxfp8_moe_grouped_gemm", language="hip", source=_SMALLM_SRC,
     symbol="smallm_mxfp8_moe_grouped_gemm",
+    args=("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
+          "topk_weights", "out", "tokens", "topk", "N", "K", "a_rows", "block_m", "flags"),
+    grid=("N", "blocks"), tile=lambda v: {"N": v["BLOCK_N"]},
     variants=variant_grid(BLOCK_N=(8, 16), M_CHUNK=(2, 4)),
     doc="MXFP8 MoE grouped GEMM over sorted_token_ids; optional top-k weights; bf16/fp32 out"))
 
-# --- a4w4 MXFP4 MoE gemm2 (issue 7) ---
+# --- a4w4 MXFP4 MoE gemm2 ---
 # One HIP reference kernel and its 1:1 FlyDSL port; BM (rows per workgroup, = the routing
 # block size) x NT (non-temporal weight loads) are parameters of one body in each language.
-_MOE_GEMM2_A4W4_VARIANTS = variant_grid(BM=(16, 32), NT=(0, 1))
+# A workgroup owns one routing block of BM sorted rows x 256 output columns; K runs in
+# 256-wide steps.
+_MOE_GEMM2_A4W4 = dict(
+    args=("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
+          "sorted_weights", "out", "tokens", "topk", "experts", "N", "K"),
+    grid=("N", "blocks"), tile=lambda v: {"N": 256}, k_align=256, n_align=256,
+    variants=variant_grid(BM=(16, 32), NT=(0, 1)))
 register(Kernel(
     name="moe_gemm2_a4w4", language="hip", source="csrc/kernels/moe_gemm2_a4w4.hip",
-    symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
+    symbol="moe_gemm2_a4w4", **_MOE_GEMM2_A4W4,
     doc="MXFP4 x MXFP4 MoE down-projection: A rows -> LDS by buffer DMA, scaled MFMA, "
         "top-k weighted bf16 atomics into out[T, N]; K % 256, N % 256"))
 register(Kernel(
     name="moe_gemm2_a4w4_flydsl", language="flydsl", source="flydsl_kernels/moe_gemm2_a4w4.py",
-    symbol="moe_gemm2_a4w4", variants=_MOE_GEMM2_A4W4_VARIANTS,
+    symbol="moe_gemm2_a4w4", **_MOE_GEMM2_A4W4,
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
 
-# --- DeepGEMM-compatible FP8 block-scale grouped GEMMs (issue 14) ---
+# --- DeepGEMM-compatible FP8 block-scale grouped GEMMs ---
 # One FlyDSL body: contiguous / masked grouping (MASKED), fp32 software-promoted / e8m0 hardware
 # scales (UE8M0) and the output type (OUT) are parameters. BM=BN=128 is the production tile;
 # 32 x 32 keeps emulator tests fast.
 register(Kernel(
     name="deep_gemm_fp8", language="flydsl", source="flydsl_kernels/deep_gemm_fp8.py",
     symbol="deep_gemm_fp8",
+    # layout: m_indices (contiguous) or masked_m (masked); sfa_s*: sfa's element strides
+    # (group, row, K block); m_tiles: BM-row tiles over all groups
+    args=("a", "sfa", "b", "sfb", "out", "layout", "rows", "N", "K", "m_max", "groups",
+          "sfa_sg", "sfa_sm", "sfa_sk"),
+    grid=("N", "m_tiles"), tile=lambda v: {"N": v["BN"]}, k_align=128, n_align=32,
     variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
     + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16")),
     doc="e4m3 x e4m3 grouped GEMM with 1x128 / 128x128 block scales (fp32 or e8m0), DeepGEMM's "

@@ -4,7 +4,8 @@ HIP C++ is compiled header-free (``-nogpuinc -nogpulib``; kernels include only
 ``csrc/include/mxgemm``), which works the same with a ROCm clang and with the clang 22
 bundled in the ``ziglang`` wheel. Compilation is two steps so the code object is exactly
 the assembly we inspect and emulate: source -> ``.s`` (clang -S), then ``.s`` -> ``.o``
-(clang's integrated assembler) -> ``.hsaco`` (ld.lld -shared).
+(clang's integrated assembler) -> ``.hsaco`` (ld.lld -shared). Facts relied on:
+docs/toolchain.md §1.
 """
 from __future__ import annotations
 
@@ -226,10 +227,3 @@ def gpu_arch() -> str | None:
         pass
     return None
 
-
-def launch_backend() -> str:
-    """'hip' on a gfx950 GPU, else 'emu' (the CPU emulator). MXGEMM_BACKEND overrides."""
-    forced = os.environ.get("MXGEMM_BACKEND")
-    if forced:
-        return forced
-    return "hip" if gpu_arch() == "gfx950" else "emu"

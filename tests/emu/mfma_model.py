@@ -1,5 +1,5 @@
 """Independent numpy/Fraction model of gfx950 MFMAs, written from the layout tables of
-MFMA_FACTS.md §1 (ISA §7.1.4-7.1.5, §7.2.1) and ml_dtypes decoders -- not from mxgemm.emu.
+docs/gfx950_isa.md §1.3-1.5 (ISA §7.1.4-7.1.5, §7.2.1) and ml_dtypes decoders -- not from mxgemm.emu.
 
 Numerics under test: exact sum over K of the exactly scaled products, one fp32 RNE rounding,
 then fp32 RNE add of C."""
@@ -36,7 +36,7 @@ def lane_items(regs, bits: int, count: int):
 
 
 def element_of(shape, fmt: str, lane: int, i: int):
-    """(row-or-col, k, kblock) of item i in lane l -- MFMA_FACTS §1 lane table; dense forms
+    """(row-or-col, k, kblock) of item i in lane l -- docs/gfx950_isa.md §1.3 lane table; dense forms
     (K 32/16): row l%M, k = (K/(64/M)) * (l/M) + i."""
     m, _, k = shape
     if k in (128, 64):
@@ -91,6 +91,15 @@ def exact_sum_f32(terms) -> np.float32:
     return round_f32(sum((Fraction(t) for t in terms), Fraction(0)))
 
 
+def product(x: float, y: float) -> float:
+    """One element product as the MFMA forms it: IEEE 754 multiplication, so Inf x 0 (an e5m2
+    Inf against a zero element of the other operand) is an invalid operation giving NaN, and
+    the dot product is NaN. Spelled out because numpy's Inf * 0 gives NaN with a warning."""
+    if (np.isinf(x) and y == 0) or (np.isinf(y) and x == 0):
+        return np.nan
+    return x * y
+
+
 def model(shape, fa, fb, a_regs, b_regs, c_bits, sa=None, opa=0, sb=None, opb=0):
     """D bits [nregs, 64] of one MFMA."""
     m, n, k = shape
@@ -103,7 +112,7 @@ def model(shape, fa, fb, a_regs, b_regs, c_bits, sa=None, opa=0, sb=None, opb=0)
             terms = []
             for kb in range(k // block):
                 s = 1.0 if sa is None else scale_of(sa, opa, i, kb, m) * scale_of(sb, opb, j, kb, n)
-                terms += [a[i, kk] * b[j, kk] * s for kk in range(kb * block, (kb + 1) * block)]
+                terms += [product(a[i, kk], b[j, kk]) * s for kk in range(kb * block, (kb + 1) * block)]
             p[i, j] = exact_sum_f32(terms)
     c = np.asarray(c_bits, np.uint32).view(np.float32)
     d = np.zeros_like(c)

@@ -116,7 +116,7 @@ def test_exact_fallback_wide_range():
 
 
 def test_opsel_byte_decoding():
-    """clang 22 prints opselA=2, opselB=3 as op_sel:[0,1,0] op_sel_hi:[1,1,0] (MFMA_FACTS §1)."""
+    """clang 22 prints opselA=2, opselB=3 as op_sel:[0,1,0] op_sel_hi:[1,1,0] (docs/gfx950_isa.md §1.5)."""
     assert matrix.opsel_byte([0, 1, 0], [1, 1, 0], 0) == 2
     assert matrix.opsel_byte([0, 1, 0], [1, 1, 0], 1) == 3
     assert matrix.opsel_byte(None, None, 1) == 0

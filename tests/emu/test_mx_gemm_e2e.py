@@ -17,7 +17,7 @@ K = 256
 # One wave per 16x16 output tile, K in steps of 128. Lane l loads row m = l%16 of A (column n of
 # B, B given as [N, K]) per the f8f6f4 layout: FP8 items are bytes K0+16(l/16)+0..15 and +64;
 # FP4 items are nibbles K0+32(l/16)+0..31 (16 bytes). The scale of row m, K block kb comes from
-# lane m + 16 kb, byte 0 (MFMA_FACTS §1).
+# lane m + 16 kb, byte 0 (docs/gfx950_isa.md §1.5).
 SRC = r"""
 template <int FMT>
 __device__ inline void mx_gemm(const unsigned char* A, const unsigned char* As, const unsigned char* B,

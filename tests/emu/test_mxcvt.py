@@ -156,20 +156,30 @@ def test_scaled_up_all_codes(insn, e):
                         np.testing.assert_array_equal(g32, ref.astype(np.float32))
 
 
+PK_BF16 = r"""
+MXGEMM_KERNEL(pk_bf16)(unsigned* __restrict__ out, const float* __restrict__ x) {
+  int i = mxgemm::block_x() * 256 + mxgemm::thread_x();
+  v2f f = {x[2 * i], x[2 * i + 1]};
+  out[i] = __builtin_bit_cast(unsigned, __builtin_convertvector(f, v2bf));
+}"""
+
+
 def test_cvt_pk_bf16_f32_rne():
+    """The emulator's one v_cvt_pk_bf16_f32 (run from a compiled kernel) rounds each half to
+    nearest even like ml_dtypes, keeping NaNs quiet."""
+    from hip_run import program, run
+    assert "v_cvt_pk_bf16_f32" in program(PK_BF16)[2]
     rng = np.random.default_rng(5)
-    x = rng.integers(0, 1 << 32, 200000, dtype=np.uint64).astype(np.uint32)
     edge = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x7F7F8000, 0x00008000,
-                     0x00018000, 0x7F800000, 0xFF800000, 0x80000000], np.uint32)
-    x = np.concatenate([edge, x])
-    x = x[: x.size // 2 * 2].reshape(2, -1)
-    got = mxcvt.cvt_pk_bf16_f32(x[0], x[1])
-    for half, xi in ((got & 0xFFFF, x[0]), (got >> 16, x[1])):
+                     0x00018000, 0x7F800000, 0xFF800000, 0x80000000, 0x7FC00001, 0xFF800001], np.uint32)
+    x = np.concatenate([edge, rng.integers(0, 1 << 32, 2 * 256 * 16 - edge.size, dtype=np.uint64).astype(np.uint32)])
+    got, _ = run(PK_BF16, "pk_bf16", np.zeros(x.size // 2, np.uint32), x.view(np.float32), grid=16, block=256)
+    for half, xi in ((got & 0xFFFF, x[0::2]), (got >> 16, x[1::2])):
         f = xi.view(np.float32)
         ref = f.astype(ml_dtypes.bfloat16).view(np.uint16)
         nan = np.isnan(f)
         np.testing.assert_array_equal(half[~nan], ref[~nan])
-        assert ((half[nan] & 0x7FC0) == 0x7FC0).all()        # quiet NaN
+        assert ((half[nan] & 0x7FC0) == 0x7FC0).all() and ((half[nan] ^ (xi[nan] >> 16)) & 0x8000 == 0).all()
 
 
 def test_opsel_bits_from_clang_syntax():

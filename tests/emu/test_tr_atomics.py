@@ -43,7 +43,7 @@ MXGEMM_KERNEL(atomics)(v2bf* pb, v2h* ph, float* pf, unsigned* pu, const int* id
 
 
 def tr_model(lds: bytes, addrs, nbytes, bits):
-    """Triton's model (MFMA_FACTS §3), 16-lane groups: lane i loads N = 8*nbytes/bits elements
+    """Triton's model (docs/gfx950_isa.md §3), 16-lane groups: lane i loads N = 8*nbytes/bits elements
     L[i][.]; lane j gets R[j][e] = L[(16/N) e + j/N][j % N]."""
     n = 8 * nbytes // bits
     out = []

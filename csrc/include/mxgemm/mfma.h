@@ -1,4 +1,4 @@
-// gfx950 scaled MFMA wrapper and its operand layout (see docs MFMA_FACTS.md section 1).
+// gfx950 scaled MFMA wrapper and its operand layout (docs/gfx950_isa.md §1.3-1.5).
 //
 // v_mfma_scale_f32_16x16x128_f8f6f4 with E4M3 A and B (cbsz = blgp = 0):
 //   D[i][j] = C[i][j] + sum_kb 2^(SA[i][kb]-127) * 2^(SB[j][kb]-127) * sum_{k in kb} A[i][k] B[k][j]

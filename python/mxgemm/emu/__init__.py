@@ -1,58 +1,76 @@
-"""CPU emulator for gfx950 (CDNA4, wave64) kernel assembly.
+"""CPU emulator for AMDGPU kernel assembly (target gfx950: CDNA4, wave64).
 
     from mxgemm.emu import Emulator, EmulatorFault, RaceError, UnsupportedInstruction
-    emu = Emulator(arch="gfx950", race_check=True, wg_order="linear")   # or "shuffled", seed=
+    emu = Emulator(arch="gfx950", race_check=True, wg_order="linear")   # or "shuffled", seed=, lockstep=False
     prog = emu.load(asm_text)            # clang -S / FlyDSL ISA dump text
     emu.launch(prog, "kernel", grid=(gx, gy, gz), block=(bx, by, bz), args=[...])
     emu.launch_kernarg(prog, "kernel", grid, block, kernarg_bytes, buffers=[...])
+    emu.launch(..., workgroups=[(x, y, z), ...])   # run only these workgroups of the grid
+    emu.last_stats                       # counters of the last launch (dict, see ``stats``)
     big = emu.sparse_buffer(nbytes)      # lazily paged; big.write(off, t), big.read(off, n)
 
-Modules: ``isa`` (operand decoding, errors, handler registry), ``asm`` (assembly and
-metadata parsing), ``machine`` (waves, memory, scheduling, race tracking, launch),
-``salu`` / ``valu`` / ``vmem`` (instruction handlers), plug-ins such as ``matrix``.
+Modules: ``isa`` (operand decoding, errors, handler tables), ``asm`` (assembly and metadata
+parsing), ``target`` (what the core needs to know about an ISA target) and one module per
+target (``gfx950``: wave size, named SGPRs, s_waitcnt encoding, LDS size, handler table),
+``regs`` (register/operand access), ``memory`` (global buffers), ``memfault`` (fault text
+naming the nearest buffer), ``lds`` (shared memory), ``race`` (outstanding-load and LDS race
+tracking), ``wave`` (waves, workgroups, scheduling, private segments), ``launch`` (programs,
+kernarg/ABI, the Emulator), ``stats`` (per-launch counters, workgroup windows); handler
+modules ``salu`` / ``valu`` / ``vmem`` (also private/scratch memory) / ``matrix`` / ``mxcvt``
+/ ``lds_transpose`` / ``float_atomics``. A new target is a new module building a ``Target``
+from its tables, listed in ``launch.TARGETS``.
 
-Handler-registration API (for plug-in modules such as ``emu/matrix.py``)
-------------------------------------------------------------------------
-A plug-in registers *builders*; a builder runs once per instruction at ``emu.load`` time
-and returns the closure executed each time a wave issues the instruction::
+Handler-registration API (for handler modules such as ``emu/matrix.py``)
+-----------------------------------------------------------------------
+A handler module registers *builders* in a handler table (``isa.GFX9``, via ``isa.handler``);
+a builder runs once per instruction at ``emu.load`` time and returns the closure executed
+each time a wave issues the instruction::
 
+    from mxgemm.emu import regs as R
     from mxgemm.emu.isa import handler, Instr
-    from mxgemm.emu import machine as M
 
     @handler("v_mfma_f32_16x16x128_f8f6f4")        # bare names: _e32/_e64/_sdwa/_dpp stripped
     def _build(ins: Instr):
         dst, a, b, c = ins.ops                      # Operand: kind 'v'|'a'|'s'|'const'|..., index, count
-        read_a = M.src_vec(ins, 1)                  # w -> uint32 [64, count] (lane-major copy)
-        read_c = M.src_vec(ins, 3)
-        write_d = M.dst_vec(ins, 0)                 # (w, uint32 [64, count]) -> None, EXEC-masked
+        read_a = R.src_vec(ins, 1)                  # w -> uint32 [w.n, count] (lane-major copy)
+        read_c = R.src_vec(ins, 3)
+        write_d = R.dst_vec(ins, 0)                 # (w, uint32 [w.n, count]) -> None, EXEC-masked
         cbsz = ins.mods.get("cbsz", 0)              # modifiers: flags -> True, key:val -> int/list
-        def run(w):                                 # w: machine.Wave
+        def run(w):                                 # w: wave.Wave
             write_d(w, my_math(read_a(w), read_c(w), cbsz))
         return run
 
-Operand access helpers in ``machine`` (all build closures once; all do race checks):
-  src(ins, i, ty)      w -> one value per lane: uint32/int32/float32 [64] array or numpy
+The module must be imported by the target module (``gfx950.py``) so that its handlers exist.
+``ins.prog`` gives the program's ``race`` flag, ``target`` and the kernel's ``meta``.
+
+Operand access helpers in ``regs`` (all build closures once; all do race checks):
+  src(ins, i, ty)      w -> one value per lane: uint32/int32/float32 [w.n] array or numpy
                        scalar (SGPR/constant); ty in b32,u32,i32,f32,f16,bf16,b16,u16,i16,
                        b64,u64,i64,f64. f32/f16/f64 apply the operand's neg/abs.
                        ``src(ins, i, "f16", hi=True)`` reads the high half.
   dst(ins, i, ty)      (w, value) -> None; bit-casts value of type ty into the register(s),
                        only lanes in EXEC.  ``dst(ins, i, "b16", hi=True)`` writes a half.
-  src_vec / dst_vec    whole register tuples as uint32 [64, n] (VGPR/AGPR/SGPR/constant).
-Wave state (``machine.Wave``): V (uint32 [64, 512] unified VGPR+AGPR file, lane-major;
-AGPR a[i] is column prog.accum_offset + i), S (list of Python ints, gfx9 numbering: vcc =
-106/107, m0 = 124, exec = 126/127), scc, exec (int), mask (bool [64], EXEC), full
-(EXEC all ones), wg (workgroup: .lds uint8 array), emu, prog, kernel.
-Memory for plug-ins: ``w.emu.mem.load(addr u64[64], mask, nbytes) -> uint8 [64, nbytes]``,
-``.store(addr, mask, data)``, ``.atomic(addr, mask, dtype, fn)`` (lane-ordered read-modify-
-write, fn(old, lane_index) -> new, returns old values); LDS via ``M.lds_load(w, addr u32[64],
-nbytes)`` / ``M.lds_store(w, addr, data)`` (bounds and cross-wave race checks included).
-Loads that complete asynchronously call ``M.track_load(w, ins, counter, keys)`` so race
-mode can flag early reads; ``M.reg_keys(ins, i)`` gives the keys of operand i.
-Raise ``EmulatorFault`` / ``UnsupportedInstruction`` from ``isa``; the runner adds the
-kernel, line and text. Import plug-ins in ``machine._PLUGINS`` (listed by module name).
+  sdst(ins, i, bits)   (w, Python int) -> None for scalar destinations (EXEC writes update the mask).
+  src_vec / dst_vec    whole register tuples as uint32 [w.n, n] (VGPR/AGPR/SGPR/constant).
+  read_checked(ins, i, get)  wraps a custom getter of operand i with the race check.
+  mask_of(x, n) / bits_of(b) convert lane masks between ints and bool arrays.
+Wave state (``wave.Wave``; a lockstep unit of k waves is one Wave with n = k * T.wave lanes,
+wave-major): T (the target), k, n (lanes), lane (lane index within its wave [n]), V (uint32 [n, nvgpr] unified
+VGPR+AGPR file, lane-major; AGPR a[i] is column prog.meta.accum_offset + i), S (list of Python
+ints in the target's numbering: T.vcc, T.m0, T.exec), scc, exec (int), mask (bool [n], EXEC),
+full (EXEC all ones), wg (workgroup: .lds uint8 array), private(nbytes) (the lanes' private
+segments, uint8 [n, nbytes]), emu, prog, kernel.
+Memory: ``w.emu.mem.load(addr u64[n], mask, nbytes) -> uint8 [n, nbytes]``, ``.store(addr, mask,
+data)``, ``.atomic(addr, mask, dtype, fn)`` (lane-ordered read-modify-write, fn(old, lane_index)
+-> new, returns old values); LDS via ``lds.load(w, addr int[n], nbytes)`` / ``lds.store(w, addr,
+data)`` (bounds and cross-wave race checks included). Loads that complete asynchronously call
+``race.track_load(w, ins, counter, keys)`` so race mode can flag early reads;
+``regs.reg_keys(ins, i)`` gives the keys of operand i. Raise ``EmulatorFault`` /
+``UnsupportedInstruction`` from ``isa``; the runner adds the kernel, line and text.
 """
 from .isa import EmulatorError, EmulatorFault, RaceError, UnsupportedInstruction  # noqa: F401
-from .machine import Emulator, SparseBuffer  # noqa: F401
+from .launch import Emulator  # noqa: F401
+from .memory import SparseBuffer  # noqa: F401
 
 __all__ = ["Emulator", "EmulatorFault", "RaceError", "UnsupportedInstruction", "SparseBuffer",
            "EmulatorError"]

@@ -1,4 +1,6 @@
-"""python -m mxgemm.emu bench  -- wave-instructions per second on a fixed LDS-tiled GEMM."""
+"""python -m mxgemm.emu bench  -- wave-instructions per second on a fixed LDS-tiled GEMM (seeded
+inputs), with race checking on and off, for the lockstep scheduler and the reference one
+(every wave on its own)."""
 from __future__ import annotations
 
 import sys
@@ -27,24 +29,24 @@ MXGEMM_KERNEL(gemm)(float* __restrict__ C, const float* __restrict__ A, const fl
 }"""
 
 
-def bench(race_check=True, M=16, N=256, K=1024):
-    import numpy as np
+def bench(race_check=True, lockstep=True, M=16, N=256, K=1024, seed=0):
     import torch
 
     from mxgemm.toolchain import compile_hip_source
 
     from . import Emulator
-    emu = Emulator(race_check=race_check)
+    emu = Emulator(race_check=race_check, lockstep=lockstep)
     prog = emu.load(compile_hip_source(_GEMM, "gfx950"))
-    a, b = torch.randn(M, K), torch.randn(K, N)
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
     c = torch.zeros(M, N)
     t = time.perf_counter()
     emu.launch(prog, "gemm", grid=(N // 16, M // 16, 1), block=(256, 1, 1), args=[c, a, b, M, N, K])
     dt = time.perf_counter() - t
     err = float((c - a.double() @ b.double()).abs().max())
     n = emu.wave_instructions
-    print(f"gemm M={M} N={N} K={K} race_check={race_check}: {n} wave-instructions in {dt:.2f} s "
-          f"= {n / dt:,.0f} wave-instr/s (max |err| {err:.2e})")
+    print(f"gemm M={M} N={N} K={K} race_check={race_check} lockstep={lockstep}: {n} wave-instructions "
+          f"in {dt:.2f} s = {n / dt:,.0f} wave-instr/s (max |err| {err:.2e})")
     return n / dt
 
 
@@ -52,8 +54,9 @@ def main(argv):
     if not argv or argv[0] != "bench":
         print(__doc__.strip())
         return 2
-    bench(race_check=True)
-    bench(race_check=False)
+    for race_check in (True, False):
+        for lockstep in (False, True):
+            bench(race_check, lockstep)
     return 0
 
 

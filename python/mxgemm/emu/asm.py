@@ -59,8 +59,9 @@ def _strip_comment(line: str) -> str:
     return line.strip()
 
 
-def parse(text: str):
-    """-> (codes: dict name -> KernelCode, metas: dict name -> KernelMeta)."""
+def parse(text: str, sgprs: dict):
+    """-> (codes: dict name -> KernelCode, metas: dict name -> KernelMeta); sgprs: the target's
+    named scalar registers."""
     lines = text.splitlines()
     md, directives = static_isa.metadata(text), static_isa.directives(text)
     funcs = set(_FUNCTION.findall(text))
@@ -79,11 +80,11 @@ def parse(text: str):
         if name not in metas:
             metas[name] = KernelMeta(name, [], dv.get("kernarg_size", 0), dv.get("group_segment_fixed_size", 0),
                                      dv.get("next_free_vgpr", 0), 0, dv.get("next_free_sgpr", 0), 64, dv)
-    codes = _parse_code(lines, set(metas) | funcs)
+    codes = _parse_code(lines, set(metas) | funcs, sgprs)
     return codes, metas
 
 
-def _parse_code(lines, names):
+def _parse_code(lines, names, sgprs):
     codes, cur = {}, None
     for no, ln in enumerate(lines, 1):
         s = _strip_comment(ln)
@@ -112,6 +113,6 @@ def _parse_code(lines, names):
         if not m:
             continue
         ops, mods = split_operands(m.group(2))
-        cur.instrs.append(Instr(m.group(1), [parse_operand(o) for o in ops], parse_mods(mods), no, ln,
+        cur.instrs.append(Instr(m.group(1), [parse_operand(o, sgprs) for o in ops], parse_mods(mods), no, ln,
                                 cur.name))
     return codes

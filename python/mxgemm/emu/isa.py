@@ -1,9 +1,10 @@
-"""Instruction decoding and the handler-registration API.
+"""Instruction decoding, errors and handler tables.
 
 Every mnemonic is implemented by a *builder*: a function called once per instruction
 when a program is loaded, which reads the decoded operands and returns the closure that
-executes the instruction on a wave (``run(w) -> None``). Builders register with
-``@handler("mnemonic", ...)``; see the package docstring for the full contract.
+executes the instruction on a wave (``run(w) -> None``). Builders register in a
+``HandlerTable`` with ``@handler("mnemonic", ...)`` (the gfx9 table ``GFX9``); see the package
+docstring for the full contract.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import numpy as np
 
 u32, i32, f32, u64, i64, f64, f16, u16, i16 = (np.uint32, np.int32, np.float32, np.uint64, np.int64,
                                                np.float64, np.float16, np.uint16, np.int16)
-LANES = np.arange(64, dtype=u64)
 
 # ---------------------------------------------------------------------------- errors
 
@@ -35,19 +35,38 @@ class RaceError(EmulatorError):
     pass
 
 
+class Split(Exception):
+    """Raised, before any side effect, by an instruction a lockstep unit of waves must run
+    wave by wave (see wave.py)."""
+
+
 # ---------------------------------------------------------------------------- registry
 
-HANDLERS: dict = {}
+class HandlerTable(dict):
+    """mnemonic -> builder of one instruction set."""
+
+    def register(self, *mnemonics, per_wave=False):
+        """Decorator registering a builder for one or more mnemonics (encoding suffixes
+        _e32/_e64/_sdwa/_dpp are stripped before lookup, so register the bare name).
+        per_wave: the instructions never run in lockstep across waves (e.g. atomics, whose
+        order between waves is observable)."""
+        def deco(fn):
+            b = fn
+            if per_wave:
+                def b(ins):
+                    ins.per_wave = True
+                    return fn(ins)
+            for m in mnemonics:
+                self[m] = b
+            return fn
+        return deco
+
+    def builder(self, ins):
+        return self.get(ins.base) or self.get(ins.mnemonic)
 
 
-def handler(*mnemonics):
-    """Register a builder for one or more mnemonics (encoding suffixes _e32/_e64/_sdwa/_dpp
-    are stripped before lookup, so register the bare name)."""
-    def deco(fn):
-        for m in mnemonics:
-            HANDLERS[m] = fn
-        return fn
-    return deco
+GFX9 = HandlerTable()      # gfx9-family instructions (gfx950)
+handler = GFX9.register
 
 
 def base_mnemonic(m: str) -> str:
@@ -59,12 +78,7 @@ def base_mnemonic(m: str) -> str:
 
 # ---------------------------------------------------------------------------- operands
 
-# Scalar register file indices of named registers (gfx9 encoding numbers).
-VCC, M0, EXEC = 106, 124, 126
 SHARED_BASE = 1 << 48          # flat aperture of LDS (src_shared_base); private not modelled
-_SPECIAL = {"vcc": (VCC, 2), "vcc_lo": (VCC, 1), "vcc_hi": (VCC + 1, 1), "m0": (M0, 1),
-            "exec": (EXEC, 2), "exec_lo": (EXEC, 1), "exec_hi": (EXEC + 1, 1),
-            "flat_scratch": (102, 2), "flat_scratch_lo": (102, 1), "flat_scratch_hi": (103, 1)}
 _SRC_CONST = {"src_shared_base": SHARED_BASE >> 32, "src_shared_limit": (SHARED_BASE >> 32) | 0xFFFFFFFF,
               "src_private_base": 0, "src_private_limit": 0, "src_pops_exiting_wave_id": 0,
               "src_vccz": None, "src_execz": None, "src_scc": None}
@@ -94,7 +108,8 @@ class Operand:
         return f"Operand({self.text!r})"
 
 
-def parse_operand(t: str) -> Operand:
+def parse_operand(t: str, sgprs: dict) -> Operand:
+    """sgprs: the target's named scalar registers, name -> (number, count)."""
     text = t
     neg = absm = sext = False
     if t.startswith("-") and (t[1:2] in ("|", "v", "s", "a") or t[1:].startswith(("neg", "abs", "vcc", "exec", "m0"))):
@@ -112,8 +127,8 @@ def parse_operand(t: str) -> Operand:
         lo = int(m.group(2) if m.group(2) is not None else m.group(3))
         hi = lo if m.group(2) is not None else int(m.group(4))
         op = Operand(m.group(1), lo, hi - lo + 1, text=text)
-    elif t in _SPECIAL:
-        i, n = _SPECIAL[t]
+    elif t in sgprs:
+        i, n = sgprs[t]
         op = Operand("s", i, n, text=text)
     elif t == "scc" or t == "src_scc":
         op = Operand("scc", text=text)
@@ -174,7 +189,7 @@ class Instr:
     line (1-based line in the .s text), text, kernel (name), and prog (the Program,
     e.g. prog.accum_offset)."""
     __slots__ = ("mnemonic", "base", "enc", "ops", "mods", "line", "text", "kernel", "prog", "index",
-                 "target")
+                 "target", "per_wave")
 
     def __init__(self, mnemonic, ops, mods, line, text, kernel):
         self.mnemonic, self.ops, self.mods, self.line, self.text, self.kernel = (
@@ -184,6 +199,7 @@ class Instr:
         self.prog = None
         self.index = 0
         self.target = None
+        self.per_wave = False     # set by a builder whose closure needs single waves (wave.py)
 
     def where(self):
         return f"kernel {self.kernel!r}, line {self.line}: {self.text.strip()}"

@@ -1,6 +1,6 @@
 """ds_read_b64_tr_b4/_b8/_b16 and ds_read_b96_tr_b6: transposing LDS reads (ISA §11.4).
 
-The ISA gives no lane formula; we use Triton's model (MFMA_FACTS §3), which rocjitsu's
+The ISA gives no lane formula; we use Triton's model (docs/gfx950_isa.md §3), which rocjitsu's
 "16-lane destination-centric" model matches: each 16-lane group is independent; lane i of the
 group loads its own 64 (96) bits as N = 64/bits (96/6 = 16) elements L[i][0..N-1], and lane j
 receives R[j][e] = L[(16/N) e + j/N][j mod N]. For b6 we extrapolate the same formula (N = 16,
@@ -11,6 +11,9 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+from . import lds, race, regs as R
+from .isa import handler
 
 # element bits -> bytes read per lane
 TR_BYTES = {4: 8, 8: 8, 16: 8, 6: 12}
@@ -51,21 +54,20 @@ def ds_read_tr(data: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(out).view(np.uint32).T
 
 
-def register(M, handler):
+@handler("ds_read_b64_tr_b4", "ds_read_b64_tr_b8", "ds_read_b64_tr_b16", "ds_read_b96_tr_b6")
+def _build(ins):
     """ds_read_b64_tr_b{4,8,16} / ds_read_b96_tr_b6 vdst, vaddr [offset:N]."""
-    def build(ins):
-        bits = int(ins.base.rsplit("_b", 1)[1])
-        nbytes = TR_BYTES[bits]
-        addr = M.src(ins, 1, "u32")
-        off = int(ins.mods.get("offset", 0))
-        put = M.dst_vec(ins, 0)
-        keys = M.reg_keys(ins, 0)
+    bits = int(ins.base.rsplit("_b", 1)[1])
+    nbytes = TR_BYTES[bits]
+    addr = R.src(ins, 1, "u32")
+    off = int(ins.mods.get("offset", 0))
+    put = R.dst_vec(ins, 0)
+    keys = R.reg_keys(ins, 0)
 
-        def run(w):
-            # ISA: EXEC must be all ones; inactive lanes would feed garbage to others
-            data = M.lds_load(w, addr(w).astype(np.int64) + off, nbytes)
-            put(w, ds_read_tr(data, bits).T)
-            M.track_load(w, ins, "lgkm", keys)
-        return run
-
-    handler("ds_read_b64_tr_b4", "ds_read_b64_tr_b8", "ds_read_b64_tr_b16", "ds_read_b96_tr_b6")(build)
+    def run(w):
+        # ISA: EXEC must be all ones; inactive lanes would feed garbage to others
+        data = lds.load(w, addr(w).astype(np.int64) + off, nbytes)
+        wl = w.T.wave
+        put(w, np.concatenate([ds_read_tr(data[i:i + wl], bits) for i in range(0, w.n, wl)], axis=1).T)
+        race.track_load(w, ins, "lgkm", keys)
+    return run

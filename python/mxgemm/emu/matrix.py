@@ -1,7 +1,7 @@
 """gfx950 matrix-core (MFMA) semantics on register arrays.
 
 Registers are uint32 numpy arrays shaped [nregs, 64 lanes]. Operand layouts are from the CDNA4
-ISA (§7.1.4-7.1.5, §7.2) as tabled in MFMA_FACTS.md §1; the bf16/f16 and fp8 16x16x32 /
+ISA (§7.1.4-7.1.5, §7.2) as tabled in docs/gfx950_isa.md §1.3; the bf16/f16 and fp8 16x16x32 /
 32x32x16 forms use the ISA's dense layout (lane l holds row l%M, K = kpl*(l/M) + i, the same
 pattern the AMD matrix-core blog shows for 32x32x16 fp8).
 
@@ -12,7 +12,7 @@ Numerics model (all of it lives in `_dot_scaled`; change it there if hardware di
   3. C is added afterwards with one more fp32 RNE rounding: D = fp32(P + C).
   NaN/Inf propagate as IEEE: any NaN element or NaN scale (0xFF) in a row/column block makes
   the output NaN, Inf*0 is NaN, +Inf + -Inf is NaN.
-The ISA documents neither the accumulation order nor its precision (MFMA_FACTS §1 Math), so this
+The ISA documents neither the accumulation order nor its precision (docs/gfx950_isa.md §1.1), so this
 is the "ideal" model: it is independent of summation order, which makes kernels bit-exact
 against a reference that sums exactly. Exactness: float64 sums are exact when every partial
 sum is a multiple of a common quantum q below 2^53 q; we prove that per output element with a
@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+from . import race, regs as R
+from .isa import UnsupportedInstruction, handler
 from .mxcvt import MFMA_FORMAT_CODES, decode_table, e8m0_value, lsb_table
 
 F8F6F4 = frozenset(("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"))
@@ -37,7 +39,7 @@ BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16, "f16"
 @functools.lru_cache(maxsize=None)
 def ab_layout(mn: int, k: int, fmt: str):
     """(row, kidx) arrays [64, items]: lane l's item i of the A (or B) operand is element
-    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: MFMA_FACTS §1."""
+    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: docs/gfx950_isa.md §1.3."""
     lane = np.arange(64)[:, None]
     groups = 64 // mn                     # lane groups along K: 4 for 16x16, 2 for 32x32
     g = lane // mn
@@ -212,7 +214,7 @@ def mfma_scale_f8f6f4(m, n, k, a_regs, b_regs, c_f32, cbsz, blgp, scale_a_u32, o
 
 def opsel_byte(op_sel, op_sel_hi, src: int) -> int:
     """Scale byte of source src (0 = A, 1 = B) from the assembly's op_sel / op_sel_hi lists
-    (clang 22 syntax, MFMA_FACTS §1 Scales): byte = op_sel_hi[src] * 2 + op_sel[src]."""
+    (clang 22 syntax, docs/gfx950_isa.md §1.5): byte = op_sel_hi[src] * 2 + op_sel[src]."""
     lo = op_sel[src] if op_sel and len(op_sel) > src else 0
     hi = op_sel_hi[src] if op_sel_hi and len(op_sel_hi) > src else 0
     return (int(hi) << 1) | int(lo)
@@ -239,79 +241,68 @@ def mnemonic_formats(mnemonic: str):
     return None
 
 
-# ---- emulator handlers (registered when machine imports this plug-in) ----------------------
+# ---- emulator handlers (MFMA operand layouts are wave64) -----------------------------------
 
-def _wire():
-    """Register the handlers of this module and of the other issue-5 plug-ins (conversions,
-    transposing LDS reads, float atomics). Deferred imports: machine imports us mid-load."""
-    from . import machine as M
-    from .isa import UnsupportedInstruction, handler
+def _full_writer(ins, i):
+    """MFMA destinations ignore EXEC (ISA §7.1): write every lane."""
+    op = ins.ops[i]
+    r, n = R.vidx(ins, op), op.count
+    keys = R.reg_keys(ins, i) if ins.prog.race else ()
 
-    def full_writer(ins, i):
-        """MFMA destinations ignore EXEC (ISA §7.1): write every lane."""
-        op = ins.ops[i]
-        r, n = M.vidx(ins, op), op.count
-        keys = M.reg_keys(ins, i) if ins.prog.race else ()
-
-        def put(w, val):
-            if keys and w.pend:
-                M.check_pending(w, keys, ins, "overwrites")
-            w.V[:, r:r + n] = val
-        return put
-
-    def vec_reader(ins, i, nregs):
-        """w -> uint32 [nregs, 64] of operand i (constants broadcast, e.g. a literal 0 C)."""
-        get = M.src_vec(ins, i)
-        return lambda w: np.broadcast_to(get(w).T, (nregs, 64)) if ins.ops[i].count < nregs else get(w).T[:nregs]
-
-    def build_mfma(ins):
-        spec = mnemonic_formats(ins.base)
-        if spec is None:
-            raise UnsupportedInstruction(f"unknown MFMA {ins.base}")
-        m, n, k, fa, fb, scaled = spec
-        mods = ins.mods
-        if fa is None:
-            fa, fb = MFMA_FORMAT_CODES[mods.get("cbsz", 0)], MFMA_FORMAT_CODES[mods.get("blgp", 0)]
-        elif mods.get("cbsz", 0) or mods.get("abid", 0) or mods.get("blgp", 0):
-            raise UnsupportedInstruction(f"MFMA broadcast modifiers (cbsz/abid/blgp) in {ins.where()}")
-        neg = mods.get("neg", [0, 0, 0])
-        if neg[0] or neg[1]:
-            raise UnsupportedInstruction(f"NEG on MFMA A/B is illegal: {ins.where()}")
-        neg_c = bool(neg[2]) if len(neg) > 2 else False
-        ncd = m * n // 64
-        read_a = vec_reader(ins, 1, ins.ops[1].count)
-        read_b = vec_reader(ins, 2, ins.ops[2].count)
-        read_c = vec_reader(ins, 3, ncd)
-        write_d = full_writer(ins, 0)
-        if scaled:
-            opa = opsel_byte(mods.get("op_sel"), mods.get("op_sel_hi"), 0)
-            opb = opsel_byte(mods.get("op_sel"), mods.get("op_sel_hi"), 1)
-            read_sa, read_sb = vec_reader(ins, 4, 1), vec_reader(ins, 5, 1)
-
-            def run(w):
-                d = mfma(m, n, k, fa, fb, read_a(w), read_b(w), read_c(w), read_sa(w)[0], opa,
-                         read_sb(w)[0], opb, neg_c=neg_c)
-                write_d(w, d.T)
-        else:
-            def run(w):
-                write_d(w, mfma(m, n, k, fa, fb, read_a(w), read_b(w), read_c(w), neg_c=neg_c).T)
-        return run
-
-    names = [f"v_mfma_{s}f32_{sh}_{ty}" for s in ("", "scale_") for sh in ("16x16x128", "32x32x64")
-             for ty in ("f8f6f4",)]
-    names += [f"v_mfma_f32_{sh}_{ty}" for sh in ("16x16x32", "32x32x16")
-              for ty in ("bf16", "f16", "fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")]
-    handler(*names)(build_mfma)
-
-    from . import float_atomics, lds_transpose, mxcvt  # noqa: F401  (their handlers below)
-    mxcvt.register(M, handler)
-    lds_transpose.register(M, handler)
-    float_atomics.register(M, handler)
+    def put(w, val):
+        if keys and w.pend:
+            race.check_pending(w, keys, ins, "overwrites")
+        w.V[:, r:r + n] = val
+    return put
 
 
-try:
-    from . import machine as _machine  # noqa: F401
-    _wire()
-except ModuleNotFoundError as e:      # numpy semantics usable without the core
-    if e.name != f"{__package__}.machine":
-        raise
+def _vec_reader(ins, i, nregs):
+    """w -> uint32 [nregs, w.n] of operand i (constants broadcast, e.g. a literal 0 C)."""
+    get = R.src_vec(ins, i)
+    return lambda w: np.broadcast_to(get(w).T, (nregs, w.n)) if ins.ops[i].count < nregs else get(w).T[:nregs]
+
+
+def _build_mfma(ins):
+    spec = mnemonic_formats(ins.base)
+    if spec is None:
+        raise UnsupportedInstruction(f"unknown MFMA {ins.base}")
+    m, n, k, fa, fb, scaled = spec
+    mods = ins.mods
+    if fa is None:
+        fa, fb = MFMA_FORMAT_CODES[mods.get("cbsz", 0)], MFMA_FORMAT_CODES[mods.get("blgp", 0)]
+    elif mods.get("cbsz", 0) or mods.get("abid", 0) or mods.get("blgp", 0):
+        raise UnsupportedInstruction(f"MFMA broadcast modifiers (cbsz/abid/blgp) in {ins.where()}")
+    neg = mods.get("neg", [0, 0, 0])
+    if neg[0] or neg[1]:
+        raise UnsupportedInstruction(f"NEG on MFMA A/B is illegal: {ins.where()}")
+    neg_c = bool(neg[2]) if len(neg) > 2 else False
+    ncd = m * n // 64
+    read_a = _vec_reader(ins, 1, ins.ops[1].count)
+    read_b = _vec_reader(ins, 2, ins.ops[2].count)
+    read_c = _vec_reader(ins, 3, ncd)
+    write_d = _full_writer(ins, 0)
+    if scaled:
+        opa = opsel_byte(mods.get("op_sel"), mods.get("op_sel_hi"), 0)
+        opb = opsel_byte(mods.get("op_sel"), mods.get("op_sel_hi"), 1)
+        read_sa, read_sb = _vec_reader(ins, 4, 1), _vec_reader(ins, 5, 1)
+
+        def run(w):
+            a, b, c, sa, sb = read_a(w), read_b(w), read_c(w), read_sa(w)[0], read_sb(w)[0]
+            write_d(w, np.concatenate([mfma(m, n, k, fa, fb, a[:, s], b[:, s], c[:, s], sa[s], opa, sb[s], opb,
+                                            neg_c=neg_c) for s in _waves(w)], axis=1).T)
+    else:
+        def run(w):
+            a, b, c = read_a(w), read_b(w), read_c(w)
+            write_d(w, np.concatenate([mfma(m, n, k, fa, fb, a[:, s], b[:, s], c[:, s], neg_c=neg_c)
+                                       for s in _waves(w)], axis=1).T)
+    return run
+
+
+def _waves(w):
+    """Lane slices of the waves of w (one MFMA per wave of a lockstep unit)."""
+    return [slice(i, i + 64) for i in range(0, w.n, 64)]
+
+
+handler(*[f"v_mfma_{s}f32_{sh}_f8f6f4" for s in ("", "scale_") for sh in ("16x16x128", "32x32x64")],
+        *[f"v_mfma_f32_{sh}_{ty}" for sh in ("16x16x32", "32x32x16")
+          for ty in ("bf16", "f16", "fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")])(_build_mfma)

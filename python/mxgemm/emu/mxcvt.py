@@ -6,7 +6,7 @@ Everything here works on whole lane vectors; values travel as float64, which hol
 small-float value, every fp32 value, and every product of an element with an e8m0 scale
 exactly, so each conversion below rounds exactly once (RNE) like the hardware.
 
-Conversion rules follow the CDNA4 ISA (MFMA_FACTS.md §2):
+Conversion rules follow the CDNA4 ISA (docs/gfx950_isa.md §2):
   * scaled down-conversion q = RNE(x / 2^(E-127)), up-conversion x = q * 2^(E-127), where E is
     bits [30:23] of the fp32 scale operand; the ISA leaves the direction open, AMD's host model
     (amd_hip_ocp_host.hpp) divides on the way down, so do we.
@@ -17,9 +17,13 @@ Conversion rules follow the CDNA4 ISA (MFMA_FACTS.md §2):
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import regs as R
+from .isa import handler
 
 
 @dataclass(frozen=True)
@@ -251,12 +255,7 @@ def cvt_up(src_u32, fmt: str, opsel: int, count: int, scale_u32=None):
         return np.stack([decode_table(name)[c] * s for c in codes])
 
 
-def cvt_pk_bf16_f32(x0_u32, x1_u32) -> np.ndarray:
-    """v_cvt_pk_bf16_f32: {bf16(S1), bf16(S0)} with RNE (quiet NaNs)."""
-    return (bf16_round(f32_of(x1_u32)) << np.uint32(16)) | bf16_round(f32_of(x0_u32))
-
-
-# ---- emulator handlers (called from matrix._wire) ------------------------------------------
+# ---- emulator handlers ----------------------------------------------------------------------
 
 _SDWA_SEL = {"BYTE_0": 0, "BYTE_1": 1, "BYTE_2": 2, "BYTE_3": 3, "WORD_0": 0, "WORD_1": 1, "DWORD": 0}
 
@@ -266,85 +265,72 @@ def _fp16_ovfl(w) -> bool:
     return bool((getattr(w, "mode", 0) >> 23) & 1)
 
 
-def register(M, handler):
-    import re
+def _f64_reader(ins, i):
+    get = R.src(ins, i, "f32")
+    return lambda w: np.broadcast_to(np.asarray(get(w), np.float64), (w.n,))
 
-    def f64_reader(ins, i):
-        get = M.src(ins, i, "f32")
-        return lambda w: np.broadcast_to(np.asarray(get(w), np.float64), (64,))
 
-    def u32_reader(ins, i):
-        get = M.src(ins, i, "b32")
-        return lambda w: np.broadcast_to(np.asarray(get(w), np.uint32), (64,))
+def _u32_reader(ins, i):
+    get = R.src(ins, i, "b32")
+    return lambda w: np.broadcast_to(np.asarray(get(w), np.uint32), (w.n,))
 
-    def selector(ins):
-        sel = ins.mods.get("src0_sel")
-        return _SDWA_SEL[sel] if isinstance(sel, str) else opsel_bits(ins.mods.get("op_sel"))
 
-    def build_down(ins):
-        mt = re.fullmatch(r"v_cvt_(scalef32_)?pk_(fp8|bf8|fp4)_(f32|f16|bf16)", ins.base)
-        scaled, fmt, src_t = bool(mt.group(1)), mt.group(2), mt.group(3)
-        opsel = opsel_bits(ins.mods.get("op_sel"))
-        old, put = u32_reader(ins, 0), M.dst(ins, 0, "b32")
-        if src_t == "f32":
-            x0, x1 = f64_reader(ins, 1), f64_reader(ins, 2)
-            read = lambda w: (x0(w), x1(w))  # noqa: E731
-            si = 3
-        else:
-            packed, dec = u32_reader(ins, 1), HALF_DECODE[src_t]
-            read = lambda w: (dec(packed(w) & 0xFFFF), dec(packed(w) >> 16))  # noqa: E731
-            si = 2
-        scale = u32_reader(ins, si) if scaled else (lambda w: None)
+def _selector(ins):
+    sel = ins.mods.get("src0_sel")
+    return _SDWA_SEL[sel] if isinstance(sel, str) else opsel_bits(ins.mods.get("op_sel"))
 
-        def run(w):
-            a, b = read(w)
-            put(w, cvt_pk_down(old(w), a, b, fmt, opsel, scale(w), _fp16_ovfl(w)))
-        return run
 
-    def build_up(ins):
-        mt = re.fullmatch(r"v_cvt_(scalef32_)?(pk_)?(f32|f16|bf16)_(fp8|bf8|fp4)", ins.base)
-        scaled, pk, dst_t, fmt = bool(mt.group(1)), bool(mt.group(2)), mt.group(3), mt.group(4)
-        count = 2 if pk else 1
-        sel = selector(ins)
-        src = u32_reader(ins, 1)
-        scale = u32_reader(ins, 2) if scaled else (lambda w: None)
-        if dst_t == "f32":
-            put = M.dst_vec(ins, 0)
+def _build_down(ins):
+    mt = re.fullmatch(r"v_cvt_(scalef32_)?pk_(fp8|bf8|fp4)_(f32|f16|bf16)", ins.base)
+    scaled, fmt, src_t = bool(mt.group(1)), mt.group(2), mt.group(3)
+    opsel = opsel_bits(ins.mods.get("op_sel"))
+    old, put = _u32_reader(ins, 0), R.dst(ins, 0, "b32")
+    if src_t == "f32":
+        x0, x1 = _f64_reader(ins, 1), _f64_reader(ins, 2)
+        read = lambda w: (x0(w), x1(w))  # noqa: E731
+        si = 3
+    else:
+        packed, dec = _u32_reader(ins, 1), HALF_DECODE[src_t]
+        read = lambda w: (dec(packed(w) & 0xFFFF), dec(packed(w) >> 16))  # noqa: E731
+        si = 2
+    scale = _u32_reader(ins, si) if scaled else (lambda w: None)
 
-            def run(w):
-                vals = cvt_up(src(w), fmt, sel, count, scale(w))
-                put(w, u32_of_f32(vals).T)
-        elif pk:
-            put, enc = M.dst(ins, 0, "b32"), HALF_ENCODE[dst_t]
+    def run(w):
+        a, b = read(w)
+        put(w, cvt_pk_down(old(w), a, b, fmt, opsel, scale(w), _fp16_ovfl(w)))
+    return run
 
-            def run(w):
-                lo, hi = cvt_up(src(w), fmt, sel, 2, scale(w))
-                put(w, (enc(hi) << np.uint32(16)) | enc(lo))
-        else:                        # single f16: writes half OPSEL[3], keeps the other
-            put = M.dst(ins, 0, "b16", hi=bool(opsel_bits(ins.mods.get("op_sel")) >> 3 & 1))
-            enc = HALF_ENCODE[dst_t]
 
-            def run(w):
-                put(w, enc(cvt_up(src(w), fmt, sel, 1, scale(w))[0]).astype(np.uint16))
-        return run
-
-    downs = [f"v_cvt_scalef32_pk_{q}_{s}" for q in ("fp8", "bf8", "fp4") for s in ("f32", "f16", "bf16")]
-    downs += ["v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32"]
-    ups = [f"v_cvt_scalef32_pk_{d}_{q}" for d in ("f32", "f16", "bf16") for q in ("fp8", "bf8", "fp4")]
-    ups += [f"v_cvt_scalef32_{d}_{q}" for d in ("f32", "f16") for q in ("fp8", "bf8")]
-    ups += [f"v_cvt_{p}f32_{q}" for p in ("", "pk_") for q in ("fp8", "bf8")]
-    handler(*downs)(build_down)
-    handler(*ups)(build_up)
-
-    def build_pk_bf16(ins):
-        a, b, put = M.src(ins, 1, "f32"), M.src(ins, 2, "f32"), M.dst(ins, 0, "b32")
+def _build_up(ins):
+    mt = re.fullmatch(r"v_cvt_(scalef32_)?(pk_)?(f32|f16|bf16)_(fp8|bf8|fp4)", ins.base)
+    scaled, pk, dst_t, fmt = bool(mt.group(1)), bool(mt.group(2)), mt.group(3), mt.group(4)
+    count = 2 if pk else 1
+    sel = _selector(ins)
+    src = _u32_reader(ins, 1)
+    scale = _u32_reader(ins, 2) if scaled else (lambda w: None)
+    if dst_t == "f32":
+        put = R.dst_vec(ins, 0)
 
         def run(w):
-            x0 = np.broadcast_to(np.asarray(a(w), np.float32), (64,)).view(np.uint32)
-            x1 = np.broadcast_to(np.asarray(b(w), np.float32), (64,)).view(np.uint32)
-            put(w, cvt_pk_bf16_f32(x0, x1))
-        return run
+            vals = cvt_up(src(w), fmt, sel, count, scale(w))
+            put(w, u32_of_f32(vals).T)
+    elif pk:
+        put, enc = R.dst(ins, 0, "b32"), HALF_ENCODE[dst_t]
 
-    from .isa import HANDLERS
-    if "v_cvt_pk_bf16_f32" not in HANDLERS:      # valu may already provide it; keep one copy
-        handler("v_cvt_pk_bf16_f32")(build_pk_bf16)
+        def run(w):
+            lo, hi = cvt_up(src(w), fmt, sel, 2, scale(w))
+            put(w, (enc(hi) << np.uint32(16)) | enc(lo))
+    else:                        # single f16: writes half OPSEL[3], keeps the other
+        put = R.dst(ins, 0, "b16", hi=bool(opsel_bits(ins.mods.get("op_sel")) >> 3 & 1))
+        enc = HALF_ENCODE[dst_t]
+
+        def run(w):
+            put(w, enc(cvt_up(src(w), fmt, sel, 1, scale(w))[0]).astype(np.uint16))
+    return run
+
+
+handler(*[f"v_cvt_scalef32_pk_{q}_{s}" for q in ("fp8", "bf8", "fp4") for s in ("f32", "f16", "bf16")],
+        "v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32")(_build_down)
+handler(*[f"v_cvt_scalef32_pk_{d}_{q}" for d in ("f32", "f16", "bf16") for q in ("fp8", "bf8", "fp4")],
+        *[f"v_cvt_scalef32_{d}_{q}" for d in ("f32", "f16") for q in ("fp8", "bf8")],
+        *[f"v_cvt_{p}f32_{q}" for p in ("", "pk_") for q in ("fp8", "bf8")])(_build_up)

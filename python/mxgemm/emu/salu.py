@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import machine as M
-from .isa import EXEC, VCC, EmulatorFault, UnsupportedInstruction, const_bits, handler, u32, u64
+from . import race, regs as R
+from .isa import EmulatorFault, UnsupportedInstruction, const_bits, handler, u32, u64
 
 MASK32, MASK64 = 0xFFFFFFFF, (1 << 64) - 1
 
@@ -25,7 +25,7 @@ def sget(ins, i, bits=32):
         get = lambda w: c  # noqa: E731
     else:
         raise UnsupportedInstruction(f"scalar operand {op.text!r}")
-    return M._race_wrap(ins, i, get)
+    return R.read_checked(ins, i, get)
 
 
 def sx(x, bits=32):
@@ -128,7 +128,7 @@ _CMP = {"eq": lambda a, b: a == b, "lg": lambda a, b: a != b, "gt": lambda a, b:
 
 
 def _binop(ins, f, bits_a, bits_b, bits_d, scc_in=False):
-    a, b, d = sget(ins, 1, bits_a), sget(ins, 2, bits_b), M.sdst(ins, 0, bits_d)
+    a, b, d = sget(ins, 1, bits_a), sget(ins, 2, bits_b), R.sdst(ins, 0, bits_d)
 
     def run(w):
         r, c = f(a(w), b(w), w.scc)
@@ -147,7 +147,7 @@ for _n, _f in _SHIFT64.items():
 
 
 def _unop(ins, bs, bd, f, nz):
-    a, d = sget(ins, 1, bs), M.sdst(ins, 0, bd)
+    a, d = sget(ins, 1, bs), R.sdst(ins, 0, bd)
 
     def run(w):
         r = f(a(w))
@@ -164,7 +164,7 @@ for _n, (_bs, _bd, _f, _z) in _UN.items():
 @handler("s_cmov_b32", "s_cmov_b64")
 def _cmov(ins):
     bits = 64 if ins.base.endswith("64") else 32
-    a, d = sget(ins, 1, bits), M.sdst(ins, 0, bits)
+    a, d = sget(ins, 1, bits), R.sdst(ins, 0, bits)
 
     def run(w):
         if w.scc:
@@ -173,7 +173,7 @@ def _cmov(ins):
 
 
 def _saveexec(ins, f, wrexec):
-    a, d = sget(ins, 1, 64), M.sdst(ins, 0, 64)
+    a, d = sget(ins, 1, 64), R.sdst(ins, 0, 64)
 
     def run(w):
         old = w.exec
@@ -237,7 +237,7 @@ def _bitcmp(ins):
 @handler("s_bitset0_b32", "s_bitset1_b32", "s_bitset0_b64", "s_bitset1_b64")
 def _bitset(ins):
     bits = 64 if ins.base.endswith("64") else 32
-    d, dget, b = M.sdst(ins, 0, bits), sget(ins, 0, bits), sget(ins, 1)
+    d, dget, b = R.sdst(ins, 0, bits), sget(ins, 0, bits), sget(ins, 1)
     one = "set1" in ins.base
 
     def run(w):
@@ -249,7 +249,7 @@ def _bitset(ins):
 @handler("s_movk_i32", "s_cmovk_i32", "s_addk_i32", "s_mulk_i32")
 def _simm16(ins):
     k = sx(ins.ops[1].value & 0xFFFF, 16)
-    d, cur = M.sdst(ins, 0), sget(ins, 0)
+    d, cur = R.sdst(ins, 0), sget(ins, 0)
     op = ins.base
 
     def run(w):
@@ -278,14 +278,15 @@ def _branch(ins):
     return run
 
 
-_COND = {"s_cbranch_scc0": lambda w: not w.scc, "s_cbranch_scc1": lambda w: w.scc,
-         "s_cbranch_vccz": lambda w: not (w.S[VCC] | w.S[VCC + 1]),
-         "s_cbranch_vccnz": lambda w: w.S[VCC] | w.S[VCC + 1],
-         "s_cbranch_execz": lambda w: not w.exec, "s_cbranch_execnz": lambda w: w.exec}
+_COND = {"s_cbranch_scc0": lambda v: lambda w: not w.scc, "s_cbranch_scc1": lambda v: lambda w: w.scc,
+         "s_cbranch_vccz": lambda v: lambda w: not (w.S[v] | w.S[v + 1]),
+         "s_cbranch_vccnz": lambda v: lambda w: w.S[v] | w.S[v + 1],
+         "s_cbranch_execz": lambda v: lambda w: not w.exec, "s_cbranch_execnz": lambda v: lambda w: w.exec}
 
 
 def _cbranch(ins, cond):
     t = ins.target
+    cond = cond(ins.prog.target.vcc)
 
     def run(w):
         if cond(w):
@@ -308,7 +309,7 @@ def _endpgm(ins):
 def _barrier(ins):
     def run(w):
         if w.race:
-            M.at_barrier(w)
+            race.at_barrier(w)
         w.stop = True
     return run
 
@@ -328,7 +329,7 @@ for _n in ("s_nop", "s_setprio", "s_sleep", "s_icache_inv", "s_dcache_wb", "s_dc
 @handler("s_getreg_b32")
 def _getreg(ins):
     # HW_ID-style registers are read for diagnostics only; model them as zero.
-    d = M.sdst(ins, 0)
+    d = R.sdst(ins, 0)
     return lambda w: d(w, 0)
 
 
@@ -337,24 +338,6 @@ def _trap(ins):
     def run(w):
         raise EmulatorFault("s_trap executed (kernel abort/assert)")
     return run
-
-
-def _waitcnt_fields(ins):
-    """(vmcnt, lgkmcnt) limits, None = not waited on."""
-    vm = lgkm = None
-    if ins.ops and ins.ops[0].kind == "const":   # raw simm16 [ISA §4.4]
-        v = ins.ops[0].value
-        vm = (v & 0xF) | ((v >> 14) & 3) << 4
-        lgkm = (v >> 8) & 0xF
-        return (None if vm == 63 else vm), (None if lgkm == 15 else lgkm)
-    for op in ins.ops:
-        t = op.text.replace(" ", "")
-        for part in t.split("&") if "&" in t else [t]:
-            if part.startswith("vmcnt("):
-                vm = int(part[6:-1], 0)
-            elif part.startswith("lgkmcnt("):
-                lgkm = int(part[8:-1], 0)
-    return vm, lgkm
 
 
 @handler("s_waitcnt")
@@ -367,12 +350,12 @@ def _waitcnt(ins):
                 vm = int(tok[6:tok.index(")")], 0)
             elif tok.startswith("lgkmcnt("):
                 lgkm = int(tok[8:tok.index(")")], 0)
-    else:
-        vm, lgkm = _waitcnt_fields(ins)
+    elif ins.ops and ins.ops[0].kind == "const":   # raw simm16
+        vm, lgkm = ins.prog.target.decode_waitcnt(ins.ops[0].value)
 
     def run(w):
         if w.race:
-            M.waitcnt(w, vm, lgkm)
+            race.waitcnt(w, vm, lgkm)
     return run
 
 
@@ -384,13 +367,13 @@ def _waitcnt_sep(ins):
 
     def run(w):
         if w.race:
-            M.waitcnt(w, vm, lgkm)
+            race.waitcnt(w, vm, lgkm)
     return run
 
 
 # ---------------------------------------------------------------------------- scalar memory
 
-_LANE0 = np.eye(1, 64, dtype=bool)[0]
+_ONE = np.ones(1, bool)   # scalar loads: one "lane"
 
 
 def _smem_offset(ins, first):
@@ -407,9 +390,9 @@ def _sload(ins):
     n = ins.ops[0].count
     r = ins.ops[0].index
     buf = ins.base.startswith("s_buffer")
-    base = M._race_wrap(ins, 1, (lambda w, i=ins.ops[1].index: w.S[i:i + 4]))
+    base = R.read_checked(ins, 1, (lambda w, i=ins.ops[1].index: w.S[i:i + 4]))
     off = _smem_offset(ins, 2)
-    keys = M.reg_keys(ins, 0)
+    keys = R.reg_keys(ins, 0)
 
     def run(w):
         b = base(w)
@@ -417,22 +400,22 @@ def _sload(ins):
         if buf:   # V#: base [47:0], num_records in dword 2; out-of-range dwords read 0
             addr = (b[0] | ((b[1] & 0xFFFF) << 32)) + (o & ~3)
             nrec = b[2]
-            vals = w.emu.mem.load(np.full(64, addr, u64), _LANE0, 4 * n)[0].view(u32) if o < nrec else \
+            vals = w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32) if o < nrec else \
                 np.zeros(n, u32)
             vals = [int(v) if o + 4 * j < nrec else 0 for j, v in enumerate(vals)]
         else:
             addr = ((b[0] | (b[1] << 32)) + o) & ~3 & MASK64
-            vals = w.emu.mem.load(np.full(64, addr, u64), _LANE0, 4 * n)[0].view(u32).tolist()
+            vals = w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32).tolist()
         if w.race and w.pend:
-            M.check_pending(w, keys, ins, "overwrites")
+            race.check_pending(w, keys, ins, "overwrites")
         w.S[r:r + n] = vals
-        M.track_load(w, ins, "lgkm", keys, "smem")
+        race.track_load(w, ins, "lgkm", keys, "smem")
     return run
 
 
 @handler("s_memtime", "s_memrealtime")
 def _memtime(ins):
-    d = M.sdst(ins, 0, 64)
+    d = R.sdst(ins, 0, 64)
 
     def run(w):
         d(w, w.emu.wave_instructions)
@@ -441,7 +424,7 @@ def _memtime(ins):
 
 @handler("s_getpc_b64")
 def _getpc(ins):
-    d = M.sdst(ins, 0, 64)
+    d = R.sdst(ins, 0, 64)
     pc = (1 << 40) + 4 * (ins.index + 1)   # fake code address: 4 bytes per instruction
     return lambda w: d(w, pc)
 

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import machine as M
-from .isa import VCC, UnsupportedInstruction, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from . import regs as R
+from .isa import UnsupportedInstruction, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
 
-_LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)                 # v_mbcnt_lo
+_LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)   # v_mbcnt_lo: lanes below l
 _HI_MASKS = np.array([((1 << (l - 32)) - 1) << 32 if l > 32 else 0 for l in range(64)], u64)
-_LANE = np.arange(64)
 
 
 def _bits_u32(x, ty):
@@ -210,8 +209,7 @@ _OPS = {
     "v_cvt_i16_f16": ("i16", "f16", lambda a: _cvt_i(a, i16, -32768, 32767)),
     "v_cvt_pkrtz_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(_f16_rtz(a), _f16_rtz(b))),
     "v_cvt_pk_bf16_f32": ("u32", "f32 f32", lambda a, b: _bf16(a) | (_bf16(b) << u32(16))),
-    "v_cvt_pk_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(np.asarray(a, f32).astype(f16),
-                                                              np.asarray(b, f32).astype(f16))),  # RNE
+    "v_cvt_pk_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(np.asarray(a, f32).astype(f16), np.asarray(b, f32).astype(f16))),
     "v_cvt_pk_u16_u32": ("u32", "u32 u32", lambda a, b: np.minimum(a, 0xFFFF) | (np.minimum(b, 0xFFFF) << u32(16))),
     "v_cvt_pk_u8_f32": ("u32", "f32 u32 u32", lambda a, s, c: _pk_u8(a, s, c)),
     **{f"v_cvt_f32_ubyte{k}": ("f32", "u32", (lambda k: lambda a: ((a >> u32(8 * k)) & u32(0xFF)).astype(f32))(k))
@@ -265,9 +263,6 @@ _OPS = {
     "v_xad_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a ^ b) + c),
     "v_add3_u32": ("u32", "u32 u32 u32", lambda a, b, c: a + b + c),
     "v_bcnt_u32_b32": ("u32", "u32 u32", lambda a, b: np.bitwise_count(a).astype(u32) + b),
-    "v_mbcnt_lo_u32_b32": ("u32", "u32 u32", lambda m, b: np.bitwise_count(u64(m) & _LO_MASKS).astype(u32) + b),
-    "v_mbcnt_hi_u32_b32": ("u32", "u32 u32",
-                           lambda m, b: np.bitwise_count((u64(m) << u64(32)) & _HI_MASKS).astype(u32) + b),
     # 16-bit integer
     "v_add_u16": ("u16", "u16 u16", lambda a, b: a + b), "v_sub_u16": ("u16", "u16 u16", lambda a, b: a - b),
     "v_mul_lo_u16": ("u16", "u16 u16", lambda a, b: a * b),
@@ -307,9 +302,9 @@ def _pk_u8(a, s, c):
 
 # ---------------------------------------------------------------------------- DPP / SDWA
 
-def _dpp_source(mods):
-    """Per-lane source lane index (-1 = invalid) of a DPP control [ISA §6.5]."""
-    l = _LANE
+def _dpp_source(mods, n):
+    """Per-lane source lane index (-1 = invalid) of a DPP control on an n-lane wave [ISA §6.5]."""
+    l = np.arange(n)
     row_base, r = l & ~15, l & 15
     if "quad_perm" in mods:
         p = mods["quad_perm"]
@@ -317,9 +312,9 @@ def _dpp_source(mods):
     for k, f in (("row_shl", lambda n: np.where(r + n < 16, l + n, -1)),
                  ("row_shr", lambda n: np.where(r - n >= 0, l - n, -1)),
                  ("row_ror", lambda n: row_base + ((r - n) & 15)),
-                 ("wave_shl", lambda n: np.where(l + 1 < 64, l + 1, -1)),
-                 ("wave_shr", lambda n: np.where(l - 1 >= 0, l - 1, -1)),
-                 ("wave_rol", lambda n: (l + 1) & 63), ("wave_ror", lambda n: (l - 1) & 63)):
+                 ("wave_shl", lambda _: np.where(l + 1 < n, l + 1, -1)),
+                 ("wave_shr", lambda _: np.where(l - 1 >= 0, l - 1, -1)),
+                 ("wave_rol", lambda _: (l + 1) % n), ("wave_ror", lambda _: (l - 1) % n)):
         if k in mods:
             return f(mods[k])
     if "row_mirror" in mods:
@@ -337,10 +332,12 @@ def _dpp_source(mods):
 def _dpp_wrap(ins, get, op_index):
     """Getter of DPP-permuted src0 + the lanes the instruction may write."""
     mods = ins.mods
-    srcl = _dpp_source(mods)
+    n = ins.prog.target.wave
+    srcl = _dpp_source(mods, n)
+    lane = np.arange(n)
     row_mask, bank_mask = mods.get("row_mask", 0xF), mods.get("bank_mask", 0xF)
     bound0 = bool(mods.get("bound_ctrl", 0)) or "bound_ctrl:0" in mods
-    writable = ((row_mask >> (_LANE >> 4)) & 1).astype(bool) & ((bank_mask >> ((_LANE >> 2) & 3)) & 1).astype(bool)
+    writable = ((row_mask >> (lane >> 4)) & 1).astype(bool) & ((bank_mask >> ((lane >> 2) & 3)) & 1).astype(bool)
     if "row_bcast" in mods:     # rows not fed by a broadcast keep their value
         writable &= srcl >= 0
     valid_src = srcl >= 0
@@ -348,7 +345,7 @@ def _dpp_wrap(ins, get, op_index):
 
     def g(w):
         x = np.asarray(get(w))
-        x = np.broadcast_to(x, (64,)) if x.ndim == 0 else x
+        x = np.broadcast_to(x, (n,)) if x.ndim == 0 else x
         ok = valid_src & w.mask[idx]
         y = x[idx]
         if bound0:
@@ -362,7 +359,7 @@ _SDWA_SEL = {"BYTE_0": (0, 8), "BYTE_1": (8, 8), "BYTE_2": (16, 8), "BYTE_3": (2
 
 
 def _sdwa_src(ins, i, ty, sel):
-    raw = M.src(ins, i, "u32")
+    raw = R.src(ins, i, "u32")
     sh, width = _SDWA_SEL[sel]
     sext = ins.ops[i].sext or ty in ("i32", "i16")
     op = ins.ops[i]
@@ -417,23 +414,24 @@ def build_valu(ins, dty, stys, fn, first_src=1):
         if ins.enc == "sdwa" and ins.ops[i].kind in ("v", "a", "s"):
             gets.append(_sdwa_src(ins, i, ty, mods.get(f"src{k}_sel", "DWORD")))
         else:
-            gets.append(M.src(ins, i, ty, hi=bool(op_sel[k]) if k < len(op_sel) else False))
+            gets.append(R.src(ins, i, ty, hi=bool(op_sel[k]) if k < len(op_sel) else False))
     dpp = None
     if ins.enc == "dpp":
         dpp = _dpp_wrap(ins, gets[0], first_src)
+        ins.per_wave = True     # lane permutations within a wave
     post = _omod_clamp(ins, dty)
     hi_dst = dty in ("f16", "u16", "i16") and len(op_sel) > len(stys) and bool(op_sel[-1])
     if dty in ("f16", "u16", "i16") and not hi_dst and ins.enc != "sdwa":
         # 16-bit results write the low half and zero the high half (gfx9 VOP1/2/3 without op_sel)
-        put32 = M.dst(ins, 0, "u32")
+        put32 = R.dst(ins, 0, "u32")
         put = lambda w, v: put32(w, _bits_u32(v, dty))  # noqa: E731
     else:
-        put = M.dst(ins, 0, dty, hi=hi_dst)
+        put = R.dst(ins, 0, dty, hi=hi_dst)
     if ins.enc == "sdwa":
         put = _sdwa_dst(ins, dty, put)
     if dpp is not None:
         rest = gets[1:]
-        base_put = M.dst(ins, 0, dty)
+        base_put = R.dst(ins, 0, dty)
 
         def run(w):
             x0, writable = dpp(w)
@@ -444,7 +442,7 @@ def build_valu(ins, dty, stys, fn, first_src=1):
             w.mask, full = saved & writable, w.full
             w.full = False
             try:
-                base_put(w, np.broadcast_to(r, (64,)))
+                base_put(w, np.broadcast_to(r, (w.n,)))
             finally:
                 w.mask, w.full = saved, full
         return run
@@ -469,8 +467,8 @@ def _sdwa_dst(ins, dty, put):
     if sel == "DWORD":
         return put
     sh, width = _SDWA_SEL[sel]
-    old = M.src(ins, 0, "u32")
-    put32 = M.dst(ins, 0, "u32")
+    old = R.src(ins, 0, "u32")
+    put32 = R.dst(ins, 0, "u32")
     fmask = u32(((1 << width) - 1) << sh)
 
     def p(w, v):
@@ -495,6 +493,20 @@ def _fmac(ins):
     return build_valu(ins, d, s, f)
 
 
+@handler("v_mbcnt_lo_u32_b32", "v_mbcnt_hi_u32_b32")
+def _mbcnt(ins):
+    """Count of mask bits below the lane (lanes 0-31 from the low half, 32-63 from the high)."""
+    hi = "_hi_" in ins.base
+    masks = (_HI_MASKS if hi else _LO_MASKS)[:ins.prog.target.wave]
+    sh = u64(32 if hi else 0)
+    m, b, put = R.src(ins, 1, "u32"), R.src(ins, 2, "u32"), R.dst(ins, 0, "u32")
+
+    def run(w):
+        mk = masks if w.k == 1 else masks[w.lane]
+        put(w, np.bitwise_count((np.asarray(m(w), u64) << sh) & mk).astype(u32) + b(w))
+    return run
+
+
 @handler("v_nop")
 def _vnop(ins):
     return lambda w: None
@@ -502,8 +514,8 @@ def _vnop(ins):
 
 @handler("v_swap_b32")
 def _swap(ins):
-    a, b = M.src(ins, 0), M.src(ins, 1)
-    pa, pb = M.dst(ins, 0), M.dst(ins, 1)
+    a, b = R.src(ins, 0), R.src(ins, 1)
+    pa, pb = R.dst(ins, 0), R.dst(ins, 1)
 
     def run(w):
         x, y = a(w).copy(), b(w).copy()
@@ -515,24 +527,24 @@ def _swap(ins):
 # ---------------------------------------------------------------------------- carries, cndmask, cmp
 
 def _lanebits(ins, i):
-    """Getter of a lane-mask operand (SGPR pair / vcc / constant) as bool [64]."""
-    g = M.src(ins, i, "u64")
-    return lambda w: M.mask_of(int(g(w)))
+    """Getter of a lane-mask operand (SGPR pair / vcc / constant) as bool [w.n]."""
+    g = R.src(ins, i, "u64")
+    return lambda w: R.lanes_of(w, int(g(w)))
 
 
 def _sdst_bits(ins, i):
-    """Setter of a lane mask into an SGPR pair from bool [64]; inactive lanes write 0."""
-    put = M.sdst(ins, i, 64)
-    return lambda w, b: put(w, M.bits_of(b & w.mask))
+    """Setter of a lane mask into an SGPR pair from bool [w.n]; inactive lanes write 0."""
+    put = R.sdst(ins, i, ins.prog.target.wave)
+    return lambda w, b: put(w, R.wave_bits(w, b & w.mask))
 
 
 @handler("v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_addc_co_u32", "v_subb_co_u32",
          "v_subbrev_co_u32")
 def _carry(ins):
     base = ins.base
-    a, b = M.src(ins, 2, "u32"), M.src(ins, 3, "u32")
+    a, b = R.src(ins, 2, "u32"), R.src(ins, 3, "u32")
     cin = _lanebits(ins, 4) if "addc" in base or "subb" in base else None
-    put, cout = M.dst(ins, 0, "u32"), _sdst_bits(ins, 1)
+    put, cout = R.dst(ins, 0, "u32"), _sdst_bits(ins, 1)
     if "rev" in base:
         a, b = b, a
     add = "add" in base
@@ -541,36 +553,36 @@ def _carry(ins):
         x, y = np.asarray(a(w), u64), np.asarray(b(w), u64)
         c = cin(w).astype(u64) if cin else u64(0)
         r = x + y + c if add else x - y - c
+        cout(w, np.broadcast_to((r >> u64(32)) != 0, (w.n,)))   # first: it may raise Split
         put(w, r.astype(u32))
-        cout(w, np.broadcast_to((r >> u64(32)) != 0, (64,)))
     return run
 
 
 @handler("v_mad_u64_u32", "v_mad_i64_i32")
 def _mad64(ins):
     signed = "i64" in ins.base
-    a, b = M.src(ins, 2, "i32" if signed else "u32"), M.src(ins, 3, "i32" if signed else "u32")
-    c = M.src(ins, 4, "i64" if signed else "u64")
-    put, cout = M.dst(ins, 0, "u64"), _sdst_bits(ins, 1)
+    a, b = R.src(ins, 2, "i32" if signed else "u32"), R.src(ins, 3, "i32" if signed else "u32")
+    c = R.src(ins, 4, "i64" if signed else "u64")
+    put, cout = R.dst(ins, 0, "u64"), _sdst_bits(ins, 1)
 
     def run(w):
         if signed:
             r = np.asarray(a(w), i64) * np.asarray(b(w), i64) + c(w)
+            cout(w, np.zeros(w.n, bool))   # overflow flag not modelled (never read in practice)
             put(w, r.view(u64) if isinstance(r, np.ndarray) else np.int64(r).view(u64))
-            cout(w, np.zeros(64, bool))   # overflow flag not modelled (never read in practice)
         else:
             x = np.asarray(a(w), u64) * np.asarray(b(w), u64)
             r = x + c(w)
+            cout(w, np.broadcast_to(r < x, (w.n,)))   # first: it may raise Split
             put(w, r)
-            cout(w, np.broadcast_to(r < x, (64,)))
     return run
 
 
 @handler("v_cndmask_b32")
 def _cndmask(ins):
     # VOP3 neg/abs on v_cndmask act on the f32 sign bit (LLVM folds fneg into it), so read as f32.
-    a, b, m = M.src(ins, 1, "f32"), M.src(ins, 2, "f32"), _lanebits(ins, 3)
-    put = M.dst(ins, 0, "u32")
+    a, b, m = R.src(ins, 1, "f32"), R.src(ins, 2, "f32"), _lanebits(ins, 3)
+    put = R.dst(ins, 0, "u32")
     return lambda w: put(w, np.where(m(w), np.asarray(b(w), f32), np.asarray(a(w), f32)).view(u32))
 
 
@@ -579,11 +591,11 @@ def _div_scale(ins):
     # No pre-scaling: v_div_fixup computes the exact quotient, so only VCC (the fmas scale
     # request) is produced, always 0. [ISA: V_DIV_SCALE; simplified]
     ty = "f64" if ins.base.endswith("64") else "f32"
-    a, put, vcc = M.src(ins, 2, ty), M.dst(ins, 0, ty), _sdst_bits(ins, 1)
+    a, put, vcc = R.src(ins, 2, ty), R.dst(ins, 0, ty), _sdst_bits(ins, 1)
 
     def run(w):
         put(w, a(w))
-        vcc(w, np.zeros(64, bool))
+        vcc(w, np.zeros(w.n, bool))
     return run
 
 
@@ -621,18 +633,18 @@ def _class(x, m):
 
 
 def _build_cmp(ins, f, ty, cmpx):
-    a, b = M.src(ins, 1, ty), M.src(ins, 2, "u32" if f is _class else ty)
+    a, b = R.src(ins, 1, ty), R.src(ins, 2, "u32" if f is _class else ty)
     if ins.enc == "sdwa":
         sel = ins.mods
         a = _sdwa_src(ins, 1, ty, sel.get("src0_sel", "DWORD"))
         b = _sdwa_src(ins, 2, ty, sel.get("src1_sel", "DWORD"))
     if ins.ops[0].kind != "s":
         raise UnsupportedInstruction("VOPC destination must be an SGPR pair / vcc")
-    put = M.sdst(ins, 0, 64)
+    put = R.sdst(ins, 0, ins.prog.target.wave)
 
     def run(w):
-        r = np.broadcast_to(f(a(w), b(w)), (64,)) & w.mask
-        bits = M.bits_of(r)
+        r = np.broadcast_to(f(a(w), b(w)), (w.n,)) & w.mask
+        bits = R.wave_bits(w, r)
         if cmpx:
             w.set_exec(bits)
         put(w, bits)
@@ -651,32 +663,30 @@ for _t, _tab in _CMP_TYPES.items():
 
 @handler("v_readfirstlane_b32")
 def _readfirstlane(ins):
-    a, put = M.src(ins, 1, "u32"), M.sdst(ins, 0)
+    a, put = R.src(ins, 1, "u32"), R.sdst(ins, 0)
 
     def run(w):
-        x = np.asarray(a(w))
         lane = (w.exec & -w.exec).bit_length() - 1 if w.exec else 0
-        put(w, int(x if x.ndim == 0 else x[lane]))
+        put(w, R.wave_value(w, np.asarray(a(w)), lane))
     return run
 
 
 @handler("v_readlane_b32")
 def _readlane(ins):
-    a, l, put = M.src(ins, 1, "u32"), M.src(ins, 2, "u32"), M.sdst(ins, 0)
+    a, l, put = R.src(ins, 1, "u32"), R.src(ins, 2, "u32"), R.sdst(ins, 0)
 
     def run(w):
-        x = np.asarray(a(w))
-        put(w, int(x if x.ndim == 0 else x[int(l(w)) & 63]))
+        put(w, R.wave_value(w, np.asarray(a(w)), int(l(w)) % w.T.wave))
     return run
 
 
 @handler("v_writelane_b32")
 def _writelane(ins):
-    a, l = M.src(ins, 1, "u32"), M.src(ins, 2, "u32")
-    r = M.vidx(ins, ins.ops[0])
+    a, l = R.src(ins, 1, "u32"), R.src(ins, 2, "u32")
+    r = R.vidx(ins, ins.ops[0])
 
-    def run(w):   # ignores EXEC
-        w.V[int(l(w)) & 63, r] = a(w)
+    def run(w):   # ignores EXEC; the lane of every wave of a lockstep unit
+        w.V[int(l(w)) % w.T.wave::w.T.wave, r] = a(w)
     return run
 
 
@@ -691,22 +701,22 @@ def _pk_src(ins, i, ty, k):
     op = ins.ops[i]
     if ty == "f32":   # packed f32: a 64-bit register pair, op_sel picks the dword
         if op.kind in ("v", "a", "s"):
-            g0 = M.src(ins, i, "f32")
+            g0 = R.src(ins, i, "f32")
             hi_op = _shift_op(op)
             ins.ops.append(hi_op)
-            g1 = M.src(ins, len(ins.ops) - 1, "f32")
+            g1 = R.src(ins, len(ins.ops) - 1, "f32")
             parts = (g0, g1)
         else:
-            c = M.src(ins, i, "f32")
+            c = R.src(ins, i, "f32")
             parts = (c, c)
         lo_g, hi_g = parts[op_sel[k]], parts[op_sel_hi[k]]
     else:
-        raw = M.src(ins, i, "u32")
+        raw = R.src(ins, i, "u32")
         t = {"f16": f16, "bf16": u16, "u16": u16, "i16": i16}[ty]
         half = lambda g, h: (lambda w: (np.asarray(g(w), u32) >> u32(16 * h)).astype(u16).view(t))  # noqa: E731
         lo_g, hi_g = half(raw, op_sel[k]), half(raw, op_sel_hi[k])
         if op.kind in ("const", "fconst"):   # an inline constant feeds both halves
-            c = M.src(ins, i, ty)
+            c = R.src(ins, i, ty)
             lo_g = hi_g = c
     nl, nh = (k < len(neg_lo) and neg_lo[k]), (k < len(neg_hi) and neg_hi[k])
     lo = (lambda w: -lo_g(w)) if nl else lo_g
@@ -749,11 +759,11 @@ def _build_pk(ins, ty, n, fn):
         srcs = [_pk_src(ins, 1 + k, ty, k) for k in range(n)]
     post = _omod_clamp(ins, ty)
     if ty == "f32":
-        put = M.dst(ins, 0, "u64")
+        put = R.dst(ins, 0, "u64")
         pack = lambda lo, hi: (np.asarray(lo, f32).view(u32).astype(u64)  # noqa: E731
                                | (np.asarray(hi, f32).view(u32).astype(u64) << u64(32)))
     else:
-        put, pack = M.dst(ins, 0, "u32"), _pk16
+        put, pack = R.dst(ins, 0, "u32"), _pk16
 
     def run(w):
         lo = fn(*[s[0](w) for s in srcs])
@@ -776,16 +786,16 @@ def _fma_mix(ins):
     gets = []
     for k in range(3):
         if op_sel_hi[k]:
-            g = M.src(ins, 1 + k, "f16", hi=bool(op_sel[k]))
+            g = R.src(ins, 1 + k, "f16", hi=bool(op_sel[k]))
             gets.append(lambda w, g=g: np.asarray(g(w), f32))
         else:
-            gets.append(M.src(ins, 1 + k, "f32"))
+            gets.append(R.src(ins, 1 + k, "f32"))
     post = _omod_clamp(ins, "f32")
     if ins.base.endswith("f32"):
-        put = M.dst(ins, 0, "f32")
+        put = R.dst(ins, 0, "f32")
         conv = lambda r: r  # noqa: E731
     else:
-        put = M.dst(ins, 0, "f16", hi=ins.base.endswith("hi_f16"))
+        put = R.dst(ins, 0, "f16", hi=ins.base.endswith("hi_f16"))
         conv = lambda r: np.asarray(r, f32).astype(f16)  # noqa: E731
 
     def run(w):
@@ -799,8 +809,8 @@ def _dot2(ins):
     bf = "bf16" in ins.base
     if ins.base.startswith("v_dot2c"):
         ins.ops = ins.ops[:3] + [ins.ops[0]]
-    a, b, c = M.src(ins, 1, "u32"), M.src(ins, 2, "u32"), M.src(ins, 3, "f32")
-    put = M.dst(ins, 0, "f32")
+    a, b, c = R.src(ins, 1, "u32"), R.src(ins, 2, "u32"), R.src(ins, 3, "f32")
+    put = R.dst(ins, 0, "f32")
 
     def halves(x):
         x = np.asarray(x, u32)

@@ -5,8 +5,8 @@ import re
 
 import numpy as np
 
-from . import machine as M
-from .isa import M0, SHARED_BASE, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
+from . import lds, race, regs as R
+from .isa import SHARED_BASE, EmulatorFault, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
 
 # suffix -> (bytes, sign-extend, d16 half: None | 0 lo | 1 hi)
 _SIZES = {"ubyte": (1, False, None), "sbyte": (1, True, None), "ushort": (2, False, None),
@@ -15,11 +15,10 @@ _SIZES = {"ubyte": (1, False, None), "sbyte": (1, True, None), "ushort": (2, Fal
           "short": (2, False, None), "short_d16": (2, False, 0), "short_d16_hi": (2, False, 1),
           "ubyte_d16": (1, False, 0), "ubyte_d16_hi": (1, False, 1), "sbyte_d16": (1, True, 0),
           "sbyte_d16_hi": (1, True, 1), "byte_d16_hi": (1, False, 1)}
-_LANE = np.arange(64)
 
 
 def _widen(data, size, signed):
-    """uint8 [64, size] -> uint32 [64, size // 4] (sub-dword values zero/sign extended)."""
+    """uint8 [lanes, size] -> uint32 [lanes, size // 4] (sub-dword values zero/sign extended)."""
     if size >= 4:
         return data.view(u32)
     v = data.view({1: np.uint8, 2: u16}[size])[:, 0]
@@ -29,22 +28,22 @@ def _widen(data, size, signed):
 
 
 def _narrow(vals, size):
-    """uint32 [64, n] -> uint8 [64, size]."""
+    """uint32 [lanes, n] -> uint8 [lanes, size]."""
     return np.ascontiguousarray(vals).view(np.uint8)[:, :size]
 
 
 def _load_sink(ins, i, size, signed, d16):
-    """Setter (w, uint8 [64, size]) for a load destination; race-tracked on counter."""
+    """Setter (w, uint8 [w.n, size]) for a load destination; race-tracked on counter."""
     if d16 is not None:
-        put16 = M.dst(ins, i, "u16", hi=bool(d16))
+        put16 = R.dst(ins, i, "u16", hi=bool(d16))
         return lambda w, data: put16(w, _widen(data, size, signed)[:, 0].astype(u16))
-    put = M.dst_vec(ins, i)
+    put = R.dst_vec(ins, i)
     return lambda w, data: put(w, _widen(data, size, signed))
 
 
 def _data_source(ins, i, size, d16_hi=False):
-    """Getter w -> uint8 [64, size] of store data."""
-    g = M.src_vec(ins, i)
+    """Getter w -> uint8 [w.n, size] of store data."""
+    g = R.src_vec(ins, i)
     if d16_hi:
         return lambda w: _narrow(g(w) >> u32(16), size)
     return lambda w: _narrow(g(w), size)
@@ -63,9 +62,9 @@ def _gaddr(ins, vi, si):
     """Getter w -> uint64 [64] address of a global/flat access."""
     off = ins.mods.get("offset", 0)
     if si is None or ins.ops[si].kind == "off":
-        v = M.src(ins, vi, "u64")
+        v = R.src(ins, vi, "u64")
         return lambda w: v(w) + u64(off & 0xFFFFFFFFFFFFFFFF) if off >= 0 else v(w) - u64(-off)
-    v, s = M.src(ins, vi, "u32"), M.src(ins, si, "u64")
+    v, s = R.src(ins, vi, "u32"), R.src(ins, si, "u64")
     return lambda w: (s(w) + v(w).astype(u64) + u64(off & 0xFFFFFFFF)) if off >= 0 else \
         (s(w) + v(w).astype(u64) - u64(-off))
 
@@ -82,18 +81,18 @@ def _global_load(ins):
     size, signed, d16 = _SIZES[ins.base.split("_load_")[1]]
     addr = _gaddr(ins, 1, 2 if prefix == "global" else None)
     sink = _load_sink(ins, 0, size, signed, d16)
-    keys = M.reg_keys(ins, 0)
+    keys = R.reg_keys(ins, 0)
     flat = prefix == "flat"
 
     def run(w):
         a = addr(w)
         if flat and (a >> u64(32) == u64(SHARED_BASE >> 32)).any():
-            data = M.lds_load(w, (a - u64(SHARED_BASE)).astype(np.int64), size)
+            data = lds.load(w, (a - u64(SHARED_BASE)).astype(np.int64), size)
             sink(w, data)
-            M.track_load(w, ins, "lgkm", keys)
+            race.track_load(w, ins, "lgkm", keys)
             return
         sink(w, _gmem_load(w, a, size))
-        M.track_load(w, ins, "vm", keys)
+        race.track_load(w, ins, "vm", keys)
     return run
 
 
@@ -110,10 +109,10 @@ def _global_store(ins):
     def run(w):
         a = addr(w)
         if flat and (a >> u64(32) == u64(SHARED_BASE >> 32)).any():
-            M.lds_store(w, (a - u64(SHARED_BASE)).astype(np.int64), data(w))
+            lds.store(w, (a - u64(SHARED_BASE)).astype(np.int64), data(w))
             return
         w.emu.mem.store(a, w.mask, data(w))
-        M.track_load(w, ins, "vm", (), "store")
+        race.track_load(w, ins, "vm", (), "store")
     return run
 
 
@@ -131,26 +130,26 @@ _ATOMIC = {
 
 
 def _atomic_rmw(ins, get_addr, data_i, ret, apply):
-    """Shared atomic runner: apply(w, addr, mask, fn) performs the RMW and returns old [64]."""
+    """Shared atomic runner: apply(w, addr, mask, fn) performs the RMW and returns old [w.n]."""
     name = ins.base.split("_atomic_")[1]
     if name not in _ATOMIC:
         raise UnsupportedInstruction(f"atomic {ins.mnemonic}")
     dt, fn = _ATOMIC[name]
-    data = M.src_vec(ins, data_i)
-    put = M.dst_vec(ins, 0) if ret else None
-    keys = M.reg_keys(ins, 0) if ret else ()
+    data = R.src_vec(ins, data_i)
+    put = R.dst_vec(ins, 0) if ret else None
+    keys = R.reg_keys(ins, 0) if ret else ()
     width = np.dtype(dt).itemsize // 4
 
     def run(w):
         src = np.ascontiguousarray(data(w)[:, :width]).view(dt)[:, 0]
         old = apply(w, get_addr(w), lambda o, lanes: fn(o, src[lanes]), dt)
         if ret:
-            put(w, np.ascontiguousarray(old).view(u32).reshape(64, width))
-        M.track_load(w, ins, "vm", keys, "load" if ret else "store")
+            put(w, np.ascontiguousarray(old).view(u32).reshape(w.n, width))
+        race.track_load(w, ins, "vm", keys, "load" if ret else "store")
     return run
 
 
-@handler(*[f"global_atomic_{n}" for n in _ATOMIC] + [f"flat_atomic_{n}" for n in _ATOMIC])
+@handler(*[f"global_atomic_{n}" for n in _ATOMIC] + [f"flat_atomic_{n}" for n in _ATOMIC], per_wave=True)
 def _global_atomic(ins):
     ret = len(ins.ops) == (4 if ins.base.startswith("global") else 3)
     if ins.base.startswith("flat") and len(ins.ops) == 2:
@@ -173,15 +172,15 @@ def _buffer_addr(ins, vi, ri, oi, size):
     """Getter w -> (addr u64[64], ok bool[64, ndw]) for a MUBUF access: address = base +
     soffset + voffset + inst_offset + stride * index; raw buffers are out of range per dword
     when voffset + inst_offset + 4j >= num_records (soffset excluded), structured buffers when
-    index >= num_records [MFMA_FACTS §6, ISA §9.1.5-9.1.7]."""
+    index >= num_records [docs/buffer_oob.md, ISA §9.1.5-9.1.7]."""
     mods = ins.mods
     offen, idxen = bool(mods.get("offen")), bool(mods.get("idxen"))
     inst = mods.get("offset", 0)
-    rs = M._race_wrap(ins, ri, lambda w, r=ins.ops[ri].index: w.S[r:r + 4])
-    so = M.src(ins, oi, "u32")
+    rs = R.read_checked(ins, ri, lambda w, r=ins.ops[ri].index: w.S[r:r + 4])
+    so = R.src(ins, oi, "u32")
     vop = ins.ops[vi] if vi is not None else None
     if vop is not None and vop.kind != "off":
-        vv = M.src_vec(ins, vi)
+        vv = R.src_vec(ins, vi)
     else:
         vv = None
     ndw = max(1, (size + 3) // 4)
@@ -189,20 +188,39 @@ def _buffer_addr(ins, vi, ri, oi, size):
 
     def get(w):
         base, stride, nrec, add_tid, swz = _vsharp(base_regs := rs(w))
-        v = vv(w) if vv is not None else np.zeros((64, 2), u32)
-        index = v[:, 0].astype(u64) if idxen else np.zeros(64, u64)
-        voff = (v[:, 1 if idxen else 0].astype(u64)) if offen else np.zeros(64, u64)
+        v = vv(w) if vv is not None else np.zeros((w.n, 2), u32)
+        index = v[:, 0].astype(u64) if idxen else np.zeros(w.n, u64)
+        voff = (v[:, 1 if idxen else 0].astype(u64)) if offen else np.zeros(w.n, u64)
         if add_tid:
-            index = index + _LANE.astype(u64)
+            index = index + w.lane.astype(u64)
         off = voff + u64(inst)
         addr = u64(base) + u64(int(so(w))) + off + u64(stride) * index
         if idxen or add_tid:
-            ok = np.broadcast_to((index < u64(nrec))[:, None], (64, ndw))
+            ok = np.broadcast_to((index < u64(nrec))[:, None], (w.n, ndw))
         else:
             ok = (off[:, None] + steps[None, :]) < u64(nrec)
         del base_regs
         return addr, ok
     return get
+
+
+def _buffer_read(w, ao, size):
+    """uint8 [w.n, size] of a MUBUF load: each dword of a lane whose range check fails reads 0
+    (and touches no memory), every size alike."""
+    a, ok = ao
+    mem = w.emu.mem
+    if ok.all():
+        return mem.load(a, w.mask, size)
+    data = np.zeros((w.n, size), np.uint8)
+    if ok.shape[1] == 1 or (ok == ok[:, :1]).all():     # whole lanes in or out
+        m = w.mask & ok[:, 0]
+        data[m] = mem.load(a, m, size)[m]
+        return data
+    for j in range(ok.shape[1]):   # raw multi-dword access straddling num_records
+        m = w.mask & ok[:, j]
+        n = min(4, size - 4 * j)
+        data[m, 4 * j:4 * j + n] = mem.load(a + u64(4 * j), m, n)[m]
+    return data
 
 
 def _buffer_ops(ins):
@@ -226,20 +244,11 @@ def _buffer_load(ins):
     if di is None:
         return _to_lds(ins, addr, size, signed)
     sink = _load_sink(ins, di, size, signed, d16)
-    keys = M.reg_keys(ins, di)
+    keys = R.reg_keys(ins, di)
 
     def run(w):
-        a, ok = addr(w)
-        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
-        if size > 4:
-            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
-            if not ok[:, 0].all():   # first dword OOB but later ones in range: reload those
-                more = w.mask & ~ok[:, 0] & ok.any(axis=1)
-                if more.any():
-                    d2 = w.emu.mem.load(a, more, size) * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
-                    data[more] = d2[more]
-        sink(w, data)
-        M.track_load(w, ins, "vm", keys)
+        sink(w, _buffer_read(w, addr(w), size))
+        race.track_load(w, ins, "vm", keys)
     return run
 
 
@@ -262,11 +271,11 @@ def _buffer_store(ins):
             for j in range(ok.shape[1]):
                 n = min(4, size - 4 * j)
                 mem.store(a + u64(4 * j), w.mask & ok[:, j], np.ascontiguousarray(d[:, 4 * j:4 * j + n]))
-        M.track_load(w, ins, "vm", (), "store")
+        race.track_load(w, ins, "vm", (), "store")
     return run
 
 
-@handler(*[f"buffer_atomic_{n}" for n in _ATOMIC])
+@handler(*[f"buffer_atomic_{n}" for n in _ATOMIC], per_wave=True)
 def _buffer_atomic(ins):
     ret = bool(ins.mods.get("sc0") or ins.mods.get("glc"))
     vi = None if ins.ops[1].kind == "off" else 1
@@ -280,19 +289,16 @@ def _buffer_atomic(ins):
 
 def _to_lds(ins, addr, size, signed):
     """Direct-to-LDS: LDS address = M0[17:2]*4 + inst_offset + TID*4 (TID*16 for x3/x4);
-    out-of-range reads write 0 [MFMA_FACTS §4]."""
+    out-of-range reads write 0 [docs/gfx950_isa.md §4, docs/buffer_oob.md]."""
     inst = ins.mods.get("offset", 0)
     per = 16 if size > 8 else 4
 
     def run(w):
-        a, ok = addr(w)
-        data = w.emu.mem.load(a, w.mask & ok[:, 0], size)
-        if size >= 4:
-            data = data * np.repeat(ok, 4, axis=1)[:, :size].astype(np.uint8)
+        data = _buffer_read(w, addr(w), size)
         data = _narrow(_widen(data, size, signed), max(size, 4))
-        lds = (w.S[M0] & 0x3FFFC) + inst + _LANE * per
-        d = M.lds_store(w, lds, data, inflight=w.race)
-        M.track_load(w, ins, "vm", (), "async", lds=d)
+        to = (w.S[w.T.m0] & 0x3FFFC) + inst + w.lane * per
+        d = lds.store(w, to, data, inflight=w.race)
+        race.track_load(w, ins, "vm", (), "async", lds=d)
     return run
 
 
@@ -301,7 +307,69 @@ def _to_lds(ins, addr, size, signed):
 def _global_lds(ins):
     size, signed, _ = _SIZES[ins.base[len("global_load_lds_"):]]
     ga = _gaddr(ins, 0, 1)
-    return _to_lds(ins, lambda w: (ga(w), np.ones((64, 4), bool)), size, signed)
+    return _to_lds(ins, lambda w: (ga(w), np.ones((w.n, 4), bool)), size, signed)
+
+
+# ---------------------------------------------------------------------------- private (scratch)
+
+def _priv_offsets(ins, vi, si):
+    """Getter w -> (int64 [w.n] byte offsets into each lane's private segment, the segment
+    uint8 [w.n, bytes]); address = vaddr + saddr + inst_offset, per lane (the hardware swizzles
+    lanes apart, so a lane only ever sees its own bytes) [ISA §10 scratch instructions]."""
+    off = ins.mods.get("offset", 0)
+    v = R.src(ins, vi, "u32") if ins.ops[vi].kind != "off" else None
+    s = R.src(ins, si, "u32") if ins.ops[si].kind != "off" else None
+    size = ins.prog.meta.d("private_segment_fixed_size", 0)
+
+    def get(w):
+        o = np.full(w.n, off, np.int64)
+        if v is not None:
+            o = o + np.asarray(v(w)).astype(np.int64)
+        if s is not None:
+            o = o + int(s(w))
+        return o, w.private(size)
+    return get
+
+
+def _priv_index(w, o, seg, nbytes):
+    """(lanes [w.n, 1], byte columns [w.n, nbytes]) of the active lanes' accesses (others read 0)."""
+    bad = w.mask & ((o < 0) | (o + nbytes > seg.shape[1]))
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise EmulatorFault(f"private (scratch) access outside the kernel's {seg.shape[1]}-byte private "
+                            f"segment: {w.lane_name(j)}, offset {int(o[j])}, {nbytes} bytes")
+    return np.arange(w.n)[:, None], np.where(w.mask, o, 0)[:, None] + lds.AR[nbytes]
+
+
+@handler(*[f"scratch_load_{s}" for s in _SIZES if not s.startswith(("byte", "short")) or "d16" in s])
+def _scratch_load(ins):
+    size, signed, d16 = _SIZES[ins.base[len("scratch_load_"):]]
+    addr = _priv_offsets(ins, 1, 2)
+    sink = _load_sink(ins, 0, size, signed, d16)
+    keys = R.reg_keys(ins, 0)
+
+    def run(w):
+        o, seg = addr(w)
+        sink(w, seg[_priv_index(w, o, seg, size)])
+        race.track_load(w, ins, "vm", keys)
+    return run
+
+
+@handler(*[f"scratch_store_{s}" for s in
+           ("byte", "short", "dword", "dwordx2", "dwordx3", "dwordx4", "byte_d16_hi", "short_d16_hi")])
+def _scratch_store(ins):
+    sz = ins.base[len("scratch_store_"):]
+    size = _SIZES[sz][0]
+    addr = _priv_offsets(ins, 0, 2)
+    data = _data_source(ins, 1, size, sz.endswith("d16_hi"))
+
+    def run(w):
+        o, seg = addr(w)
+        lanes, cols = _priv_index(w, o, seg, size)
+        m = w.mask
+        seg[lanes[m], cols[m]] = data(w)[m]
+        race.track_load(w, ins, "vm", (), "store")
+    return run
 
 
 # ---------------------------------------------------------------------------- LDS
@@ -312,7 +380,7 @@ _DS_WRITE = {"b32": 4, "b64": 8, "b96": 12, "b128": 16, "b8": 1, "b16": 2}
 
 
 def _ds_addr(ins, i, off_key="offset"):
-    a = M.src(ins, i, "u32")
+    a = R.src(ins, i, "u32")
     off = ins.mods.get(off_key, 0)
     return lambda w: np.asarray(a(w)).astype(np.int64) + off   # 32-bit wrap: lds_* wrap=True
 
@@ -328,11 +396,11 @@ def _ds_read(ins):
     size, signed = _DS_READ[sfx]
     addr = _ds_addr(ins, 1)
     sink = _load_sink(ins, 0, size, signed, d16)
-    keys = M.reg_keys(ins, 0)
+    keys = R.reg_keys(ins, 0)
 
     def run(w):
-        sink(w, M.lds_load(w, addr(w), size, wrap=True))
-        M.track_load(w, ins, "lgkm", keys)
+        sink(w, lds.load(w, addr(w), size, wrap=True))
+        race.track_load(w, ins, "lgkm", keys)
     return run
 
 
@@ -340,24 +408,24 @@ def _ds2(ins, ai):
     """(element size, address getter, byte offset0, byte offset1) of a read2/write2."""
     size = 8 if ins.base.endswith("64") else 4
     unit = size * (64 if "st64" in ins.base else 1)
-    return size, M.src(ins, ai, "u32"), ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
+    return size, R.src(ins, ai, "u32"), ins.mods.get("offset0", 0) * unit, ins.mods.get("offset1", 0) * unit
 
 
 @handler("ds_read2_b32", "ds_read2_b64", "ds_read2st64_b32", "ds_read2st64_b64")
 def _ds_read2(ins):
     size, a, o0, o1 = _ds2(ins, 1)
-    put = M.dst_vec(ins, 0)
-    keys = M.reg_keys(ins, 0)
+    put = R.dst_vec(ins, 0)
+    keys = R.reg_keys(ins, 0)
     offs = np.array([o0, o1], np.int64)
 
     def run(w):   # both halves in one access: same result and race bookkeeping as two reads
-        put(w, M.lds_load(w, np.asarray(a(w)).astype(np.int64)[:, None] + offs, size, wrap=True).view(u32))
-        M.track_load(w, ins, "lgkm", keys)
+        put(w, lds.load(w, np.asarray(a(w)).astype(np.int64)[:, None] + offs, size, wrap=True).view(u32))
+        race.track_load(w, ins, "lgkm", keys)
     return run
 
 
 def _ds_track_write(w, ins, d):
-    M.track_load(w, ins, "lgkm", (), "lds_write", lds=d)
+    race.track_load(w, ins, "lgkm", (), "lds_write", lds=d)
 
 
 @handler(*[f"ds_write_{k}" for k in _DS_WRITE], "ds_write_b8_d16_hi", "ds_write_b16_d16_hi")
@@ -369,7 +437,7 @@ def _ds_write(ins):
     data = _data_source(ins, 1, size, hi)
 
     def run(w):
-        _ds_track_write(w, ins, M.lds_store(w, addr(w), data(w), wrap=True))
+        _ds_track_write(w, ins, lds.store(w, addr(w), data(w), wrap=True))
     return run
 
 
@@ -380,8 +448,8 @@ def _ds_write2(ins):
 
     def run(w):
         base = np.asarray(a(w)).astype(np.int64)
-        x = M.lds_store(w, base + o0, d0(w), wrap=True)
-        y = M.lds_store(w, base + o1, d1(w), wrap=True)
+        x = lds.store(w, base + o0, d0(w), wrap=True)
+        y = lds.store(w, base + o1, d1(w), wrap=True)
         _ds_track_write(w, ins, None if x is None else np.concatenate([x, y]))
     return run
 
@@ -395,31 +463,31 @@ _DS_ATOMIC = {"add_u32": (u32, lambda o, s: o + s), "sub_u32": (u32, lambda o, s
               "add_u64": (u64, lambda o, s: o + s)}
 
 
-@handler(*[f"ds_{k}" for k in _DS_ATOMIC], *[f"ds_{k.replace('_', '_rtn_', 1)}" for k in _DS_ATOMIC])
+@handler(*[f"ds_{k}" for k in _DS_ATOMIC], *[f"ds_{k.replace('_', '_rtn_', 1)}" for k in _DS_ATOMIC], per_wave=True)
 def _ds_atomic(ins):
     name = ins.base[3:].replace("_rtn", "")
     ret = "_rtn_" in ins.base
     dt, fn = _DS_ATOMIC[name]
     first = 1 if ret else 0
     addr = _ds_addr(ins, first)
-    data = M.src_vec(ins, first + 1)
-    put = M.dst_vec(ins, 0) if ret else None
-    keys = M.reg_keys(ins, 0) if ret else ()
+    data = R.src_vec(ins, first + 1)
+    put = R.dst_vec(ins, 0) if ret else None
+    keys = R.reg_keys(ins, 0) if ret else ()
     n = np.dtype(dt).itemsize
 
     def run(w):
         # LDS atomics are exempt from the cross-wave race check: they are atomic by design.
-        a = M._lds_addr(w, addr(w), n, wrap=True)
+        a = lds.addresses(w, addr(w), n, wrap=True)
         src = np.ascontiguousarray(data(w)[:, :n // 4]).view(dt)[:, 0]
-        out = np.zeros(64, dt)
-        lds = w.wg.lds
+        out = np.zeros(w.n, dt)
+        mem = w.wg.lds
         for l in np.nonzero(w.mask)[0]:   # lane order matters when lanes share an address
-            cur = lds[a[l]:a[l] + n].view(dt)[0]
+            cur = mem[a[l]:a[l] + n].view(dt)[0]
             out[l] = cur
-            lds[a[l]:a[l] + n] = np.asarray(fn(cur, src[l]), dt).reshape(1).view(np.uint8)
+            mem[a[l]:a[l] + n] = np.asarray(fn(cur, src[l]), dt).reshape(1).view(np.uint8)
         if ret:
-            put(w, out.view(u32).reshape(64, n // 4))
-        M.track_load(w, ins, "lgkm", keys)
+            put(w, out.view(u32).reshape(w.n, n // 4))
+        race.track_load(w, ins, "lgkm", keys)
     return run
 
 
@@ -456,45 +524,45 @@ def _swizzle_offset(v):
     raise UnsupportedInstruction(f"ds_swizzle mode {mode}")
 
 
-@handler("ds_swizzle_b32")
+@handler("ds_swizzle_b32", per_wave=True)
 def _ds_swizzle(ins):
     off = _swizzle_offset(ins.mods.get("offset", 0))
-    l = _LANE
+    l = ins.prog.target.lane
     if off & 0x8000:
         srcl = (l & ~3) + ((off >> (2 * (l & 3))) & 3)
     else:
         andm, orm, xorm = off & 0x1F, (off >> 5) & 0x1F, (off >> 10) & 0x1F
         srcl = (l & ~31) + ((((l & 31) & andm) | orm) ^ xorm)
-    a = M.src(ins, 1, "u32")
-    put = M.dst(ins, 0, "u32")
-    keys = M.reg_keys(ins, 0)
+    a = R.src(ins, 1, "u32")
+    put = R.dst(ins, 0, "u32")
+    keys = R.reg_keys(ins, 0)
 
     def run(w):
-        x = np.broadcast_to(a(w), (64,))
+        x = np.broadcast_to(a(w), (w.n,))
         put(w, np.where(w.mask[srcl], x[srcl], u32(0)))   # inactive source lanes read 0
-        M.track_load(w, ins, "lgkm", keys)
+        race.track_load(w, ins, "lgkm", keys)
     return run
 
 
-@handler("ds_permute_b32", "ds_bpermute_b32")
+@handler("ds_permute_b32", "ds_bpermute_b32", per_wave=True)
 def _ds_permute(ins):
-    a, d = M.src(ins, 1, "u32"), M.src(ins, 2, "u32")
+    a, d = R.src(ins, 1, "u32"), R.src(ins, 2, "u32")
     off = ins.mods.get("offset", 0)
-    put = M.dst(ins, 0, "u32")
-    keys = M.reg_keys(ins, 0)
+    put = R.dst(ins, 0, "u32")
+    keys = R.reg_keys(ins, 0)
     back = ins.base == "ds_bpermute_b32"
 
     def run(w):
-        lane = ((np.broadcast_to(a(w), (64,)).astype(np.int64) + off) >> 2) & 63
-        x = np.broadcast_to(d(w), (64,))
+        lane = ((np.broadcast_to(a(w), (w.n,)).astype(np.int64) + off) >> 2) % w.n
+        x = np.broadcast_to(d(w), (w.n,))
         if back:   # dst[l] = src[lane[l]]
             r = x[lane]
         else:      # dst[lane[l]] = src[l]; later lanes win; unwritten lanes read 0
-            r = np.zeros(64, u32)
+            r = np.zeros(w.n, u32)
             m = w.mask
             r[lane[m]] = x[m]
         put(w, r)
-        M.track_load(w, ins, "lgkm", keys)
+        race.track_load(w, ins, "lgkm", keys)
     return run
 
 

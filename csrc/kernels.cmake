@@ -1,0 +1,31 @@
+# Generated from python/mxgemm/registry.py by mxgemm.build.cmake_list(): do not edit.
+set(MXGEMM_HIP_FLAGS -x hip --cuda-device-only --no-gpu-bundle-output -nogpuinc -nogpulib -O3 -std=c++17)
+# name|variant id|source|archs|defines
+set(MXGEMM_HIP_KERNELS
+  "mxfp8_dequant|base|csrc/kernels/mxfp8_dequant.hip|gfx950,gfx1250|"
+  "smallm_mxfp8_gemv|M_TILE1_N_SUB1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=1,N_SUB=1"
+  "smallm_mxfp8_gemv|M_TILE1_N_SUB2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=1,N_SUB=2"
+  "smallm_mxfp8_gemv|M_TILE2_N_SUB1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=2,N_SUB=1"
+  "smallm_mxfp8_gemv|M_TILE2_N_SUB2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=2,N_SUB=2"
+  "smallm_mxfp8_gemv|M_TILE4_N_SUB1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=4,N_SUB=1"
+  "smallm_mxfp8_gemv|M_TILE4_N_SUB2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=4,N_SUB=2"
+  "smallm_mxfp8_gemv|M_TILE8_N_SUB1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=8,N_SUB=1"
+  "smallm_mxfp8_gemv|M_TILE8_N_SUB2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=8,N_SUB=2"
+  "smallm_mxfp8_gemv|M_TILE16_N_SUB1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=16,N_SUB=1"
+  "smallm_mxfp8_mfma|M_TILE16_SPLIT_K1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=16,SPLIT_K=1"
+  "smallm_mxfp8_mfma|M_TILE16_SPLIT_K2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=16,SPLIT_K=2"
+  "smallm_mxfp8_mfma|M_TILE16_SPLIT_K4|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=16,SPLIT_K=4"
+  "smallm_mxfp8_mfma|M_TILE32_SPLIT_K1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=32,SPLIT_K=1"
+  "smallm_mxfp8_mfma|M_TILE32_SPLIT_K2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=32,SPLIT_K=2"
+  "smallm_mxfp8_mfma|M_TILE32_SPLIT_K4|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=32,SPLIT_K=4"
+  "smallm_mxfp8_mfma|M_TILE64_SPLIT_K1|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=64,SPLIT_K=1"
+  "smallm_mxfp8_mfma|M_TILE64_SPLIT_K2|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=64,SPLIT_K=2"
+  "smallm_mxfp8_mfma|M_TILE64_SPLIT_K4|csrc/kernels/smallm_mxfp8.hip|gfx950|M_TILE=64,SPLIT_K=4"
+  "smallm_mxfp8_moe_grouped_gemm|BLOCK_N8_M_CHUNK2|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=8,M_CHUNK=2"
+  "smallm_mxfp8_moe_grouped_gemm|BLOCK_N8_M_CHUNK4|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=8,M_CHUNK=4"
+  "smallm_mxfp8_moe_grouped_gemm|BLOCK_N16_M_CHUNK2|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=16,M_CHUNK=2"
+  "smallm_mxfp8_moe_grouped_gemm|BLOCK_N16_M_CHUNK4|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=16,M_CHUNK=4"
+  "moe_gemm2_a4w4|BM16_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=16,NT=0"
+  "moe_gemm2_a4w4|BM16_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=16,NT=1"
+  "moe_gemm2_a4w4|BM32_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=32,NT=0"
+  "moe_gemm2_a4w4|BM32_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=32,NT=1")

@@ -1,0 +1,157 @@
+"""The mutation catalogue: seeded bugs the kernel tests must catch.
+
+Each mutation is data: exact snippets of repo files (each must occur exactly once) and their
+replacements, plus the registry kernels it targets (their tests are run). When a refactor
+moves a snippet, re-point the entry; a snippet that no longer matches is a harness error,
+never a silent skip. Emulator mutations target every kernel: a kernel test, not only the
+emulator's own tests, must notice them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SMALLM_SRC = "csrc/kernels/smallm_mxfp8.hip"
+A4W4_HIP = "csrc/kernels/moe_gemm2_a4w4.hip"
+A4W4_FLY = "flydsl_kernels/moe_gemm2_a4w4.py"
+DEQUANT_HIP = "csrc/kernels/mxfp8_dequant.hip"
+DEQUANT_FLY = "flydsl_kernels/mxfp8_dequant.py"
+DEEP_GEMM = "flydsl_kernels/deep_gemm_fp8.py"
+VALU = "python/mxgemm/emu/valu.py"
+ATOMICS = "python/mxgemm/emu/float_atomics.py"
+
+GEMV, MFMA, MOE = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma", "smallm_mxfp8_moe_grouped_gemm"
+A4W4 = ("moe_gemm2_a4w4", "moe_gemm2_a4w4_flydsl")
+ALL = ("every kernel",)
+
+# Kernel -> its kernel tests (the harness runs the union for a mutation, in this order).
+KERNEL_TESTS = {
+    GEMV: ("tests/test_smallm_mxfp8_gemm.py",),
+    MFMA: ("tests/test_smallm_mxfp8_gemm.py",),
+    MOE: ("tests/test_moe_mxfp8_grouped_gemm.py",),
+    "moe_gemm2_a4w4": ("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"),
+    "moe_gemm2_a4w4_flydsl": ("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"),
+    "mxfp8_dequant": ("tests/test_mxfp8_dequantize.py",),
+    "mxfp8_dequant_flydsl": ("tests/test_mxfp8_dequantize.py",),
+    "deep_gemm_fp8": ("tests/test_deep_gemm.py",),
+}
+
+_TRUNC_BF16 = "__builtin_bit_cast(__bf16, (unsigned short)(__builtin_bit_cast(unsigned int, {x}) >> 16))"
+_A4W4_HIP_TRUNCATE = (A4W4_HIP, "const bf16x2 pk = {(__bf16)v[2 * p], (__bf16)v[2 * p + 1]};",
+                      "const bf16x2 pk = {" + _TRUNC_BF16.format(x="v[2 * p]") + ", "
+                      + _TRUNC_BF16.format(x="v[2 * p + 1]") + "};")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    kernels: tuple          # registry names, or ALL
+    edits: tuple            # ((repo-relative file, exact original, replacement), ...)
+    what: str
+
+    def tests(self) -> list:
+        kernels = KERNEL_TESTS if self.kernels == ALL else self.kernels
+        return list(dict.fromkeys(t for k in kernels for t in KERNEL_TESTS[k]))
+
+
+CATALOGUE = (
+    # ---- small-M MXFP8 (HIP)
+    Mutation("smallm-bf16-truncate", (GEMV, MFMA, MOE), (
+        (SMALLM_SRC, "__bf16 to_bf16(float x) { return (__bf16)x; }",
+         "__bf16 to_bf16(float x) { return " + _TRUNC_BF16.format(x="x") + "; }"),),
+        "bf16 output conversion truncates instead of RNE"),
+    Mutation("smallm-gemv-drop-b-scale", (GEMV, MOE), (
+        (SMALLM_SRC, "__builtin_ldexpf(s, (int)(sa + sb) - 254)", "__builtin_ldexpf(s, (int)(sa + 127u) - 254)"),),
+        "GEMV core ignores the weight's e8m0 scale"),
+    Mutation("smallm-mfma-drop-b-scale", (MFMA,), (
+        (SMALLM_SRC, "load_u8(rsa, a_row[mi] * k_blocks + kb), sb);", "load_u8(rsa, a_row[mi] * k_blocks + kb), 127u);"),),
+        "scaled MFMA gets scale 1.0 for B"),
+    Mutation("smallm-mfma-swap-operands", (MFMA,), (
+        (SMALLM_SRC, "mfma_scale_16x16x128_e4m3(av, bv, acc[mi], load_u8(rsa, a_row[mi] * k_blocks + kb), sb)",
+         "mfma_scale_16x16x128_e4m3(bv, av, acc[mi], sb, load_u8(rsa, a_row[mi] * k_blocks + kb))"),),
+        "A and B (with their scales) swapped: the transposed tile"),
+    Mutation("smallm-gemv-row-off-by-one", (GEMV,), (
+        (SMALLM_SRC, "a_row[m] = min_u32(m0 + m, um - 1u);", "a_row[m] = min_u32(m0 + m + 1u, um - 1u);"),),
+        "GEMV reads the next A row"),
+    Mutation("smallm-moe-drop-topk-weight", (MOE,), (
+        (SMALLM_SRC, "if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];", "(void)topk_weights;"),),
+        "MoE grouped GEMM ignores the top-k weight"),
+    Mutation("smallm-delete-lds-barrier", (GEMV, MOE), (
+        (SMALLM_SRC, "red[(grp * V + v) * k_lanes + klane] = vals[v];\n  syncthreads();",
+         "red[(grp * V + v) * k_lanes + klane] = vals[v];"),),
+        "partial sums read from LDS without the barrier after their writes"),
+    # ---- a4w4 MoE gemm2 (HIP and FlyDSL)
+    Mutation("a4w4-hip-bf16-truncate", ("moe_gemm2_a4w4",), (_A4W4_HIP_TRUNCATE,),
+        "HIP epilog truncates to bf16 (FlyDSL still RNE)"),
+    Mutation("a4w4-both-bf16-truncate", A4W4, (
+        _A4W4_HIP_TRUNCATE,
+        (A4W4_FLY, "pk = arith.truncf(b.v2bf16, pair)",
+         "v2i32 = ir.VectorType.get([2], b.i32)\n"
+         "                    hi = arith.shrui(llvm.bitcast(v2i32, pair), arith.constant(v2i32, "
+         "ir.DenseElementsAttr.get_splat(v2i32, ir.IntegerAttr.get(b.i32, 16))))\n"
+         "                    pk = llvm.bitcast(b.v2bf16, arith.trunci(ir.VectorType.get([2], "
+         "ir.IntegerType.get_signless(16)), hi))")),
+        "both backends truncate to bf16: HIP == FlyDSL parity cannot see it"),
+    Mutation("a4w4-hip-drop-topk-weight", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "const v4f v = acc[nt][mt] * topk_w;", "const v4f v = acc[nt][mt];"),),
+        "epilog ignores the top-k weight"),
+    Mutation("a4w4-flydsl-drop-topk-weight", ("moe_gemm2_a4w4_flydsl",), (
+        (A4W4_FLY, "v = arith.mulf(acc[ntile][mt], wsplat)", "v = acc[ntile][mt]"),),
+        "FlyDSL epilog ignores the top-k weight"),
+    Mutation("a4w4-hip-drop-a-scale", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "(int)r.as[mt]);", "0x7F7F7F7F);"),),
+        "scaled MFMA gets scale 1.0 for the activations"),
+    Mutation("a4w4-hip-swap-operands", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "f8f6f4(wa, ab, acc[nt][mt], 4, 4, S, (int)r.ws[nt], S,\n"
+                   "                                                                     (int)r.as[mt]);",
+         "f8f6f4(ab, wa, acc[nt][mt], 4, 4, S, (int)r.as[mt], S, (int)r.ws[nt]);"),),
+        "MFMA operands (and scales) swapped: the transposed tile"),
+    Mutation("a4w4-hip-scale-row-off-by-one", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "ws_voff[nt] = nrow * k_scales + 2u * (uint32_t)g;",
+         "ws_voff[nt] = (nrow + 1u) * k_scales + 2u * (uint32_t)g;"),),
+        "weight scales of the next row"),
+    Mutation("a4w4-hip-delete-k-step-barrier", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "    __builtin_amdgcn_s_barrier();\n    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE",
+         "    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE"),),
+        "A(kt) read from LDS without the barrier that makes every wave's DMA visible"),
+    # ---- MXFP8 dequant (HIP and FlyDSL)
+    Mutation("dequant-hip-drop-scale", ("mxfp8_dequant",), (
+        (DEQUANT_HIP, "v.x = e8m0_apply(decode_e4m3(bits & 0xFFu), e);", "v.x = decode_e4m3(bits & 0xFFu);"),),
+        "first element of each quad unscaled"),
+    Mutation("dequant-hip-scale-off-by-one", ("mxfp8_dequant",), (
+        (DEQUANT_HIP, "scale[quad / 8u]", "scale[(quad + 1u) / 8u]"),),
+        "last quad of each block takes the next block's scale"),
+    Mutation("dequant-flydsl-drop-scale", ("mxfp8_dequant_flydsl",), (
+        (DEQUANT_FLY, "[v, arith.subi(s, c(127))]", "[v, c(0)]"),),
+        "FlyDSL dequant ignores the scale"),
+    # ---- DeepGEMM-compatible FP8 grouped GEMM (FlyDSL)
+    Mutation("deep-gemm-drop-sfb", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "arith.mulf(sa[mt], sb)", "sa[mt]"),
+        (DEEP_GEMM, "acc[nt][mt], 0, 0, 0, sb, 0, sa[mt]]", "acc[nt][mt], 0, 0, 0, one, 0, sa[mt]]")),
+        "weight scales ignored: fp32 promotion by sfa alone, hardware e8m0 scale 1.0 for B"),
+    Mutation("deep-gemm-bf16-truncate", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))",
+         "v4i16 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))\n"
+         "            hi = arith.shrui(llvm.bitcast(B.v4i32, acc[nt][mt]), arith.constant(B.v4i32, "
+         "ir.DenseElementsAttr.get_splat(B.v4i32, B.c_attr(16))))\n"
+         "            packed = llvm.bitcast(v2i32, arith.trunci(v4i16, hi) if out == \"bf16\" "
+         "else arith.truncf(out_t, acc[nt][mt]))"),),
+        "bf16 output conversion truncates the fp32 bits instead of RNE"),
+    Mutation("deep-gemm-sfa-next-k-block", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "sfa_voff[mt], B.mul(kt, B.mul(sfa_sk, B.c(esz)))",
+         "sfa_voff[mt], B.mul(B.add(kt, B.c(1)), B.mul(sfa_sk, B.c(esz)))"),),
+        "activation scale of the next 128-K block (off by one in the K-block scale index)"),
+    # ---- emulator semantics (kernel tests must pin them)
+    Mutation("emu-v_add_f32-plus-1ulp", ALL, (
+        (VALU, '"v_add_f32": ("f32", "f32 f32", lambda a, b: a + b),',
+         '"v_add_f32": ("f32", "f32 f32", lambda a, b: np.nextafter(a + b, f32(np.inf))),'),),
+        "emulated v_add_f32 one ulp high"),
+    Mutation("emu-v_pk_fma_f32-plus-1ulp", ALL, (
+        (VALU, '"v_pk_fma_f32": ("f32", 3, fma32),',
+         '"v_pk_fma_f32": ("f32", 3, lambda a, b, c: np.nextafter(fma32(a, b, c), f32(np.inf))),'),),
+        "emulated packed fma one ulp high"),
+    Mutation("emu-pk_add_bf16-truncate", ALL, (
+        (ATOMICS, "return _pk_add(old, val, bf16_value, bf16_round)",
+         "return _pk_add(old, val, bf16_value, lambda x: np.asarray(x, np.float64).astype(np.float32)"
+         ".view(np.uint32) >> np.uint32(16))"),),
+        "emulated bf16 atomic add truncates"),
+)

@@ -1,0 +1,252 @@
+"""Programs (decoded once per kernel) and the Emulator: kernarg packing, buffers, the launch
+ABI (user/system SGPRs, work-item ids in v0) and the loop over workgroups."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from . import asm as _asm
+from . import gfx950
+from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
+from .memory import Memory, SparseBuffer
+from .stats import LaunchCounter, select_workgroups
+from .wave import Wave, Workgroup, run_workgroup
+
+TARGETS = {t.arch: t for t in (gfx950.TARGET,)}
+
+
+class Program:
+    def __init__(self, text, race, target):
+        self.text, self.race, self.target = text, race, target
+        self.codes, self.metas = _asm.parse(text, target.sgprs)
+        self.kernels = [k for k in self.metas if k in self.codes]
+        self._decoded = {}
+        self.meta = None
+
+    def kernel_meta(self, name):
+        if name not in self.metas:
+            raise KeyError(f"kernel {name!r} not in program (has {self.kernels})")
+        return self.metas[name]
+
+    def decoded(self, name):
+        """Closures of the kernel's instructions (built once; raises UnsupportedInstruction)."""
+        if name in self._decoded:
+            return self._decoded[name]
+        code = self.codes[name]
+        view = _KernelView(self, name)
+        fns = []
+        for i, ins in enumerate(code.instrs):
+            ins.prog, ins.index = view, i
+            for op in ins.ops:
+                if op.kind == "label":
+                    if op.text not in code.labels:
+                        raise UnsupportedInstruction(f"unknown label {op.text} at {ins.where()}")
+                    ins.target = code.labels[op.text]
+            b = self.target.handlers.builder(ins)
+            if b is None:
+                raise UnsupportedInstruction(f"unsupported instruction {ins.mnemonic!r} in {ins.where()}")
+            try:
+                f = b(ins)
+                fns.append(_per_wave(f) if ins.per_wave else f)
+            except EmulatorError:
+                raise
+            except Exception as e:
+                raise UnsupportedInstruction(f"cannot decode {ins.where()}: {e!r}") from e
+        self._decoded[name] = (fns, code.instrs)
+        return self._decoded[name]
+
+
+def _per_wave(f):
+    def run(w):
+        if w.k > 1:
+            raise Split()
+        f(w)
+    return run
+
+
+class _KernelView:
+    """What a builder sees as ins.prog: the program's race flag and target, the kernel's metadata."""
+
+    def __init__(self, prog, name):
+        self.race, self.target, self.meta, self.program = prog.race, prog.target, prog.metas[name], prog
+
+
+# ---------------------------------------------------------------------------- emulator
+
+_HIDDEN = {"hidden_block_count_x": lambda g, b, d: g[0], "hidden_block_count_y": lambda g, b, d: g[1],
+           "hidden_block_count_z": lambda g, b, d: g[2], "hidden_group_size_x": lambda g, b, d: b[0],
+           "hidden_group_size_y": lambda g, b, d: b[1], "hidden_group_size_z": lambda g, b, d: b[2],
+           "hidden_grid_dims": lambda g, b, d: 1 + (g[1] * b[1] > 1 or g[2] * b[2] > 1) + (g[2] * b[2] > 1),
+           "hidden_dynamic_lds_size": lambda g, b, d: d,
+           "hidden_shared_base": lambda g, b, d: SHARED_BASE >> 32}
+
+
+class Emulator:
+    def __init__(self, arch="gfx950", race_check=True, wg_order="linear", seed=0, lockstep=True):
+        """lockstep: run identical waves of a workgroup as one unit (wave.py); False runs every
+        wave on its own (the reference schedule, for comparison)."""
+        if arch not in TARGETS:
+            raise ValueError(f"arch {arch!r} is not emulated (targets: {', '.join(TARGETS)})")
+        self.target = TARGETS[arch]
+        if wg_order not in ("linear", "shuffled"):
+            raise ValueError("wg_order must be 'linear' or 'shuffled'")
+        self.arch, self.race, self.wg_order, self.seed, self.lockstep = arch, race_check, wg_order, seed, lockstep
+        self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
+        self.wave_instructions = 0
+        self.mem = None
+        self.last_stats = None      # counters of the last launch (see emu.stats)
+
+    def load(self, asm_text: str) -> Program:
+        return Program(asm_text, self.race, self.target)
+
+    @staticmethod
+    def unsupported_mnemonics(asm_text: str, arch: str = "gfx950") -> set:
+        T = TARGETS[arch]
+        codes, _ = _asm.parse(asm_text, T.sgprs)
+        return {i.mnemonic for c in codes.values() for i in c.instrs if T.handlers.builder(i) is None}
+
+    def sparse_buffer(self, nbytes: int) -> SparseBuffer:
+        b = SparseBuffer(nbytes, self._next_sparse)
+        self._next_sparse += (int(nbytes) + (1 << 32) + 0xFFFF) & ~0xFFFF   # 4 GB guard gap
+        return b
+
+    # -- kernarg packing
+    def pack_kernarg(self, prog, kernel, grid, block, args, dynamic_lds=0) -> bytes:
+        import torch
+        meta = prog.kernel_meta(kernel)
+        explicit = [a for a in meta.args if not a.value_kind.startswith("hidden_")]
+        if len(args) != len(explicit):
+            raise TypeError(f"kernel {kernel!r} takes {len(explicit)} arguments, got {len(args)}")
+        buf = bytearray(max(meta.kernarg_size, 1))
+        for n, (a, v) in enumerate(zip(explicit, args)):
+            if isinstance(v, torch.Tensor):
+                if v.device.type != "cpu":
+                    raise TypeError(f"argument {n}: only CPU tensors can be emulated")
+                v, kind = v.data_ptr(), "ptr"
+            elif isinstance(v, SparseBuffer):
+                v, kind = v.address, "ptr"
+            else:
+                kind = "float" if isinstance(v, float) else "int"
+            if a.value_kind == "global_buffer" and kind == "float":
+                raise TypeError(f"argument {n} of {kernel!r} is a pointer, got {v!r}")
+            if kind == "float":
+                fmt = {2: "<e", 4: "<f", 8: "<d"}.get(a.size)
+                if fmt is None:
+                    raise TypeError(f"argument {n}: cannot pack a float into {a.size} bytes")
+                raw = struct.pack(fmt, v)
+            else:
+                raw = (int(v) & ((1 << (8 * a.size)) - 1)).to_bytes(a.size, "little")
+            buf[a.offset:a.offset + a.size] = raw
+        for a in meta.args:
+            f = _HIDDEN.get(a.value_kind)
+            if f is not None and a.offset + a.size <= len(buf):
+                buf[a.offset:a.offset + a.size] = int(f(grid, block, dynamic_lds)).to_bytes(a.size, "little")
+        return bytes(buf)
+
+    def launch(self, prog, kernel, grid=(1, 1, 1), block=(64, 1, 1), args=(), dynamic_lds=0, workgroups=None):
+        grid, block = _dim3(grid), _dim3(block)
+        kernarg = self.pack_kernarg(prog, kernel, grid, block, list(args), dynamic_lds)
+        import torch
+        bufs = [a for a in args if isinstance(a, (torch.Tensor, SparseBuffer))]
+        self.launch_kernarg(prog, kernel, grid, block, kernarg, bufs, dynamic_lds, workgroups)
+
+    def launch_kernarg(self, prog, kernel, grid, block, kernarg: bytes, buffers, dynamic_lds=0, workgroups=None):
+        """workgroups: iterable of (x, y, z) ids to run (None = the whole grid)."""
+        import torch
+        grid, block = _dim3(grid), _dim3(block)
+        meta = prog.kernel_meta(kernel)
+        fns, instrs = prog.decoded(kernel)
+        self.last_stats, counter = None, LaunchCounter(instrs)
+        fns = counter.wrap(fns)
+        mem = self.mem = Memory()
+        for b in buffers:
+            if isinstance(b, SparseBuffer):
+                mem.add(b.address, b.nbytes, sparse=b)
+            elif isinstance(b, torch.Tensor):
+                st = b.untyped_storage()
+                mem.add_host(st.data_ptr(), st.nbytes())
+            else:
+                raise TypeError(f"buffers: expected torch tensors or sparse buffers, got {type(b)}")
+        karg = np.frombuffer(bytearray(kernarg) + bytes(64), np.uint8).copy()
+        mem.add(karg.ctypes.data, karg.size, karg)
+        packet = np.zeros(64, np.uint8)   # hsa_kernel_dispatch_packet (64 bytes): sizes at 4..23
+        struct.pack_into("<HHHHIII", packet, 2, 0, block[0], block[1], block[2], 0,
+                         grid[0] * block[0], grid[1] * block[1])
+        struct.pack_into("<I", packet, 20, grid[2] * block[2])
+        mem.add(packet.ctypes.data, packet.size, packet)
+        lds_bytes = meta.group_segment_fixed_size + dynamic_lds
+        T = prog.target
+        if lds_bytes > T.lds_bytes:
+            raise EmulatorFault(f"kernel {kernel!r} needs {lds_bytes} bytes of LDS; {T.arch} has {T.lds_bytes}")
+        order = select_workgroups(grid, workgroups) if workgroups is not None else \
+            [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        if self.wg_order == "shuffled":
+            np.random.default_rng(self.seed).shuffle(order)
+        ctx = (meta, fns, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
+        with np.errstate(all="ignore"):  # GPUs raise no FP exceptions: inf/NaN results are data
+            for wgid in order:
+                self._run_workgroup(prog, kernel, ctx, wgid)
+        self._keep = (karg, packet)
+        self.last_stats = counter.stats(len(order), len(order) * -(-block[0] * block[1] * block[2] // T.wave))
+
+    def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid):
+        d = meta.d
+        s = 0
+        user = []
+        if d("user_sgpr_private_segment_buffer"):
+            user += [0, 0, 0, 0]
+        if d("user_sgpr_dispatch_ptr"):
+            user += [pkt_ptr & 0xFFFFFFFF, pkt_ptr >> 32]
+        if d("user_sgpr_queue_ptr"):
+            user += [0, 0]
+        if d("user_sgpr_kernarg_segment_ptr"):
+            user += [karg_ptr & 0xFFFFFFFF, karg_ptr >> 32]
+        if d("user_sgpr_dispatch_id"):
+            user += [0, 0]
+        if d("user_sgpr_flat_scratch_init"):
+            user += [0, 0]
+        if d("user_sgpr_private_segment_size"):
+            user += [0]
+        npre = d("user_sgpr_kernarg_preload_length")
+        if npre:   # preloaded kernargs follow the other user SGPRs [LLVM AMDGPUUsage, preload]
+            kb = self.mem.load(np.array([karg_ptr + 4 * d("user_sgpr_kernarg_preload_offset")], u64),
+                               np.ones(1, bool), 4 * npre)[0].view(u32)
+            user += [int(x) for x in kb]
+        s = d("user_sgpr_count", len(user))
+        w.S[:len(user)] = user
+        for axis, key in enumerate(("x", "y", "z")):
+            if d(f"system_sgpr_workgroup_id_{key}", 1 if key == "x" else 0):
+                w.S[s] = wgid[axis]
+                s += 1
+        if d("system_sgpr_workgroup_info"):
+            s += 1
+        if d("enable_private_segment") or d("system_sgpr_private_segment_wavefront_offset"):
+            w.S[s] = 0
+        nthreads = block[0] * block[1] * block[2]
+        n = w.n
+        t = np.arange(wid * n, wid * n + n)
+        tx, ty, tz = t % block[0], (t // block[0]) % block[1], t // (block[0] * block[1])
+        comp = d("system_vgpr_workitem_id")
+        # gfx90a+ pack the work-item ids into v0: x | y << 10 | z << 20
+        w.V[:, 0] = (tx | ((ty << 10) if comp >= 1 else 0) | ((tz << 20) if comp >= 2 else 0)).astype(u32)
+        w.set_exec((1 << min(n, nthreads - wid * n)) - 1)
+
+    def _run_workgroup(self, prog, kernel, ctx, wgid):
+        meta, fns, instrs, block, grid, karg_ptr, pkt_ptr, lds_bytes = ctx
+        nthreads = block[0] * block[1] * block[2]
+        nv = 512 if meta.agpr_count or meta.d("accum_offset", 0) else max(8, ((meta.vgpr_count + 7) // 8) * 8)
+        nv = max(nv, meta.d("next_free_vgpr", 0) + 2)
+        nwaves = -(-nthreads // prog.target.wave)
+        wg = Workgroup(lds_bytes, prog.race, nwaves, prog.target.wave, nv + (nv & 1))
+        waves = []
+        for wid in range(nwaves):
+            w = Wave(self, prog, kernel, wg, wid)
+            self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid)
+            waves.append(w)
+        run_workgroup(waves, fns, instrs, self.lockstep)
+
+
+def _dim3(d):
+    d = tuple(int(x) for x in (d if isinstance(d, (tuple, list)) else (d,)))
+    return (d + (1, 1, 1))[:3]

@@ -1,0 +1,89 @@
+"""LDS (workgroup shared memory): bounds-checked addressing, loads and stores, with the
+cross-wave race checks of ``race``."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import race
+from .isa import EmulatorFault
+
+AR = [np.arange(n, dtype=np.int64) for n in range(65)]   # byte offsets 0..n-1 of an n-byte access
+
+
+def addresses(w, addr, nbytes, wrap=False):
+    """Bounds-checked int64 LDS byte addresses (inactive lanes -> 0); wrap: 32-bit address
+    math, applied only when some address is out of range (in-range ones are unchanged by it)."""
+    a = addr if isinstance(addr, np.ndarray) and addr.dtype == np.int64 else np.asarray(addr).astype(np.int64)
+    lim = w.wg.lds.size
+    if w.full:
+        f = a.ravel()
+        if f[f.argmin()] >= 0 and f[f.argmax()] + nbytes <= lim:   # argmin/argmax: cheaper than min/max
+            return a
+        if wrap:
+            return addresses(w, a & 0xFFFFFFFF, nbytes)
+        bad = (a < 0) | (a + nbytes > lim)
+    else:
+        if wrap:
+            a = a & 0xFFFFFFFF
+        m = w.mask if a.ndim == 1 else w.mask[:, None]
+        bad = m & ((a < 0) | (a + nbytes > lim))
+    if np.count_nonzero(bad):
+        j = int(np.argmax(bad))
+        raise EmulatorFault(f"LDS access outside the {lim}-byte allocation: {w.lane_name(j // (a.size // w.n))}, "
+                            f"address {int(a.ravel()[j]):#x}")
+    return np.where(m, a, 0)
+
+
+def _dwords(w, a, nbytes):
+    """Dword indices [..., n] of an access of nbytes per address if every address is dword
+    aligned (None otherwise)."""
+    if nbytes & 3 or np.count_nonzero(a & 3):
+        return None
+    d = a >> 2
+    return d[..., None] if nbytes == 4 else d[..., None] + AR[nbytes >> 2]
+
+
+def _rows(w):
+    """Lane numbers of the active lanes (what race.lds_check needs for a lockstep unit)."""
+    return None if w.k == 1 else np.nonzero(w.mask)[0]
+
+
+def _bytes_race(w, a, nbytes, write, inflight=False):
+    """Race check of an unaligned or sub-dword access (a: addresses of the active lanes)."""
+    if w.k > 1:
+        d = (a.reshape(a.shape[0], -1)[:, :, None] + AR[nbytes]).reshape(a.shape[0], -1) >> 2
+        return race.lds_check(w, d, write, inflight, _rows(w))
+    return race.lds_check(w, np.unique(((a.reshape(-1)[:, None] + AR[nbytes]) >> 2).ravel()), write, inflight)
+
+
+def load(w, addr, nbytes, wrap=False):
+    """uint8 [w.n, nbytes * k] of LDS read at addr int [w.n] (or [w.n, k]: k accesses per lane, in
+    address order); inactive lanes read address 0."""
+    a = addresses(w, addr, nbytes, wrap)
+    d = _dwords(w, a, nbytes)
+    if d is not None:     # aligned dwords: gather 32-bit words
+        if w.race:
+            race.lds_check(w, d if w.full else d[w.mask], False, rows=_rows(w))
+        return w.wg.lds32[d].reshape(w.n, -1).view(np.uint8)
+    if w.race:
+        _bytes_race(w, a if w.full else a[w.mask], nbytes, False)
+    return w.wg.lds[a[..., None] + AR[nbytes]].reshape(w.n, -1)
+
+
+def store(w, addr, data, ins=None, inflight=False, wrap=False):
+    """data: uint8 [w.n, nbytes]. Returns the written dword indices in race mode."""
+    nbytes = data.shape[1]
+    a = addresses(w, addr, nbytes, wrap)
+    am = a if w.full else a[w.mask]
+    d = None
+    if w.race:
+        d = _dwords(w, am, nbytes)
+        if d is None:
+            d = _bytes_race(w, am, nbytes, True, inflight)
+        else:
+            d = race.lds_check(w, d.ravel() if w.k == 1 else d, True, inflight, _rows(w))
+    if w.full:
+        w.wg.lds[a[:, None] + AR[nbytes]] = data
+    else:
+        w.wg.lds[am[:, None] + AR[nbytes]] = data[w.mask]
+    return d

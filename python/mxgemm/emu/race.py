@@ -1,0 +1,151 @@
+"""Race tracking: registers read or overwritten while a load is outstanding (no s_waitcnt
+retired it), and LDS bytes two waves touch in one barrier epoch.
+
+Registers: a wave keeps the outstanding memory ops per wait counter (``vmq``, ``lgkmq``) and a
+map ``pend`` register key -> op. LDS: per dword the last writer and last reader are packed as
+epoch << WB | wave; an access conflicts with another wave's access in the same epoch."""
+from __future__ import annotations
+
+import numpy as np
+
+from .isa import RaceError
+
+SKEY = 1000                               # race-tracking key of s<i> is SKEY + i
+INFLIGHT = 1 << 30                        # LDS epoch stamp of a direct-to-LDS write not yet retired
+WB, WMASK = 8, 255                        # LDS race stamps: epoch << WB | wave (wave < 255)
+SEVERAL = WMASK                           # reader "wave" when several waves read in one epoch
+
+
+def key_name(k):
+    return f"s{k - SKEY}" if k >= SKEY else f"v{k}"
+
+
+def check_pending(w, keys, ins, what="reads"):
+    for k in keys:
+        rec = w.pend.get(k)
+        if rec is not None:
+            raise RaceError(f"{ins.where()} {what} {key_name(k)} while the load at line {rec.ins.line} "
+                            f"({rec.ins.text.strip()}) is outstanding (no s_waitcnt retired it)")
+
+
+class _Rec:
+    __slots__ = ("keys", "ins", "kind", "lds")
+
+    def __init__(self, keys, ins, kind, lds):
+        self.keys, self.ins, self.kind, self.lds = keys, ins, kind, lds
+
+
+def track_load(w, ins, counter, keys=(), kind="load", lds=None):
+    """Record an outstanding memory op (counter 'vm' or 'lgkm'; kind 'load', 'store',
+    'smem', 'lds_write' (lds = dword indices written), 'async' (direct-to-LDS))."""
+    if not w.race:
+        return
+    rec = _Rec(keys, ins, kind, lds)
+    (w.vmq if counter == "vm" else w.lgkmq).append(rec)
+    for k in keys:
+        w.pend[k] = rec
+
+
+def _retire(w, rec):
+    for k in rec.keys:
+        if w.pend.get(k) is rec:
+            del w.pend[k]
+    if rec.kind == "async" and rec.lds is not None:   # direct-to-LDS data now counts as written
+        g = w.wg
+        d = rec.lds
+        k = g.lw[d]
+        d, k = d[(k >> WB == INFLIGHT) & _own(w, k)], k[(k >> WB == INFLIGHT) & _own(w, k)]
+        g.lw[d] = (g.epoch << WB) | (k & WMASK)
+
+
+def _own(w, k):
+    """Stamps k made by a wave of unit w."""
+    x = k & WMASK
+    return x == w.wid if w.k == 1 else (x >= w.wid) & (x < w.wid + w.k)
+
+
+def waitcnt(w, vm, lgkm):
+    """Retire outstanding ops: vmcnt in order; LDS ops in order but scalar loads may return out
+    of order, so only lgkmcnt(0) is known to cover them [ISA §4.4; docs/gfx950_isa.md §7]."""
+    if vm is not None:
+        while len(w.vmq) > vm:
+            _retire(w, w.vmq.pop(0))
+    if lgkm is not None and len(w.lgkmq) > lgkm:
+        q = w.lgkmq
+        if lgkm == 0:
+            for rec in q:
+                _retire(w, rec)
+            q.clear()
+            return
+        need = len(q) - lgkm - sum(1 for r in q if r.kind == "smem")
+        keep = []
+        for rec in q:
+            if need > 0 and rec.kind != "smem":
+                _retire(w, rec)
+                need -= 1
+            else:
+                keep.append(rec)
+        w.lgkmq = keep
+
+
+def at_barrier(w):
+    """A wave arrives at s_barrier: LDS writes it has not waited for are not guaranteed
+    visible after the barrier, so they count as written in the next epoch."""
+    g = w.wg
+    for rec in w.lgkmq:
+        if rec.kind == "lds_write":
+            d = rec.lds
+            k = g.lw[d]
+            mine = _own(w, k)
+            d, k = d[mine], k[mine]
+            g.lw[d] = np.maximum(k, ((g.epoch + 1) << WB) | (k & WMASK))   # same wave: max of epochs
+
+
+def lds_check(w, d, write, inflight=False, rows=None):
+    """Race check and stamp of an LDS access. d: dword indices of the active lanes' access, one
+    row (first axis) per active lane; rows: their lane numbers (lockstep units, else unused)."""
+    if not d.size:     # no active lane
+        return d
+    g = w.wg
+    EK = g.epoch << WB
+    if w.k == 1:
+        X = w.wid
+    else:                          # wave id per row, broadcast over the row's dwords
+        X = (w.wid + rows // w.T.wave).reshape((-1,) + (1,) * (d.ndim - 1))
+    k = g.lw[d]
+    if k.ravel()[k.argmax()] >= EK:    # some dword written this epoch (or still in flight)
+        bad = (k >= EK) & (((k & WMASK) != X) | (k >= INFLIGHT << WB))
+        if np.count_nonzero(bad):
+            _error(w, d, bad, write, X)
+    r = g.lr[d]
+    other = (r >= EK) & (r != EK | X)   # read this epoch by another wave (reader epochs never exceed E)
+    if write:
+        if w.k > 1:     # two waves of this access write one dword: stamp each element's wave into
+            g.scratch[d] = X                       # scratch; an element not reading its own back
+            other |= g.scratch[d] != X             # shares the dword with another wave
+        if np.count_nonzero(other):
+            _error(w, d, other, write, X)
+        g.lw[d] = ((INFLIGHT << WB) if inflight else EK) | X
+    else:
+        s = np.where(other, EK | SEVERAL, EK | X)
+        g.lr[d] = s
+        if w.k > 1:     # a dword two waves of this access read: the stamp read back differs
+            mixed = g.lr[d] != s
+            if np.count_nonzero(mixed):
+                g.lr[d[mixed]] = EK | SEVERAL
+    return d
+
+
+def _error(w, d, bad, write, X):
+    g, EK = w.wg, w.wg.epoch << WB
+    i = int(np.argmax(bad.ravel()))
+    j = int(d.ravel()[i])
+    me = int(np.broadcast_to(X, d.shape).ravel()[i])
+    k = int(g.lw[j])
+    if k >> WB == INFLIGHT:
+        what = "direct-to-LDS data not yet retired by s_waitcnt vmcnt + s_barrier"
+    else:
+        other = (k if k >= EK else int(g.lr[j])) & WMASK
+        what = (f"{'written' if write else 'read'} here while wave {other if other != SEVERAL else '(several)'} "
+                f"accesses it without an s_barrier (and s_waitcnt) in between")
+    raise RaceError(f"LDS race at byte {j * 4:#x} (wave {me}): {what}")

@@ -1,0 +1,204 @@
+"""Waves, workgroups and their scheduling.
+
+The reference order is: each wave runs until it reaches s_barrier (or s_endpgm), wave after
+wave in id order; then the barrier epoch advances. To go faster, consecutive waves of a
+workgroup whose state other than VGPRs is identical (pc, SGPRs, SCC, EXEC, outstanding loads)
+run in lockstep as one ``Wave`` of k waves (n = k * wave size lanes, wave-major). This gives
+the same results as the reference order because, within an epoch, waves of one workgroup
+only interact through LDS (race-checked: a correct kernel has no conflicting accesses) and
+memory (ordered only by atomics). A lockstep unit splits back into single waves before an
+instruction it cannot run in lockstep (``Split``): one whose per-wave scalar results differ
+(a lane mask in VCC, v_readfirstlane), an instruction marked per-wave (atomics, whose order
+is observable, and cross-lane ops), or any error (re-run per wave for an exact report).
+Waves re-merge at the next barrier."""
+from __future__ import annotations
+
+import numpy as np
+
+from .isa import EmulatorError, EmulatorFault, Split, u16, u32, u64
+from .regs import mask_of
+
+
+class Workgroup:
+    def __init__(self, lds_bytes, race, nwaves, lanes, nvgpr):
+        self.lds = np.zeros((lds_bytes + 3) & ~3, np.uint8)
+        self.lds32 = self.lds.view(np.uint32)
+        self.epoch = 0
+        self.V = np.zeros((nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
+        self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
+        if race:
+            nd = (lds_bytes + 3) // 4     # last writer / reader stamps, initially epoch -1
+            self.lw = np.full(nd, -1, np.int64)
+            self.lr = np.full(nd, -1, np.int64)
+            self.scratch = np.zeros(nd, np.int64)   # race.lds_check of lockstep units
+
+
+class Wave:
+    """k consecutive waves (k = 1: one wave) of a workgroup: V (uint32 [n, nvgpr], lane-major;
+    VGPRs then AGPRs), S (list of Python ints in the target's scalar numbering, shared by the
+    k waves), scc, exec (the per-wave int) with mask (bool [n]) and full (EXEC all ones), pc,
+    and the race-tracking queues. lane: lane index within its wave [n]; wid: first wave id."""
+
+    def __init__(self, emu, prog, kernel, wg, wid, k=1):
+        self.emu, self.prog, self.kernel, self.wg, self.wid, self.k = emu, prog, kernel, wg, wid, k
+        self.T = T = prog.target
+        self.n = n = k * T.wave
+        self.V = wg.V[wid * T.wave:wid * T.wave + n]
+        self.V16, self.V64 = self.V.view(u16), self.V.view(u64)
+        self.lane = T.lane if k == 1 else np.tile(T.lane, k)
+        self.S = [0] * 256
+        self.scc = 0
+        self.pc = 0
+        self.stop = self.done = False
+        self.race = prog.race
+        self.pend, self.vmq, self.lgkmq = {}, [], []
+        self.exec = 0
+        self.set_exec(0)
+
+    def set_exec(self, x):
+        T = self.T
+        x &= T.full
+        self.exec = x
+        self.S[T.exec], self.S[T.exec + 1] = x & 0xFFFFFFFF, x >> 32
+        self.full = x == T.full
+        if self.full:
+            self.mask = np.ones(self.n, bool)
+        else:
+            m = mask_of(x, T.wave)
+            self.mask = m if self.k == 1 else np.tile(m, self.k)
+
+    def private(self, nbytes):
+        """This unit's lanes' private (scratch) segments, uint8 [n, nbytes] (rows of the
+        workgroup's, so they survive lockstep splits and merges)."""
+        wg, wl = self.wg, self.T.wave
+        if wg.priv is None:
+            wg.priv = np.zeros((wg.V.shape[0], nbytes), np.uint8)
+        return wg.priv[self.wid * wl:self.wid * wl + self.n]
+
+    def lane_wids(self):
+        """Wave id of each lane [n] (lockstep units only)."""
+        return np.repeat(np.arange(self.wid, self.wid + self.k), self.T.wave)
+
+    def lane_name(self, j):
+        """'lane j' of this wave, or 'wave w, lane j' inside a lockstep unit."""
+        wl = self.T.wave
+        return f"lane {j}" if self.k == 1 else f"wave {self.wid + j // wl}, lane {j % wl}"
+
+    # -- lockstep units
+    def _state(self):
+        return self.pc, self.scc, self.exec, self.S
+
+    def split(self):
+        """The k single waves of this unit (their VGPRs are views of the same rows)."""
+        out = []
+        for i in range(self.k):
+            w = Wave(self.emu, self.prog, self.kernel, self.wg, self.wid + i)
+            w.pc, w.scc, w.stop, w.done = self.pc, self.scc, self.stop, self.done
+            w.S = list(self.S)
+            w.set_exec(self.exec)
+            w.pend, w.vmq, w.lgkmq = dict(self.pend), list(self.vmq), list(self.lgkmq)
+            out.append(w)
+        return out
+
+
+def _queue_sig(w):
+    pos = {id(r): j for j, r in enumerate(w.vmq + w.lgkmq)}
+    return ([(r.ins, r.kind, r.keys) for r in w.vmq], [(r.ins, r.kind, r.keys) for r in w.lgkmq],
+            {k: pos[id(r)] for k, r in w.pend.items()})
+
+
+def _mergeable(a, b):
+    return (b.wid == a.wid + a.k and not a.done and not b.done and a._state() == b._state()
+            and _queue_sig(a) == _queue_sig(b))
+
+
+def _merge(run):
+    """One lockstep unit of the consecutive, identical units run."""
+    if len(run) == 1:
+        return run[0]
+    a = run[0]
+    w = Wave(a.emu, a.prog, a.kernel, a.wg, a.wid, sum(u.k for u in run))
+    w.pc, w.scc, w.S = a.pc, a.scc, list(a.S)
+    w.set_exec(a.exec)
+    recs = {}
+    for name in ("vmq", "lgkmq"):
+        q = []
+        for parts in zip(*(getattr(u, name) for u in run)):
+            r = parts[0]
+            if r.lds is not None:   # LDS dwords of every wave of the unit
+                r = type(r)(r.keys, r.ins, r.kind, np.concatenate([p.lds.ravel() for p in parts]))
+            recs[id(parts[0])] = r
+            q.append(r)
+        setattr(w, name, q)
+    w.pend = {k: recs[id(r)] for k, r in a.pend.items()}
+    return w
+
+
+def _merge_all(units):
+    out, run = [], []
+    for u in units:
+        if run and _mergeable(run[-1], u):
+            run.append(u)
+        else:
+            if run:
+                out.append(_merge(run))
+            run = [u]
+    if run:
+        out.append(_merge(run))
+    return out
+
+
+def run_workgroup(waves, fns, instrs, lockstep=True):
+    """Run the waves of one workgroup to completion."""
+    wg = waves[0].wg
+    units = _merge_all(waves) if lockstep else waves
+    while units:
+        stopped = []
+        todo = list(units)
+        while todo:
+            u = todo.pop(0)
+            try:
+                run_wave(u, fns, instrs)
+            except Split:
+                todo[:0] = u.split()
+                continue
+            stopped.append(u)
+        units = [u for u in stopped if not u.done]
+        for u in units:
+            u.stop = False
+        wg.epoch += 1
+        if lockstep:
+            units = _merge_all(units)
+
+
+def run_wave(w, fns, instrs):
+    """Run w until it stops (barrier or end); errors get the kernel, line and text. A lockstep
+    unit raises Split (pc at the instruction) when it must continue as single waves."""
+    n = 0
+    pc = w.pc
+    try:
+        while not w.stop:
+            pc = w.pc
+            w.pc = pc + 1
+            fns[pc](w)
+            n += 1
+    except IndexError:
+        if w.pc > len(fns):
+            raise EmulatorFault(f"kernel {w.kernel!r}: execution ran past the end of the code") from None
+        raise
+    except Split:
+        w.pc = pc
+        raise
+    except EmulatorError as e:
+        if w.k > 1:            # report it from the wave that faults
+            w.pc = pc
+            raise Split() from None
+        ins = instrs[pc]
+        if getattr(e, "where", None) is None:
+            msg = f"{e} [{ins.where()}]" if ins.where() not in str(e) else str(e)
+            e2 = type(e)(msg)
+            e2.where = ins
+            raise e2 from None
+        raise
+    finally:
+        w.emu.wave_instructions += n * w.k

@@ -1,0 +1,233 @@
+"""The op framework: every public op is an annotated signature, a planner and (optionally) a
+fallback; ``op(...)`` turns them into the op.
+
+    @op(plan=_plan, fallback=_fallback, alloc=torch.empty)
+    def my_gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+                config: str = "") -> torch.Tensor:
+        '''docstring: shapes, dtypes, rules'''
+
+The framework makes the torch.library custom op ``mxgemm::my_gemm`` (and ``my_gemm_out``,
+mutating ``out``, when ``out`` is optional), whose fake impl runs the same planner so guards
+fire under tracing; memoises plans on a key built once per call from what guards read of each
+tensor (shape, dtype, device, contiguity) and the other arguments; and launches the plan's
+kernel with its arguments taken by name (registry ``Kernel.args``) from the call's values and
+``plan.args``. The planner sees the call as a namespace (``x.a``, ``x.out``) and returns a Plan
+after running its guards, which raise GuardError before anything runs.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import build, launcher, registry
+
+
+@dataclass
+class Plan:
+    op: str
+    kernel: str | None             # registry name; None: nothing to launch or the fallback
+    variant: dict = field(default_factory=dict)
+    backend: str = "emu"           # "hip" | "emu" | "fallback" | "none"
+    arch: str = launcher.EMU_ARCH  # what the kernel is built for
+    grid: tuple = (1, 1, 1)
+    block: tuple = (256, 1, 1)
+    reason: str = ""
+    fallback: bool = False
+    args: dict = field(default_factory=dict)   # kernel scalar arguments by registry name
+    out_shape: tuple = ()          # the output an out-less call allocates
+    out_dtype: torch.dtype | None = None
+
+    def __str__(self):
+        if self.fallback:
+            return f"{self.op}: fallback (dequantise + torch matmul) because {self.reason}"
+        if self.kernel is None:
+            return f"{self.op}: nothing to launch; {self.reason}"
+        v = ",".join(f"{k}={x}" for k, x in sorted(self.variant.items()))
+        return (f"{self.op}: kernel {self.kernel} [{v}] on backend {self.backend} ({self.arch}), "
+                f"grid={self.grid} block={self.block}; {self.reason}. Kernel: {registry.get(self.kernel).doc}")
+
+
+def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_shape=(), out_dtype=None,
+                **dims) -> Plan:
+    """The plan that runs registry ``kernel`` for problem ``dims`` (grid names and kernel scalar
+    arguments) on the backend for ``device``; GuardError [arch] if nothing can run it there."""
+    k = registry.get(kernel)
+    backend, arch = launcher.backend_for(device, k.archs)
+    return Plan(op, kernel, variant, backend, arch, k.launch_grid(variant, **dims), (k.threads, 1, 1),
+                reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
+
+
+OPS: dict = {}
+_SCHEMA_TYPES = {torch.Tensor: "Tensor", int: "int", bool: "bool", str: "str", float: "float",
+                 torch.dtype: "ScalarType"}
+
+
+def _schema_type(hint) -> str:
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return _schema_type(next(a for a in args if a is not type(None))) + "?"
+    return _SCHEMA_TYPES[hint]
+
+
+def _key_function(types_):
+    """key(flat) of the plan cache for an op with these parameter types: what guards read of
+    each tensor (shape, dtype, device, contiguity; None stays None) and every other argument.
+    Generated once per op as straight-line code: the attribute reads are the whole cost of a
+    cached call, so no loop or per-tensor call is added to them."""
+    fields = []
+    for i, t in enumerate(types_):
+        read = f"t{i}.shape, t{i}.dtype, t{i}.device, t{i}.is_contiguous()"
+        fields.append(read if t == "Tensor" else f"(None if t{i} is None else ({read}))" if t == "Tensor?"
+                      else f"t{i}")
+    names = ", ".join(f"t{i}" for i in range(len(types_)))
+    scope: dict = {}
+    exec(f"def key(flat):\n    {names}, = flat\n    return ({', '.join(fields)},)\n", scope)
+    return scope["key"]
+
+
+class Op:
+    def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None):
+        hints = typing.get_type_hints(fn)
+        params = list(inspect.signature(fn).parameters.values())
+        self.name, self.__doc__ = fn.__name__, fn.__doc__
+        self.names = tuple(p.name for p in params)
+        self.n_positional = sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
+        self.defaults = tuple(p.default for p in params)
+        types_ = [_schema_type(hints[n]) for n in self.names]
+        self.tensors = tuple(i for i, t in enumerate(types_) if t.startswith("Tensor"))
+        self._key = _key_function(types_)
+        self._plan_fn, self._fallback, self._alloc = plan, fallback, alloc
+        self._convert = convert or {}
+        self._check_data = check_data
+        self._plans: dict = {}
+        self.out_index = self.names.index("out")
+        optional_out = types_[self.out_index] == "Tensor?"
+        decl = [f"{t} {n}" for n, t in zip(self.names, types_)]
+        if optional_out:  # functional op (allocates out) + the mutating _out op
+            self._define(self.name, "(" + ", ".join(d for n, d in zip(self.names, decl) if n != "out")
+                         + ") -> Tensor", (), self._functional, self._functional_fake)
+            out_name = self.name + "_out"
+        else:
+            out_name = self.name
+        decl[self.out_index] = "Tensor(a!) out"
+        self._define(out_name, "(" + ", ".join(decl) + ") -> ()", ("out",), self._run, self._plan_flat)
+        self._functional_op = getattr(torch.ops.mxgemm, self.name) if optional_out else None
+        self._out_op = getattr(torch.ops.mxgemm, out_name)
+        OPS[self.name] = self
+
+    @staticmethod
+    def _define(name, schema, mutates, impl, fake):
+        torch.library.custom_op(f"mxgemm::{name}", impl, mutates_args=mutates, schema=schema).register_fake(fake)
+
+    # -- the call
+    def flatten(self, args, kw) -> list:
+        """Positional and keyword arguments -> one value per parameter, converted."""
+        if len(args) > self.n_positional:
+            raise TypeError(f"{self.name}() takes {self.n_positional} positional arguments, {len(args)} given")
+        flat = list(args)
+        for n, d in zip(self.names[len(args):], self.defaults[len(args):]):
+            v = kw.pop(n, d)
+            if v is inspect.Parameter.empty:
+                raise TypeError(f"{self.name}() missing argument {n!r}")
+            flat.append(v)
+        if kw:
+            raise TypeError(f"{self.name}() got unexpected arguments {sorted(kw)}")
+        for n, conv in self._convert.items():
+            i = self.names.index(n)
+            flat[i] = conv(flat[i])
+        return flat
+
+    def __call__(self, *args, **kw):
+        flat = self.flatten(args, kw)
+        out = flat[self.out_index]
+        if out is None:
+            del flat[self.out_index]
+            return self._functional_op(*flat)
+        self._out_op(*flat)
+        return out
+
+    def explain(self, *args, **kw) -> Plan:
+        return self.plan(self.flatten(args, kw))
+
+    # -- planning
+    def plan(self, flat) -> Plan:
+        """The memoised plan of a call given one value per parameter (out may be None)."""
+        key = self._key(flat)
+        p = self._plans.get(key)
+        if p is None:
+            p = self._plans[key] = self._plan_fn(self.namespace(flat))
+        return p
+
+    def namespace(self, flat):
+        return types.SimpleNamespace(**dict(zip(self.names, flat)))
+
+    def _with_out(self, flat, out):
+        flat = list(flat)
+        flat.insert(self.out_index, out)
+        return flat
+
+    def _plan_flat(self, *flat):
+        self.plan(flat)
+
+    # -- custom op impls
+    def _functional(self, *flat):
+        flat = self._with_out(flat, None)
+        p = self.plan(flat)
+        flat[self.out_index] = self._alloc(p.out_shape, dtype=p.out_dtype, device=flat[self.tensors[0]].device)
+        self._execute(p, flat)
+        return flat[self.out_index]
+
+    def _functional_fake(self, *flat):
+        p = self.plan(self._with_out(flat, None))
+        return flat[self.tensors[0]].new_empty(p.out_shape, dtype=p.out_dtype)
+
+    def _run(self, *flat):
+        self._execute(self.plan(flat), flat)
+
+    def _execute(self, p: Plan, flat) -> None:
+        if p.kernel is None and not p.fallback:
+            return
+        x = self.namespace(flat)
+        # host data is free to read (CPU tensors, or the emulator's CPU copies); a GPU pays a sync
+        if self._check_data is not None and (x.out.device.type == "cpu" or p.backend == "emu" or validate()):
+            self._check_data(x, p)
+        if p.fallback:
+            self._fallback(x, p)
+            return
+        values = {**vars(x), **p.args}
+        launcher.launch(build.artifact(p.kernel, p.variant, p.arch), p.grid, p.block,
+                        [values[n] for n in registry.get(p.kernel).args], p.backend, writes=(x.out,))
+
+
+@functools.lru_cache(maxsize=1)
+def validate() -> bool:
+    """``MXGEMM_VALIDATE=1``: run the data checks (e.g. expert ids) on GPU tensors too, at the
+    cost of a device sync per call. CPU tensors are always checked. Read once per process."""
+    return os.environ.get("MXGEMM_VALIDATE", "0") not in ("", "0")
+
+
+def op(plan, fallback=None, alloc=None, convert=None, check_data=None):
+    """Decorator: the annotated signature function -> the public op (see the module docstring).
+    ``alloc``: torch.empty / torch.zeros for out-less calls; ``convert``: {param: fn} applied
+    to user values (e.g. a config dict -> its string form); ``check_data(x, plan)``: checks of
+    tensor contents, run on CPU tensors (and on GPU ones under MXGEMM_VALIDATE=1)."""
+    def deco(fn):
+        return functools.update_wrapper(Op(fn, plan, fallback, alloc, convert, check_data), fn,
+                                        updated=())
+    return deco
+
+
+def explain(name: str, *args, **kw) -> Plan:
+    """Which kernel, config and backend ``name`` would run for these arguments and why (or why
+    it falls back, or the guard it breaks: that GuardError is raised as the op would raise it)."""
+    try:
+        o = OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; ops: {sorted(OPS)}") from None
+    return o.explain(*args, **kw)

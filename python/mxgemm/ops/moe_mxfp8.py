@@ -1,0 +1,141 @@
+"""moe_mxfp8_grouped_gemm: MXFP8 MoE grouped GEMM over the expert-sorted layout of
+``mxgemm.routing.moe_sorting`` (kernel smallm_mxfp8_moe_grouped_gemm in
+csrc/kernels/smallm_mxfp8.hip). Guards, formats and the fallback: ``ops/_mxfp8.py``."""
+from __future__ import annotations
+
+import torch
+
+from .. import guards, registry
+from . import _mxfp8 as mx
+from ._op import Plan, op
+from .smallm_mxfp8 import NUM_CUS
+
+MOE = "smallm_mxfp8_moe_grouped_gemm"
+
+
+def moe_heuristic_config(num_tokens: int, N: int):
+    """BLOCK_N = 16 (fewer, fuller workgroups) unless that leaves under 2 workgroups per CU per
+    sorted block column, then 8; M_CHUNK = 4 when an expert gets >= 4 rows on average (T >= 4),
+    else 2 so padding-heavy decode blocks skip more."""
+    block_n = 16 if N >= 2 * NUM_CUS * 16 else 8
+    return {"BLOCK_N": block_n, "M_CHUNK": 4 if num_tokens >= 4 else 2}
+
+
+def _config_str(config) -> str:
+    if isinstance(config, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+    return config or ""
+
+
+def _plan(x) -> Plan:
+    name = "moe_mxfp8_grouped_gemm"
+    a, w, block_m = x.a, x.w, x.block_m
+    mx.check_fallback_mode(x.fallback)
+    if a.dim() not in (2, 3):
+        guards.fail("shape", f"a must be [T, K] or [T, topk, K]; got shape {list(a.shape)}")
+    K = mx.check_mx_operand(a, x.a_scale, "a", a.dim())
+    mx.check_mx_operand(w, x.w_scale, "w", 3, K)
+    T, N = a.shape[0], w.shape[1]
+    ids = dict(sorted_token_ids=x.sorted_token_ids, sorted_expert_ids=x.sorted_expert_ids,
+               num_valid_ids=x.num_valid_ids)
+    for n, t in ids.items():
+        guards.check_dtype(t, n, torch.int32)
+        if t.dim() != 1:
+            guards.fail("shape", f"{n} must be 1-D; got shape {list(t.shape)}")
+        guards.check_contiguous(t, n)
+    if x.num_valid_ids.numel() < 1:
+        guards.fail("shape", "num_valid_ids must hold at least one element")
+    if not isinstance(block_m, int) or block_m < 1:
+        guards.fail("block_m", f"block_m must be a positive int; got {block_m!r}")
+    S = x.sorted_token_ids.shape[0]
+    blocks = -(-S // block_m)
+    if x.sorted_expert_ids.shape[0] < blocks:
+        guards.fail("shape", f"sorted_expert_ids has {x.sorted_expert_ids.shape[0]} blocks; "
+                             f"{S} sorted rows / block_m {block_m} need {blocks}")
+    topk = a.shape[1] if a.dim() == 3 else None
+    tw = x.topk_weights
+    if tw is not None:
+        guards.check_dtype(tw, "topk_weights", torch.float32)
+        guards.check_shape(tw, "topk_weights", (T, topk))
+        guards.check_contiguous(tw, "topk_weights")
+        topk = tw.shape[1]
+    if x.out_dtype not in (torch.bfloat16, torch.float32):
+        guards.fail("dtype", f"out_dtype must be torch.bfloat16 or torch.float32; got {x.out_dtype}")
+    if x.out is not None and x.out.dtype != x.out_dtype:
+        guards.fail("dtype", f"out has dtype {x.out.dtype} but out_dtype is {x.out_dtype}")
+    mx.check_out(x.out, (S, N), (x.out_dtype,))
+    device = guards.check_same_device(a=a, a_scale=x.a_scale, w=w, w_scale=x.w_scale, **ids,
+                                      topk_weights=tw, out=x.out)
+    shape = dict(out_shape=(S, N), out_dtype=x.out_dtype)
+    if S == 0 or N == 0:
+        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+    if x.config:
+        variant = {k: int(v) for k, v in (p.split("=") for p in x.config.split(",") if p)}
+        if variant not in registry.get(MOE).variants:
+            guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
+        why = "config given by the caller"
+    else:
+        variant, why = moe_heuristic_config(T, N), "heuristic (see moe_heuristic_config)"
+    if block_m % variant["M_CHUNK"]:
+        guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
+    # One resource per expert slice: the weights are rebased per expert in the kernel.
+    named = (("a", a), ("a_scale", x.a_scale), ("w[expert]", w[0]), ("w_scale[expert]", x.w_scale[0]),
+             ("out", x.out))
+    flags = (1 if tw is not None else 0) | (2 if a.dim() == 3 else 0) | (4 if x.out_dtype == torch.float32 else 0)
+    return mx.kernel_or_fallback(x.fallback, name, named, MOE, variant, device, why, **shape, N=N, K=K,
+                                 blocks=blocks, tokens=T, topk=topk or 1, a_rows=a.numel() // K if K else 0,
+                                 block_m=block_m, flags=flags)
+
+
+def _check_expert_ids(x, plan) -> None:
+    guards.check_expert_ids(x.sorted_expert_ids, x.num_valid_ids, x.block_m, x.w.shape[0])
+
+
+def _fallback(x, plan) -> None:
+    """Per-expert dequantise + matmul (reads num_valid_ids and the experts on the host)."""
+    a, a_scale, w, w_scale, out = x.a, x.a_scale, x.w, x.w_scale, x.out
+    n = int(x.num_valid_ids[0])
+    ids = x.sorted_token_ids[:n].long()
+    tok, slot = ids & 0xFFFFFF, ids >> 24
+    exp = x.sorted_expert_ids.long()[torch.arange(n, device=ids.device) // x.block_m]
+    real = (tok < a.shape[0]) & (exp >= 0)
+    vals = torch.zeros(n, w.shape[1], dtype=torch.float32, device=a.device)
+    a2 = a.reshape(-1, a.shape[-1])
+    s2 = a_scale.reshape(-1, a_scale.shape[-1])
+    row = tok * a.shape[1] + slot if a.dim() == 3 else tok
+    for e in exp[real].unique().tolist():
+        r = (real & (exp == e)).nonzero().squeeze(1)
+        vals[r] = mx.dequant(a2[row[r]], s2[row[r]]) @ mx.dequant(w[e], w_scale[e]).T
+    if x.topk_weights is not None:
+        tw = x.topk_weights
+        wt = tw[tok.clamp(max=a.shape[0] - 1), slot.clamp(max=tw.shape[1] - 1)]
+        vals = vals * torch.where(real, wt, torch.zeros_like(wt))[:, None]
+    out[:n].copy_(vals)
+
+
+@op(plan=_plan, fallback=_fallback, alloc=torch.zeros, convert={"config": _config_str},
+    check_data=_check_expert_ids)
+def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                           sorted_token_ids: torch.Tensor, sorted_expert_ids: torch.Tensor,
+                           num_valid_ids: torch.Tensor, *, topk_weights: torch.Tensor | None = None,
+                           block_m: int, out: torch.Tensor | None = None,
+                           out_dtype: torch.dtype = torch.bfloat16, config: str = "",
+                           fallback: str = "auto") -> torch.Tensor:
+    """MXFP8 MoE grouped GEMM over the expert-sorted layout of ``mxgemm.routing.moe_sorting``.
+
+    a: [T, K] e4m3 (one row per token; gemm1 style) or [T, topk, K] (one row per (token, slot))
+    a_scale: [T, K/32] / [T, topk, K/32] e8m0;  w: [E, N, K] e4m3, w_scale: [E, N, K/32]
+    sorted_token_ids: [S] int32, (slot << 24) | token, padding rows have token >= T
+    sorted_expert_ids: [>= ceil(S / block_m)] int32, expert of each block of block_m rows (-1: none)
+    num_valid_ids: [1] or [2] int32, num_valid_ids[0] = sorted rows in use (padding included)
+    topk_weights: optional [T, topk] fp32; row p is multiplied by topk_weights[token, slot]
+    -> out [S, N] out_dtype (bf16 or fp32) in sorted order: for p < num_valid_ids[0],
+       out[p] = weight * A[row(p)] @ W[expert(p)]^T (MX-scaled, fp32 accumulation); padding
+       rows are 0; rows p >= num_valid_ids[0] are left as they were (0 when out is None).
+    config: force a variant, e.g. {"BLOCK_N": 16, "M_CHUNK": 4}. fallback: as smallm_mxfp8_gemm.
+    The 2 GB rule applies to a, a_scale, out and ONE expert's slice of w / w_scale (the
+    kernel rebases the weight resource per expert).
+    Expert ids: an id >= E in a block holding live rows raises GuardError [expert-id] for CPU
+    tensors. On a GPU the ids are not read (that costs a sync) and the kernel would read past
+    w: set MXGEMM_VALIDATE=1 to check them there too.
+    """

@@ -1,0 +1,63 @@
+"""The op framework (mxgemm/ops/_op.py): every public op is built on it, is explainable (kernel,
+config and backend), runs its guards in the fake impl too, and is covered by `bench dispatch`."""
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import guards
+from mxgemm.bench import dispatch_calls
+from mxgemm.ops._op import OPS
+
+PUBLIC = ("smallm_mxfp8_gemm", "moe_mxfp8_grouped_gemm", "moe_gemm2_a4w4", "mxfp8_dequantize")
+
+
+def test_every_public_op_is_a_framework_op_and_benchmarked():
+    assert set(OPS) == set(PUBLIC) == set(dispatch_calls())
+    for name in PUBLIC:
+        assert getattr(mxgemm, name) is OPS[name] and OPS[name].__doc__
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_explain_names_kernel_and_backend(name):
+    fn, _ = dispatch_calls()[name]
+    plan = fn()
+    assert plan.kernel and plan.backend == "emu" and plan.arch == "gfx950"
+    assert f"kernel {plan.kernel}" in str(plan) and "on backend emu (gfx950)" in str(plan)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_fake_impl_runs_the_guards(name):
+    """Under FakeTensorMode only the fake impl runs: a bad dtype must still raise GuardError."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    fn, _ = dispatch_calls()[name]
+    flat = list(fn.args[0])
+    op = OPS[name]
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in flat]
+        fake[0] = torch.empty(fake[0].shape, dtype=torch.float16)
+        n = op.n_positional
+        with pytest.raises(guards.GuardError, match=r"\[dtype\]"):
+            op(*fake[:n], **dict(zip(op.names[n:], fake[n:])))
+
+
+def test_plan_cache_key_tells_apart_what_guards_read():
+    op = OPS["mxfp8_dequantize"]
+    x, s = torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(2, 2, dtype=torch.uint8)
+    base = op._key([x, s, None, "hip"])
+    for other in ([x[:1], s, None, "hip"], [x.view(torch.float8_e4m3fn), s, None, "hip"],
+                  [x.to("meta"), s, None, "hip"], [torch.zeros(64, 2, dtype=torch.uint8).t(), s, None, "hip"],
+                  [x, s, torch.zeros(2, 64), "hip"], [x, s, None, "flydsl"]):
+        assert op._key(other) != base
+    assert op._key([x.clone(), s.clone(), None, "hip"]) == base
+
+
+def test_registry_argument_order_matches_each_kernels_metadata():
+    """Kernel.args (what the framework packs, by name) has one name per explicit argument of
+    the compiled kernel: op tensors exactly at the pointer slots, scalars at by-value slots."""
+    from mxgemm import build, launcher, registry
+    tensor_names = {op.names[i] for op in OPS.values() for i in op.tensors}
+    for k in registry.KERNELS.values():
+        slots, _ = launcher.layout(build.artifact(k.name, k.variants[0], "gfx950"))
+        kinds = [kind for _, _, kind in slots if not kind.startswith("hidden_")]
+        assert len(kinds) == len(k.args), k.name
+        assert [kind == "global_buffer" for kind in kinds] == [n in tensor_names for n in k.args], k.name

@@ -1,0 +1,215 @@
+"""Race mode over the production kernels: deleting any one s_waitcnt / s_barrier of a shipped
+gfx950 code object must raise RaceError on the inputs below, launched through the real op path
+(mxgemm.launcher.emulator_settings(asm_edit=...)). A deletion that cannot raise is either a
+repeat of an at-least-as-strong wait earlier in its basic block with no load in between, or
+listed in REDUNDANT with the reason; either way the test proves the line is reached on these
+inputs (an s_trap in its place must fire), so inputs that skip a wait (e.g. all-padding tiles)
+cannot pass for redundancy.
+
+Default run: a deterministic sample, the last registered variant of each kernel (its largest
+tiles, ~30 s CPU in all). MXGEMM_RACE_SWEEP=all runs every variant (625 deletions).
+"""
+import os
+import re
+
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import build, launcher, quant, registry, routing
+from mxgemm.emu import EmulatorFault, RaceError
+from mxgemm.launcher import emulator_settings
+
+SYNC = re.compile(r"\s*(s_waitcnt|s_barrier)\b")
+
+
+def sync_lines(asm):
+    return [i for i, l in enumerate(asm.splitlines()) if SYNC.match(l)]
+
+
+def _mx(rows, k, seed, fmt="e4m3"):
+    g = torch.Generator().manual_seed(seed)
+    return quant.quantize_mx(torch.randn(rows, k, generator=g), fmt)
+
+
+def _dequant(language):
+    def run(v):
+        x, s = _mx(9, 128, 0)  # 1152 elements: one full workgroup (4 per thread), one partial
+        mxgemm.mxfp8_dequantize(x, s, language=language)
+    return run
+
+
+def _smallm(kernel):
+    def run(v):  # one workgroup; K covers several K steps per lane (GEMV) / per slice (MFMA)
+        m = v["M_TILE"]
+        n = 16 * v["N_SUB"] if "N_SUB" in v else 64 // v["SPLIT_K"]
+        k = 1024 if "N_SUB" in v else 256 * v["SPLIT_K"]
+        a, sa = _mx(m, k, 1)
+        b, sb = _mx(n, k, 2)
+        mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config={"kernel": kernel, **v}, fallback="error")
+    return run
+
+
+def _moe_mxfp8(v):  # expert 0: 6 real rows + 2 padding rows (two live M_CHUNKs); expert 1: one row
+    T, K, N = 7, 256, v["BLOCK_N"]
+    ids = torch.tensor([[0], [0], [0], [1], [0], [0], [0]])
+    srt = routing.moe_sorting(ids, torch.rand(T, 1) + 0.5, 2, block_m=8)
+    a, sa = _mx(T, K, 3)
+    w, sw = _mx(2 * N, K, 4)
+    mxgemm.moe_mxfp8_grouped_gemm(a, sa, w.view(2, N, K), sw.view(2, N, K // 32), srt.sorted_token_ids,
+                                  srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=srt.sorted_weights
+                                  .new_ones(T, 1), block_m=8, config=v, fallback="error")
+
+
+def _a4w4(backend):
+    def run(v):  # 20 real rows in one expert: both m-tiles of BM=32 live; K = 3 steps (pair loop + tail)
+        T, K, N = 20, 768, 256
+        srt = routing.moe_sorting(torch.zeros(T, 1, dtype=torch.int64), torch.rand(T, 1) + 0.5, 1,
+                                  block_m=v["BM"])
+        a, sa = _mx(T, K, 5, "e2m1")
+        w, sw = _mx(N, K, 6, "e2m1")
+        out = torch.zeros(T, N, dtype=torch.bfloat16)
+        mxgemm.moe_gemm2_a4w4(a, sa, w[None], sw[None], srt.sorted_token_ids, srt.sorted_expert_ids,
+                              srt.num_valid_ids, srt.sorted_weights, out, block_m=v["BM"], nt=v["NT"],
+                              backend=backend)
+    return run
+
+
+def _deep_gemm(v):
+    """Masked groups of 40, 0 and 23 rows (full, skipped and partial BM tiles), K = 6 blocks (the
+    K loop is unrolled by 4: one unrolled pass and two remainder steps; the dead prefetch DMA of
+    the last step lands in LDS buffer 0, where the epilogue's C tile goes); or the contiguous twin."""
+    g = torch.Generator().manual_seed(7)
+    G, m_max, N, K = 3, 40, v["BN"], 768
+    a = torch.randn(G * m_max, K, generator=g).to(torch.float8_e4m3fn).view(torch.uint8)
+    b = torch.randn(G, N, K, generator=g).to(torch.float8_e4m3fn).view(torch.uint8)
+    sf = (lambda *s: torch.randint(120, 134, s, generator=g, dtype=torch.uint8)) if v["UE8M0"] else \
+        (lambda *s: torch.rand(*s, generator=g) + 0.5)
+    sfa, sfb = sf(G * m_max, K // 128), sf(G, -(-N // 128), K // 128)
+    rows_per_group = torch.tensor([40, 0, 23], dtype=torch.int32)
+    if v["MASKED"]:
+        layout, m_tiles = rows_per_group, G * -(-m_max // v["BM"])
+    else:
+        layout = torch.arange(G, dtype=torch.int32).repeat_interleave(m_max)
+        layout[torch.arange(G * m_max) % m_max >= rows_per_group.repeat_interleave(m_max)] = -1
+        m_tiles = -(-G * m_max // v["BM"])
+    out = torch.zeros(G * m_max, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
+    k = registry.get("deep_gemm_fp8")
+    values = dict(a=a, sfa=sfa, b=b, sfb=sfb, out=out, layout=layout, rows=G * m_max, N=N, K=K, m_max=m_max,
+                  groups=G, sfa_sg=m_max * K // 128, sfa_sm=K // 128, sfa_sk=1)
+    launcher.launch(build.artifact(k.name, v), k.launch_grid(v, N=N, m_tiles=m_tiles), (k.threads, 1, 1),
+                    [values[n] for n in k.args], "emu", writes=(out,))
+
+
+RUNNERS = {
+    "mxfp8_dequant": _dequant("hip"), "mxfp8_dequant_flydsl": _dequant("flydsl"),
+    "smallm_mxfp8_gemv": _smallm("smallm_mxfp8_gemv"), "smallm_mxfp8_mfma": _smallm("smallm_mxfp8_mfma"),
+    "smallm_mxfp8_moe_grouped_gemm": _moe_mxfp8,
+    "moe_gemm2_a4w4": _a4w4("hip"), "moe_gemm2_a4w4_flydsl": _a4w4("flydsl"),
+    "deep_gemm_fp8": _deep_gemm,
+}
+
+# Deletions that raise no RaceError on any input: (kernel, variant ids or None for all, sync line,
+# first memory instruction after it, why). Each must still be reached on the inputs above
+# (checked with an s_trap in its place).
+_WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by thread o and written by "
+               "the 16 lanes of its own wave: no LDS data crosses waves")
+_LDS_READS_RETIRED = ("the K step's explicit wait for its LDS tile reads: the compiler already retired them "
+                      "(lgkmcnt(0) before the MFMA that reads them) and the DMA issued since counts in vmcnt")
+REDUNDANT = (
+    ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
+     "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
+     "lgkmcnt(0) on every path (K >= 256)"),
+    ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
+     "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
+     "runs whenever the second does (a block's real rows precede its padding)"),
+    *(("deep_gemm_fp8", None, "s_waitcnt lgkmcnt(0)", mem, _LDS_READS_RETIRED)
+      for mem in ("buffer_load_dwordx4", "ds_write_b64")),
+    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "buffer_load_dwordx4",
+     "K-loop remainder head: the compiler's vmcnt(0) for the scale bytes is followed by the step's own "
+     "vmcnt(0) before its barrier with no memory instruction in between"),
+    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "ds_read_b128",
+     "C-tile barrier: no load was issued since the epilogue entry's vmcnt(0) (only the tile's ds_write)"),
+    ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
+     _WAVE_LOCAL),
+    ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
+    ("smallm_mxfp8_mfma", ("M_TILE16_SPLIT_K2",), "s_waitcnt lgkmcnt(0)", "global_store_short",
+     "epilog store i > 0: it runs only if store 0 (a smaller row, same column) ran, whose wait "
+     "retired the split-K ds_read"),
+)
+MEMORY = re.compile(r"\s*(buffer_|global_|flat_|scratch_|ds_|s_load|s_buffer_load|s_store|s_atomic)")
+BLOCK_END = re.compile(r"\s*(s_cbranch|s_branch|s_setpc|s_endpgm|\S+:)")
+COUNTERS = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
+
+
+def repeats_earlier_wait(lines, i):
+    """Why deleting s_waitcnt line i is harmless when an at-least-as-strong s_waitcnt precedes it
+    in the same basic block with no memory instruction in between (None otherwise)."""
+    want = dict((c, int(n)) for c, n in COUNTERS.findall(lines[i]))
+    for j in range(i - 1, -1, -1):
+        text = lines[j].split(";")[0]
+        if not text.strip():
+            continue
+        if MEMORY.match(text) or BLOCK_END.match(text) or not want:
+            return None
+        if text.strip().startswith("s_waitcnt"):
+            had = dict((c, int(n)) for c, n in COUNTERS.findall(text))
+            if all(c in had and had[c] <= n for c, n in want.items()):
+                return f"repeats the wait at line {j + 1}; no load issued in between"
+            return None
+    return None
+
+
+def listed_reason(kernel, variant, lines, i):
+    nxt = next((l.split()[0] for l in lines[i + 1:] if MEMORY.match(l)), None)
+    vid = registry.variant_id(variant)
+    return next((why for k, vids, sync, mem, why in REDUNDANT
+                 if (k, sync, mem) == (kernel, lines[i].strip(), nxt) and (vids is None or vid in vids)), None)
+
+
+def _edit(line, replacement):
+    def edit(text):
+        lines = text.splitlines()
+        lines[line] = replacement
+        return "\n".join(lines)
+    return edit
+
+
+def _sample(kernel):
+    variants = registry.get(kernel).variants
+    return variants if os.environ.get("MXGEMM_RACE_SWEEP") == "all" else variants[-1:]
+
+
+CASES = [pytest.param(k, v, id=f"{k}-{registry.variant_id(v)}")
+         for k, spec in registry.KERNELS.items() if "gfx950" in spec.archs for v in _sample(k)]
+
+
+def test_every_gfx950_kernel_has_race_inputs():
+    assert {k for k, spec in registry.KERNELS.items() if "gfx950" in spec.archs} <= set(RUNNERS)
+
+
+@pytest.mark.parametrize("kernel,variant", CASES)
+def test_deleting_any_wait_or_barrier_raises_race_error(kernel, variant):
+    run = RUNNERS[kernel]
+    lines = build.artifact(kernel, variant).asm.splitlines()
+    run(variant)                                   # intact: no race
+    missed, redundant = [], 0
+    for i in sync_lines("\n".join(lines)):
+        try:
+            with emulator_settings(asm_edit=_edit(i, "\t; deleted")):
+                run(variant)
+        except RaceError:
+            continue
+        where = f"line {i + 1} ({lines[i].strip()})"
+        reason = repeats_earlier_wait(lines, i) or listed_reason(kernel, variant, lines, i)
+        if reason is None:
+            missed.append(f"{where}: deleted without a RaceError")
+            continue
+        with pytest.raises(EmulatorFault, match="s_trap executed"), emulator_settings(
+                asm_edit=_edit(i, "\ts_trap 2")):
+            run(variant)                           # the redundant wait is on the executed path
+        redundant += 1
+        print(f"\n{kernel} {registry.variant_id(variant)} {where}: redundant, {reason}")
+    assert not missed, f"{kernel} {registry.variant_id(variant)}: " + "; ".join(missed)
+    print(f"\n{kernel} {registry.variant_id(variant)}: {len(sync_lines(chr(10).join(lines)))} deletions, "
+          f"{redundant} redundant, the rest raise RaceError")
