@@ -5,16 +5,18 @@ Spec: inputs are built the way DeepGEMM's own tests build them (per-token cast o
 cast of B, fp32 product of the dequantised inputs as the loose check, calc_diff < 1e-3), and
 every row the kernel writes is bit-identical to mxgemm.reference (the kernel promotes each
 128-K block exactly as the reference models it, for fp32 and e8m0 scales alike). Rows of no
-group (m_indices == -1) and rows past masked_m stay untouched. Kernels run on the emulator in
-race mode through the launcher (artefact + grid/block/args).
+group (m_indices == -1) and rows past masked_m stay untouched. Every kernel run goes through
+the public functions (import mxgemm.deep_gemm as deep_gemm; DeepGEMM's argument order) on the
+emulator in race mode; the plan each call runs is checked to be the variant the case names.
+Bad input raises GuardError before any launch and leaves d untouched.
 """
 import re
 
 import pytest
 import torch
 
-from mxgemm import build, formats, launcher, reference, registry
-from mxgemm import deep_gemm
+import mxgemm.deep_gemm as deep_gemm
+from mxgemm import build, formats, guards, reference, registry
 from mxgemm.deep_gemm import utils
 
 KERNEL = "deep_gemm_fp8"
@@ -112,16 +114,16 @@ def mn_major(sf: torch.Tensor) -> torch.Tensor:
     return storage[..., :m].transpose(-1, -2)
 
 
-def run_kernel(variant, a, sfa, b, sfb, d, layout, rows, m_max, m_tiles):
-    """One launch with the registry's argument order and grid, on the emulator in race mode."""
-    kernel = registry.get(KERNEL)
-    G, N, K = b.shape
-    sg, sm, sk = sfa.stride() if sfa.dim() == 3 else (0, *sfa.stride())
-    values = dict(a=a.view(torch.uint8), sfa=sfa, b=b.view(torch.uint8), sfb=sfb, out=d, layout=layout,
-                  rows=rows, N=N, K=K, m_max=m_max, groups=G, sfa_sg=sg, sfa_sm=sm, sfa_sk=sk)
-    with launcher.emulator_settings(race_check=True):
-        launcher.launch(build.artifact(KERNEL, variant), kernel.launch_grid(variant, N=N, m_tiles=m_tiles),
-                        (kernel.threads, 1, 1), [values[n] for n in kernel.args], "emu", writes=(d,))
+def run_contiguous(variant, a, sfa, b, sfb, d, m_indices):
+    call = ((a, sfa), (b, sfb), d, m_indices)
+    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call).variant == {**variant, "MASKED": 0}
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*call)
+
+
+def run_masked(variant, a, sfa, b, sfb, d, masked_m, expected_m):
+    call = ((a, sfa), (b, sfb), d, masked_m, expected_m)
+    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, *call).variant == {**variant, "MASKED": 1}
+    deep_gemm.m_grouped_fp8_gemm_nt_masked(*call)
 
 
 def contiguous_case(group_rows, n, k, seed):
@@ -167,9 +169,7 @@ def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout):
     a, sfa, b, sfb = quantize(x, w, ue8m0)
     sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
     d = torch.full((len(m_indices), n), SENTINEL, dtype=out)
-    # every BM-row tile: only the tiles holding rows of a group run (the others exit at once)
-    run_kernel({**variant, "MASKED": 0}, a, sfa, b, sfb, d, m_indices, len(m_indices), 0,
-               len(m_indices) // variant["BM"])
+    run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out)
     fp32_product = torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}")
@@ -188,10 +188,163 @@ def test_masked_matches_reference(variant, sfa_layout):
     a, sfa, b, sfb = quantize(x, w, ue8m0)
     sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
     d = torch.full((G, m_max, n), SENTINEL, dtype=out)
-    run_kernel({**variant, "MASKED": 1}, a, sfa, b, sfb, d, masked_m, G * m_max, m_max, G * 2)
+    run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)
     ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out)
     written = torch.arange(m_max)[None, :] < masked_m[:, None]
     _check(d, ref, written, torch.einsum("gmk,gnk->gmn", x, w), f"masked {variant}")
+
+
+# ---- a user script written against DeepGEMM (only the import changed) ----
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
+    from mxgemm.deep_gemm.utils import calc_diff, per_block_cast_to_fp8, per_token_cast_to_fp8
+    torch.manual_seed(11)
+    num_groups, n, k, m_per_group = 3, 64, 384, [90, 128, 7]
+    # contiguous: groups padded to the M alignment, padding rows -1
+    align = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    m = sum(deep_gemm.align(r, align) for r in m_per_group)
+    x = torch.randn((m, k), dtype=torch.bfloat16)
+    y = torch.randn((num_groups, n, k), dtype=torch.bfloat16)
+    m_indices = torch.full((m,), -1, dtype=torch.int32)
+    start = 0
+    for g, r in enumerate(m_per_group):
+        m_indices[start:start + r] = g
+        start += deep_gemm.align(r, align)
+    x_fp8 = per_token_cast_to_fp8(x, use_ue8m0=use_ue8m0)
+    y_fp8 = (torch.empty_like(y, dtype=torch.float8_e4m3fn),
+             torch.empty((num_groups, deep_gemm.ceil_div(n, 128), k // 128), dtype=torch.float))
+    for i in range(num_groups):
+        y_fp8[0][i], y_fp8[1][i] = per_block_cast_to_fp8(y[i], use_ue8m0=use_ue8m0)
+    out = torch.full((m, n), SENTINEL, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(x_fp8, y_fp8, out, m_indices, disable_ue8m0_cast=not use_ue8m0)
+    ref_out = torch.einsum("mk,mnk->mn", x.float(), y[m_indices.clamp(min=0).long()].float())
+    real = m_indices >= 0
+    diff = calc_diff(out[real], ref_out[real]).item()
+    print(f"\ncontiguous use_ue8m0={use_ue8m0}: calc_diff {diff:.2e}")
+    assert diff < 1e-3
+    ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(x_fp8[0], x_fp8[1], *y_fp8, m_indices, torch.bfloat16)
+    assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
+    assert bool((out[~real] == SENTINEL).all())
+
+    # masked: the same weights, M_max rows per group, masked_m with 0 and M_max
+    m_max = 40
+    masked_m = torch.tensor([m_max, 0, 13], dtype=torch.int32)
+    x = torch.randn((num_groups, m_max, k), dtype=torch.bfloat16)
+    a, sa = per_token_cast_to_fp8(x.view(-1, k), use_ue8m0=use_ue8m0)
+    x_fp8 = (a.view(num_groups, m_max, k), sa.view(num_groups, m_max, -1))
+    out = torch.full((num_groups, m_max, n), SENTINEL, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_gemm_nt_masked(x_fp8, y_fp8, out, masked_m, expected_m=16)
+    ref_out = torch.einsum("gmk,gnk->gmn", x.float(), y.float())
+    real = torch.arange(m_max)[None, :] < masked_m[:, None]
+    diff = calc_diff(out[real], ref_out[real]).item()
+    print(f"masked use_ue8m0={use_ue8m0}: calc_diff {diff:.2e}")
+    assert diff < 1e-3
+    ref = reference.m_grouped_fp8_gemm_nt_masked_ref(*x_fp8, *y_fp8, masked_m, torch.bfloat16)
+    assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
+    assert bool((out[~real] == SENTINEL).all())
+
+
+# ---- guards: GuardError naming the rule, before any launch, d untouched ----
+def _valid(masked=False, G=2, n=64, k=256):
+    g = torch.Generator().manual_seed(5)
+    rows = (G, 40) if masked else (G * 128,)
+    a = torch.randn(*rows, k, generator=g).to(torch.float8_e4m3fn)
+    sfa = torch.rand(*rows, k // 128, generator=g) + 0.5
+    b = torch.randn(G, n, k, generator=g).to(torch.float8_e4m3fn)
+    sfb = torch.rand(G, -(-n // 128), k // 128, generator=g) + 0.5
+    d = torch.full((*rows, n), SENTINEL, dtype=torch.bfloat16)
+    layout = torch.tensor([40, 3][:G], dtype=torch.int32) if masked else \
+        torch.arange(G, dtype=torch.int32).repeat_interleave(128)
+    return dict(a=a, sfa=sfa, b=b, sfb=sfb, d=d, layout=layout)
+
+
+def _call(t, masked, **kw):
+    if masked:
+        deep_gemm.m_grouped_fp8_gemm_nt_masked((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"], 16, **kw)
+    else:
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"], **kw)
+
+
+def _bad_group_alignment(t):
+    t["layout"][100:140] = 1  # group 1 starts mid-block
+    return t
+
+
+GUARDS = [  # (name, masked, edit of the valid inputs, rule, message fragment)
+    ("K%128", 0, lambda t: _valid(k=192),
+     "K%128", "K = 192 must be a multiple of 128"),
+    ("N-alignment", 0, lambda t: {**t, "b": t["b"][:, :48].contiguous(), "d": t["d"][:, :48].contiguous()},
+     "N%32", "N = 48 must be a multiple of 32"),
+    ("m_indices-length", 0, lambda t: {**t, "layout": t["layout"][:-1]}, "shape", "m_indices has shape [255]"),
+    ("m_indices-dtype", 0, lambda t: {**t, "layout": t["layout"].long()}, "dtype", "m_indices has dtype torch.int64"),
+    ("m_indices-group", 0, lambda t: {**t, "layout": torch.where(t["layout"] == 1, 2, t["layout"]).int()},
+     "m_indices", "m_indices[128] = 2"),
+    ("group-alignment", 0, _bad_group_alignment, "group-alignment", "rows 0..127 of m_indices hold [0, 1]"),
+    ("M%128", 0, lambda t: {k: (v[:200] if k in ("a", "sfa", "d", "layout") else v) for k, v in t.items()},
+     "M%128", "M (rows of a) = 200"),
+    ("masked_m-length", 1, lambda t: {**t, "layout": torch.tensor([1, 2, 3], dtype=torch.int32)}, "shape",
+     "masked_m has shape [3]"),
+    ("masked_m-dtype", 1, lambda t: {**t, "layout": t["layout"].long()}, "dtype", "masked_m has dtype torch.int64"),
+    ("masked_m-value", 1, lambda t: {**t, "layout": torch.tensor([41, 0], dtype=torch.int32)}, "masked_m",
+     "masked_m[0] = 41 is outside 0..40"),
+    ("sfa-shape", 0, lambda t: {**t, "sfa": t["sfa"][:, :1].contiguous()}, "shape", "sfa has shape [256, 1]"),
+    ("sfb-shape", 0, lambda t: {**t, "sfb": t["sfb"][:1]}, "shape", "sfb has shape [1, 1, 2]"),
+    ("sfa-layout", 0, lambda t: {**t, "sfa": torch.zeros(2, 260)[:, :256].t()},
+     "layout", "expected row-major (contiguous) or MN-major with strides (1, 256)"),
+    ("a-dtype", 0, lambda t: {**t, "a": t["a"].to(torch.bfloat16)}, "dtype", "a has dtype torch.bfloat16"),
+    ("d-dtype", 0, lambda t: {**t, "d": t["d"].float()}, "dtype", "d has dtype torch.float32"),
+    ("scale-dtypes-mixed", 0, lambda t: {**t, "sfb": t["sfb"].to(torch.uint8)}, "dtype", "sfb has dtype torch.uint8"),
+    ("b-contiguity", 0, lambda t: {**t, "b": t["b"].transpose(1, 2).contiguous().transpose(1, 2)}, "contiguity",
+     "b must be contiguous"),
+    ("device", 0, lambda t: {**t, "layout": t["layout"].to("meta")}, "device", "m_indices=meta"),
+]
+
+
+@pytest.mark.parametrize("name,masked,edit,rule,text", GUARDS, ids=[g[0] for g in GUARDS])
+def test_guard_raises_before_launch_and_leaves_d_untouched(name, masked, edit, rule, text):
+    t = edit(_valid(bool(masked)))
+    d_before = t["d"].clone()
+    with pytest.raises(guards.GuardError, match=re.escape(f"[{rule}]")) as e:
+        _call(t, bool(masked))
+    assert text in str(e.value), str(e.value)
+    assert torch.equal(t["d"], d_before)
+
+
+def test_recipe_pair_and_expected_m_guards():
+    t = _valid()
+    with pytest.raises(guards.GuardError, match=r"\[recipe\] recipe = \(1, 1, 128\)"):
+        _call(t, False, recipe=(1, 1, 128))
+    with pytest.raises(guards.GuardError, match=r"\[args\] a must be a \(fp8 tensor, scales\) pair"):
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(t["a"], (t["b"], t["sfb"]), t["d"], t["layout"])
+    t = _valid(masked=True)
+    with pytest.raises(guards.GuardError, match=r"\[expected_m\]"):
+        deep_gemm.m_grouped_fp8_gemm_nt_masked((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"], -1)
+    assert bool((t["d"] == SENTINEL).all())
+
+
+def test_arch_guard(monkeypatch):
+    """A backend that cannot run gfx950 code is refused by name before anything runs."""
+    from mxgemm import launcher
+    from mxgemm.ops._op import OPS
+    monkeypatch.setattr(launcher, "EMU_ARCH", "gfx1250")
+    monkeypatch.setattr(OPS["deep_gemm_fp8_grouped_gemm"], "_plans", {})
+    t = _valid()
+    with pytest.raises(guards.GuardError, match=r"\[arch\] the emulator runs gfx1250 code"):
+        _call(t, False)
+    assert bool((t["d"] == SENTINEL).all())
+
+
+def test_explain_covers_both_ops():
+    t = _valid()
+    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, (t["a"], t["sfa"]), (t["b"], t["sfb"]),
+                          t["d"], t["layout"])
+    assert p.kernel == KERNEL and p.variant == dict(BM=32, BN=32, MASKED=0, UE8M0=0, OUT="bf16")
+    assert "contiguous layout, fp32 scales" in str(p) and p.grid == (2, 8, 1)
+    t = _valid(masked=True, n=128)
+    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, (t["a"], t["sfa"]), (t["b"], t["sfb"]),
+                          t["d"], t["layout"], 16)
+    assert p.variant == dict(BM=128, BN=128, MASKED=1, UE8M0=0, OUT="bf16") and p.grid == (1, 2, 1)
+    assert "masked layout" in str(p)
 
 
 # ---- code objects ----

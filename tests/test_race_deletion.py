@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import build, launcher, quant, registry, routing
+from mxgemm import build, quant, registry, routing
 from mxgemm.emu import EmulatorFault, RaceError
 from mxgemm.launcher import emulator_settings
 
@@ -76,29 +76,26 @@ def _a4w4(backend):
 
 
 def _deep_gemm(v):
-    """Masked groups of 40, 0 and 23 rows (full, skipped and partial BM tiles), K = 6 blocks (the
-    K loop is unrolled by 4: one unrolled pass and two remainder steps; the dead prefetch DMA of
-    the last step lands in LDS buffer 0, where the epilogue's C tile goes); or the contiguous twin."""
+    """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
+    each group padded to 128 rows), K = 6 blocks (the K loop is unrolled by 4: one unrolled pass
+    and two remainder steps; the dead prefetch DMA of the last step lands in LDS buffer 0, where
+    the epilogue's C tile goes)."""
     g = torch.Generator().manual_seed(7)
     G, m_max, N, K = 3, 40, v["BN"], 768
-    a = torch.randn(G * m_max, K, generator=g).to(torch.float8_e4m3fn).view(torch.uint8)
-    b = torch.randn(G, N, K, generator=g).to(torch.float8_e4m3fn).view(torch.uint8)
+    group_rows = torch.tensor([40, 0, 23], dtype=torch.int32)
+    if v["MASKED"]:
+        rows, layout = (G, m_max), group_rows
+    else:
+        rows, layout = (G * 128,), torch.arange(G, dtype=torch.int32).repeat_interleave(128)
+        layout[torch.arange(G * 128) % 128 >= group_rows.repeat_interleave(128)] = -1
+    a = torch.randn(*rows, K, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(G, N, K, generator=g).to(torch.float8_e4m3fn)
     sf = (lambda *s: torch.randint(120, 134, s, generator=g, dtype=torch.uint8)) if v["UE8M0"] else \
         (lambda *s: torch.rand(*s, generator=g) + 0.5)
-    sfa, sfb = sf(G * m_max, K // 128), sf(G, -(-N // 128), K // 128)
-    rows_per_group = torch.tensor([40, 0, 23], dtype=torch.int32)
-    if v["MASKED"]:
-        layout, m_tiles = rows_per_group, G * -(-m_max // v["BM"])
-    else:
-        layout = torch.arange(G, dtype=torch.int32).repeat_interleave(m_max)
-        layout[torch.arange(G * m_max) % m_max >= rows_per_group.repeat_interleave(m_max)] = -1
-        m_tiles = -(-G * m_max // v["BM"])
-    out = torch.zeros(G * m_max, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
-    k = registry.get("deep_gemm_fp8")
-    values = dict(a=a, sfa=sfa, b=b, sfb=sfb, out=out, layout=layout, rows=G * m_max, N=N, K=K, m_max=m_max,
-                  groups=G, sfa_sg=m_max * K // 128, sfa_sm=K // 128, sfa_sk=1)
-    launcher.launch(build.artifact(k.name, v), k.launch_grid(v, N=N, m_tiles=m_tiles), (k.threads, 1, 1),
-                    [values[n] for n in k.args], "emu", writes=(out,))
+    out = torch.zeros(*rows, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
+    args = (a, sf(*rows, K // 128), b, sf(G, -(-N // 128), K // 128), layout, out)
+    assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=bool(v["MASKED"])).variant == v
+    mxgemm.deep_gemm_fp8_grouped_gemm(*args, masked=bool(v["MASKED"]))
 
 
 RUNNERS = {
