@@ -77,11 +77,16 @@ def _a4w4(backend):
 
 def _deep_gemm(v):
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows), K = 6 blocks (the K loop is unrolled by 4: one unrolled pass
-    and two remainder steps; the dead prefetch DMA of the last step lands in LDS buffer 0, where
-    the epilogue's C tile goes)."""
+    each group padded to 128 rows), K = 6 and 7 blocks (the compiler unrolls the K loop: both
+    leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA of the last
+    step lands in LDS buffer 0, where the epilogue's C tile goes)."""
+    for K in (768, 896):
+        _deep_gemm_k(v, K)
+
+
+def _deep_gemm_k(v, K):
     g = torch.Generator().manual_seed(7)
-    G, m_max, N, K = 3, 40, v["BN"], 768
+    G, m_max, N = 3, 40, v["BN"]
     group_rows = torch.tensor([40, 0, 23], dtype=torch.int32)
     if v["MASKED"]:
         rows, layout = (G, m_max), group_rows
