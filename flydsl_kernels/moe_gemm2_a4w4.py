@@ -32,6 +32,8 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, scf
 from flydsl._mlir.dialects import rocdl
 
+from ir_builder import INVALID_OFFSET, Builder as _B, pipelined_step
+
 THREADS = 256
 BLOCK_N = 256
 BLOCK_K = 256
@@ -39,59 +41,6 @@ ROW_BYTES = BLOCK_K // 2          # packed fp4 bytes of one row per K step
 WAVE_N = BLOCK_N // 4             # columns per wave
 N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
 BUF_BYTES = 4 * 64 * 16           # one LDS buffer: every wave's 16-byte-per-lane DMA slot
-INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0
-BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
-WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
-WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
-
-
-class _B:
-    """Small IR builder: typed constants and the integer ops the kernel uses (all i32 unless named)."""
-
-    def __init__(self):
-        self.i1 = ir.IntegerType.get_signless(1)
-        self.i16 = ir.IntegerType.get_signless(16)
-        self.i32 = ir.IntegerType.get_signless(32)
-        self.i64 = ir.IntegerType.get_signless(64)
-        self.f32 = ir.F32Type.get()
-        self.bf16 = ir.BF16Type.get()
-        self.v4i32 = ir.VectorType.get([4], self.i32)
-        self.v8i32 = ir.VectorType.get([8], self.i32)
-        self.v4f32 = ir.VectorType.get([4], self.f32)
-        self.v2f32 = ir.VectorType.get([2], self.f32)
-        self.v2bf16 = ir.VectorType.get([2], self.bf16)
-        self.gptr = ir.Type.parse("!llvm.ptr<1>")
-        self.lptr = ir.Type.parse("!llvm.ptr<3>")
-        self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
-
-    def c(self, v, t=None):
-        return arith.constant(t or self.i32, v)
-
-    def add(self, a, b):
-        return arith.addi(a, b)
-
-    def mul(self, a, b):
-        return arith.muli(a, b)
-
-    def cmp(self, pred, a, b):
-        return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
-
-    def sel(self, cond, a, b):
-        return arith.select(cond, a, b)
-
-    def u64(self, a):
-        return arith.extui(self.i64, a)
-
-    def gep(self, base, byte_offset):
-        """Byte GEP on an !llvm.ptr (any address space)."""
-        return llvm.getelementptr(base.type, base, [byte_offset], [-2147483648], ir.IntegerType.get_signless(8), 0)
-
-    def gload(self, t, base, byte_offset, align):
-        return llvm.load(t, self.gep(base, byte_offset), alignment=align)
-
-    def rsrc(self, base, nbytes):
-        """Raw buffer resource (stride 0) over nbytes (i32) from an !llvm.ptr<1>."""
-        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.u64(nbytes), self.c(BUFFER_FLAGS))
 
 
 def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
@@ -212,21 +161,15 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         # e2m1 uses the low 4 of the 8 operand registers (as the HIP {x0..x3, 0, 0, 0, 0}).
         return llvm.shufflevector(b.v8i32, v4, zero4, list(range(8)))
 
+    def read_tile(kt):
+        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
+        return [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
+                for mt in range(m_tiles)]
+
     def run_step(kt, acc, cur):
         """One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched.
         Returns (acc, prefetched registers)."""
-        rocdl.s_waitcnt(WAIT_VMCNT0)
-        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")  # as HIP's __syncthreads
-        rocdl.s_barrier()
-        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
-        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
-        af = [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
-              for mt in range(m_tiles)]
-        kn = b.add(kt, b.c(1))
-        live = b.cmp("slt", kn, k_steps)
-        nxt = load_step(kn, live)
-        dma_step(kn, live)
-        rocdl.s_waitcnt(WAIT_LGKMCNT0)
+        af, nxt = pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step)
         wf, ws, as_ = cur
         acc = [list(x) for x in acc]
         for s in range(2):

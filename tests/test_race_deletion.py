@@ -90,6 +90,32 @@ def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a per
         kw.update(trans_b=trans_b, num_cu=1)
     assert mxgemm.explain(op, *args, **kw).variant == v
     getattr(mxgemm, op)(*args, **kw)
+def _deep_gemm(v):
+    """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
+    each group padded to 128 rows), K = 6 and 7 blocks (the compiler unrolls the K loop: both
+    leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA of the last
+    step lands in LDS buffer 0, where the epilogue's C tile goes)."""
+    for K in (768, 896):
+        _deep_gemm_k(v, K)
+
+
+def _deep_gemm_k(v, K):
+    g = torch.Generator().manual_seed(7)
+    G, m_max, N = 3, 40, v["BN"]
+    group_rows = torch.tensor([40, 0, 23], dtype=torch.int32)
+    if v["MASKED"]:
+        rows, layout = (G, m_max), group_rows
+    else:
+        rows, layout = (G * 128,), torch.arange(G, dtype=torch.int32).repeat_interleave(128)
+        layout[torch.arange(G * 128) % 128 >= group_rows.repeat_interleave(128)] = -1
+    a = torch.randn(*rows, K, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(G, N, K, generator=g).to(torch.float8_e4m3fn)
+    sf = (lambda *s: torch.randint(120, 134, s, generator=g, dtype=torch.uint8)) if v["UE8M0"] else \
+        (lambda *s: torch.rand(*s, generator=g) + 0.5)
+    out = torch.zeros(*rows, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
+    args = (a, sf(*rows, K // 128), b, sf(G, -(-N // 128), K // 128), layout, out)
+    assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=bool(v["MASKED"])).variant == v
+    mxgemm.deep_gemm_fp8_grouped_gemm(*args, masked=bool(v["MASKED"]))
 
 
 RUNNERS = {
@@ -98,6 +124,7 @@ RUNNERS = {
     "smallm_mxfp8_moe_grouped_gemm": _moe_mxfp8,
     "moe_gemm2_a4w4": _a4w4("hip"), "moe_gemm2_a4w4_flydsl": _a4w4("flydsl"),
     "grouped_gemm_fp8": _grouped_fp8,
+    "deep_gemm_fp8": _deep_gemm,
 }
 
 # Deletions that raise no RaceError on any input: (kernel, variant ids or None for all, sync line,
@@ -105,6 +132,8 @@ RUNNERS = {
 # (checked with an s_trap in its place).
 _WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by thread o and written by "
                "the 16 lanes of its own wave: no LDS data crosses waves")
+_LDS_READS_RETIRED = ("the K step's explicit wait for its LDS tile reads: the compiler already retired them "
+                      "(lgkmcnt(0) before the MFMA that reads them) and the DMA issued since counts in vmcnt")
 REDUNDANT = (
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
@@ -112,6 +141,13 @@ REDUNDANT = (
     ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
      "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
      "runs whenever the second does (a block's real rows precede its padding)"),
+    *(("deep_gemm_fp8", None, "s_waitcnt lgkmcnt(0)", mem, _LDS_READS_RETIRED)
+      for mem in ("buffer_load_dwordx4", "ds_write_b64")),
+    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "buffer_load_dwordx4",
+     "K-loop remainder head: the compiler's vmcnt(0) for the scale bytes is followed by the step's own "
+     "vmcnt(0) before its barrier with no memory instruction in between"),
+    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "ds_read_b128",
+     "C-tile barrier: no load was issued since the epilogue entry's vmcnt(0) (only the tile's ds_write)"),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),

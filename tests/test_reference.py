@@ -237,9 +237,13 @@ def test_grouped_fp8_wgrad_variable_k():
 
 
 # ---- DeepGEMM block-scale grouped GEMM ----
-def np_blockscale(av, sa, bv, sb):
-    """av [M, K] values, sa [M, K/128] fp32, bv [N, K], sb [ceil(N/128), K/128] fp32."""
+def np_blockscale(av, sa, bv, sb, ue8m0=False):
+    """av [M, K] values, sa [M, K/128] fp32, bv [N, K], sb [ceil(N/128), K/128] fp32.
+    fp32 scales: fp32(chunk) * fp32(sa*sb); e8m0 scales: fp32(chunk * sa * sb) (one rounding)."""
     sbn = np.repeat(sb, 128, 0)[:bv.shape[0]]
+    if ue8m0:
+        return np_accumulate(av, bv, 128, lambda c, p: (p * sa[:, c, None].astype(np.float64)
+                                                        * sbn[None, :, c].astype(np.float64)).astype(f32))
     return np_accumulate(av, bv, 128, lambda c, p: p.astype(f32) * (sa[:, c, None] * sbn[None, :, c]).astype(f32))
 
 
@@ -264,7 +268,7 @@ def test_m_grouped_contiguous(ue8m0):
     want = np.zeros((M, N), f32)
     for m, gi in enumerate(layout.tolist()):
         if gi >= 0:
-            want[m] = np_blockscale(av[m:m + 1], nsa[m:m + 1], bv[gi], nsb[gi])[0]
+            want[m] = np_blockscale(av[m:m + 1], nsa[m:m + 1], bv[gi], nsb[gi], ue8m0)[0]
     out32 = R.m_grouped_fp8_gemm_nt_contiguous_ref(a, sa, b, sb, layout, torch.float32)
     assert_bitwise_equal(out32, torch.from_numpy(want), "contiguous fp32")
     assert_bitwise_equal(out, to_bf16_torch(want), "contiguous")

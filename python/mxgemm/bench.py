@@ -43,6 +43,10 @@ def dispatch_calls() -> dict:
         "moe_gemm2_a4w4": ((u8(T * topk, K2 // 2), u8(T * topk, K2 // 32), u8(E, N2, K2 // 2), u8(E, N2, K2 // 32),
                             *ids, r16.sorted_weights, torch.empty(T, N2, dtype=torch.bfloat16)), {}),
         "mxfp8_dequantize": ((u8(M, K), u8(M, K // 32)), {}),
+        # DeepSeek-V3 masked decode: 8 groups of up to 64 rows, N=4096, K=7168
+        "deep_gemm_fp8_grouped_gemm": ((e4m3(8, 64, 7168), torch.empty(8, 64, 56), e4m3(8, 4096, 7168),
+                                        torch.empty(8, 32, 56), torch.empty(8, dtype=torch.int32),
+                                        torch.empty(8, 64, 4096, dtype=torch.bfloat16)), {"masked": True}),
         # a training step's MoE layer: 8 experts, 4096 routed rows
         "grouped_gemm_fp8_kernel": ((e4m3(4096, 2048), one, e4m3(8, 1024, 2048), one, lens), {}),
         "grouped_gemm_fp8_variable_k": ((e4m3(4096, 1024), one, e4m3(4096, 2048), one, lens), {}),

@@ -81,6 +81,8 @@ def _load_module(source: Path):
     name = f"_mxgemm_flydsl_{source.stem}"
     if name in sys.modules:
         return sys.modules[name]
+    if str(source.parent) not in sys.path:  # kernels import their shared helpers (ir_builder) by name
+        sys.path.insert(0, str(source.parent))
     spec = importlib.util.spec_from_file_location(name, source)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod

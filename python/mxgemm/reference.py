@@ -40,7 +40,7 @@ def _out(acc: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     assert out_dtype in (torch.bfloat16, torch.float16, torch.float32), out_dtype
     if out_dtype == torch.bfloat16:
         return F.bf16_rne(acc)
-    return acc.half() if out_dtype == torch.float16 else acc  # fp32 -> fp16 in torch is RNE
+    return acc.to(torch.float16) if out_dtype == torch.float16 else acc  # torch's f16 cast is RNE
 
 
 def _fmt(t: torch.Tensor) -> str:
@@ -180,19 +180,28 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
 
 # ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----
 def _blockscale(a, sa, b, sb) -> torch.Tensor:
-    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [N/128, K/128] -> fp32 [M, N];
-    per chunk: acc += fp32(chunk sum) * (sa * sb) (scale product in fp32, two roundings)."""
+    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [N/128, K/128] -> fp32 [M, N].
+
+    fp32 scales (software promotion): acc += fp32(chunk sum) * fp32(sa * sb), every operation
+    an fp32 RNE rounding. e8m0 scales (uint8 codes, hardware-scaled MFMA): the power-of-two
+    scales apply to the exact chunk sum before its one rounding, acc += fp32(sum * sa * sb)."""
+    e8m0 = sa.dtype == torch.uint8
     sa = _fp32_scale(sa)
     sbn = _fp32_scale(sb).repeat_interleave(FP8_BLOCK, 0)[:b.shape[0]]  # [N, K/128]
-    return _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), FP8_BLOCK,
-                       lambda c, p: p.float() * (sa[:, c, None] * sbn[None, :, c]))
+    if e8m0:
+        sa, sbn = sa.double(), sbn.double()
+        combine = lambda c, p: (p * (sa[:, c, None] * sbn[None, :, c])).float()  # noqa: E731
+    else:
+        combine = lambda c, p: p.float() * (sa[:, c, None] * sbn[None, :, c])  # noqa: E731
+    return _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), FP8_BLOCK, combine)
 
 
 def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
                                          out_dtype=torch.bfloat16) -> torch.Tensor:
     """DeepGEMM m_grouped_fp8_gemm_nt_contiguous: a [M, K] e4m3, a_scale [M, ceil(K/128)]
     (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)],
-    grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> bf16 [M, N]."""
+    grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> [M, N] out_dtype
+    (bf16, f16 or the fp32 accumulator)."""
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
     layout = grouped_layout.long()
     for g in layout[layout >= 0].unique().tolist():
@@ -204,7 +213,7 @@ def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
 def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m, out_dtype=torch.bfloat16) -> torch.Tensor:
     """DeepGEMM m_grouped_fp8_gemm_nt_masked: a [G, M_max, K] e4m3, a_scale [G, M_max, ceil(K/128)],
     b [G, N, K], b_scale [G, ceil(N/128), ceil(K/128)], masked_m int32 [G] = valid rows per
-    group -> bf16 [G, M_max, N]; rows >= masked_m[g] (unwritten by the kernel) are 0 here."""
+    group -> [G, M_max, N] out_dtype; rows >= masked_m[g] (unwritten by the kernel) are 0 here."""
     out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float32)
     for g, m in enumerate(masked_m.tolist()):
         out[g, :m] = _blockscale(a[g, :m], a_scale[g, :m], b[g], b_scale[g])

@@ -101,7 +101,7 @@ def find_variant(kernel: Kernel, **params) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The table. One entry per kernel family.
+# The table. One entry per kernel family; keep entries grouped by family.
 # ---------------------------------------------------------------------------------------------
 
 # Sample kernels (foundation): e8m0-scaled MXFP8 dequantise, the same op in both languages.
@@ -166,6 +166,22 @@ register(Kernel(
     symbol="moe_gemm2_a4w4", **_MOE_GEMM2_A4W4,
     doc="FlyDSL port of moe_gemm2_a4w4: same tiles, loads, MFMA and epilog order; bit-identical"))
 
+# --- DeepGEMM-compatible FP8 block-scale grouped GEMMs ---
+# One FlyDSL body: contiguous / masked grouping (MASKED), fp32 software-promoted / e8m0 hardware
+# scales (UE8M0) and the output type (OUT) are parameters. BM=BN=128 is the production tile;
+# 32 x 32 keeps emulator tests fast.
+register(Kernel(
+    name="deep_gemm_fp8", language="flydsl", source="flydsl_kernels/deep_gemm_fp8.py",
+    symbol="deep_gemm_fp8",
+    # layout: m_indices (contiguous) or masked_m (masked); sfa_s*: sfa's element strides
+    # (group, row, K block); m_tiles: BM-row tiles over all groups
+    args=("a", "sfa", "b", "sfb", "out", "layout", "rows", "N", "K", "m_max", "groups",
+          "sfa_sg", "sfa_sm", "sfa_sk"),
+    grid=("N", "m_tiles"), tile=lambda v: {"N": v["BN"]}, k_align=128, n_align=32,
+    variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16")),
+    doc="e4m3 x e4m3 grouped GEMM with 1x128 / 128x128 block scales (fp32 or e8m0), DeepGEMM's "
+        "contiguous (m_indices) and masked (masked_m) layouts; bf16/f16 out; K % 128, N % BN"))
 # --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized

@@ -15,6 +15,7 @@ A4W4_HIP = "csrc/kernels/moe_gemm2_a4w4.hip"
 A4W4_FLY = "flydsl_kernels/moe_gemm2_a4w4.py"
 DEQUANT_HIP = "csrc/kernels/mxfp8_dequant.hip"
 DEQUANT_FLY = "flydsl_kernels/mxfp8_dequant.py"
+DEEP_GEMM = "flydsl_kernels/deep_gemm_fp8.py"
 GROUPED_FP8 = "flydsl_kernels/grouped_gemm_fp8.py"
 VALU = "python/mxgemm/emu/valu.py"
 ATOMICS = "python/mxgemm/emu/float_atomics.py"
@@ -32,6 +33,7 @@ KERNEL_TESTS = {
     "moe_gemm2_a4w4_flydsl": ("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"),
     "mxfp8_dequant": ("tests/test_mxfp8_dequantize.py",),
     "mxfp8_dequant_flydsl": ("tests/test_mxfp8_dequantize.py",),
+    "deep_gemm_fp8": ("tests/test_deep_gemm.py",),
     "grouped_gemm_fp8": ("tests/test_grouped_gemm_fp8.py",),
 }
 
@@ -123,6 +125,23 @@ CATALOGUE = (
     Mutation("dequant-flydsl-drop-scale", ("mxfp8_dequant_flydsl",), (
         (DEQUANT_FLY, "[v, arith.subi(s, c(127))]", "[v, c(0)]"),),
         "FlyDSL dequant ignores the scale"),
+    # ---- DeepGEMM-compatible FP8 grouped GEMM (FlyDSL)
+    Mutation("deep-gemm-drop-sfb", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "arith.mulf(sa[mt], sb)", "sa[mt]"),
+        (DEEP_GEMM, "acc[nt][mt], 0, 0, 0, sb, 0, sa[mt]]", "acc[nt][mt], 0, 0, 0, one, 0, sa[mt]]")),
+        "weight scales ignored: fp32 promotion by sfa alone, hardware e8m0 scale 1.0 for B"),
+    Mutation("deep-gemm-bf16-truncate", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))",
+         "v4i16 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))\n"
+         "            hi = arith.shrui(llvm.bitcast(B.v4i32, acc[nt][mt]), arith.constant(B.v4i32, "
+         "ir.DenseElementsAttr.get_splat(B.v4i32, B.c_attr(16))))\n"
+         "            packed = llvm.bitcast(v2i32, arith.trunci(v4i16, hi) if out == \"bf16\" "
+         "else arith.truncf(out_t, acc[nt][mt]))"),),
+        "bf16 output conversion truncates the fp32 bits instead of RNE"),
+    Mutation("deep-gemm-sfa-next-k-block", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "sfa_voff[mt], B.mul(kt, B.mul(sfa_sk, B.c(esz)))",
+         "sfa_voff[mt], B.mul(B.add(kt, B.c(1)), B.mul(sfa_sk, B.c(esz)))"),),
+        "activation scale of the next 128-K block (off by one in the K-block scale index)"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))",

@@ -1,0 +1,280 @@
+"""DeepGEMM-style FP8 block-scale grouped GEMM (NT) on gfx950: d[m, n] = sum_k a[m, k] b[group(m), n, k].
+
+a: e4m3 rows with 1x128 scales sfa; b: e4m3 [G, N, K] with 128x128 scales sfb; d: bf16 or f16.
+One body, compile-time variants:
+  MASKED 0  contiguous layout: a [M, K], `layout` = m_indices int32 [M] (group of each row,
+            -1 for padding). A tile's group is the one of its first row; a tile whose first row
+            is -1 exits at once. Rows whose m_indices differ from the tile's group are neither
+            loaded (read as 0) nor written: padding rows of d stay untouched.
+  MASKED 1  masked layout: a [G, M_max, K] (rows = G*M_max), `layout` = masked_m int32 [G].
+            Tiles at or past masked_m[g] exit at once; rows >= masked_m[g] are not written.
+  UE8M0 0   fp32 scales (DeepGEMM's SM90 recipe), software promotion: each 128-K block is
+            one MFMA with C = 0 (exact sum, one fp32 rounding, scales 1.0), then
+            acc = acc + p * (sfa * sfb) (fp32 product, product, add: three RNE roundings).
+  UE8M0 1   e8m0 scale bytes (uint8): the hardware scales of v_mfma_scale_f32_16x16x128_f8f6f4
+            (the row's sfa byte for each of the four 32-K blocks, sfb byte likewise), the MFMA
+            accumulating straight into acc.
+  OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
+  BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
+            tiles. BN divides 128, so one sfb value covers the workgroup per K block.
+
+Per K block of 128: A (BM x 128 bytes) goes to LDS by 16-byte buffer->LDS DMA (LDS chunk
+c of row r holds memory chunk c ^ (r & 7)), double-buffered; B comes from global straight
+into registers; B, sfa and sfb are loaded one K block ahead. MFMA operands: src0 = B rows (n),
+src1 = A rows (m), so lane l accumulates D^T[n = 4(l/16) + i][m = l%16], i.e. 4 consecutive
+columns of one output row. Epilogue (CShuffle): the tile, converted, goes through LDS and is
+written as 16-byte row chunks (rows out of the group get an out-of-range offset: the store is
+dropped).
+
+Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups, sfa_sg,
+sfa_sm, sfa_sk (int32). rows = M (contiguous) or G*M_max (masked); m_max is read only when
+MASKED. sfa is addressed by element strides (group, row in group, K block): sfa[g, m, kb] at
+g*sfa_sg + m*sfa_sm + kb*sfa_sk (contiguous: g = 0, m = the row), so both the row-major
+[.., M, K/128] scales and DeepGEMM's MN-major (transposed) ones are read in place. sfb is
+row-major [G, ceil(N/128), K/128]. Byte offsets are 32-bit buffer offsets: a (rows*K), one
+group of b (N*K), d (rows*N*2) and every sfa offset must stay below 2^31 (the caller's guard). K % 128 == 0,
+N % BN == 0. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
+m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
+"""
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith, llvm, rocdl, scf
+
+from ir_builder import INVALID_OFFSET, Builder, loads_done_barrier, pipelined_step
+
+THREADS = 256
+BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
+E8M0_ONE = 127                    # hardware scale byte for 1.0
+TILES = (32, 64, 128)             # allowed BM and BN
+
+
+def _check(bm, bn, masked, ue8m0, out):
+    if bm not in TILES or bn not in TILES or masked not in (0, 1) or ue8m0 not in (0, 1) or out not in ("bf16", "f16"):
+        raise ValueError(f"variant BM={bm} BN={bn} MASKED={masked} UE8M0={ue8m0} OUT={out}: "
+                         f"BM, BN in {TILES}; MASKED, UE8M0 in (0, 1); OUT bf16 or f16")
+
+
+def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_strides, lds):
+    sfa_sg, sfa_sm, sfa_sk = sfa_strides
+    B = Builder()
+    by = fx.block_idx.y.ir_value()
+    if masked:
+        tiles = arith.divui(B.add(m_max, B.c(bm - 1)), B.c(bm))
+        group = arith.divui(by, tiles)
+        m_in_group = B.mul(arith.remui(by, tiles), B.c(bm))
+        limit = B.gload(B.i32, layout, B.mul(group, B.c(4)), 4)
+        row_base = B.add(B.mul(group, m_max), m_in_group)
+        run = B.cmp("slt", m_in_group, limit)
+        sfa_tile = B.add(B.mul(group, sfa_sg), B.mul(m_in_group, sfa_sm))  # scale element of the tile's row 0
+
+        def row_ok(rl):
+            return B.cmp("slt", B.add(m_in_group, rl), limit)
+    else:
+        row_base = B.mul(by, B.c(bm))
+        group = B.gload(B.i32, layout, B.mul(row_base, B.c(4)), 4)
+        run = arith.andi(B.cmp("sge", group, B.c(0)), B.cmp("slt", group, groups))
+        sfa_tile = B.mul(row_base, sfa_sm)
+
+        def row_ok(rl):
+            r = B.add(row_base, rl)
+            inside = B.cmp("slt", r, rows)
+            owner = B.gload(B.i32, layout, B.mul(B.sel(inside, r, row_base), B.c(4)), 4)
+            return arith.andi(inside, B.cmp("eq", owner, group))
+    if_run = scf.IfOp(run, [], has_else=False)
+    with ir.InsertionPoint(if_run.then_block):
+        _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
+                   sfa_tile, sfa_sm, sfa_sk)
+        scf.YieldOp([])
+
+
+def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
+               sfa_tile, sfa_sm, sfa_sk):
+    wm_rows, wn_cols = bm // 2, bn // 2
+    m_tiles, n_tiles = wm_rows // 16, wn_cols // 16
+    dmas = bm * (BLOCK_K // 16) // THREADS          # 16-byte A chunks per thread per K block
+    buf_bytes = bm * BLOCK_K
+    esz = 1 if ue8m0 else 4                          # scale element bytes
+    tid = fx.thread_idx.x.ir_value()
+    lane = arith.remui(tid, B.c(64))
+    wave = rocdl.readfirstlane(B.i32, arith.divui(tid, B.c(64)))
+    g, r16 = arith.divui(lane, B.c(16)), arith.remui(lane, B.c(16))
+    wm, wn = arith.shrui(wave, B.c(1)), arith.andi(wave, B.c(1))
+    n0 = B.mul(fx.block_idx.x.ir_value(), B.c(bn))
+    kb = arith.divui(k, B.c(BLOCK_K))
+
+    a_rsrc = B.rsrc(a, B.mul(rows, k))
+    # sfa is strided (row-major or MN-major): the range check only has to reject INVALID_OFFSET.
+    sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))
+    b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(group), B.u64(B.mul(n, k)))), B.mul(n, k))
+    sfb_row = B.gep(sfb, B.mul(B.add(B.mul(group, arith.divui(B.add(n, B.c(BLOCK_K - 1)), B.c(BLOCK_K))), arith.divui(n0, B.c(BLOCK_K))),
+                               B.mul(kb, B.c(esz))))
+    d_rsrc = B.rsrc(d, B.mul(B.mul(rows, n), B.c(2)))
+    null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
+
+    # A DMA: thread slot s = j*256 + tid fills LDS bytes 16s.., i.e. row s/8, memory chunk (s%8) ^ (row&7).
+    dma_voff = []
+    for j in range(dmas):
+        s = B.add(B.c(j * THREADS), tid)
+        rl = arith.divui(s, B.c(8))
+        chunk = arith.xori(arith.remui(s, B.c(8)), arith.andi(rl, B.c(7)))
+        dma_voff.append(B.sel(row_ok(rl), B.add(B.mul(B.add(row_base, rl), k), B.mul(chunk, B.c(16))),
+                              B.c(INVALID_OFFSET)))
+
+    # This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets.
+    a_lds_off, sfa_voff = [], []
+    for mt in range(m_tiles):
+        rl = B.add(B.mul(wm, B.c(wm_rows)), B.add(B.c(mt * 16), r16))
+        a_lds_off.append([B.add(B.mul(rl, B.c(BLOCK_K)),
+                                B.mul(arith.xori(B.add(g, B.c(4 * h)), arith.andi(rl, B.c(7))), B.c(16)))
+                          for h in range(2)])
+        sfa_voff.append(B.sel(row_ok(rl), B.mul(B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(esz)),
+                              B.c(INVALID_OFFSET)))
+    b_voff = [B.add(B.mul(B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))), k),
+                    B.mul(g, B.c(16))) for nt in range(n_tiles)]
+    scale_t = B.i8 if ue8m0 else B.f32
+
+    def load_step(kt, live):
+        """B halves [n-tile][2], sfa [m-tile], sfb of K block kt (zeros / block 0 when not live)."""
+        br, sr = llvm.select(live, b_rsrc, null_rsrc), llvm.select(live, sfa_rsrc, null_rsrc)
+        soff = B.mul(kt, B.c(BLOCK_K))
+        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.add(b_voff[nt], B.c(64 * h)), soff, aux=B.c_attr(0))
+               for h in range(2)] for nt in range(n_tiles)]
+        sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], B.mul(kt, B.mul(sfa_sk, B.c(esz))),
+                                        aux=B.c_attr(0))
+              for mt in range(m_tiles)]
+        sb = B.gload(scale_t, sfb_row, B.mul(B.sel(live, kt, B.c(0)), B.c(esz)), esz)
+        if ue8m0:
+            sa, sb = [arith.extui(B.i32, x) for x in sa], arith.extui(B.i32, sb)
+        return bw, sa, sb
+
+    def dma_step(kt, live):
+        lds_buf = B.gep(lds, B.mul(arith.andi(kt, B.c(1)), B.c(buf_bytes)))
+        rs = llvm.select(live, a_rsrc, null_rsrc)
+        for j in range(dmas):
+            dst = B.gep(lds_buf, B.add(B.c(j * THREADS * 16), B.mul(wave, B.c(1024))))
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), dma_voff[j], B.mul(kt, B.c(BLOCK_K)), B.c(0),
+                                          aux=B.c_attr(0))
+
+    def cat(halves):
+        return llvm.shufflevector(B.v8i32, halves[0], halves[1], list(range(8)))
+
+    zero_acc = B.splat(B.v4f32, 0.0)
+    one = B.c(E8M0_ONE)
+
+    def read_tile(kt):
+        tile = B.gep(lds, B.mul(arith.andi(kt, B.c(1)), B.c(buf_bytes)))
+        return [cat([llvm.load(B.v4i32, B.gep(tile, a_lds_off[mt][h]), alignment=16) for h in range(2)])
+                for mt in range(m_tiles)]
+
+    def run_step(kt, acc, cur):
+        af, nxt = pipelined_step(B, kt, kb, read_tile, load_step, dma_step)
+        bw, sa, sb = cur
+        acc = [list(x) for x in acc]
+        if not ue8m0:
+            promote = [B.splat_value(B.v4f32, arith.mulf(sa[mt], sb)) for mt in range(m_tiles)]
+        for mt in range(m_tiles):
+            for nt in range(n_tiles):
+                if ue8m0:
+                    acc[nt][mt] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                        B.v4f32, [cat(bw[nt]), af[mt], acc[nt][mt], 0, 0, 0, sb, 0, sa[mt]])
+                else:
+                    p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                        B.v4f32, [cat(bw[nt]), af[mt], zero_acc, 0, 0, 0, one, 0, one])
+                    acc[nt][mt] = arith.addf(acc[nt][mt], arith.mulf(p, promote[mt]))
+        fx.rocdl.sched_barrier(0)
+        return acc, nxt
+
+    def flat(acc, regs):
+        bw, sa, sb = regs
+        return [x for col in acc for x in col] + [h for pair in bw for h in pair] + list(sa) + [sb]
+
+    def unflat(vals):
+        vals = list(vals)
+        acc = [vals[i * m_tiles:(i + 1) * m_tiles] for i in range(n_tiles)]
+        o = n_tiles * m_tiles
+        bw = [vals[o + 2 * i:o + 2 * i + 2] for i in range(n_tiles)]
+        o += 2 * n_tiles
+        return acc, (bw, vals[o:o + m_tiles], vals[o + m_tiles])
+
+    true = B.c(1, B.i1)
+    regs = load_step(B.c(0), true)
+    dma_step(B.c(0), true)
+    acc = [[zero_acc] * m_tiles for _ in range(n_tiles)]
+    idx = ir.IndexType.get()
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, kb), arith.constant(idx, 1), flat(acc, regs))
+    with ir.InsertionPoint(loop.body):
+        kt = arith.index_cast(B.i32, loop.induction_variable)
+        acc, regs = run_step(kt, *unflat(loop.inner_iter_args))
+        scf.YieldOp(flat(acc, regs))
+    acc, _ = unflat(loop.results)
+
+    # CShuffle epilogue: the converted BM x BN tile goes through LDS (reusing the A buffers) so
+    # that d is written in 16-byte row chunks. C tile row pitch BN*2 bytes; 16-byte chunk c of
+    # row r sits at chunk c ^ (r % chunks) (the 16 rows one MFMA tile writes hit distinct banks).
+    chunks = bn * 2 // 16
+    out_t = ir.VectorType.get([4], ir.BF16Type.get() if out == "bf16" else ir.F16Type.get())
+    v2i32 = ir.VectorType.get([2], B.i32)
+
+    def c_tile_offset(row, col):  # col: element column, a multiple of 4
+        chunk = arith.xori(arith.shrui(col, B.c(3)), arith.remui(row, B.c(chunks)))
+        return B.add(B.mul(row, B.c(bn * 2)), B.add(B.mul(chunk, B.c(16)), B.mul(arith.andi(col, B.c(4)), B.c(2))))
+
+    loads_done_barrier()  # every wave is past its last A reads and its last (empty) DMA
+    for mt in range(m_tiles):
+        row = B.add(B.mul(wm, B.c(wm_rows)), B.add(B.c(mt * 16), r16))
+        for nt in range(n_tiles):
+            col = B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), B.mul(g, B.c(4))))
+            packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))
+            llvm.store(packed, B.gep(lds, c_tile_offset(row, col)), alignment=8)
+    loads_done_barrier()
+    rows_per_pass = THREADS // chunks
+    for p in range((bm + rows_per_pass - 1) // rows_per_pass):
+        row = B.add(B.c(p * rows_per_pass), arith.divui(tid, B.c(chunks)))
+        col = B.mul(arith.remui(tid, B.c(chunks)), B.c(8))
+        live = B.cmp("slt", row, B.c(bm))
+        row = B.sel(live, row, B.c(0))  # the threads of a partial last pass read row 0, store nothing
+        v = llvm.load(B.v4i32, B.gep(lds, c_tile_offset(row, col)), alignment=16)
+        ok = arith.andi(live, row_ok(row))
+        voff = B.sel(ok, B.mul(B.add(B.mul(B.add(row_base, row), n), B.add(n0, col)), B.c(2)), B.c(INVALID_OFFSET))
+        rocdl.raw_ptr_buffer_store(v, d_rsrc, voff, B.c(0), aux=B.c_attr(0))
+
+
+def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
+    """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
+    _check(bm, bn, masked, ue8m0, out)
+
+    @fx.struct
+    class SharedStorage:
+        buf: fx.Array[fx.Int8, 2 * bm * BLOCK_K, 16]
+
+    @flyc.kernel(name=symbol)
+    def deep_gemm_fp8_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
+                             layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
+                             groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32):
+        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
+        _body(bm, bn, masked, ue8m0, out, *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
+              *[v.ir_value() for v in (rows, n, k, m_max, groups)],
+              [v.ir_value() for v in (sfa_sg, sfa_sm, sfa_sk)], fx.to_llvm_ptr(lds.buf.ptr))
+
+    @flyc.jit
+    def deep_gemm_fp8(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
+                      layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
+                      groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32, m_tiles: fx.Int32,
+                      stream: fx.Stream = fx.Stream(None)):
+        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_sg, sfa_sm, sfa_sk).launch(
+            grid=(n // bn, m_tiles, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return deep_gemm_fp8
+
+
+def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):  # noqa: N803
+    """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
+    Null pointers and Python ints are compile placeholders: nothing touches a device."""
+    fn = build(symbol, BM, BN, MASKED, UE8M0, OUT)
+    p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
+    u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
+    sf = u8 if UE8M0 else f32
+    flyc.compile(fn, p(u8), p(sf), p(u8), p(sf), p(fx.BFloat16 if OUT == "bf16" else fx.Float16), p(i32),
+                 BM, BN, BLOCK_K, BM, 1, BM, 1, 1, 1)
+    return fn

@@ -1,0 +1,98 @@
+"""IR building blocks shared by the FlyDSL kernels written against FlyDSL's MLIR builders.
+
+Kernel modules import it by name: the build loads kernels with their own directory on
+sys.path, and every file here is part of each FlyDSL kernel's build-cache key.
+"""
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith, llvm, rocdl
+
+INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0, stores dropped
+BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
+WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
+WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
+
+
+def loads_done_barrier():
+    """Wait for this wave's buffer loads (incl. buffer->LDS DMA), then a workgroup barrier with
+    release/acquire fences (as HIP's __syncthreads): every wave's DMA data is visible after it."""
+    rocdl.s_waitcnt(WAIT_VMCNT0)
+    llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
+    rocdl.s_barrier()
+    llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+
+
+def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
+    """The K-step skeleton of the double-buffered kernels: barrier (step kt's data has landed),
+    read step kt's LDS tile, issue step kt+1's loads (empty resources past the end), wait for
+    the LDS reads. Returns (tile registers, step kt+1's prefetched registers)."""
+    loads_done_barrier()
+    tile = read_tile(kt)
+    kn = b.add(kt, b.c(1))
+    live = b.cmp("slt", kn, k_steps)
+    nxt = load_step(kn, live)
+    dma_step(kn, live)
+    rocdl.s_waitcnt(WAIT_LGKMCNT0)
+    return tile, nxt
+
+
+class Builder:
+    """Small IR builder: typed constants and the integer ops the kernel uses (all i32 unless named)."""
+
+    def __init__(self):
+        self.i1 = ir.IntegerType.get_signless(1)
+        self.i8 = ir.IntegerType.get_signless(8)
+        self.i16 = ir.IntegerType.get_signless(16)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.i64 = ir.IntegerType.get_signless(64)
+        self.f32 = ir.F32Type.get()
+        self.bf16 = ir.BF16Type.get()
+        self.v4i32 = ir.VectorType.get([4], self.i32)
+        self.v8i32 = ir.VectorType.get([8], self.i32)
+        self.v4f32 = ir.VectorType.get([4], self.f32)
+        self.v2f32 = ir.VectorType.get([2], self.f32)
+        self.v2bf16 = ir.VectorType.get([2], self.bf16)
+        self.gptr = ir.Type.parse("!llvm.ptr<1>")
+        self.lptr = ir.Type.parse("!llvm.ptr<3>")
+        self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
+
+    def c(self, v, t=None):
+        return arith.constant(t or self.i32, v)
+
+    def c_attr(self, v):
+        """i32 attribute (e.g. a buffer op's aux cache bits)."""
+        return ir.IntegerAttr.get(self.i32, v)
+
+    def splat(self, vtype, v: float):
+        """Constant float vector with every element v."""
+        return arith.constant(vtype, ir.DenseElementsAttr.get_splat(vtype, ir.FloatAttr.get(vtype.element_type, v)))
+
+    def splat_value(self, vtype, x):
+        """Vector with every element the (runtime) scalar x."""
+        undef = llvm.mlir_undef(vtype)
+        return llvm.shufflevector(vtype, llvm.insertelement(undef, x, self.c(0)), undef, [0] * vtype.shape[0])
+
+    def add(self, a, b):
+        return arith.addi(a, b)
+
+    def mul(self, a, b):
+        return arith.muli(a, b)
+
+    def cmp(self, pred, a, b):
+        return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
+
+    def sel(self, cond, a, b):
+        return arith.select(cond, a, b)
+
+    def u64(self, a):
+        return arith.extui(self.i64, a)
+
+    def gep(self, base, byte_offset):
+        """Byte GEP on an !llvm.ptr (any address space)."""
+        return llvm.getelementptr(base.type, base, [byte_offset], [-2147483648], ir.IntegerType.get_signless(8), 0)
+
+    def gload(self, t, base, byte_offset, align):
+        return llvm.load(t, self.gep(base, byte_offset), alignment=align)
+
+    def rsrc(self, base, nbytes):
+        """Raw buffer resource (stride 0) over nbytes (i32) from an !llvm.ptr<1>."""
+        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.u64(nbytes), self.c(BUFFER_FLAGS))

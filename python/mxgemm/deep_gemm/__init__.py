@@ -1,0 +1,89 @@
+"""mxgemm.deep_gemm: DeepGEMM's public names on AMD gfx950 (``import mxgemm.deep_gemm as deep_gemm``).
+
+The grouped FP8 GEMMs ``m_grouped_fp8_gemm_nt_contiguous`` / ``m_grouped_fp8_gemm_nt_masked``
+(DeepGEMM's argument order; they run the op ``mxgemm.deep_gemm_fp8_grouped_gemm``, whose
+docstring gives layouts and numerics), the layout helpers DeepGEMM users call when they build
+grouped inputs, and ``mxgemm.deep_gemm.utils`` (DeepGEMM's casts and ``calc_diff``).
+
+Scales: fp32 sfa/sfb (DeepGEMM's SM90 recipe) are applied exactly per 128-K block in fp32 and
+never cast, so ``disable_ue8m0_cast`` changes nothing; e8m0 bytes (uint8 / float8_e8m0fnu, the
+SM100 recipe's values unpacked) go to the scaled MFMA's hardware scales. ``compiled_dims`` and
+``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing here. Rows of no
+group (m_indices == -1, rows >= masked_m) are left untouched.
+
+Not covered (no kernel here for them): DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16
+ones), the K-grouped weight-gradient GEMMs, the attention-logit kernels, scales packed four
+UE8M0 bytes to an int32 (pass them unpacked as uint8), its SM-count and layout-transform
+utilities, and an N that is not a multiple of 32.
+"""
+from .. import guards
+from ..ops._op import OPS
+from ..ops.deep_gemm import M_ALIGN, deep_gemm_fp8_grouped_gemm
+from .utils import align, ceil_div
+
+# Rows of each group in the contiguous layout are padded to a multiple of this (padding rows
+# carry group -1). Every tile of the kernel then belongs to exactly one group.
+MK_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT = M_ALIGN
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    """Row alignment of each group in ``m_grouped_fp8_gemm_nt_contiguous``'s input."""
+    return MK_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT
+
+
+# DeepGEMM's earlier name for the same function (both are part of its public API).
+get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+
+
+
+def _flat(a, b, d, layout, recipe, masked: bool):
+    """DeepGEMM's (tensor, scales) pairs -> the op's flat arguments."""
+    for name, pair in (("a", a), ("b", b)):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            guards.fail("args", f"{name} must be a (fp8 tensor, scales) pair as in DeepGEMM; got {type(pair).__name__}")
+    if recipe is not None and tuple(recipe) != (1, 128, 128):
+        guards.fail("recipe", f"recipe = {tuple(recipe)}: only DeepGEMM's (1, 128, 128) block scaling is supported")
+    return (a[0], a[1], b[0], b[1], layout, d), {"masked": masked}
+
+
+def _contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
+    return _flat(a, b, d, m_indices, recipe, False)
+
+
+def _masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
+    if not isinstance(expected_m, int) or expected_m < 0:
+        guards.fail("expected_m", f"expected_m must be a non-negative int (a hint); got {expected_m!r}")
+    return _flat(a, b, d, masked_m, recipe, True)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk",
+                                     disable_ue8m0_cast=False) -> None:
+    """d[m] = a[m] . b[m_indices[m]]^T with block scales. a = (e4m3 [M, K], sfa [M, K/128]),
+    b = (e4m3 [G, N, K], sfb [G, N/128, K/128]), d [M, N] bf16/f16 written in place,
+    m_indices int32 [M] (-1: padding, d's row untouched; each group padded to
+    get_mk_alignment_for_contiguous_layout() rows)."""
+    args, kw = _contiguous(a, b, d, m_indices, recipe, compiled_dims, disable_ue8m0_cast)
+    deep_gemm_fp8_grouped_gemm(*args, **kw)
+
+
+def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk",
+                                 disable_ue8m0_cast=False) -> None:
+    """d[g, m] = a[g, m] . b[g]^T for m < masked_m[g] with block scales. a = (e4m3 [G, M_max, K],
+    sfa [G, M_max, K/128]), b as contiguous, d [G, M_max, N] written in place (rows >= masked_m[g]
+    untouched), masked_m int32 [G]."""
+    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, compiled_dims, disable_ue8m0_cast)
+    deep_gemm_fp8_grouped_gemm(*args, **kw)
+
+
+_FLAT = {m_grouped_fp8_gemm_nt_contiguous: _contiguous, m_grouped_fp8_gemm_nt_masked: _masked}
+
+
+def explain(fn, *args, **kw):
+    """The plan (kernel, variant, backend, why) ``fn(*args, **kw)`` would run, or its GuardError."""
+    flat, flat_kw = _FLAT[fn](*args, **kw)
+    return OPS["deep_gemm_fp8_grouped_gemm"].explain(*flat, **flat_kw)
+
+
+__all__ = ["align", "ceil_div", "explain", "get_mk_alignment_for_contiguous_layout",
+           "get_m_alignment_for_contiguous_layout", "m_grouped_fp8_gemm_nt_contiguous",
+           "m_grouped_fp8_gemm_nt_masked"]

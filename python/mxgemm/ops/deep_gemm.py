@@ -1,0 +1,133 @@
+"""deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 block-scale grouped GEMMs (NT), contiguous and
+masked, on the deep_gemm_fp8 FlyDSL kernel family. ``mxgemm.deep_gemm`` exposes it under
+DeepGEMM's names and argument order."""
+from __future__ import annotations
+
+import torch
+
+from .. import guards, registry
+from ._op import Plan, kernel_plan, op
+
+_KERNEL = registry.get("deep_gemm_fp8")
+BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
+M_ALIGN = 128                      # row alignment of each group in the contiguous layout
+_E8M0 = (torch.uint8, torch.float8_e8m0fnu)
+
+
+def _tile(N: int) -> int:
+    """The production 128 x 128 tile when N allows it, else the registered 32 x 32 one."""
+    return max(bn for bn in _KERNEL.values("BN") if N % bn == 0)
+
+
+def sfa_strides(sfa: torch.Tensor, name: str = "sfa") -> tuple:
+    """(group, row, K-block) element strides of the activation scales: row-major (contiguous) or
+    DeepGEMM's MN-major TMA-aligned layout (rows unit-stride, each K block's column padded to
+    4 elements). Any other layout is refused: the plan cache keys on contiguity, not strides."""
+    m, kb = sfa.shape[-2:]
+    if sfa.is_contiguous():
+        st = sfa.stride()
+    else:
+        col = -(-m // 4) * 4
+        want = ((kb * col,) if sfa.dim() == 3 else ()) + (1, col)
+        if sfa.stride() != want:
+            guards.fail("layout", f"{name} has strides {sfa.stride()} for shape {list(sfa.shape)}; expected "
+                                  f"row-major (contiguous) or MN-major with strides {want}")
+        st = want
+    return st if sfa.dim() == 3 else (0, *st)
+
+
+def _plan(x) -> Plan:
+    a, b, out, masked = x.a, x.b, x.out, bool(x.masked)
+    guards.check_dtype(a, "a", torch.float8_e4m3fn)
+    guards.check_dtype(b, "b", torch.float8_e4m3fn)
+    ue8m0 = x.sfa.dtype in _E8M0
+    guards.check_dtype(x.sfa, "sfa", (torch.float32, *_E8M0))
+    guards.check_dtype(x.sfb, "sfb", _E8M0 if ue8m0 else torch.float32)
+    guards.check_dtype(out, "d", (torch.bfloat16, torch.float16))
+    name = "masked_m" if masked else "m_indices"
+    guards.check_dtype(x.layout, name, torch.int32)
+    for n, t in (("a", a), ("b", b), ("sfb", x.sfb), ("d", out), (name, x.layout)):
+        guards.check_contiguous(t, n)
+    device = guards.check_same_device(a=a, sfa=x.sfa, b=b, sfb=x.sfb, d=out, **{name: x.layout})
+
+    if b.dim() != 3:
+        guards.fail("shape", f"b must be [G, N, K]; got shape {list(b.shape)}")
+    G, N, K = b.shape
+    guards.check_multiple(K, "K", _KERNEL.k_align, f"K%{_KERNEL.k_align}")
+    guards.check_multiple(N, "N", _KERNEL.n_align, f"N%{_KERNEL.n_align}")
+    lead = (G, None) if masked else (None,)
+    guards.check_shape(a, "a", (*lead, K))
+    rows_shape = a.shape[:-1]
+    guards.check_shape(out, "d", (*rows_shape, N))
+    guards.check_shape(x.sfa, "sfa", (*rows_shape, K // BLOCK))
+    guards.check_shape(x.sfb, "sfb", (G, -(-N // BLOCK), K // BLOCK))
+    sg, sm, sk = sfa_strides(x.sfa)
+    if masked:
+        m_max = a.shape[1]
+        guards.check_shape(x.layout, "masked_m", (G,))
+    else:
+        m_max = 0
+        guards.check_shape(x.layout, "m_indices", (a.shape[0],))
+        guards.check_multiple(a.shape[0], "M (rows of a)", M_ALIGN, f"M%{M_ALIGN}")
+    rows = a.shape[0] * (a.shape[1] if masked else 1)
+    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b), ("sfa", x.sfa)):
+        guards.check_voffset(t, n)
+
+    bm = bn = _tile(N)
+    variant = registry.find_variant(_KERNEL, BM=bm, BN=bn, MASKED=int(masked), UE8M0=int(ue8m0),
+                                    OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
+    m_tiles = G * -(-m_max // bm) if masked else -(-rows // bm)
+    if rows == 0 or N == 0 or G == 0:
+        return Plan("deep_gemm_fp8_grouped_gemm", None, backend="none", reason="empty problem: nothing to launch")
+    scales = "e8m0 scales on the scaled MFMA" if ue8m0 else "fp32 scales, exact per-128-K promotion"
+    return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,
+                       f"{'masked' if masked else 'contiguous'} layout, {scales}, {bm}x{bn} tile "
+                       f"(largest registered tile dividing N = {N})",
+                       N=N, K=K, m_tiles=m_tiles, rows=rows, m_max=m_max, groups=G,
+                       sfa_sg=sg, sfa_sm=sm, sfa_sk=sk)
+
+
+def _check_layout(x, plan) -> None:
+    """Group ids and row counts the kernel relies on (reads the tensor: a sync on a GPU)."""
+    G, lay = plan.args["groups"], x.layout
+    if x.masked:
+        m_max = plan.args["m_max"]
+        bad = ((lay < 0) | (lay > m_max)).nonzero()
+        if bad.numel():
+            i = int(bad[0])
+            guards.fail("masked_m", f"masked_m[{i}] = {int(lay[i])} is outside 0..{m_max} (M_max of a)")
+        return
+    bad = ((lay < -1) | (lay >= G)).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        guards.fail("m_indices", f"m_indices[{i}] = {int(lay[i])}: a group of b (0..{G - 1}) or -1 (padding)")
+    blocks = lay.view(-1, M_ALIGN)
+    first = blocks[:, :1]
+    mixed = ((blocks != first) & (blocks >= 0)) | ((first < 0) & (blocks >= 0))
+    bad = mixed.any(dim=1).nonzero()
+    if bad.numel():
+        r = int(bad[0]) * M_ALIGN
+        guards.fail("group-alignment", f"rows {r}..{r + M_ALIGN - 1} of m_indices hold "
+                                       f"{sorted(set(blocks[int(bad[0])].tolist()))}: each {M_ALIGN}-row block "
+                                       "must start with its group's rows, then only -1 padding "
+                                       "(pad every group to get_mk_alignment_for_contiguous_layout())")
+
+
+@op(plan=_plan, check_data=_check_layout)
+def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                               layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False) -> torch.Tensor:
+    """Grouped FP8 GEMM, NT, with DeepGEMM's block scales, written into ``out`` (DeepGEMM's d):
+        out[m, n] = sum over 128-K blocks kb of sfa[m, kb] * sfb[g, n // 128, kb] * (a[m, kb] . b[g, n, kb])
+    with g the group of row m.
+
+    Contiguous (masked=False): a [M, K] e4m3, layout = m_indices int32 [M] (group of each row, -1
+    for padding; each 128-row block holds one group's rows then only padding), out [M, N].
+    Masked (masked=True): a [G, M_max, K], layout = masked_m int32 [G] (valid rows per group,
+    0..M_max), out [G, M_max, N].
+    b [G, N, K] e4m3. sfa [.., M, K/128] and sfb [G, ceil(N/128), K/128]: fp32 (each 128-K
+    block's fp32 partial sum promoted exactly: acc += p * (sfa * sfb)) or e8m0 bytes (uint8 /
+    float8_e8m0fnu, hardware scales of the scaled MFMA). sfa row-major or MN-major
+    (TMA-aligned: rows unit-stride, columns padded to 4). out bf16 or f16 (RNE).
+    K % 128 == 0, N % 32 == 0 (the 128x128 tile when N % 128 == 0). Rows of no group
+    (m_indices -1, rows >= masked_m) are not written.
+    """
