@@ -55,50 +55,29 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 
+from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, Builder
+
 THREADS = 256
 BK = 128                          # contraction per step = the MFMA's K
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
-INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range: loads 0, stores dropped
 NUM_RECORDS = 0x7FFFFFFF          # every valid voffset is below 2^31 after rebasing
-BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
 FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
 LAYOUTS = ("NT", "NN", "TN")
 K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False)}  # (A, B) contraction-contiguous
 
 
-class _Ir:
-    """Typed constants and the integer ops the kernel uses (i32 unless named)."""
+class _Ir(Builder):
+    """The shared builder plus the loop, barrier and rebased-resource helpers of this kernel."""
 
     def __init__(self):
-        self.i1 = ir.IntegerType.get_signless(1)
-        self.i8 = ir.IntegerType.get_signless(8)
-        self.i16 = ir.IntegerType.get_signless(16)
-        self.i32 = ir.IntegerType.get_signless(32)
-        self.i64 = ir.IntegerType.get_signless(64)
-        self.f32 = ir.F32Type.get()
+        super().__init__()
         self.v2i32 = ir.VectorType.get([2], self.i32)
-        self.v4i32 = ir.VectorType.get([4], self.i32)
-        self.v8i32 = ir.VectorType.get([8], self.i32)
-        self.v4f32 = ir.VectorType.get([4], self.f32)
-        self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
         self.idx = ir.IndexType.get()
-
-    def c(self, v, t=None):
-        return arith.constant(t or self.i32, v)
-
-    def cmp(self, pred, a, b):
-        return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
 
     def ceil_div(self, a, d):
         return arith.divui(arith.addi(a, self.c(d - 1)), self.c(d))
 
-    def wide(self, a):
-        return arith.extui(self.i64, a)
-
-    def gep(self, base, byte_offset):
-        return llvm.getelementptr(base.type, base, [byte_offset], [-2147483648], self.i8, 0)
-
-    def rsrc(self, base):
+    def rsrc_rebased(self, base):
         return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.c(NUM_RECORDS, self.i64),
                                       self.c(BUFFER_FLAGS))
 
@@ -138,12 +117,12 @@ class _Operand:
 
     def step_base(self, b, tile_base, ld, kt):
         """64-bit base of contraction step kt."""
-        adv = b.wide(arith.muli(kt, b.c(BK)))
-        return b.gep(tile_base, adv if self.k_major else arith.muli(adv, b.wide(ld)))
+        adv = b.u64(arith.muli(kt, b.c(BK)))
+        return b.gep(tile_base, adv if self.k_major else arith.muli(adv, b.u64(ld)))
 
     def load(self, b, base, ld, rows, c_left):
         """This thread's 16-byte chunks of the step (zeros outside rows x c_left)."""
-        rs = b.rsrc(base)
+        rs = b.rsrc_rebased(base)
         out = []
         for r, c, _ in self.slots:
             ok = arith.andi(b.cmp("slt", r, rows), b.cmp("slt", c, c_left))
@@ -230,7 +209,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     acc = list(loop.results)
 
     # Epilogue: lane holds out[i0 + lane%16, j0 + 4(lane/16) .. +3] of each 16 x 16 tile.
-    out_rs = b.rsrc(out_base)
+    out_rs = b.rsrc_rebased(out_base)
     half = ir.BF16Type.get() if out_t == "bf16" else ir.F16Type.get()
     v4h = ir.VectorType.get([4], half)
     splat = llvm.shufflevector(b.v4f32, llvm.insertelement(llvm.mlir_undef(b.v4f32), scale, b.c(0)),
@@ -253,7 +232,7 @@ def _group_bounds(b, group_offs, g):
     the tile loop's stores may not be scalar loads; readfirstlane keeps the buffer resources
     built from them in SGPRs (no waterfall loops)."""
     return [rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
-        b.i64, b.gep(group_offs, arith.muli(b.wide(arith.addi(g, b.c(d))), b.c(8, b.i64)))))) for d in (0, 1)]
+        b.i64, b.gep(group_offs, arith.muli(b.u64(arith.addi(g, b.c(d))), b.c(8, b.i64)))))) for d in (0, 1)]
 
 
 def _group_scan(b, group_offs, G, bm, n_tiles, tile):
@@ -307,10 +286,10 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             mt, nt = _swizzle(b, arith.divui(tile, G), m_tiles, n_tiles, group_m)
             s, e = _group_bounds(b, group_offs, g)
             i0, j0 = arith.muli(mt, b.c(bm)), arith.muli(nt, b.c(bn))
-            a_base = b.gep(a, arith.addi(arith.muli(b.wide(s), b.wide(M)), b.wide(i0)))
-            b_base = b.gep(bp, arith.addi(arith.muli(b.wide(s), b.wide(N)), b.wide(j0)))
-            out_row = arith.addi(arith.muli(b.wide(g), b.wide(M)), b.wide(i0))
-            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.wide(N)), b.wide(j0)), two))
+            a_base = b.gep(a, arith.addi(arith.muli(b.u64(s), b.u64(M)), b.u64(i0)))
+            b_base = b.gep(bp, arith.addi(arith.muli(b.u64(s), b.u64(N)), b.u64(j0)))
+            out_row = arith.addi(arith.muli(b.u64(g), b.u64(M)), b.u64(i0))
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), two))
             _tile(b, cfg, ops, lds, a_base, M, arith.subi(M, i0), b_base, N, arith.subi(N, j0), arith.subi(e, s),
                   out_base, N, scale)
         else:
@@ -318,13 +297,13 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             mt, nt = _swizzle(b, local, b.ceil_div(arith.subi(e, s), bm), n_tiles, group_m)
             row0 = arith.addi(s, arith.muli(mt, b.c(bm)))
             j0 = arith.muli(nt, b.c(bn))
-            a_base = b.gep(a, arith.muli(b.wide(row0), b.wide(K)))
-            b_group = arith.muli(b.wide(g), arith.muli(b.wide(N), b.wide(K)))
+            a_base = b.gep(a, arith.muli(b.u64(row0), b.u64(K)))
+            b_group = arith.muli(b.u64(g), arith.muli(b.u64(N), b.u64(K)))
             if layout == "NT":
-                b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.wide(j0), b.wide(K)))), K
+                b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K)))), K
             else:
-                b_base, b_ld = b.gep(bp, arith.addi(b_group, b.wide(j0))), N
-            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.wide(row0), b.wide(N)), b.wide(j0)), two))
+                b_base, b_ld = b.gep(bp, arith.addi(b_group, b.u64(j0))), N
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), two))
             _tile(b, cfg, ops, lds, a_base, K, arith.subi(e, row0), b_base, b_ld, arith.subi(N, j0), K,
                   out_base, N, scale)
         scf.YieldOp([])
