@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from mxgemm import build, guards, launcher
+from mxgemm import build, guards, kernarg, launcher
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def art():
 
 def _pack(art, args, grid=(3, 1, 1), block=(256, 1, 1)):
     slots, size = launcher.layout(art)
-    return slots, launcher.pack_kernarg(slots, size, args, grid, block, 0)
+    return slots, kernarg.pack(slots, size, args, grid, block, 0)
 
 
 def test_pointers_and_scalars_land_at_metadata_offsets(art):
@@ -39,13 +39,13 @@ def test_hidden_arguments_of_code_object_v5():
         (12, 2, "hidden_group_size_x"), (14, 2, "hidden_group_size_y"), (16, 2, "hidden_group_size_z"),
         (18, 2, "hidden_remainder_x"), (64, 2, "hidden_grid_dims"), (80, 8, "hidden_hostcall_buffer"))]
     x = torch.zeros(4)
-    kb = launcher.pack_kernarg(slots, 8 + 256, [x], (5, 2, 1), (64, 1, 1))
+    kb = kernarg.pack(slots, 8 + 256, [x], (5, 2, 1), (64, 1, 1))
     assert struct.unpack_from("<III", kb, 8) == (5, 2, 1)
     assert struct.unpack_from("<HHHH", kb, 20) == (64, 1, 1, 0)
     assert struct.unpack_from("<H", kb, 8 + 64)[0] == 2 and struct.unpack_from("<Q", kb, 8 + 80)[0] == 0
     # the AQL packet's dimensionality counts work-items: one workgroup of 1x16 threads is 2-D
     for grid, block, dims in (((1, 1, 1), (64, 1, 1), 1), ((1, 1, 1), (1, 16, 1), 2), ((4, 1, 3), (64, 1, 1), 3)):
-        kb = launcher.pack_kernarg(slots, 8 + 256, [x], grid, block)
+        kb = kernarg.pack(slots, 8 + 256, [x], grid, block)
         assert struct.unpack_from("<H", kb, 8 + 64)[0] == dims, (grid, block)
 
 

@@ -4,20 +4,19 @@ Backend per call, decided once by ``backend_for`` (and carried by the op's plan)
 -> "emu" (mxgemm.emu executes the gfx950 assembly), tensors on a ROCm GPU -> "hip"
 (hipModuleLaunchKernel through the C++ host extension). ``MXGEMM_BACKEND=emu`` forces the
 emulator for GPU tensors too (they are copied to the CPU and the outputs back): that is how a
-GPU user cross-checks a kernel. Both backends get the same kernarg bytes, packed here from
-the kernel's own metadata.
+GPU user cross-checks a kernel. Both backends get the same kernarg bytes, packed by
+mxgemm.kernarg from the kernel's own metadata.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
-import struct
 import threading
 
 import torch
 
-from . import guards, toolchain
+from . import guards, kernarg, toolchain
 
 EMU_ARCH = "gfx950"   # the one arch mxgemm.emu executes
 BACKENDS = ("emu", "hip")
@@ -83,58 +82,8 @@ def backend_for(device: torch.device, archs: tuple) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernarg packing
+# Kernarg layout (packing: mxgemm.kernarg)
 # ---------------------------------------------------------------------------------------------
-def _grid_dims(grid, block) -> int:
-    """hidden_grid_dims is the AQL dispatch packet's dimensionality (LLVM AMDGPUUsage, code
-    object v5 hidden arguments). The packet's grid is counted in work-items, so a dimension
-    counts once it holds more than one work-item; the emulator builds its packet the same way."""
-    items = [g * b for g, b in zip(grid, block)]
-    return 3 if items[2] > 1 else 2 if items[1] > 1 else 1
-
-
-def _hidden(kind: str, grid, block, dynamic_lds: int) -> int:
-    """Code object v5 hidden arguments our launches define; every other one (printf, heap,
-    queue, ...) is unused by mxgemm kernels and stays 0."""
-    axis = "xyz".find(kind[-1])
-    if kind.startswith("hidden_block_count_"):
-        return grid[axis]
-    if kind.startswith("hidden_group_size_"):
-        return block[axis]
-    if kind == "hidden_grid_dims":
-        return _grid_dims(grid, block)
-    if kind == "hidden_dynamic_lds_size":
-        return dynamic_lds
-    return 0  # hidden_remainder_*: grids are whole workgroups by construction
-
-
-def pack_kernarg(layout, size: int, args, grid, block, dynamic_lds: int = 0) -> bytes:
-    """The kernarg segment: ``args`` (tensors for pointer slots, ints / floats by value) in
-    kernel-argument order at their metadata offsets, then the hidden arguments. None in a
-    pointer slot is a null pointer (an optional tensor the kernel is told not to read)."""
-    buf = bytearray(size)
-    explicit = [s for s in layout if not s[2].startswith("hidden_")]
-    if len(args) != len(explicit):
-        raise TypeError(f"kernel takes {len(explicit)} arguments, {len(args)} given")
-    for i, ((off, n, kind), a) in enumerate(zip(explicit, args)):
-        if kind == "global_buffer":
-            if not (a is None or isinstance(a, torch.Tensor)):
-                raise TypeError(f"argument {i} must be a tensor (pointer slot), got {type(a).__name__}")
-            buf[off:off + n] = (0 if a is None else a.data_ptr()).to_bytes(n, "little")
-        elif kind == "by_value" and isinstance(a, float):
-            buf[off:off + n] = struct.pack({4: "<f", 8: "<d"}[n], a)
-        elif kind == "by_value" and isinstance(a, int):
-            if not -(1 << (8 * n - 1)) <= a < (1 << (8 * n)):
-                raise OverflowError(f"argument {i} = {a} does not fit its {n}-byte slot")
-            buf[off:off + n] = (a & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
-        else:
-            raise TypeError(f"argument {i} ({kind} slot) cannot take {type(a).__name__}")
-    for off, n, kind in layout:
-        if kind.startswith("hidden_"):
-            buf[off:off + n] = _hidden(kind, grid, block, dynamic_lds).to_bytes(n, "little")
-    return bytes(buf)
-
-
 _LAYOUTS: dict = {}
 
 
@@ -160,10 +109,10 @@ def launch(art, grid, block, args, backend: str, writes=(), dynamic_lds: int = 0
     if backend == "emu":
         _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds)
     else:
-        kernarg = pack_kernarg(slots, size, args, grid, block, dynamic_lds)
+        kernarg_bytes = kernarg.pack(slots, size, args, grid, block, dynamic_lds)
         dev = next(a.device for a in args if isinstance(a, torch.Tensor))
         # torch's current stream on the tensors' GPU, so launches order with torch's work
-        host_ext().launch(_code_object(str(art.hsaco_path)), art.symbol, list(grid), list(block), kernarg,
+        host_ext().launch(_code_object(str(art.hsaco_path)), art.symbol, list(grid), list(block), kernarg_bytes,
                           dynamic_lds, torch.cuda.current_stream(dev).cuda_stream)
 
 
@@ -183,8 +132,8 @@ def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
     prog = emu.load(settings["asm_edit"](art.asm)) if settings["asm_edit"] else _PROGRAMS.get(key)
     if prog is None:
         prog = _PROGRAMS[key] = emu.load(art.asm)
-    kernarg = pack_kernarg(slots, size, host, grid, block, dynamic_lds)
-    emu.launch_kernarg(prog, art.symbol, grid, block, kernarg,
+    kernarg_bytes = kernarg.pack(slots, size, host, grid, block, dynamic_lds, runtime=emu.hidden_runtime)
+    emu.launch_kernarg(prog, art.symbol, grid, block, kernarg_bytes,
                        [a for a in host if isinstance(a, torch.Tensor)], dynamic_lds, settings["workgroups"])
     for a, h in zip(args, host):
         if h is not a and any(a is w for w in writes):

@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 
+from .. import kernarg
 from . import asm as _asm
 from . import gfx950
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
@@ -74,15 +75,21 @@ class _KernelView:
 
 # ---------------------------------------------------------------------------- emulator
 
-_HIDDEN = {"hidden_block_count_x": lambda g, b, d: g[0], "hidden_block_count_y": lambda g, b, d: g[1],
-           "hidden_block_count_z": lambda g, b, d: g[2], "hidden_group_size_x": lambda g, b, d: b[0],
-           "hidden_group_size_y": lambda g, b, d: b[1], "hidden_group_size_z": lambda g, b, d: b[2],
-           "hidden_grid_dims": lambda g, b, d: 1 + (g[1] * b[1] > 1 or g[2] * b[2] > 1) + (g[2] * b[2] > 1),
-           "hidden_dynamic_lds_size": lambda g, b, d: d,
-           "hidden_shared_base": lambda g, b, d: SHARED_BASE >> 32}
+def _address(a, i: int) -> int:
+    """A pointer slot's value for the emulator: a CPU tensor, a sparse buffer or a raw address."""
+    if isinstance(a, SparseBuffer):
+        return a.address
+    if isinstance(a, int):
+        return a
+    if getattr(a, "device", None) is not None and a.device.type != "cpu":
+        raise TypeError(f"argument {i}: only CPU tensors can be emulated")
+    return kernarg.tensor_address(a, i)
 
 
 class Emulator:
+    # hidden arguments the runtime supplies: the emulator's flat aperture of LDS
+    hidden_runtime = {"hidden_shared_base": SHARED_BASE >> 32}
+
     def __init__(self, arch="gfx950", race_check=True, wg_order="linear", seed=0, lockstep=True):
         """lockstep: run identical waves of a workgroup as one unit (wave.py); False runs every
         wave on its own (the reference schedule, for comparison)."""
@@ -113,36 +120,11 @@ class Emulator:
 
     # -- kernarg packing
     def pack_kernarg(self, prog, kernel, grid, block, args, dynamic_lds=0) -> bytes:
-        import torch
+        """mxgemm.kernarg's packing; pointer slots also take sparse buffers and raw addresses."""
         meta = prog.kernel_meta(kernel)
-        explicit = [a for a in meta.args if not a.value_kind.startswith("hidden_")]
-        if len(args) != len(explicit):
-            raise TypeError(f"kernel {kernel!r} takes {len(explicit)} arguments, got {len(args)}")
-        buf = bytearray(max(meta.kernarg_size, 1))
-        for n, (a, v) in enumerate(zip(explicit, args)):
-            if isinstance(v, torch.Tensor):
-                if v.device.type != "cpu":
-                    raise TypeError(f"argument {n}: only CPU tensors can be emulated")
-                v, kind = v.data_ptr(), "ptr"
-            elif isinstance(v, SparseBuffer):
-                v, kind = v.address, "ptr"
-            else:
-                kind = "float" if isinstance(v, float) else "int"
-            if a.value_kind == "global_buffer" and kind == "float":
-                raise TypeError(f"argument {n} of {kernel!r} is a pointer, got {v!r}")
-            if kind == "float":
-                fmt = {2: "<e", 4: "<f", 8: "<d"}.get(a.size)
-                if fmt is None:
-                    raise TypeError(f"argument {n}: cannot pack a float into {a.size} bytes")
-                raw = struct.pack(fmt, v)
-            else:
-                raw = (int(v) & ((1 << (8 * a.size)) - 1)).to_bytes(a.size, "little")
-            buf[a.offset:a.offset + a.size] = raw
-        for a in meta.args:
-            f = _HIDDEN.get(a.value_kind)
-            if f is not None and a.offset + a.size <= len(buf):
-                buf[a.offset:a.offset + a.size] = int(f(grid, block, dynamic_lds)).to_bytes(a.size, "little")
-        return bytes(buf)
+        slots = [(a.offset, a.size, a.value_kind) for a in meta.args]
+        return kernarg.pack(slots, max(meta.kernarg_size, 1), list(args), grid, block, dynamic_lds,
+                            pointer=_address, runtime=self.hidden_runtime)
 
     def launch(self, prog, kernel, grid=(1, 1, 1), block=(64, 1, 1), args=(), dynamic_lds=0, workgroups=None):
         grid, block = _dim3(grid), _dim3(block)
