@@ -28,7 +28,8 @@ def test_demo_runs_and_matches_reference():
     p = subprocess.run([sys.executable, "-m", "mxgemm", "demo"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for what in ("compiler      gfx950", "backend", "smallm_mxfp8_gemv", "moe_gemm2_a4w4 hip vs flydsl: bit-identical",
-                 "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm"):
+                 "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm",
+                 "grouped_gemm_fp8 e4m3 G=3"):
         assert what in p.stdout, what
 
 
