@@ -110,3 +110,10 @@ def test_config_csv_check_rejects_broken_rows(tmp_path):
         "line 6: source 'measured' with us '' (measured rows carry their time)"]
     (tmp_path / "renamed.csv").write_text(SHIPPED_CSV.read_text().replace("SPLIT_K", "SPLITK", 1))
     assert csv_problems(tmp_path / "renamed.csv")[0].startswith("header ")
+
+
+def test_grouped_gemm_fp8_emulator_cases_pass():
+    out = _run(ROOT / "op_tests" / "test_grouped_gemm_fp8.py", "--emulator")
+    cases = [l for l in out.splitlines() if "on the emulator:" in l]
+    assert len(cases) == 6 and all(": ok: bit-exact" in l for l in cases), out
+    assert {l.split()[0] for l in cases} == {"NT", "NN", "TN"}, out
