@@ -171,3 +171,45 @@ def test_autograd_op_fp32_inputs_and_guards():
         mxgemm.grouped_gemm_fp8(x, w.bfloat16(), torch.tensor([4]))
     with pytest.raises(guards.GuardError, match=r"\[format\] format = 'e3m4'"):
         mxgemm.grouped_gemm_fp8(x.bfloat16(), w.bfloat16(), torch.tensor([4]), format="e3m4")
+
+
+def test_forced_config_same_bits_and_explained():
+    """Configs change speed, never bits: a persistent GROUP_M=1 grid of 64 x 64 tiles gives the
+    heuristic's output; explain names the config and where it came from."""
+    c = rows_case(n=128)
+    cfg = dict(BM=64, BN=64, GROUP_M=1, PERSISTENT=1)
+    p = mxgemm.explain("grouped_gemm_fp8_kernel", **c, config=cfg)
+    assert (p.variant["BM"], p.args["group_m"], p.grid[0]) == (64, 1, (2 + 3) * 2)
+    assert "1 per CU" in p.reason and "config given by the caller" in p.reason
+    assert "config: heuristic" in mxgemm.explain("grouped_gemm_fp8_kernel", **c).reason
+    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, config="BM=64,BN=64,GROUP_M=1,PERSISTENT=1"),
+                                 mxgemm.grouped_gemm_fp8_kernel(**c), "forced config")
+
+
+@pytest.mark.parametrize("config,match", [
+    ("BM=32,BN=64,GROUP_M=1,PERSISTENT=0", r"\[config\] no registered NT e4m3 -> bf16 variant with 32 x 64"),
+    ({"BM": 64, "BN": 64, "GROUP_M": 3, "PERSISTENT": 0}, r"\[config\] .*GROUP_M in \(1, 2, 4, 8\)"),
+    ("BM=64,BN=64", r"\[config\] .* must give exactly BM, BN, GROUP_M, PERSISTENT"),
+    ("tiles=big", r"\[config\] config 'tiles=big': expected"),
+])
+def test_bad_config_raises(config, match):
+    with pytest.raises(guards.GuardError, match=match):
+        mxgemm.grouped_gemm_fp8_kernel(**ROWS, config=config)
+
+
+def test_planner_reads_the_tuned_table(tmp_path, monkeypatch):
+    """A tuned row for the problem (layout, G, M, N, K) replaces the heuristic (a shape planned
+    nowhere else: plans are memoised per shape)."""
+    from mxgemm import tuned
+    from mxgemm.ops import grouped_fp8 as op
+    row = dict(layout="TN", G=3, M=128, N=144, K=187, BM=128, BN=128, GROUP_M=4, PERSISTENT=2, us="1.00",
+               source="measured")
+    tuned.write_rows([row], tmp_path / "t.csv", list(row))
+    monkeypatch.setattr(op, "CONFIG_CSV", tmp_path / "t.csv")
+    op.tuned_table.cache_clear()
+    try:
+        p = mxgemm.explain("grouped_gemm_fp8_variable_k", **variable_k_case(m=128, n=144))
+    finally:
+        op.tuned_table.cache_clear()
+    assert (p.variant["BM"], p.variant["BN"], p.args["group_m"], p.grid[0]) == (128, 128, 4, 3 * 2)
+    assert "2 per CU" in p.reason and "config: tuned table row (source=measured)" in p.reason
