@@ -47,7 +47,7 @@ def default_problems(models, ep, rows_per_group):
 
 def candidates(layout):
     tiles = sorted({(v["BM"], v["BN"]) for v in op._FACTS.variants
-                    if (v["LAYOUT"], v["FMT"], v["OUT"]) == (layout, "e4m3", "bf16")})
+                    if (v["LAYOUT"], v["FMT"], v["FMT_B"], v["OUT"]) == (layout, "e4m3", "e4m3", "bf16")})
     return [dict(BM=bm, BN=bn, GROUP_M=gm, PERSISTENT=p) for bm, bn in tiles for gm in op.GROUP_MS
             for p in op.PERSISTENT]
 

@@ -132,7 +132,7 @@ def _grouped_config_problems(rows) -> list[str]:
         if key in seen:
             bad.append(f"line {n}: duplicate problem {key}")
         seen.add(key)
-        if op._variant(r["layout"], torch.float8_e4m3fn, torch.bfloat16, cfg) is None:
+        if op._variant(r["layout"], torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16, cfg) is None:
             bad.append(f"line {n}: no registered {r['layout']} e4m3 -> bf16 tile {cfg['BM']} x {cfg['BN']}")
         if cfg["GROUP_M"] not in op.GROUP_MS or cfg["PERSISTENT"] not in op.PERSISTENT:
             bad.append(f"line {n}: GROUP_M {cfg['GROUP_M']} / PERSISTENT {cfg['PERSISTENT']}")
@@ -143,7 +143,8 @@ def _grouped_config_problems(rows) -> list[str]:
 
 def _planner_takes(rows, table):
     from mxgemm.ops import grouped_fp8 as op
-    call = types.SimpleNamespace(config="", a=torch.empty(0, dtype=torch.float8_e4m3fn), out_dtype=torch.bfloat16)
+    e4m3 = torch.empty(0, dtype=torch.float8_e4m3fn)
+    call = types.SimpleNamespace(config="", a=e4m3, b=e4m3, out_dtype=torch.bfloat16)
     for r in rows:
         key = op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
         _, cfg, why = op.choose_config(call, *key, table=table)

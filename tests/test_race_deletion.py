@@ -75,21 +75,29 @@ def _a4w4(backend):
     return run
 
 
-def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a persistent grid of 1
-    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[v["FMT"]]
-    q = lambda *s: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(dtype)  # noqa: E731
+def _grouped_fp8(v):
+    """TN: sizes that make the op pick variant v, one K step + a 2-row tail, then a short group.
+    NT / NN (variant forced by config, a persistent grid of 1): nine groups, so the group scans
+    run the compiler's 8- and 4-unrolled bodies and their remainders, of sizes bm + 2, 0 x 7 and
+    bm - 2 (a partial second row tile); K = three steps, so the K loop runs its 2-unrolled body
+    and its remainder step."""
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(fp8[v[f]])
+              for f in ("FMT", "FMT_B"))
     bm, bn, one = v["BM"], v["BN"], torch.ones(1)
     kw = dict(out_dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
-    if v["LAYOUT"] == "TN":  # one K step + a 2-row tail, then a short group
+    if v["LAYOUT"] == "TN":
         lens = torch.tensor([130, 3])
-        args, op = (q(133, bm), one, q(133, bn), one, lens), "grouped_gemm_fp8_variable_k"
-    else:  # groups of bm + 2 and bm - 2 rows: a partial second row tile; K = two steps
-        lens, trans_b = torch.tensor([bm + 2, bm - 2]), v["LAYOUT"] == "NT"
-        args, op = (q(2 * bm, 256), one, q(2, bn, 256) if trans_b else q(2, 256, bn), one, lens), \
+        args, op = (qa(133, bm), one, qb(133, bn), one, lens), "grouped_gemm_fp8_variable_k"
+    else:
+        lens, trans_b, K = torch.tensor([bm + 2] + [0] * 7 + [bm - 2]), v["LAYOUT"] == "NT", 384
+        args, op = (qa(2 * bm, K), one, qb(9, bn, K) if trans_b else qb(9, K, bn), one, lens), \
             "grouped_gemm_fp8_kernel"
-        kw.update(trans_b=trans_b, num_cu=1)
+        kw.update(trans_b=trans_b, num_cu=1, config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
     assert mxgemm.explain(op, *args, **kw).variant == v
     getattr(mxgemm, op)(*args, **kw)
+
+
 def _deep_gemm(v):
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
     each group padded to 128 rows), K = 6 and 7 blocks (the compiler unrolls the K loop: both
@@ -148,6 +156,11 @@ REDUNDANT = (
      "vmcnt(0) before its barrier with no memory instruction in between"),
     ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "ds_read_b128",
      "C-tile barrier: no load was issued since the epilogue entry's vmcnt(0) (only the tile's ds_write)"),
+    ("grouped_gemm_fp8", tuple(registry.variant_id(v) for v in registry.get("grouped_gemm_fp8").variants
+                               if v["BM"] == 64 and v["LAYOUT"] != "TN"), "s_waitcnt lgkmcnt(0)", None,
+     "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
+     "dead prefetch of step K/128 (all-zero loads); that LDS buffer is next read after the next tile's "
+     "prologue barrier, which every wave reaches through an lgkmcnt(0) that retires these writes too"),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),

@@ -185,15 +185,23 @@ register(Kernel(
 # --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
-# bf16 variants (256 x 256 needs more than 512 registers per lane and spills).
-_GROUPED_FP8_LAYOUTS = dict(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"))
+# bf16 variants (256 x 256 needs more than 512 registers per lane and spills). FMT / FMT_B: the
+# formats of a / b, equal or mixed (hybrid training: e4m3 activations and weights, e5m2 gradients).
+_GROUPED_FP8_FORMATS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e5m2", "e4m3"))
+
+
+def _grouped_fp8_variants(formats, **params):
+    return tuple(dict(v, FMT=fa, FMT_B=fb) for fa, fb in formats for v in variant_grid(LAYOUT=("NT", "NN", "TN"),
+                                                                                        **params))
+
+
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
     symbol="grouped_gemm_fp8",
     args=("a", "a_scale", "b", "b_scale", "group_offs", "out", "G", "M", "N", "K", "group_m", "grid"),
     # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
     grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
-    variants=variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16", "f16"), BM=(64,), BN=(64,))
-    + variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
-    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
+    variants=_grouped_fp8_variants(_GROUPED_FP8_FORMATS, OUT=("bf16", "f16"), BM=(64,), BN=(64,))
+    + _grouped_fp8_variants(_GROUPED_FP8_FORMATS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
+    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2 or mixed, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))

@@ -153,6 +153,9 @@ CATALOGUE = (
          "acc[i * nj_n + j], splat)), arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat("
          "b.v4i32, ir.IntegerAttr.get(b.i32, -65536))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
+    Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a]", "FMT_CODE[fmt_a], FMT_CODE[fmt_b]"),),
+        "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
          "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),

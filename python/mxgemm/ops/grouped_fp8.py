@@ -44,8 +44,7 @@ def group_offsets(x) -> torch.Tensor:
 def _check_operands(x, names_2d, b_dim):
     fmt_dtypes = tuple(_FMT)
     guards.check_dtype(x.a, "a", fmt_dtypes)
-    if x.b.dtype != x.a.dtype:
-        guards.fail("dtype", f"b has dtype {x.b.dtype} but a has {x.a.dtype}: both operands share one fp8 format")
+    guards.check_dtype(x.b, "b", fmt_dtypes)
     for n in ("a_scale", "b_scale"):
         t = getattr(x, n)
         guards.check_dtype(t, n, torch.float32)
@@ -115,9 +114,10 @@ def tuned_table(path=None) -> dict:
             for r in tuned.read_rows(path or CONFIG_CSV)}
 
 
-def _variant(layout, fmt_dtype, out_dtype, cfg):
+def _variant(layout, a_dtype, b_dtype, out_dtype, cfg):
     """The registered variant of a config, or None."""
-    want = dict(LAYOUT=layout, FMT=_FMT[fmt_dtype], OUT=_OUT[out_dtype], BM=cfg["BM"], BN=cfg["BN"])
+    want = dict(LAYOUT=layout, FMT=_FMT[a_dtype], FMT_B=_FMT[b_dtype], OUT=_OUT[out_dtype], BM=cfg["BM"],
+                BN=cfg["BN"])
     return want if want in _FACTS.variants else None
 
 
@@ -139,6 +139,11 @@ def parse_config(config) -> dict | None:
     return cfg
 
 
+def _registered_tiles(layout, x) -> str:
+    return ", ".join(f"{bm} x {bn}" for bm, bn in sorted({(v["BM"], v["BN"]) for v in _FACTS.variants
+                                                          if _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, v)}))
+
+
 def _config_str(config) -> str:
     cfg = parse_config(config)
     return "" if cfg is None else ",".join(f"{k}={cfg[k]}" for k in CONFIG)
@@ -149,16 +154,18 @@ def choose_config(x, layout, G, M, N, K, table=None):
     problem if its tile is registered for the call's formats, else the heuristic."""
     forced = parse_config(x.config)
     if forced is not None:
-        variant = _variant(layout, x.a.dtype, x.out_dtype, forced)
+        variant = _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, forced)
         if variant is None:
-            guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} -> {_OUT[x.out_dtype]} variant with "
-                                  f"{forced['BM']} x {forced['BN']} tiles; registered: {list(_FACTS.variants)}")
+            guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
+                                  f"{_OUT[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
+                                  f"registered tiles: {_registered_tiles(layout, x)}")
         return variant, forced, "config given by the caller"
     row = (tuned_table() if table is None else table).get(problem_key(layout, G, M, N, K))
-    if row is not None and _variant(layout, x.a.dtype, x.out_dtype, row[0]) is not None:
-        return _variant(layout, x.a.dtype, x.out_dtype, row[0]), row[0], f"tuned table row (source={row[1]})"
+    if row is not None and _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]) is not None:
+        return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]), row[0], \
+            f"tuned table row (source={row[1]})"
     cfg = heuristic_config(layout, G, M, N, x.out_dtype)
-    return _variant(layout, x.a.dtype, x.out_dtype, cfg), cfg, "heuristic"
+    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg), cfg, "heuristic"
 
 
 def _grid(cfg, tiles, num_cu):
@@ -257,7 +264,8 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
         out[r, :] = rne(fp32(a_scale * b_scale) * a[r, :] . B_g)   with fp32 accumulation,
     B_g = b[g]^T (trans_b, b [G, N, K]: forward) or b[g] (b [G, K, N]: dgrad).
 
-    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same dtype; a_scale, b_scale: one fp32
+    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b either (mixed formats run on the same MFMA:
+    e.g. e5m2 gradients x e4m3 weights); a_scale, b_scale: one fp32
     each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to
     sum_m); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
     K % 16 == 0, N % 16 == 0. out_dtype: torch.bfloat16 or torch.float16; out: optional
@@ -278,29 +286,34 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
         out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
     fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
 
-    a: [sum_k, M], b: [sum_k, N], one fp8 dtype (float8_e4m3fn or float8_e5m2); a_scale,
+    a: [sum_k, M], b: [sum_k, N], each float8_e4m3fn or float8_e5m2; a_scale,
     b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
     (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
     (torch.bfloat16 or torch.float16). config: as for grouped_gemm_fp8_kernel.
     """
 
 
+FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}  # (a and b, grad_out)
+
+
 class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
     """Forward NT/NN on tensorwise-quantised a and b; backward quantises grad_out the same way
-    and runs dgrad (the other b layout) and the variable-K wgrad."""
+    (in the gradient format: e5m2 for "hybrid") and runs dgrad (the other b layout) and the
+    variable-K wgrad."""
 
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt):
-        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fmt) for t in (a, b))
+        fwd_fmt, ctx.grad_fmt = FORMATS[fmt]
+        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fwd_fmt) for t in (a, b))
         ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
-        ctx.trans_b, ctx.fmt, ctx.num_cu, ctx.out_dtype = trans_b, fmt, num_cu, out_dtype
+        ctx.trans_b, ctx.num_cu, ctx.out_dtype = trans_b, num_cu, out_dtype
         ctx.dtypes = a.dtype, b.dtype
         return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu)
 
     @staticmethod
     def backward(ctx, grad_out):
         aq, sa, bq, sb, lens, offs = ctx.saved_tensors
-        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.fmt)
+        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.grad_fmt)
         grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu)
         grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.out_dtype) if ctx.trans_b
                   else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.out_dtype))
@@ -314,8 +327,9 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
 
     a, b: bf16, fp16 or fp32 (one dtype), quantised on every call with one scale per tensor
-    (mxgemm.quant.tensorwise_cast_to_fp8, ``format`` "e4m3" or "e5m2"); out_dtype: bf16 or
-    fp16, default a.dtype. The backward quantises grad_out the same way and runs
+    (mxgemm.quant.tensorwise_cast_to_fp8) in ``format``: "e4m3", "e5m2", or "hybrid" (a and b
+    in e4m3, grad_out in e5m2: its wider range for gradients); out_dtype: bf16 or fp16, default
+    a.dtype. The backward quantises grad_out and runs
     grouped_gemm_fp8_kernel (grad_a) and grouped_gemm_fp8_variable_k (grad_b), each computed in
     out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu as in
     grouped_gemm_fp8_kernel."""
@@ -326,8 +340,8 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     if out_dtype not in _OUT:
         guards.fail("dtype", f"out_dtype is {out_dtype} (a's dtype when None); expected torch.bfloat16 or "
                              "torch.float16")
-    if format not in ("e4m3", "e5m2"):
-        guards.fail("format", f"format = {format!r}; expected 'e4m3' or 'e5m2'")
+    if format not in FORMATS:
+        guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
         group_offs = group_offsets(types.SimpleNamespace(group_lens=group_lens))
     return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format)
