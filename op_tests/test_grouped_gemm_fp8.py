@@ -19,9 +19,9 @@ reference, so the script cannot rot.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 import mxgemm  # noqa: E402
 from mxgemm import metrics, reference, toolchain  # noqa: E402
+from test_smallm_mxfp8 import bench, report  # noqa: E402  (the script beside this one)
 
 # (hidden, moe intermediate, routed experts)
 MODELS = {"DeepSeek-V3": (7168, 2048, 256), "Qwen3-235B": (4096, 1536, 128), "GPT-OSS": (2880, 2880, 128)}
@@ -84,19 +85,18 @@ def fp32_of(layout, args, kw):
     return torch.cat([pa @ (b[g].T if kw.get("trans_b", True) else b[g]) for g, pa in enumerate(parts_a)])
 
 
-def check_small(device) -> list[tuple[str, str]]:
-    """Bit-exactness vs mxgemm.reference: each layout, balanced and skewed splits incl. an empty group."""
-    out = []
-    for lens in ([48, 48, 48], [100, 0, 7, 37]):
-        for layout, (op, args, kw, _) in gemms(lens, 64, 128, device).items():
-            got = op(*args, **kw).cpu()
-            ref = reference_of(layout, args, kw)
-            same = torch.equal(got.view(torch.int16), ref.view(torch.int16))
-            plan = mxgemm.explain(op.name, *args, **kw)
-            out.append((f"{layout} rows {lens} N=64 K=128",
-                        f"{'ok: bit-exact vs' if same else 'FAIL: differs from'} reference "
-                        f"[{plan.variant['BM']}x{plan.variant['BN']}, grid {plan.grid[0]}]"))
-    return out
+def small_cases(device) -> dict:
+    """{case: () -> verdict}: bit-exactness vs mxgemm.reference, each layout, balanced and skewed
+    splits incl. an empty group."""
+    def check(layout, op, args, kw):
+        got = op(*args, **kw).cpu()
+        same = torch.equal(got.view(torch.int16), reference_of(layout, args, kw).view(torch.int16))
+        plan = mxgemm.explain(op.name, *args, **kw)
+        return (f"{'ok: bit-exact vs' if same else 'FAIL: differs from'} reference "
+                f"[{plan.variant['BM']}x{plan.variant['BN']}, grid {plan.grid[0]}]")
+    return {f"{layout} rows {lens} N=64 K=128": functools.partial(check, layout, op, args, kw)
+            for lens in ([48, 48, 48], [100, 0, 7, 37])
+            for layout, (op, args, kw, _) in gemms(lens, 64, 128, device).items()}
 
 
 # ---- peers (GPU only) ----
@@ -167,24 +167,8 @@ def hipblaslt_per_group(layout, args, kw):
                         for g, (p, o) in enumerate(zip(parts, outs(out))) if sizes[g]]
 
 
-def bench(fn, iters=50) -> float:
-    """Median µs per call (CUDA events)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def hardware(models, ep, rows_per_group):
-    for case, verdict in check_small("cuda"):
-        print(f"{case} on the GPU: {verdict}")
+    report(small_cases("cuda"), "GPU")
     try:
         tri = triton_grouped()
     except Exception as e:  # Triton missing
@@ -210,7 +194,7 @@ def hardware(models, ep, rows_per_group):
                         runs["hipblaslt"] = lambda: blas(out)
                     for impl, fn in runs.items():
                         try:
-                            us = bench(fn)
+                            us = bench(lambda i: fn(), 1, iters=50)
                         except Exception as e:  # a peer that cannot run this shape
                             print(f"{name:>12} {G:>3} {m:>6} {layout:>4} {impl:>10} unavailable: {e}")
                             continue
@@ -221,16 +205,6 @@ def hardware(models, ep, rows_per_group):
                               f"{impl:>10} {us:>9.1f} {flops / us / 1e6:>8.1f}  {note}", flush=True)
 
 
-def emulator_smoke() -> int:
-    """The small cases on the emulator; 1 (the exit status) if any is not bit-exact."""
-    t0 = time.perf_counter()
-    results = check_small("cpu")
-    for case, verdict in results:
-        print(f"{case} on the emulator: {verdict}")
-    print(f"({time.perf_counter() - t0:.1f} s)")
-    return int(any(not verdict.startswith("ok") for _, verdict in results))
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", nargs="*", default=list(MODELS), choices=list(MODELS))
@@ -239,7 +213,7 @@ def main(argv=None):
     p.add_argument("--emulator", action="store_true", help="run the small emulator cases only")
     args = p.parse_args(argv)
     if args.emulator or toolchain.gpu_arch() != "gfx950":
-        sys.exit(emulator_smoke())
+        sys.exit(report(small_cases("cpu")))
     hardware(args.model, args.ep, args.M)
 
 
