@@ -74,6 +74,8 @@ VK = variable_k_case()
 ROWS_BAD = [
     ("dtype", _with(ROWS, a=ROWS["a"].to(torch.float16)), r"\[dtype\] a has dtype torch.float16"),
     ("dtype-b", _with(ROWS, b=ROWS["b"].to(torch.bfloat16)), r"\[dtype\] b has dtype torch.bfloat16; expected"),
+    ("mixed-forward", _with(ROWS, b=ROWS["b"].to(torch.float32).to(E5M2)),
+     r"\[dtype\] no NT variant for a torch.float8_e4m3fn x b torch.float8_e5m2 -> torch.bfloat16: mixed formats"),
     ("scale", _with(ROWS, a_scale=torch.ones(2)), r"\[shape\] a_scale must hold one fp32 scale"),
     ("k-mismatch", _with(ROWS, b=fp8(3, 64, 96)), r"\[shape\] b has K = 96 .* but a has K = 128"),
     ("groups", _with(ROWS, b=fp8(2, 64, 128)), r"\[shape\] b holds 2 groups .* group_lens has 3"),
@@ -128,7 +130,7 @@ def test_variable_k_op_guards_leave_out_untouched(name, args, match):
 
 def test_mixed_formats_bit_exact():
     """e5m2 x e4m3 (and e4m3 x e5m2) operands: one MFMA format code per source, same bits as the
-    reference decoding each operand in its own format."""
+    reference decoding each operand in its own format; large problems take the largest mixed tile."""
     c = rows_case(n=64, k=128, trans_b=False)
     c["a"] = c["a"].to(torch.float32).to(E5M2)
     ref = reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], offsets([40, 0, 77]),
@@ -139,6 +141,12 @@ def test_mixed_formats_bit_exact():
     ref = reference.grouped_gemm_fp8_variable_k_ref(v["a"], v["a_scale"], v["b"], v["b_scale"],
                                                     offsets([130, 0, 57]))
     metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_variable_k(**v), ref, "TN e4m3 x e5m2")
+    big = variable_k_case(m=256, n=256)
+    big["b"] = big["b"].to(torch.float32).to(E5M2)
+    p = mxgemm.explain("grouped_gemm_fp8_variable_k", **big)
+    assert (p.variant["FMT"], p.variant["FMT_B"], p.variant["BM"], p.variant["BN"]) == ("e4m3", "e5m2", 256, 128)
+    with pytest.raises(guards.GuardError, match=r"\[dtype\] no NN variant .* -> torch.float16"):
+        mxgemm.grouped_gemm_fp8_kernel(**c, trans_b=False, out_dtype=torch.float16)
 
 
 @pytest.mark.parametrize("trans_b,fmt,y_db,grad_db", [(True, "e4m3", 25.0, 25.0), (False, "e5m2", 20.0, 20.0),

@@ -139,9 +139,14 @@ def parse_config(config) -> dict | None:
     return cfg
 
 
-def _registered_tiles(layout, x) -> str:
-    return ", ".join(f"{bm} x {bn}" for bm, bn in sorted({(v["BM"], v["BN"]) for v in _FACTS.variants
-                                                          if _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, v)}))
+def _registered_tiles(layout, x) -> list:
+    """(BM, BN) of the variants registered for the call's layout, formats and output, smallest first."""
+    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if _variant(layout, x.a.dtype, x.b.dtype,
+                                                                           x.out_dtype, v)}, key=lambda t: t[0] * t[1])
+
+
+def _tiles_str(tiles) -> str:
+    return ", ".join(f"{bm} x {bn}" for bm, bn in tiles) or "none"
 
 
 def _config_str(config) -> str:
@@ -158,13 +163,19 @@ def choose_config(x, layout, G, M, N, K, table=None):
         if variant is None:
             guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
                                   f"{_OUT[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
-                                  f"registered tiles: {_registered_tiles(layout, x)}")
+                                  f"registered tiles: {_tiles_str(_registered_tiles(layout, x))}")
         return variant, forced, "config given by the caller"
     row = (tuned_table() if table is None else table).get(problem_key(layout, G, M, N, K))
     if row is not None and _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]) is not None:
         return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]), row[0], \
             f"tuned table row (source={row[1]})"
     cfg = heuristic_config(layout, G, M, N, x.out_dtype)
+    fit = [t for t in _registered_tiles(layout, x) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
+    if not fit:
+        guards.fail("dtype", f"no {layout} variant for a {x.a.dtype} x b {x.b.dtype} -> {x.out_dtype}: mixed "
+                             "formats are registered for hybrid training's backward only (NN e5m2 x e4m3, TN "
+                             "e5m2 x e4m3 and e4m3 x e5m2), bf16 out")
+    cfg = dict(cfg, BM=fit[-1][0], BN=fit[-1][1])   # mixed formats have fewer tiles: the largest not above the rule's
     return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg), cfg, "heuristic"
 
 
@@ -264,8 +275,8 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
         out[r, :] = rne(fp32(a_scale * b_scale) * a[r, :] . B_g)   with fp32 accumulation,
     B_g = b[g]^T (trans_b, b [G, N, K]: forward) or b[g] (b [G, K, N]: dgrad).
 
-    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b either (mixed formats run on the same MFMA:
-    e.g. e5m2 gradients x e4m3 weights); a_scale, b_scale: one fp32
+    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same, or mixed as hybrid training's dgrad
+    has it (a e5m2 gradients x b e4m3 weights, NN, bf16 out); a_scale, b_scale: one fp32
     each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to
     sum_m); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
     K % 16 == 0, N % 16 == 0. out_dtype: torch.bfloat16 or torch.float16; out: optional
@@ -286,7 +297,8 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
         out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
     fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
 
-    a: [sum_k, M], b: [sum_k, N], each float8_e4m3fn or float8_e5m2; a_scale,
+    a: [sum_k, M], b: [sum_k, N], float8_e4m3fn or float8_e5m2 (one format, or e4m3 with e5m2
+    in either order with bf16 out: hybrid training's wgrad); a_scale,
     b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
     (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
     (torch.bfloat16 or torch.float16). config: as for grouped_gemm_fp8_kernel.
