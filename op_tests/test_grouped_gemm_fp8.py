@@ -50,9 +50,9 @@ def split_rows(total: int, G: int, skewed: bool, seed=0) -> list[int]:
 
 def problems(lens, n, k, device, seed=0):
     """fp8 operands of the three GEMMs of one MoE projection: x [sum_m, k], w [G, n, k], dy [sum_m, n]."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)   # drawn on the device: the model shapes are GBs in fp32
     G, sum_m = len(lens), sum(lens)
-    x, w, dy = (torch.randn(*s, generator=g).to(E4M3).to(device) for s in ((sum_m, k), (G, n, k), (sum_m, n)))
+    x, w, dy = (torch.randn(*s, generator=g, device=device).to(E4M3) for s in ((sum_m, k), (G, n, k), (sum_m, n)))
     scales = [torch.tensor(v, device=device) for v in (0.5, 0.25, 0.75)]
     return x, w, dy, scales, torch.tensor(lens, dtype=torch.int64, device=device)
 
@@ -167,8 +167,9 @@ def hipblaslt_per_group(layout, args, kw):
                         for g, (p, o) in enumerate(zip(parts, outs(out))) if sizes[g]]
 
 
-def hardware(models, ep, rows_per_group):
-    report(small_cases("cuda"), "GPU")
+def hardware(models, ep, rows_per_group) -> int:
+    """Prints the table; 1 (the exit status) if a check fails."""
+    failed = report(small_cases("cuda"), "GPU")
     try:
         tri = triton_grouped()
     except Exception as e:  # Triton missing
@@ -184,6 +185,7 @@ def hardware(models, ep, rows_per_group):
                 for layout, (op, args, kw, flops) in gemms(lens, 2 * inter, hidden, "cuda").items():
                     got = op(*args, **kw)
                     diff = metrics.calc_diff(got.float(), fp32_of(layout, args, kw))
+                    failed |= diff >= 1e-4
                     plan = mxgemm.explain(op.name, *args, **kw)
                     out = torch.empty_like(got)
                     runs = {"mxgemm": lambda: op(*args, **kw, out=out)}
@@ -203,6 +205,7 @@ def hardware(models, ep, rows_per_group):
                                 if impl == "mxgemm" else "")
                         print(f"{name:>12} {G:>3} {m:>6} {'skewed' if skewed else 'balanced':>8} {layout:>4} "
                               f"{impl:>10} {us:>9.1f} {flops / us / 1e6:>8.1f}  {note}", flush=True)
+    return int(failed)
 
 
 def main(argv=None):
@@ -214,7 +217,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.emulator or toolchain.gpu_arch() != "gfx950":
         sys.exit(report(small_cases("cpu")))
-    hardware(args.model, args.ep, args.M)
+    sys.exit(hardware(args.model, args.ep, args.M))
 
 
 if __name__ == "__main__":
