@@ -86,8 +86,8 @@ def fp32_of(layout, args, kw):
 
 
 def small_cases(device) -> dict:
-    """{case: () -> verdict}: bit-exactness vs mxgemm.reference, each layout, balanced and skewed
-    splits incl. an empty group."""
+    """{case: () -> verdict}: bit-exactness vs mxgemm.reference, each layout, on a skewed split
+    with an empty group and sizes off the tile."""
     def check(layout, op, args, kw):
         got = op(*args, **kw).cpu()
         same = torch.equal(got.view(torch.int16), reference_of(layout, args, kw).view(torch.int16))
@@ -95,7 +95,7 @@ def small_cases(device) -> dict:
         return (f"{'ok: bit-exact vs' if same else 'FAIL: differs from'} reference "
                 f"[{plan.variant['BM']}x{plan.variant['BN']}, grid {plan.grid[0]}]")
     return {f"{layout} rows {lens} N=64 K=128": functools.partial(check, layout, op, args, kw)
-            for lens in ([48, 48, 48], [100, 0, 7, 37])
+            for lens in ([100, 0, 7, 37],)
             for layout, (op, args, kw, _) in gemms(lens, 64, 128, device).items()}
 
 
