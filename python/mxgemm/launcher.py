@@ -97,6 +97,11 @@ def layout(art):
     return got
 
 
+def last_emulator_stats() -> dict | None:
+    """Counters (mxgemm.emu.stats) of this thread's last emulator launch through ``launch``."""
+    return getattr(_EMU_SETTINGS, "last_stats", None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Backends
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +140,7 @@ def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
     kernarg_bytes = kernarg.pack(slots, size, host, grid, block, dynamic_lds, runtime=emu.hidden_runtime)
     emu.launch_kernarg(prog, art.symbol, grid, block, kernarg_bytes,
                        [a for a in host if isinstance(a, torch.Tensor)], dynamic_lds, settings["workgroups"])
+    _EMU_SETTINGS.last_stats = emu.last_stats
     for a, h in zip(args, host):
         if h is not a and any(a is w for w in writes):
             a.copy_(h)
