@@ -4,10 +4,9 @@ import importlib.util
 import json
 
 import pytest
-import torch
 
 import mxgemm
-from mxgemm import perf, quant
+from mxgemm import perf
 from mxgemm.__main__ import main
 from mxgemm.build import artifact
 from mxgemm.launcher import emulator_settings, last_emulator_stats
@@ -70,88 +69,30 @@ def test_roofline_and_mfma_cycles_by_hand():
 
 
 # ---- the hot loop against the emulator's counters ----
-def _mx(rows, k, seed, fmt="e4m3"):
-    g = torch.Generator().manual_seed(seed)
-    return quant.quantize_mx(torch.randn(rows, k, generator=g), fmt)
-
-
-def _smallm(kernel, v, M, N, K):
-    a, sa = _mx(M, K, 1)
-    b, sb = _mx(N, K, 2)
-    mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config={"kernel": kernel, **v}, fallback="error")
-
-
-def _moe_mxfp8(kernel, v, tokens, topk, experts, N, K):
-    srt, _ = perf._routing(tokens, topk, experts, 16)
-    a, sa = _mx(tokens, K, 3)
-    w, sw = _mx(experts * N, K, 4)
-    mxgemm.moe_mxfp8_grouped_gemm(a, sa, w.view(experts, N, K), sw.view(experts, N, K // 32), srt.sorted_token_ids,
-                                  srt.sorted_expert_ids, srt.num_valid_ids, block_m=16,
-                                  config=",".join(f"{k}={x}" for k, x in v.items()), fallback="error")
-
-
-def _a4w4(kernel, v, tokens, topk, experts, N, K):
-    srt, _ = perf._routing(tokens, topk, experts, v["BM"])
-    a, sa = _mx(tokens * topk, K, 5, "e2m1")
-    w, sw = _mx(experts * N, K, 6, "e2m1")
-    mxgemm.moe_gemm2_a4w4(a, sa, w.view(experts, N, -1), sw.view(experts, N, -1), srt.sorted_token_ids,
-                          srt.sorted_expert_ids, srt.num_valid_ids, srt.sorted_weights,
-                          torch.zeros(tokens, N, dtype=torch.bfloat16), block_m=v["BM"], nt=v["NT"],
-                          backend="flydsl" if kernel.endswith("flydsl") else "hip")
-
-
-def _deep_gemm(kernel, v, groups, m, N, K):
-    g = torch.Generator().manual_seed(7)
-    sf = (lambda *s: torch.randint(120, 134, s, generator=g, dtype=torch.uint8)) if v["UE8M0"] else \
-        (lambda *s: torch.rand(*s, generator=g) + 0.5)
-    a = torch.randn(groups, m, K, generator=g).to(torch.float8_e4m3fn)
-    b = torch.randn(groups, N, K, generator=g).to(torch.float8_e4m3fn)
-    mxgemm.deep_gemm_fp8_grouped_gemm(a, sf(groups, m, K // 128), b, sf(groups, -(-N // 128), K // 128),
-                                      torch.full((groups,), m, dtype=torch.int32),
-                                      torch.zeros(groups, m, N, dtype=torch.bfloat16), masked=True)
-
-
-def _grouped_fp8(kernel, v, groups, m, N, K):
-    q = lambda *s: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(torch.float8_e4m3fn)  # noqa: E731
-    one, lens = torch.ones(1), torch.full((groups,), m)
-    if v["LAYOUT"] == "TN":
-        mxgemm.grouped_gemm_fp8_variable_k(q(groups * m, N), one, q(groups * m, K), one, lens)
-    else:
-        nt = v["LAYOUT"] == "NT"
-        mxgemm.grouped_gemm_fp8_kernel(q(groups * m, K), one, q(groups, N, K) if nt else q(groups, K, N), one, lens,
-                                       trans_b=nt)
-
-
-def _dequant(kernel, v, M, K):
-    x, s = _mx(M, K, 0)
-    mxgemm.mxfp8_dequantize(x, s, language="flydsl" if kernel.endswith("flydsl") else "hip")
-
-
 _NT64 = {"FMT": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64}
-# (kernel, variant, runner, fixed shape, the dimension the hot loop runs over, two values of it)
+# (kernel, variant, fixed shape, the dimension the hot loop runs over, two values of it)
 LOOPS = [
-    ("smallm_mxfp8_gemv", {"M_TILE": 2, "N_SUB": 1}, _smallm, dict(M=2, N=16), "K", (1024, 2048)),
-    ("smallm_mxfp8_mfma", {"M_TILE": 16, "SPLIT_K": 2}, _smallm, dict(M=16, N=32), "K", (512, 1024)),
-    ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 16, "M_CHUNK": 2}, _moe_mxfp8,
-     dict(tokens=3, topk=2, experts=4, N=16), "K", (512, 1024)),
-    ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, _a4w4, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
-    ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0}, _a4w4, dict(tokens=2, topk=2, experts=2, N=256), "K",
+    ("smallm_mxfp8_gemv", {"M_TILE": 2, "N_SUB": 1}, dict(M=2, N=16), "K", (1024, 2048)),
+    ("smallm_mxfp8_mfma", {"M_TILE": 16, "SPLIT_K": 2}, dict(M=16, N=32), "K", (512, 1024)),
+    ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 16, "M_CHUNK": 2}, dict(tokens=3, topk=2, experts=4, N=16), "K",
+     (512, 1024)),
+    ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
+    ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
+    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
+     (512, 1024)),
+    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 1, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
      (1024, 2048)),
-    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, _deep_gemm,
-     dict(groups=1, m=32, N=32), "K", (512, 1024)),
-    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 1, "OUT": "bf16"}, _deep_gemm,
-     dict(groups=1, m=32, N=32), "K", (1024, 2048)),
-    ("grouped_gemm_fp8", {"LAYOUT": "NT", **_NT64}, _grouped_fp8, dict(groups=1, m=64, N=64), "K", (256, 512)),
-    ("grouped_gemm_fp8", {"LAYOUT": "NN", **_NT64}, _grouped_fp8, dict(groups=1, m=64, N=64), "K", (256, 512)),
-    ("grouped_gemm_fp8", {"LAYOUT": "TN", **_NT64}, _grouped_fp8, dict(groups=1, N=64, K=64), "m", (128, 256)),
-    ("mxfp8_dequant", {}, _dequant, dict(K=1024), "M", (8, 16)),
-    ("mxfp8_dequant_flydsl", {}, _dequant, dict(K=1024), "M", (8, 16)),
+    ("grouped_gemm_fp8", {"LAYOUT": "NT", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
+    ("grouped_gemm_fp8", {"LAYOUT": "NN", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
+    ("grouped_gemm_fp8", {"LAYOUT": "TN", **_NT64}, dict(groups=1, N=64, K=64), "m", (128, 256)),
+    ("mxfp8_dequant", {}, dict(K=1024), "M", (8, 16)),
+    ("mxfp8_dequant_flydsl", {}, dict(K=1024), "M", (8, 16)),
 ]
 
 
-@pytest.mark.parametrize("kernel,variant,runner,shape,dim,values", LOOPS,
+@pytest.mark.parametrize("kernel,variant,shape,dim,values", LOOPS,
                          ids=[f"{c[0]}-{'_'.join(map(str, c[1].values()))}" for c in LOOPS])
-def test_hot_loop_counts_equal_emulator_counters(kernel, variant, runner, shape, dim, values):
+def test_hot_loop_counts_equal_emulator_counters(kernel, variant, shape, dim, values):
     """Growing the loop dimension adds exactly (static hot-loop counts) x (the model's extra
     wave-iterations) to every counter class of the emulator: the loop read from the assembly is
     the loop that runs, and the model counts its iterations right."""
@@ -159,8 +100,9 @@ def test_hot_loop_counts_equal_emulator_counters(kernel, variant, runner, shape,
     loop = perf.hot_loop(art.asm, art.symbol)
     stats, works = [], []
     for value in values:
+        case = perf.Case(kernel, variant, {**shape, dim: value}, "t")
         with emulator_settings(race_check=False):
-            runner(kernel, variant, **shape, **{dim: value})
+            perf.op_call(case, "cpu")()
         stats.append(last_emulator_stats())
         works.append(perf.WORK[kernel](kernel, variant, **shape, **{dim: value}))
     extra = works[1].wave_iterations - works[0].wave_iterations

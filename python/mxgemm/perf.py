@@ -257,22 +257,39 @@ class Case:
     source: str = "not found"        # where it was published
 
 
-# Llama-3-70B (hidden 8192, 64 heads / 8 KV heads of 128, FFN 28672): the (N, K) of the shipped
-# small-M config table (configs/smallm_mxfp8_gfx950.csv) at TP8, and TP1..8 alike.
-def _llama70b_linears(tp):
-    return {"qkv": ((64 + 2 * 8) * 128 // tp, 8192), "gate_up": (2 * 28672 // tp, 8192),
-            "o_proj": (8192, 64 * 128 // tp), "down": (8192, 28672 // tp)}
+# The seed's decode shapes: MiniMax-M3 (hidden 6144) qkv / gate_up / o_proj / down per GPU at TP1..8,
+# (K, N) as in aiter's op_tests/tune_smallm_mxfp8.py (PR #3783); TP1's gate_up and down are both 6144 x 6144.
+MINIMAX_M3_LINEARS = {
+    1: {"qkv": (6144, 9216), "gate_up/down": (6144, 6144), "o_proj": (8192, 6144)},
+    2: {"qkv": (6144, 4608), "gate_up": (6144, 3072), "o_proj": (4096, 6144), "down": (3072, 6144)},
+    4: {"qkv": (6144, 2304), "gate_up": (6144, 1536), "o_proj": (2048, 6144), "down": (1536, 6144)},
+    8: {"qkv": (6144, 1152), "gate_up": (6144, 768), "o_proj": (1024, 6144), "down": (768, 6144)},
+}
+# aiter's tuned table (aiter/configs/smallm_mxfp8_tuned.csv, ROCm/aiter): for the TP4 shapes, whether its
+# HIP kernel beat the Triton dot_scaled fallback by > 3% (use_hip). The microseconds behind it were not found.
+AITER_USE_HIP_TP4 = {(6144, 2304): "1111111", (2048, 6144): "1111110", (6144, 1536): "1111111",
+                     (1536, 6144): "1111111"}   # one digit per M in 1, 2, 4, 8, 16, 32, 64
+_SMALLM_MS = (1, 2, 4, 8, 16, 32, 64)
+_AITER_SMALLM = "aiter PR #3783: HIP/Triton us not found"
+
+
+def _smallm_published(K, N, M):
+    flags = AITER_USE_HIP_TP4.get((K, N))
+    if flags is None:
+        return "not found", _AITER_SMALLM
+    won = flags[_SMALLM_MS.index(M)] == "1"
+    return f"HIP {'>' if won else '<='} Triton+3%", "aiter smallm_mxfp8_tuned.csv (use_hip); us not found"
 
 
 def preset_smallm():
     from .ops.smallm_mxfp8 import heuristic_config, tuned_config
     out = []
-    for tp in (1, 2, 4, 8):
-        for name, (N, K) in _llama70b_linears(tp).items():
-            for M in (1, 2, 4, 8, 16, 32, 64):
+    for tp, linears in MINIMAX_M3_LINEARS.items():
+        for name, (K, N) in linears.items():
+            for M in _SMALLM_MS:
                 kernel, variant, _ = tuned_config(M, N, K) or heuristic_config(M, N, K)
-                out.append(Case(kernel, variant, dict(M=M, N=N, K=K), f"L70B {name} TP{tp} M={M}",
-                                "HIP: not found; Triton: not found", "aiter PR #3783 (tables not found)"))
+                out.append(Case(kernel, variant, dict(M=M, N=N, K=K), f"M3 {name} TP{tp} M={M}",
+                                *_smallm_published(K, N, M)))
     return out
 
 
@@ -286,10 +303,13 @@ def preset_a4w4():
 
 
 def preset_moe_mxfp8():
-    # DeepSeek-V3 decode at TP8: 256 experts, top-8, gemm1 N = 2 x 2048 / 8, K = 7168
+    """MiniMax-M3 MoE at TP4 (128 experts, top-4): gemm1 (gate_up, N 1536, K 6144) and gemm2 (N 6144,
+    K 768). aiter's wrapper lists where its kernel beat Triton on MI355X (_MOE_ALLOWLIST, routed rows)."""
+    wins = {1536: "beats Triton for 4..16 routed rows", 6144: "beats Triton for 4..8 routed rows"}
     return [Case("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 16, "M_CHUNK": 4},
-                 dict(tokens=T, topk=8, experts=256, N=512, K=7168), f"DSV3 TP8 gemm1 T={T}",
-                 "not found", "aiter PR #3783 (tables not found)") for T in (1, 16, 64)]
+                 dict(tokens=T, topk=4, experts=128, N=N, K=K), f"M3 TP4 {name} T={T}", wins[N],
+                 "aiter smallm_gemm_mxfp8.py _MOE_ALLOWLIST (PR #3783); us not found")
+            for name, N, K in (("gemm1", 1536, 6144), ("gemm2", 6144, 768)) for T in (1, 2, 4, 16)]
 
 
 def _grouped_variant(layout, m, N):
@@ -402,8 +422,9 @@ def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
         published=case.published, source=case.source)
 
 
-def run(preset_names, arch="gfx950", mca=True, note=print) -> list[dict]:
-    rows = []
+def modelled_cases(preset_names, note=print) -> list[Case]:
+    """The presets' cases whose kernel is registered and modelled; a note names each one skipped."""
+    cases = []
     for name in preset_names:
         for case in PRESETS[name]():
             if case.kernel not in registry.KERNELS:
@@ -412,8 +433,8 @@ def run(preset_names, arch="gfx950", mca=True, note=print) -> list[dict]:
             if case.kernel not in WORK:
                 note(f"note: kernel {case.kernel!r} has no work model in mxgemm.perf yet: skipped")
                 continue
-            rows.append(predict(case, arch, mca))
-    return rows
+            cases.append(case)
+    return cases
 
 
 # ---- output ----
@@ -427,9 +448,13 @@ _HEAD = dict(roofline_us="roof_us", predicted_us="model_us", roofline_fraction="
              loop_lds_bytes="lds_B", loop_waits="waits")
 
 
+_MEASURED = (("measured_us", "{:.2f}"), ("model_over_measured", "{:.2f}"))
+
+
 def table(rows) -> str:
-    cells = [[fmt.format(r[c]) for c, fmt in _COLUMNS] for r in rows]
-    heads = [_HEAD.get(c, c) for c, _ in _COLUMNS]
+    cols = _COLUMNS + (_MEASURED if rows and "measured_us" in rows[0] else ())
+    cells = [[fmt.format(r[c]) for c, fmt in cols] for r in rows]
+    heads = [_HEAD.get(c, c) for c, _ in cols]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
     return "\n".join([line(heads)] + [line(c) for c in cells])
@@ -461,20 +486,110 @@ def plot(rows, path, arch="gfx950"):
         ax.plot(xs, [min(peak * 1e12, bw * x) / 1e12 for x in xs], lw=1, label=f"roof {rate}")
     for kernel in sorted({r["kernel"] for r in rows}):
         pts = [r for r in rows if r["kernel"] == kernel and r["ai"] > 0]
-        ax.scatter([r["ai"] for r in pts], [r["flops"] / r["predicted_us"] / 1e6 for r in pts], s=12, label=kernel)
+        ax.scatter([r["ai"] for r in pts], [r["flops"] / r["predicted_us"] / 1e6 for r in pts], s=12,
+                   label=kernel if pts else f"{kernel} (0 FLOP: no point on a FLOP roofline)")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / compulsory byte)",
            ylabel="predicted TFLOP/s", title=f"mxgemm perf model on {lim['name']} ({arch})")
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=120)
 
 
-def measure(rows) -> str:
-    """Time the cases on a gfx950 GPU (hipGraph replay); refuses clearly without one."""
+# ---- running a case through its op (emulator on CPU tensors, the GPU with --measure) ----
+def _bytes_as(shape, dtype, device, gen, lo=0, hi=256):
+    """Random bytes viewed as ``dtype``: values do not change which instructions run or how long
+    the GPU takes, and filling 100s of MB this way is fast on either device."""
+    return torch.randint(lo, hi, shape, dtype=torch.uint8, generator=gen).to(device).view(dtype)
+
+
+def op_call(case: Case, device: str = "cpu"):
+    """A zero-argument callable that runs ``case`` through its public op on ``device`` with
+    ``case.variant`` (asserted against the op's own choice where the op picks the variant)."""
+    import mxgemm
+    g = torch.Generator().manual_seed(0)
+    u8 = lambda *s, lo=0, hi=256: _bytes_as(s, torch.uint8, device, g, lo, hi)  # noqa: E731
+    e4m3 = lambda *s: _bytes_as(s, torch.float8_e4m3fn, device, g, 0, 0x7F)  # noqa: E731 (finite, >= 0)
+    scale = lambda *s: u8(*s, lo=120, hi=134)  # noqa: E731
+    k, v, sh = case.kernel, case.variant, case.shape
+    if k in ("smallm_mxfp8_gemv", "smallm_mxfp8_mfma"):
+        M, N, K = sh["M"], sh["N"], sh["K"]
+        args = (e4m3(M, K), scale(M, K // 32), e4m3(N, K), scale(N, K // 32))
+        return lambda: mxgemm.smallm_mxfp8_gemm(*args, config={"kernel": k, **v}, fallback="error")
+    if k in WORK and k.startswith(("smallm_mxfp8_moe", "moe_gemm2_a4w4")):
+        T, topk, E, N, K = (sh[x] for x in ("tokens", "topk", "experts", "N", "K"))
+        block_m = v.get("BM", 16)
+        srt, _ = _routing(T, topk, E, block_m)
+        ids = [t.to(device) for t in (srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)]
+        if k == "smallm_mxfp8_moe_grouped_gemm":
+            args = (e4m3(T, K), scale(T, K // 32), e4m3(E, N, K), scale(E, N, K // 32), *ids)
+            cfg = ",".join(f"{p}={x}" for p, x in v.items())
+            return lambda: mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=block_m, config=cfg, fallback="error")
+        out = torch.zeros(T, N, dtype=torch.bfloat16, device=device)
+        args = (u8(T * topk, K // 2), scale(T * topk, K // 32), u8(E, N, K // 2), scale(E, N, K // 32), *ids,
+                srt.sorted_weights.to(device), out)
+        backend = "flydsl" if k.endswith("flydsl") else "hip"
+        return lambda: mxgemm.moe_gemm2_a4w4(*args, block_m=block_m, nt=v["NT"], backend=backend)
+    if k == "deep_gemm_fp8":
+        G, m, N, K = sh["groups"], sh["m"], sh["N"], sh["K"]
+        sf = scale if v["UE8M0"] else (lambda *s: torch.rand(*s, generator=g).add_(0.5).to(device))
+        rows = (G, m) if v["MASKED"] else (G * m,)
+        layout = torch.full((G,), m, dtype=torch.int32) if v["MASKED"] else \
+            torch.arange(G, dtype=torch.int32).repeat_interleave(m)
+        args = (e4m3(*rows, K), sf(*rows, K // 128), e4m3(G, N, K), sf(G, -(-N // 128), K // 128),
+                layout.to(device), torch.zeros(*rows, N, dtype=torch.bfloat16, device=device))
+        return _checked(case, "deep_gemm_fp8_grouped_gemm", args, dict(masked=bool(v["MASKED"])))
+    if k == "grouped_gemm_fp8":
+        G, m, N, K = sh["groups"], sh["m"], sh["N"], sh["K"]
+        one, lens = torch.ones(1, device=device), torch.full((G,), m, dtype=torch.int64, device=device)
+        if v["LAYOUT"] == "TN":
+            return _checked(case, "grouped_gemm_fp8_variable_k", (e4m3(G * m, N), one, e4m3(G * m, K), one, lens), {})
+        nt = v["LAYOUT"] == "NT"
+        return _checked(case, "grouped_gemm_fp8_kernel",
+                        (e4m3(G * m, K), one, e4m3(G, N, K) if nt else e4m3(G, K, N), one, lens), dict(trans_b=nt))
+    if k in ("mxfp8_dequant", "mxfp8_dequant_flydsl"):
+        args = (e4m3(sh["M"], sh["K"]), scale(sh["M"], sh["K"] // 32))
+        return lambda: mxgemm.mxfp8_dequantize(*args, language="flydsl" if k.endswith("flydsl") else "hip")
+    raise KeyError(f"no op call for kernel {k!r}")
+
+
+def _checked(case, op, args, kw):
+    import mxgemm
+    plan = mxgemm.explain(op, *args, **kw)
+    if (plan.kernel, plan.variant) != (case.kernel, case.variant):
+        raise ValueError(f"{case.label}: op {op} picks {plan.kernel} {plan.variant}, the case models {case.variant}")
+    fn = getattr(mxgemm, op)
+    return lambda: fn(*args, **kw)
+
+
+def measure_us(fn, calls: int = 20, replays: int = 20) -> float:
+    """Microseconds per call on the GPU: ``calls`` calls captured in one graph (hipGraph through
+    torch.cuda.CUDAGraph), replayed ``replays`` times between two events. Operands stay in the
+    caches between calls (no rotation), so memory-bound cases run faster than from HBM."""
+    fn()                                   # plan, compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (calls * replays)
+
+
+def measure(cases, rows) -> None:
+    """Adds measured_us and model/measured to each row; refuses without a gfx950 GPU."""
     from . import toolchain
     gpu = toolchain.gpu_arch()
     if gpu != "gfx950":
         raise RuntimeError(f"--measure needs a gfx950 GPU (ROCm torch); this machine has {gpu or 'no GPU'}")
-    raise RuntimeError("--measure: timing through hipGraph replay is not implemented yet")
+    for case, row in zip(cases, rows):
+        row["measured_us"] = measure_us(op_call(case, "cuda"))
+        row["model_over_measured"] = row["predicted_us"] / row["measured_us"]
 
 
 def main(argv) -> int:
@@ -494,10 +609,11 @@ def main(argv) -> int:
     if unknown:
         print(f"python -m mxgemm perf: error: unknown preset {unknown[0]!r}; known: {sorted(PRESETS)}", file=sys.stderr)
         return 1
-    rows = run(names, mca=not args.no_mca, note=lambda s: print(s, file=sys.stderr))
+    cases = modelled_cases(names, note=lambda s: print(s, file=sys.stderr))
+    rows = [predict(c, mca=not args.no_mca) for c in cases]
     if args.measure:
         try:
-            measure(rows)
+            measure(cases, rows)
         except RuntimeError as e:
             print(f"python -m mxgemm perf: {e}", file=sys.stderr)
             return 1
