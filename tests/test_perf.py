@@ -127,9 +127,11 @@ def test_perf_command_small_preset(capsys):
 
 
 def test_perf_json_rows(capsys):
-    assert main(["perf", "--preset", "small", "--no-mca", "--json", "-"]) == 0
+    assert main(["perf", "--preset", "small", "--json", "-"]) == 0
     rows = json.loads(capsys.readouterr().out)
     gemv = rows[0]
+    if perf._llvm_mca() is None:           # no llvm-mca of LLVM >= 22 on PATH: the column says so
+        assert {r["llvm_mca"] for r in rows} == {"no llvm-mca"}
     assert gemv["kernel"] == "smallm_mxfp8_gemv" and gemv["grid"] == "80x1x1"
     assert gemv["predicted_us"] >= gemv["roofline_us"] and 0 < gemv["roofline_fraction"] <= 1
     assert gemv["limit"] in ("memory", "MFMA issue", "instruction issue", "latency/occupancy", "tail")

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -26,14 +28,19 @@ from . import isa, registry
 from .emu.isa import base_mnemonic
 from .emu.stats import classify
 
-# ---- hardware limits: one table, sources in docs/perf_model.md §1 ----
+# ---- hardware limits: one table, sources in docs/perf_model.md §1 (LDS, SIMDs and wave size are
+# the occupancy facts of mxgemm.isa.ARCH_LIMITS, read from there) ----
+_OCC = isa.ARCH_LIMITS
 LIMITS = {
-    "gfx950": dict(name="MI355X", cus=256, simds_per_cu=4, clock_ghz=2.4, hbm_tbps=8.0, lds_kib_per_cu=160,
+    "gfx950": dict(name="MI355X", cus=256, clock_ghz=2.4, hbm_tbps=8.0,
                    peak_tflops={"fp8": 5000.0, "mxfp6": 10100.0, "mxfp4": 10100.0, "bf16": 2500.0},
-                   mem_latency_ns=800.0),   # an assumption, not a published MI355X figure (§1)
+                   mem_latency_ns=800.0,    # an assumption, not a published MI355X figure (§1)
+                   lds_kib_per_cu=_OCC["gfx950"]["lds_bytes"] // 1024, simds_per_cu=_OCC["gfx950"]["simds_per_cu"],
+                   wave_size=_OCC["gfx950"]["wave_size"]),
     # gfx1250: no public CU count, clock, bandwidth or peak rates were found (docs/perf_model.md §1)
-    "gfx1250": dict(name="MI450-class", cus=None, simds_per_cu=4, clock_ghz=None, hbm_tbps=None,
-                    lds_kib_per_cu=320, peak_tflops={}, mem_latency_ns=None),
+    "gfx1250": dict(name="MI450-class", cus=None, clock_ghz=None, hbm_tbps=None, peak_tflops={},
+                    mem_latency_ns=None, lds_kib_per_cu=_OCC["gfx1250"]["lds_bytes"] // 1024,
+                    simds_per_cu=_OCC["gfx1250"]["simds_per_cu"], wave_size=_OCC["gfx1250"]["wave_size"]),
 }
 VALU_CYCLES = 4        # a wave64 vector instruction on a 16-lane SIMD (docs/perf_model.md §2)
 OTHER_ISSUE_CYCLES = 1  # scalar, branch, wait and memory-issue instructions (their data: bytes, latency)
@@ -100,9 +107,9 @@ def hot_loop(asm: str, symbol: str, arch: str = "gfx950") -> LoopProfile:
     def rank(body):
         cls = [classify(base_mnemonic(l.split()[0]))[0] for l in body]
         return (cls.count("mfma"), sum(c.startswith(("vmem", "lds")) for c in cls), len(body))
-    body = max(bodies, key=rank) if bodies else isa._body(asm, symbol)
+    body = max(bodies, key=rank) if bodies else isa.body(asm, symbol)
     counts, nbytes, mfma, issue = Counter(), Counter(), 0.0, 0.0
-    wave = isa.ARCH_LIMITS[arch]["wave_size"]
+    wave = LIMITS[arch]["wave_size"]
     for l in body:
         base = base_mnemonic(l.split()[0])
         cls, per_lane = classify(base, bool(re.search(r"\slds\b", l)) and base.startswith("buffer_load"))
@@ -117,14 +124,22 @@ def hot_loop(asm: str, symbol: str, arch: str = "gfx950") -> LoopProfile:
                        any(l.startswith("s_waitcnt") and "vmcnt(0)" in l for l in body), bool(bodies), body)
 
 
+@lru_cache(maxsize=1)
+def _llvm_mca() -> str | None:
+    """An llvm-mca of LLVM 22 or newer on PATH (older ones have no gfx950 model), else None."""
+    for name in ("llvm-mca", "llvm-mca-24", "llvm-mca-23", "llvm-mca-22"):
+        exe = shutil.which(name)
+        if exe:
+            ver = re.search(r"version (\d+)", subprocess.run([exe, "--version"], capture_output=True, text=True).stdout)
+            if ver and int(ver.group(1)) >= 22:
+                return exe
+    return None
+
+
 def llvm_mca_cycles(body: list[str], arch: str = "gfx950") -> str:
-    """llvm-mca's cycle estimate of one loop iteration, when LLVM >= 22's llvm-mca is on PATH."""
-    exe = next((shutil.which(n) for n in ("llvm-mca", "llvm-mca-22", "llvm-mca-23") if shutil.which(n)), None)
+    """llvm-mca's cycle estimate of one loop iteration (its back-edge branch left out)."""
+    exe = _llvm_mca()
     if exe is None:
-        return "no llvm-mca"
-    ver = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    major = re.search(r"version (\d+)", ver)
-    if not major or int(major.group(1)) < 22:
         return "no llvm-mca"
     p = subprocess.run([exe, "-mtriple=amdgcn-amd-amdhsa", f"-mcpu={arch}", "--iterations=1"],
                        input="\n".join(l for l in body if not l.startswith("s_cbranch")), capture_output=True,
@@ -154,9 +169,8 @@ def _grid(kernel, variant, **dims):
     return registry.get(kernel).launch_grid(variant, **dims)
 
 
-def _waves(kernel):
-    k = registry.get(kernel)
-    return -(-k.threads // 64)
+def _waves(kernel, arch="gfx950"):
+    return -(-registry.get(kernel).threads // LIMITS[arch]["wave_size"])
 
 
 def work_smallm(kernel, v, M, N, K):
@@ -621,11 +635,11 @@ def main(argv) -> int:
     if args.csv:
         text = csv_text(rows)
         to_stdout |= args.csv == "-"
-        sys.stdout.write(text) if args.csv == "-" else open(args.csv, "w").write(text)
+        sys.stdout.write(text) if args.csv == "-" else Path(args.csv).write_text(text)
     if args.json:
         text = json.dumps(rows, indent=1)
         to_stdout |= args.json == "-"
-        print(text) if args.json == "-" else open(args.json, "w").write(text)
+        print(text) if args.json == "-" else Path(args.json).write_text(text)
     if args.plot:
         try:
             plot(rows, args.plot)
