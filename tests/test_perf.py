@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-import mxgemm
-from mxgemm import perf
+from mxgemm import perf, registry
 from mxgemm.__main__ import main
 from mxgemm.build import artifact
 from mxgemm.launcher import emulator_settings, last_emulator_stats
@@ -88,6 +87,9 @@ LOOPS = [
     ("mxfp8_dequant", {}, dict(K=1024), "M", (8, 16)),
     ("mxfp8_dequant_flydsl", {}, dict(K=1024), "M", (8, 16)),
 ]
+if "mx_gemm" in registry.KERNELS:   # the MX GEMM joins the registry from its own branch
+    LOOPS += [("mx_gemm", dict(A_FMT=f, B_FMT=f, BM=bm, BN=bn, OUT="bf16", SPLITK=0, NUM_BUFFERS=2),
+               dict(M=bm, N=bn), "K", (k, 2 * k)) for f, bm, bn, k in (("e4m3", 64, 64, 512), ("e2m1", 128, 128, 512))]
 
 
 @pytest.mark.parametrize("kernel,variant,shape,dim,values", LOOPS,
@@ -121,9 +123,10 @@ def test_perf_command_small_preset(capsys):
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["kernel", "variant", "case", "ai"]
     kernels = [l.split()[0] for l in lines[1:]]
-    assert kernels == ["smallm_mxfp8_gemv", "smallm_mxfp8_mfma", "moe_gemm2_a4w4"]
-    if "mx_gemm" not in mxgemm.registry.KERNELS:      # a preset kernel not registered yet is named, not dropped
-        assert "note: kernel 'mx_gemm' (small mx_gemm) is not in the registry yet: skipped" in err
+    mx = "mx_gemm" in registry.KERNELS
+    assert kernels == ["smallm_mxfp8_gemv", "smallm_mxfp8_mfma", "moe_gemm2_a4w4"] + ["mx_gemm"] * mx
+    if not mx:                  # a preset kernel not registered yet is named, not dropped
+        assert err == "note: kernel 'mx_gemm' (MX GEMM e4m3 1024^3) is not in the registry yet: skipped\n"
 
 
 def test_perf_json_rows(capsys):

@@ -13,6 +13,7 @@ of their sources, printed beside the model, never derived from it.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -169,6 +170,22 @@ def _grid(kernel, variant, **dims):
     return registry.get(kernel).launch_grid(variant, **dims)
 
 
+@lru_cache(maxsize=None)
+def tile_k_per_iteration(kernel: str, variant_items: tuple, tile_m: int, tile_n: int) -> int:
+    """K one hot-loop iteration of one wave covers in an MFMA tile kernel, read from its assembly:
+    the loop's MFMAs (sum of m x n x k) over the wave's share of the tile_m x tile_n output."""
+    from .build import artifact
+    art = artifact(kernel, dict(variant_items))
+    loop = hot_loop(art.asm, art.symbol)
+    mnk = sum(math.prod(map(int, _MFMA_SHAPE.search(l.split()[0]).groups())) for l in loop.lines
+              if classify(base_mnemonic(l.split()[0]))[0] == "mfma")
+    return mnk * _waves(kernel) // (tile_m * tile_n)
+
+
+def _k_iter(kernel, v, tile_m, tile_n):
+    return tile_k_per_iteration(kernel, tuple(sorted(v.items())), tile_m, tile_n)
+
+
 def _waves(kernel, arch="gfx950"):
     return -(-registry.get(kernel).threads // LIMITS[arch]["wave_size"])
 
@@ -210,21 +227,17 @@ def work_a4w4(kernel, v, tokens, topk, experts, N, K):
     n_valid = int(srt.num_valid_ids[0])
     grid = _grid(kernel, v, N=N, blocks=srt.sorted_expert_ids.numel())
     live = grid[0] * (n_valid // v["BM"])
-    iters = K // 512                  # 256-wide K steps, two per loop iteration (isa.k_step_profile)
+    iters = -(-K // _k_iter(kernel, v, v["BM"], 256))     # a workgroup owns BM rows x 256 columns
     rows = tokens * topk
     return Work(2.0 * rows * N * K, _mx_bytes(rows, K, 4) + _mx_bytes(active * N, K, 4) + 2 * 2 * tokens * N,
                 "mxfp4", grid, live, live * _waves(kernel) * iters, iters)
-
-
-def _k_per_iteration_deep_gemm(v):
-    return 128 * (2 if v["UE8M0"] else 1) * (2 if v["BM"] == 32 else 1)
 
 
 def work_deep_gemm(kernel, v, groups, m, N, K):
     m_tiles = groups * -(-m // v["BM"])
     grid = _grid(kernel, v, N=N, m_tiles=m_tiles)
     wgs = grid[0] * grid[1]
-    iters = K // _k_per_iteration_deep_gemm(v)
+    iters = -(-K // _k_iter(kernel, v, v["BM"], v["BN"]))
     rows = groups * m
     scales = rows * (K // 128) * (1 if v["UE8M0"] else 4) + groups * -(-N // 128) * (K // 128) * 4
     return Work(2.0 * rows * N * K, rows * K + groups * N * K + scales + 2 * rows * N, "fp8", grid, wgs,
@@ -240,12 +253,26 @@ def work_grouped_fp8(kernel, v, groups, m, N, K):
     grid = _grid(kernel, v, grid=bound)
     if v["LAYOUT"] == "TN":          # per group: out[N, K] (the op's M, N) += a_g^T b_g over m rows
         flops, nbytes = 2.0 * groups * m * N * K, groups * m * (N + K) + 2 * groups * N * K
-        iters = -(-m // 128)          # 128 contraction rows per iteration
+        iters = -(-m // _k_iter(kernel, v, v["BM"], v["BN"]))   # the contraction runs over the m rows
     else:
         flops, nbytes = 2.0 * groups * m * N * K, groups * m * K + groups * N * K + 2 * groups * m * N
-        iters = -(-K // (256 if v["BM"] == 64 else 128))   # 64 x 64 tiles run two 128-wide K steps
-    
+        iters = -(-K // _k_iter(kernel, v, v["BM"], v["BN"]))
+
     return Work(flops, nbytes, "fp8", grid, tiles, tiles * _waves(kernel) * iters, iters)
+
+
+_MX_BITS = {"e4m3": 8, "e5m2": 8, "e2m1": 4}
+
+
+def work_mx_gemm(kernel, v, M, N, K, splits=1):
+    """MX GEMM: BM x BN tiles, ``splits`` K ranges along grid z (fp32 atomics: out read + written)."""
+    grid = _grid(kernel, v, M=M, N=N, splits=splits)
+    wgs = grid[0] * grid[1] * grid[2]
+    iters = -(-K // splits // _k_iter(kernel, v, v["BM"], v["BN"]))
+    out_bytes = {"bf16": 2, "f16": 2, "f32": 4}[v["OUT"]] * (2 if splits > 1 else 1)
+    rate = "mxfp4" if v["A_FMT"] == v["B_FMT"] == "e2m1" else "fp8"    # the slower operand sets the rate
+    return Work(2.0 * M * N * K, _mx_bytes(M, K, _MX_BITS[v["A_FMT"]]) + _mx_bytes(N, K, _MX_BITS[v["B_FMT"]])
+                + out_bytes * M * N, rate, grid, wgs, wgs * _waves(kernel) * iters, iters)
 
 
 def work_dequant(kernel, v, M, K):
@@ -257,7 +284,7 @@ WORK = {"smallm_mxfp8_gemv": work_smallm, "smallm_mxfp8_mfma": work_smallm,
         "smallm_mxfp8_moe_grouped_gemm": work_moe_mxfp8,
         "moe_gemm2_a4w4": work_a4w4, "moe_gemm2_a4w4_flydsl": work_a4w4,
         "deep_gemm_fp8": work_deep_gemm, "grouped_gemm_fp8": work_grouped_fp8,
-        "mxfp8_dequant": work_dequant, "mxfp8_dequant_flydsl": work_dequant}
+        "mx_gemm": work_mx_gemm, "mxfp8_dequant": work_dequant, "mxfp8_dequant_flydsl": work_dequant}
 
 
 # ---- cases and presets ----
@@ -362,9 +389,18 @@ def preset_deep_gemm():
 
 
 def preset_mx_gemm():
-    """The MX GEMM (prefill) presets; the kernel joins the registry on its own branch."""
-    return [Case("mx_gemm", {}, dict(M=s, N=s, K=s), f"MX GEMM {s}^3", "not found",
-                 "FlyDSL gfx1250 MX GEMM (numbers not found)") for s in (1024, 8192)]
+    """MX GEMM (prefill) at 1024^3 and 8192^3, MXFP8 and MXFP4, with the op's own tile choice once
+    the kernel is registered (until then ``modelled_cases`` notes each case as skipped)."""
+    cases = []
+    for s in (1024, 8192):
+        for fmt in ("e4m3", "e2m1"):
+            variant = {}
+            if "mx_gemm" in registry.KERNELS:
+                from .ops.mx_gemm import heuristic_config
+                variant, splits, _ = heuristic_config(fmt, fmt, "bf16", s, s, s)
+            cases.append(Case("mx_gemm", variant, dict(M=s, N=s, K=s, **({"splits": splits} if variant else {})),
+                              f"MX GEMM {fmt} {s}^3", "not found", "FlyDSL gfx1250 MX GEMM (numbers not found)"))
+    return cases
 
 
 def preset_dequant():
@@ -382,7 +418,7 @@ def preset_small():
     return [Case("smallm_mxfp8_gemv", {"M_TILE": 1, "N_SUB": 1}, dict(M=1, N=1280, K=8192), "small gemv"),
             Case("smallm_mxfp8_mfma", {"M_TILE": 16, "SPLIT_K": 4}, dict(M=16, N=1280, K=8192), "small mfma"),
             Case("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=4, **KIMI_K25), "small a4w4"),
-            Case("mx_gemm", {}, dict(M=1024, N=1024, K=1024), "small mx_gemm")]
+            *preset_mx_gemm()[:1]]
 
 
 PRESETS[SMALL_PRESET] = preset_small
@@ -515,6 +551,9 @@ def _bytes_as(shape, dtype, device, gen, lo=0, hi=256):
     return torch.randint(lo, hi, shape, dtype=torch.uint8, generator=gen).to(device).view(dtype)
 
 
+_TORCH_OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
 def op_call(case: Case, device: str = "cpu"):
     """A zero-argument callable that runs ``case`` through its public op on ``device`` with
     ``case.variant`` (asserted against the op's own choice where the op picks the variant)."""
@@ -559,6 +598,14 @@ def op_call(case: Case, device: str = "cpu"):
         nt = v["LAYOUT"] == "NT"
         return _checked(case, "grouped_gemm_fp8_kernel",
                         (e4m3(G * m, K), one, e4m3(G, N, K) if nt else e4m3(G, K, N), one, lens), dict(trans_b=nt))
+    if k == "mx_gemm":
+        M, N, K = sh["M"], sh["N"], sh["K"]
+        payload = {"e4m3": lambda r: e4m3(r, K), "e5m2": lambda r: _bytes_as((r, K), torch.float8_e5m2, device, g, 0, 0x7C),
+                   "e2m1": lambda r: u8(r, K // 2)}
+        args = (payload[v["A_FMT"]](M), scale(M, K // 32), payload[v["B_FMT"]](N), scale(N, K // 32))
+        kw = dict(a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=_TORCH_OUT[v["OUT"]],
+                  config=f"BM={v['BM']},BN={v['BN']},SPLITS={sh.get('splits', 1)}")
+        return _checked(case, "mx_gemm", args, kw)
     if k in ("mxfp8_dequant", "mxfp8_dequant_flydsl"):
         args = (e4m3(sh["M"], sh["K"]), scale(sh["M"], sh["K"] // 32))
         return lambda: mxgemm.mxfp8_dequantize(*args, language="flydsl" if k.endswith("flydsl") else "hip")
