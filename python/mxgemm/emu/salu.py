@@ -352,23 +352,22 @@ def _waitcnt(ins):
                 lgkm = int(tok[8:tok.index(")")], 0)
     elif ins.ops and ins.ops[0].kind == "const":   # raw simm16
         vm, lgkm = ins.prog.target.decode_waitcnt(ins.ops[0].value)
+    return wait_closure([(i, n) for i, n in enumerate((vm, lgkm)) if n is not None])
 
+
+def wait_closure(waits):
+    """Closure retiring outstanding ops: waits lists (counter index, count) of the target."""
     def run(w):
         if w.race:
-            race.waitcnt(w, vm, lgkm)
+            for i, n in waits:
+                race.waitcnt(w, i, n)
     return run
 
 
 @handler("s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt")
 def _waitcnt_sep(ins):
     n = ins.ops[-1].value & 0xFFFF if ins.ops[-1].kind == "const" else 0
-    vm = n if "vmcnt" in ins.base else None
-    lgkm = None if vm is not None else n
-
-    def run(w):
-        if w.race:
-            race.waitcnt(w, vm, lgkm)
-    return run
+    return wait_closure([(0 if "vmcnt" in ins.base else 1, n)])
 
 
 # ---------------------------------------------------------------------------- scalar memory

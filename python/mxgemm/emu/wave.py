@@ -55,7 +55,7 @@ class Wave:
         self.pc = 0
         self.stop = self.done = False
         self.race = prog.race
-        self.pend, self.vmq, self.lgkmq = {}, [], []
+        self.pend, self.qs = {}, [[] for _ in T.counters]
         self.exec = 0
         self.set_exec(0)
 
@@ -100,15 +100,14 @@ class Wave:
             w.pc, w.scc, w.stop, w.done = self.pc, self.scc, self.stop, self.done
             w.S = list(self.S)
             w.set_exec(self.exec)
-            w.pend, w.vmq, w.lgkmq = dict(self.pend), list(self.vmq), list(self.lgkmq)
+            w.pend, w.qs = dict(self.pend), [list(q) for q in self.qs]
             out.append(w)
         return out
 
 
 def _queue_sig(w):
-    pos = {id(r): j for j, r in enumerate(w.vmq + w.lgkmq)}
-    return ([(r.ins, r.kind, r.keys) for r in w.vmq], [(r.ins, r.kind, r.keys) for r in w.lgkmq],
-            {k: pos[id(r)] for k, r in w.pend.items()})
+    pos = {id(r): j for j, r in enumerate(r for q in w.qs for r in q)}
+    return [[(r.ins, r.kind, r.keys) for r in q] for q in w.qs], {k: pos[id(r)] for k, r in w.pend.items()}
 
 
 def _mergeable(a, b):
@@ -125,15 +124,16 @@ def _merge(run):
     w.pc, w.scc, w.S = a.pc, a.scc, list(a.S)
     w.set_exec(a.exec)
     recs = {}
-    for name in ("vmq", "lgkmq"):
+    w.qs = []
+    for i in range(len(a.qs)):
         q = []
-        for parts in zip(*(getattr(u, name) for u in run)):
+        for parts in zip(*(u.qs[i] for u in run)):
             r = parts[0]
             if r.lds is not None:   # LDS dwords of every wave of the unit
                 r = type(r)(r.keys, r.ins, r.kind, np.concatenate([p.lds.ravel() for p in parts]))
             recs[id(parts[0])] = r
             q.append(r)
-        setattr(w, name, q)
+        w.qs.append(q)
     w.pend = {k: recs[id(r)] for k, r in a.pend.items()}
     return w
 
