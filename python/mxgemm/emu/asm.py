@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from .. import isa as static_isa
-from .isa import Instr, parse_mods, parse_operand, split_operands
+from .isa import Instr, UnsupportedInstruction, parse_mods, parse_operand, split_operands
 
 _LABEL = re.compile(r"^([.\w$]+):")
 _FUNCTION = re.compile(r"^\s*\.type\s+([.\w$]+)\s*,\s*@function", re.M)
@@ -109,10 +109,28 @@ def _parse_code(lines, names, sgprs):
             if s.startswith((".section", ".amdhsa_kernel", ".end_amdgpu")):
                 cur = None
             continue
-        m = _MNEMONIC.match(s)
-        if not m:
-            continue
-        ops, mods = split_operands(m.group(2))
-        cur.instrs.append(Instr(m.group(1), [parse_operand(o, sgprs) for o in ops], parse_mods(mods), no, ln,
-                                cur.name))
+        parts = [_instr(p, no, ln, cur.name, sgprs) for p in s.split("::")]
+        cur.instrs.extend(p for p in (_dual_order(*parts) if len(parts) == 2 else parts) if p is not None)
     return codes
+
+
+def _instr(s, no, ln, kernel, sgprs):
+    m = _MNEMONIC.match(s.strip())
+    if not m:
+        return None
+    ops, mods = split_operands(m.group(2))
+    return Instr(m.group(1), [parse_operand(o, sgprs) for o in ops], parse_mods(mods), no, ln, kernel)
+
+
+def _regs(ops):
+    return {(o.kind, o.index + j) for o in ops if o.is_reg for j in range(o.count)}
+
+
+def _dual_order(x, y):
+    """A dual-issue (VOPD, 'X :: Y') pair as two instructions: both read their sources before
+    either writes, so Y goes first when X writes a register Y reads."""
+    if not _regs(x.ops[:1]) & _regs(y.ops[1:]):
+        return x, y
+    if _regs(y.ops[:1]) & _regs(x.ops[1:]):
+        raise UnsupportedInstruction(f"dual-issue pair with crossed operands: {x.where()}")
+    return y, x

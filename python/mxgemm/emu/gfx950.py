@@ -18,4 +18,5 @@ def decode_waitcnt(v):
 
 
 TARGET = Target("gfx950", wave=64, sgprs=SGPRS, lds_bytes=160 * 1024, counters=("vm", "lgkm"),
-                route=lambda counter, kind: counter, handlers=GFX9, decode_waitcnt=decode_waitcnt)
+                route=lambda counter, kind: counter, handlers=GFX9, vsharp=vmem.vsharp_gfx9,
+                decode_waitcnt=decode_waitcnt)

@@ -8,13 +8,13 @@ import numpy as np
 
 from .. import kernarg
 from . import asm as _asm
-from . import gfx950
+from . import gfx950, gfx1250
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
 from .memory import Memory, SparseBuffer
 from .stats import LaunchCounter, select_workgroups
 from .wave import Wave, Workgroup, run_workgroup
 
-TARGETS = {t.arch: t for t in (gfx950.TARGET,)}
+TARGETS = {t.arch: t for t in (gfx950.TARGET, gfx1250.TARGET)}
 
 
 class Program:

@@ -173,11 +173,12 @@ def _cmov(ins):
 
 
 def _saveexec(ins, f, wrexec):
-    a, d = sget(ins, 1, 64), R.sdst(ins, 0, 64)
+    bits = 32 if ins.mnemonic.endswith("_b32") else 64    # _b32: the wave32 forms
+    a, d = sget(ins, 1, bits), R.sdst(ins, 0, bits)
 
     def run(w):
         old = w.exec
-        new = f(a(w), old) & MASK64
+        new = f(a(w), old) & w.T.full
         w.set_exec(new)
         d(w, new if wrexec else old)
         w.scc = int(new != 0)
@@ -278,15 +279,16 @@ def _branch(ins):
     return run
 
 
-_COND = {"s_cbranch_scc0": lambda v: lambda w: not w.scc, "s_cbranch_scc1": lambda v: lambda w: w.scc,
-         "s_cbranch_vccz": lambda v: lambda w: not (w.S[v] | w.S[v + 1]),
-         "s_cbranch_vccnz": lambda v: lambda w: w.S[v] | w.S[v + 1],
-         "s_cbranch_execz": lambda v: lambda w: not w.exec, "s_cbranch_execnz": lambda v: lambda w: w.exec}
+_COND = {"s_cbranch_scc0": lambda v, h: lambda w: not w.scc, "s_cbranch_scc1": lambda v, h: lambda w: w.scc,
+         "s_cbranch_vccz": lambda v, h: lambda w: not (w.S[v] | w.S[h]),
+         "s_cbranch_vccnz": lambda v, h: lambda w: w.S[v] | w.S[h],
+         "s_cbranch_execz": lambda v, h: lambda w: not w.exec, "s_cbranch_execnz": lambda v, h: lambda w: w.exec}
 
 
 def _cbranch(ins, cond):
     t = ins.target
-    cond = cond(ins.prog.target.vcc)
+    T = ins.prog.target
+    cond = cond(T.vcc, T.vcc + T.sgprs["vcc"][1] - 1)     # VCC is one SGPR in wave32
 
     def run(w):
         if cond(w):

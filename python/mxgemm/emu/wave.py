@@ -57,6 +57,7 @@ class Wave:
         self.race = prog.race
         self.pend, self.qs = {}, [[] for _ in T.counters]
         self.exec = 0
+        self.signaled = False     # split barriers (gfx12): s_barrier_signal issued, s_barrier_wait not yet
         self.set_exec(0)
 
     def set_exec(self, x):
@@ -90,14 +91,14 @@ class Wave:
 
     # -- lockstep units
     def _state(self):
-        return self.pc, self.scc, self.exec, self.S
+        return self.pc, self.scc, self.exec, self.signaled, self.S
 
     def split(self):
         """The k single waves of this unit (their VGPRs are views of the same rows)."""
         out = []
         for i in range(self.k):
             w = Wave(self.emu, self.prog, self.kernel, self.wg, self.wid + i)
-            w.pc, w.scc, w.stop, w.done = self.pc, self.scc, self.stop, self.done
+            w.pc, w.scc, w.stop, w.done, w.signaled = self.pc, self.scc, self.stop, self.done, self.signaled
             w.S = list(self.S)
             w.set_exec(self.exec)
             w.pend, w.qs = dict(self.pend), [list(q) for q in self.qs]
@@ -121,7 +122,7 @@ def _merge(run):
         return run[0]
     a = run[0]
     w = Wave(a.emu, a.prog, a.kernel, a.wg, a.wid, sum(u.k for u in run))
-    w.pc, w.scc, w.S = a.pc, a.scc, list(a.S)
+    w.pc, w.scc, w.S, w.signaled = a.pc, a.scc, list(a.S), a.signaled
     w.set_exec(a.exec)
     recs = {}
     w.qs = []
