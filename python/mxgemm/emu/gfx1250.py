@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from . import race, regs as R, salu, valu, wmma  # noqa: F401  (wmma fills GFX12)
+from . import race, regs as R, salu, tdm, valu, wmma  # noqa: F401  (tdm, wmma fill GFX12)
 from . import float_atomics, mxcvt, vmem  # noqa: F401  (fill GFX9)
 from .isa import GFX9, GFX12, Operand, RaceError, f32, parse_operand, u32, u64
 from .target import Target

@@ -50,6 +50,8 @@ def classify(base: str, to_lds: bool = False):
         if base.startswith(("ds_swizzle", "ds_permute", "ds_bpermute", "ds_nop")):
             return "lds_xlane", 0
         return "lds_atomic", n
+    if base.startswith("tensor_"):          # tensor data mover: one descriptor-driven tile per wave
+        return ("tdm_store" if "store" in base else "tdm_load"), 0
     if base.startswith(("s_waitcnt", "s_wait_")):
         return "waitcnt", 0
     if base in ("s_barrier", "s_barrier_wait"):     # gfx12: s_barrier_signal + s_barrier_wait, one barrier
