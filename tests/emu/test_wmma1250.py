@@ -58,7 +58,7 @@ def values(fmt, codes):
     return codes.astype(np.uint8).view(DT[fmt]).astype(np.float64)
 
 
-def pack(codes, bits, rows32=False):
+def pack(codes, bits):
     """Lane registers uint32 [32, nregs] of an operand's codes [rows, K] (A, or B transposed)."""
     rows, K = codes.shape
     kw = {16: 8, 8: 16, 6: 32, 4: 32}[bits]      # K run of a lane half
@@ -69,20 +69,25 @@ def pack(codes, bits, rows32=False):
         bitstr = 0
         for i in range(per_lane):
             g, p = divmod(i, K // 2)
-            r = L if not rows32 else (L + 8 * g if L < 8 else L + 8 + 8 * g)
+            r = L + 16 * g              # the 32-row A: two 16-row operands, VGPRs 0-7 and 8-15
             k = p % kw + kw * h + 2 * kw * (p // kw)
             bitstr |= int(codes[r, k]) << (bits * i)
         out.append([(bitstr >> (32 * j)) & 0xFFFFFFFF for j in range(16)])
     return np.array(out, np.uint32)
 
 
+def d_row(l, r):
+    """Accumulator row of VGPR r in lane l (column l % 16): 8 rows per lane half, 32-row forms
+    stacking two 16-row tiles."""
+    return r % 8 + 8 * (l // 16) + 16 * (r // 8)
+
+
 def d_of(raw, M):
-    """[M, 16] accumulator from the raw lane-major output [32, M / 2]: lane l column l % 16, VGPR r
-    row r + (M / 2) (l // 16)."""
+    """[M, 16] accumulator from the raw lane-major output [32, M / 2]."""
     d = np.zeros((M, 16), np.float32)
     for l in range(32):
         for r in range(M // 2):
-            d[r + M // 2 * (l // 16), l % 16] = raw[l, r]
+            d[d_row(l, r), l % 16] = raw[l, r]
     return d
 
 
@@ -106,7 +111,7 @@ def test_wmma_form_matches_numpy(name):
     ref = C.astype(np.float64) + np.einsum("mkb,nkb->mn", (values(fa, A) * np.repeat(np.exp2(ea - 127.0), 32, 1)
                                                            ).reshape(M, -1, 1),
                                            (values(fb, B) * np.repeat(np.exp2(eb - 127.0), 32, 1)).reshape(16, -1, 1))
-    a_regs, b_regs = pack(A, BITS[fa], M == 32), pack(B, BITS[fb])
+    a_regs, b_regs = pack(A, BITS[fa]), pack(B, BITS[fb])
     sa, sb = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
     for m in range(M):          # scale bytes: row m's K blocks in lane m (+16 for the upper half)
         sa[m + 16 * (sel_a or 0)] = sum(int(ea[m, j]) << (8 * j) for j in range(nb))
@@ -115,7 +120,7 @@ def test_wmma_form_matches_numpy(name):
     c_raw = np.zeros((32, M // 2), np.float32)
     for l in range(32):
         for r in range(M // 2):
-            c_raw[l, r] = C[r + M // 2 * (l // 16), l % 16]
+            c_raw[l, r] = C[d_row(l, r), l % 16]
     emu, prog, _ = _prog()
     d = torch.zeros(32 * (M // 2))
     t = [torch.from_numpy(np.ascontiguousarray(x).view(np.int32).copy()) for x in (a_regs, b_regs)]

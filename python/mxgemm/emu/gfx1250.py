@@ -54,7 +54,7 @@ _RENAME = {"s_add_co_u32": "s_add_u32", "s_add_co_ci_u32": "s_addc_u32", "s_sub_
            "v_subrev_co_ci_u32": "v_subbrev_co_u32", "v_cls_i32": "v_ffbh_i32", "v_clz_i32_u32": "v_ffbh_u32",
            "v_ctz_i32_b32": "v_ffbl_b32", "v_mad_nc_u64_u32": "v_mad_u64_u32", "v_mad_nc_i64_i32": "v_mad_i64_i32",
            "v_bitop2_b32": "v_bitop3_b32", "ds_storexchg_rtn_b32": "ds_wrxchg_rtn_b32",
-           "v_dot2acc_f32_f16": "v_dot2c_f32_f16"}
+           "v_dot2acc_f32_f16": "v_dot2c_f32_f16", "s_addk_co_i32": "s_addk_i32"}
 _NOT = {"and_not1": "andn2", "or_not1": "orn2", "and_not0": "andn1", "or_not0": "orn1"}
 
 

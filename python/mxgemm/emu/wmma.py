@@ -7,9 +7,10 @@ row (A) / column (B) l % 16 of a 16-row operand; its elements, as one little-end
 of the lane's registers, run along K in runs of kw (KW: 16 for 8-bit, 32 for 6- and 4-bit,
 8 for 16-bit types) that alternate between the two lane halves: element i of half h is K = i % kw + kw * h + 2 kw * (i // kw).
 The 16x16 fp32 accumulator: lane l holds column l % 16, VGPR r row r + 8 (l // 16); the 32x16
-one row r + 16 (l // 16). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
-(or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1); the scale16
-forms take a 64-bit pair, byte j = K block j of 16."""
+one stacks two of them (VGPRs 8-15: rows 16-31). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
+(or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1), except the
+32-row A of the 32x16 form: row m from lane m; the scale16 forms take a 64-bit pair, byte j =
+K block j of 16."""
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,8 @@ _NAMES = {"fp8": "e4m3", "bf8": "e5m2", "bf16": "bf16", "f16": "f16"}
 @functools.lru_cache(maxsize=None)
 def ab_layout(rows: int, k: int, bits: int):
     """(row, kidx) [32, items]: item i of lane l is element [row, kidx] of a rows x k operand
-    (A as stored, B transposed). rows = 32: the 32x16x128 FP4 A operand, whose VGPRs 0-7 hold
-    rows 0-7 (lanes 0-7) and 16-23 (lanes 8-15), VGPRs 8-15 rows 8-15 and 24-31."""
+    (A as stored, B transposed). rows = 32 (the 32x16x128 FP4 A): two 16-row operands stacked,
+    VGPRs 0-7 rows 0-15, VGPRs 8-15 rows 16-31."""
     kw = KW[bits]
     lane = np.arange(LANES)[:, None]
     items = rows * k // LANES
@@ -39,17 +40,17 @@ def ab_layout(rows: int, k: int, bits: int):
     per_row = k // 2                          # items of one row in one lane half
     g, p = i // per_row, i % per_row
     kidx = p % kw + kw * (lane // 16) + 2 * kw * (p // kw)
-    L = lane % 16
-    row = L + (8 * g + 8 * (L >= 8) if rows == 32 else 0)
+    row = lane % 16 + 16 * g
     return np.ascontiguousarray(np.broadcast_to(row, kidx.shape)), np.ascontiguousarray(kidx)
 
 
 @functools.lru_cache(maxsize=None)
 def cd_layout(rows: int):
-    """(row, col) [rows / 2, 32] of the fp32 accumulator."""
+    """(row, col) [rows / 2, 32] of the fp32 accumulator: VGPR r of lane l is row r % 8 +
+    8 (l // 16) + 16 (r // 8), column l % 16 (the 32-row form stacks two 16-row ones)."""
     r = np.arange(rows // 2)[:, None]
     lane = np.arange(LANES)[None, :]
-    return (np.ascontiguousarray(np.broadcast_to(r + rows // 2 * (lane // 16), (rows // 2, LANES))),
+    return (np.ascontiguousarray(np.broadcast_to(r % 8 + 8 * (lane // 16) + 16 * (r // 8), (rows // 2, LANES))),
             np.ascontiguousarray(np.broadcast_to(lane % 16, (rows // 2, LANES))))
 
 
