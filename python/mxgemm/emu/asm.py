@@ -11,6 +11,9 @@ from .isa import Instr, UnsupportedInstruction, parse_mods, parse_operand, split
 _LABEL = re.compile(r"^([.\w$]+):")
 _FUNCTION = re.compile(r"^\s*\.type\s+([.\w$]+)\s*,\s*@function", re.M)
 _MNEMONIC = re.compile(r"^([a-z][a-z0-9_]*)\s*(.*)$")
+# gfx1250 encodes VGPRs 256-1023 via s_set_vgpr_msb; the assembler comments each operand with the
+# register it really names, `v13 /*v269*/`: take that one
+_REAL_VGPR = re.compile(r"[va](?:\d+|\[\d+:\d+\])\s*/\*\s*([va](?:\d+|\[\d+:\d+\]))\s*\*/")
 
 
 @dataclass
@@ -56,7 +59,7 @@ def _strip_comment(line: str) -> str:
     i = line.find("//")
     if i >= 0:
         line = line[:i]
-    return line.strip()
+    return _REAL_VGPR.sub(r"\1", line).strip() if "/*" in line else line.strip()
 
 
 def parse(text: str, sgprs: dict):
