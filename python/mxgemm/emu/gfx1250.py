@@ -15,7 +15,7 @@ import numpy as np
 
 from . import race, regs as R, salu, tdm, valu, wmma  # noqa: F401  (tdm, wmma fill GFX12)
 from . import float_atomics, mxcvt, vmem  # noqa: F401  (fill GFX9)
-from .isa import GFX9, GFX12, Operand, RaceError, f32, parse_operand, u32, u64
+from .isa import GFX9, GFX12, Operand, RaceError, UnsupportedInstruction, f32, parse_operand, u32, u64
 from .target import Target
 
 SGPRS = {"vcc": (106, 1), "vcc_lo": (106, 1), "vcc_hi": (107, 1), "null": (124, 1), "m0": (125, 1),
@@ -146,10 +146,19 @@ for _a in ("load", "store"):
     handler(f"s_wait_{_a}cnt_dscnt")(lambda ins, a=_a: salu.wait_closure(_waits(ins, [a, "ds"])))
 
 
+def _workgroup_barrier(ins):
+    """Only the workgroup barrier (id -1) is modelled: cluster (-3) and named barriers raise."""
+    if not ins.ops or ins.ops[0].kind != "const" or ins.ops[0].value != -1:
+        raise UnsupportedInstruction(f"barrier {ins.ops[0].text if ins.ops else '?'} (only the workgroup "
+                                     f"barrier -1 is modelled; clusters are not): {ins.where()}")
+
+
 @handler("s_barrier_signal")
 def _barrier_signal(ins):
     """Arrive at the workgroup barrier (s_barrier_wait then waits for the others); LDS writes
     not yet retired by s_wait_dscnt are not guaranteed visible after it (race.at_barrier)."""
+    _workgroup_barrier(ins)
+
     def run(w):
         if w.signaled:
             raise RaceError("s_barrier_signal again before s_barrier_wait: barriers of the waves no longer match")
@@ -161,6 +170,8 @@ def _barrier_signal(ins):
 
 @handler("s_barrier_wait")
 def _barrier_wait(ins):
+    _workgroup_barrier(ins)
+
     def run(w):
         if not w.signaled:
             raise RaceError("s_barrier_wait without s_barrier_signal: the workgroup barrier would never complete")

@@ -182,7 +182,7 @@ def _error(w, d, bad, write, X):
     me = int(np.broadcast_to(X, d.shape).ravel()[i])
     k = int(g.lw[j])
     if k >> WB == INFLIGHT:
-        what = "direct-to-LDS data not yet retired by s_waitcnt vmcnt + s_barrier"
+        what = "direct-to-LDS data not yet retired by its counter wait (s_waitcnt vmcnt / s_wait_tensorcnt) + barrier"
     else:
         other = (k if k >= EK else int(g.lr[j])) & WMASK
         what = (f"{'written' if write else 'read'} here while wave {other if other != SEVERAL else '(several)'} "

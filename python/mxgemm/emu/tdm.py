@@ -4,7 +4,9 @@ described by a D# in SGPR groups (docs/gfx1250_emulator.md §4 gives the fields 
 One op per wave (the D# is scalar). The tile is a stream of tile_dim1 rows of tile_dim0 elements;
 element (i1, i0) is at global byte base + (i1 * row_stride + i0) * size, and out of the tensor
 (i0 >= tensor_dim0 or i1 >= tensor_dim1; the dims count from the tile start) it reads 0 / is
-not stored. In LDS the stream is dense from the D#'s LDS address, plus pad_amount dwords after
+not stored. A D# whose predicate (group 0 bits 1:0) is 0 moves nothing but still counts on
+TENSORcnt (kernels predicate off the loads past the last K step and keep their wait counts).
+In LDS the stream is dense from the D#'s LDS address, plus pad_amount dwords after
 every pad_interval dwords when padding is on. Completion: TENSORcnt (s_wait_tensorcnt); until
 then the LDS bytes of a load count as in flight (race mode). Gather/scatter, iteration,
 3-D+ tiles and multicast to other workgroups of a cluster are not modelled: they raise."""
@@ -56,7 +58,8 @@ def _build(ins):
 
     def run(w):
         f = decode(*(g(w) for g in groups))
-        if not f["valid"]:
+        if not f["valid"]:     # predicated off: moves nothing but still counts on TENSORcnt
+            race.track_load(w, ins, "tensor", (), "store")
             return
         if f["gather"] or f["iterate"] or f["tile2"] > 1 or f["mcast"] & ~1:
             raise UnsupportedInstruction(f"tensor descriptor with gather/iterate/3-D tile/multicast: {f}")
