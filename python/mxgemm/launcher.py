@@ -18,7 +18,8 @@ import torch
 
 from . import guards, kernarg, toolchain
 
-EMU_ARCH = "gfx950"   # the arch ops run on the emulator (mxgemm.emu also runs gfx1250 artefacts)
+# the arch ops run on the emulator: gfx950, or any mxgemm.emu target via MXGEMM_EMU_ARCH (e.g. gfx1250)
+EMU_ARCH = os.environ.get("MXGEMM_EMU_ARCH") or "gfx950"
 BACKENDS = ("emu", "hip")
 
 _EMU_SETTINGS = threading.local()
