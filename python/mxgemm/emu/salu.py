@@ -384,9 +384,9 @@ def _smem_offset(ins, first):
     return lambda w: sum(p(w) for p in parts) + imm
 
 
-@handler("s_load_dword", "s_load_dwordx2", "s_load_dwordx4", "s_load_dwordx8", "s_load_dwordx16",
-         "s_buffer_load_dword", "s_buffer_load_dwordx2", "s_buffer_load_dwordx4", "s_buffer_load_dwordx8",
-         "s_buffer_load_dwordx16")
+@handler("s_load_dword", "s_load_dwordx2", "s_load_dwordx3", "s_load_dwordx4", "s_load_dwordx8", "s_load_dwordx16",
+         "s_buffer_load_dword", "s_buffer_load_dwordx2", "s_buffer_load_dwordx3", "s_buffer_load_dwordx4",
+         "s_buffer_load_dwordx8", "s_buffer_load_dwordx16")
 def _sload(ins):
     n = ins.ops[0].count
     r = ins.ops[0].index
@@ -398,9 +398,9 @@ def _sload(ins):
     def run(w):
         b = base(w)
         o = off(w)
-        if buf:   # V#: base [47:0], num_records in dword 2; out-of-range dwords read 0
-            addr = (b[0] | ((b[1] & 0xFFFF) << 32)) + (o & ~3)
-            nrec = b[2]
+        if buf:   # V# (the target's layout); out-of-range dwords read 0
+            vbase, _, nrec, _, _ = w.T.vsharp(b)
+            addr = vbase + (o & ~3)
             vals = w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32) if o < nrec else \
                 np.zeros(n, u32)
             vals = [int(v) if o + 4 * j < nrec else 0 for j, v in enumerate(vals)]
