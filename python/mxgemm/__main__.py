@@ -26,6 +26,10 @@ def cmd_info(args) -> int:
     print(f"gpu           {gpu or 'none'}")
     from .launcher import default_backend
     print(f"backend       {default_backend()}  (hip on a ROCm GPU, emu otherwise; MXGEMM_BACKEND forces one)")
+    from .emu.launch import TARGETS
+    for t in TARGETS.values():
+        print(f"emulator      {t.arch}: wave{t.wave}, {t.lds_bytes // 1024} KiB LDS, wait counters "
+              f"{'/'.join(t.counters)}")
     print(f"cache         {toolchain.cache_dir()}")
     return 0
 
