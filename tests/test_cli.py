@@ -41,3 +41,10 @@ def test_verbose_build_labels_variants_by_registry_name(capsys):
     assert [l.split()[:4] for l in lines[:-1]] == [["mxfp8_dequant", "hip", "base", "mxfp8_dequant"],
                                                    ["mxfp8_dequant_flydsl", "flydsl", "base", "mxfp8_dequant"]]
     assert re.fullmatch(r"2 artefacts of 2 kernels ready: \d compiled, \d cached, \d+\.\d\d s", lines[-1]), lines[-1]
+
+
+def test_info_lists_every_emulator_target(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "emulator      gfx950: wave64, 160 KiB LDS" in out
+    assert "emulator      gfx1250: wave32, 320 KiB LDS, wait counters load/store/ds/km/tensor" in out

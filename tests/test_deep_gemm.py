@@ -327,7 +327,7 @@ def test_arch_guard(monkeypatch):
     from mxgemm import launcher
     from mxgemm.ops._op import OPS
     monkeypatch.setattr(launcher, "EMU_ARCH", "gfx1250")
-    monkeypatch.setattr(OPS["deep_gemm_fp8_grouped_gemm"], "_plans", {})
+    OPS["deep_gemm_fp8_grouped_gemm"].clear_plans()
     t = _valid()
     with pytest.raises(guards.GuardError, match=r"\[arch\] the emulator runs gfx1250 code"):
         _call(t, False)

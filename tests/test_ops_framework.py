@@ -52,6 +52,33 @@ def test_plan_cache_key_tells_apart_what_guards_read():
     assert op._key([x.clone(), s.clone(), None, "hip"]) == base
 
 
+def test_recent_plan_fast_path_never_returns_another_calls_plan():
+    """The cached path (recent plans checked by torch's C++ tensor guard) tells calls apart by
+    shape, dtype, strides, optional tensors and the other arguments, like the planner would;
+    a tensor passed twice, which that guard cannot check, takes the Python-key path."""
+    from mxgemm.ops._op import RECENT_PLANS
+    op = OPS["mxfp8_dequantize"]
+    op.clear_plans()
+    u8 = lambda *s: torch.zeros(*s, dtype=torch.uint8)  # noqa: E731
+    calls = [[u8(2, 64), u8(2, 2), None, "hip"], [u8(1, 64), u8(1, 2), None, "hip"],
+             [u8(2, 128), u8(2, 4), None, "hip"], [u8(2, 64).view(torch.float8_e4m3fn), u8(2, 2), None, "hip"],
+             [u8(2, 64), u8(2, 2), torch.zeros(2, 64), "hip"], [u8(2, 64), u8(2, 2), None, "flydsl"]]
+    plans = [op.plan(c) for c in calls]
+    assert len(op._recent) == len(calls) and len(set(map(id, plans))) == len(calls)
+    for c, p in zip(calls, plans):   # again, with fresh tensors, once every other call is recent too
+        assert op.plan([v.clone() if isinstance(v, torch.Tensor) else v for v in c]) is p
+    with pytest.raises(guards.GuardError, match=r"\[contiguity\]"):   # same shape, transposed strides
+        op.plan([u8(64, 2).t(), u8(2, 2), None, "hip"])
+    for m in range(1, 2 * RECENT_PLANS):
+        op.plan([u8(m, 64), u8(m, 2), None, "hip"])
+    assert len(op._recent) == RECENT_PLANS
+    grouped = OPS["grouped_gemm_fp8_kernel"]
+    grouped.clear_plans()
+    flat = list(dispatch_calls()["grouped_gemm_fp8_kernel"][0].args[0])
+    flat[1] = flat[3] = torch.ones(1)   # one scale tensor for both operands
+    assert grouped.plan(flat) is grouped.plan(flat) and not grouped._recent
+
+
 def test_registry_argument_order_matches_each_kernels_metadata():
     """Kernel.args (what the framework packs, by name) has one name per explicit argument of
     the compiled kernel: op tensors exactly at the pointer slots, scalars at by-value slots."""

@@ -1,4 +1,4 @@
-"""python -m mxgemm {info,build,demo,bench}
+"""python -m mxgemm {info,build,demo,bench,perf}
 
 Without a command it prints this help and exits with status 2. `build` with an unknown kernel,
 an arch no selected kernel supports, or a failed compile prints one error message (no
@@ -26,6 +26,10 @@ def cmd_info(args) -> int:
     print(f"gpu           {gpu or 'none'}")
     from .launcher import default_backend
     print(f"backend       {default_backend()}  (hip on a ROCm GPU, emu otherwise; MXGEMM_BACKEND forces one)")
+    from .emu.launch import TARGETS
+    for t in TARGETS.values():
+        print(f"emulator      {t.arch}: wave{t.wave}, {t.lds_bytes // 1024} KiB LDS, wait counters "
+              f"{'/'.join(t.counters)}")
     print(f"cache         {toolchain.cache_dir()}")
     return 0
 
@@ -76,6 +80,11 @@ def cmd_bench(args) -> int:
     return bench.main(args.what)
 
 
+def cmd_perf(args) -> int:
+    from . import perf
+    return perf.main(args.rest)   # perf parses its own options (python -m mxgemm perf --help)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxgemm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,7 +101,12 @@ def main(argv=None) -> int:
     be = sub.add_parser("bench", help="benchmarks that print numbers")
     be.add_argument("what", choices=["dispatch", "emu"], help="what to measure")
     be.set_defaults(fn=cmd_bench)
-    args = p.parse_args(argv)
+    sub.add_parser("perf", help="performance model: roofline + hot-loop analysis (perf --help)",
+                   add_help=False).set_defaults(fn=cmd_perf)
+    args, rest = p.parse_known_args(argv)
+    if rest and args.cmd != "perf":
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     if args.cmd is None:          # bare `python -m mxgemm`: the help, as a usage error (exit 2)
         p.print_help()
         return 2

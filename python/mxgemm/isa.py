@@ -111,7 +111,7 @@ def _metadata(asm: str) -> dict:
     return meta
 
 
-def _body(asm: str, name: str) -> list[str]:
+def body(asm: str, name: str) -> list[str]:
     """Instruction lines of function ``name`` (from its label to the end of function)."""
     lines = asm.splitlines()
     try:
@@ -129,7 +129,7 @@ def _body(asm: str, name: str) -> list[str]:
 
 
 def histogram(asm: str, name: str) -> Counter:
-    return Counter(l.split()[0] for l in _body(asm, name))
+    return Counter(l.split()[0] for l in body(asm, name))
 
 
 def kernel_names(asm: str) -> list[str]:

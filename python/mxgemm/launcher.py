@@ -18,7 +18,8 @@ import torch
 
 from . import guards, kernarg, toolchain
 
-EMU_ARCH = "gfx950"   # the one arch mxgemm.emu executes
+# the arch ops run on the emulator: gfx950, or any mxgemm.emu target via MXGEMM_EMU_ARCH (e.g. gfx1250)
+EMU_ARCH = os.environ.get("MXGEMM_EMU_ARCH") or "gfx950"
 BACKENDS = ("emu", "hip")
 
 _EMU_SETTINGS = threading.local()
@@ -97,6 +98,11 @@ def layout(art):
     return got
 
 
+def last_emulator_stats() -> dict | None:
+    """Counters (mxgemm.emu.stats) of this thread's last emulator launch through ``launch``."""
+    return getattr(_EMU_SETTINGS, "last_stats", None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Backends
 # ---------------------------------------------------------------------------------------------
@@ -121,12 +127,13 @@ _PROGRAMS: dict = {}
 
 def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
     from .emu import Emulator
-    if art.arch != EMU_ARCH:
-        raise ValueError(f"the emulator runs {EMU_ARCH} code only; {art.kernel} was built for {art.arch}")
+    from .emu.launch import TARGETS
+    if art.arch not in TARGETS:
+        raise ValueError(f"the emulator runs {'/'.join(TARGETS)} code; {art.kernel} was built for {art.arch}")
     # GPU tensors (MXGEMM_BACKEND=emu on a ROCm machine) run on CPU copies
     host = [a.cpu() if isinstance(a, torch.Tensor) and a.device.type != "cpu" else a for a in args]
     settings = _emu_settings()
-    emu = Emulator(arch=EMU_ARCH, race_check=settings["race_check"], wg_order=settings["wg_order"],
+    emu = Emulator(arch=art.arch, race_check=settings["race_check"], wg_order=settings["wg_order"],
                    seed=settings["seed"])
     key = (art.asm_path, settings["race_check"])
     prog = emu.load(settings["asm_edit"](art.asm)) if settings["asm_edit"] else _PROGRAMS.get(key)
@@ -135,6 +142,7 @@ def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
     kernarg_bytes = kernarg.pack(slots, size, host, grid, block, dynamic_lds, runtime=emu.hidden_runtime)
     emu.launch_kernarg(prog, art.symbol, grid, block, kernarg_bytes,
                        [a for a in host if isinstance(a, torch.Tensor)], dynamic_lds, settings["workgroups"])
+    _EMU_SETTINGS.last_stats = emu.last_stats
     for a, h in zip(args, host):
         if h is not a and any(a is w for w in writes):
             a.copy_(h)

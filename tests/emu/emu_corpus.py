@@ -158,9 +158,9 @@ MXGEMM_KERNEL(gemm)(float* __restrict__ C, const float* __restrict__ A, const fl
 
 
 @functools.lru_cache(maxsize=None)
-def asm_of(name):
+def asm_of(name, arch="gfx950"):
     from mxgemm.toolchain import compile_hip_source
-    return compile_hip_source(KERNELS[name], "gfx950")
+    return compile_hip_source(KERNELS[name], arch)
 
 
 def rng(seed=0):

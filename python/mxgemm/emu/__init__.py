@@ -1,4 +1,4 @@
-"""CPU emulator for AMDGPU kernel assembly (target gfx950: CDNA4, wave64).
+"""CPU emulator for AMDGPU kernel assembly (targets gfx950: CDNA4, wave64; gfx1250: wave32).
 
     from mxgemm.emu import Emulator, EmulatorFault, RaceError, UnsupportedInstruction
     emu = Emulator(arch="gfx950", race_check=True, wg_order="linear")   # or "shuffled", seed=, lockstep=False
@@ -11,7 +11,9 @@
 
 Modules: ``isa`` (operand decoding, errors, handler tables), ``asm`` (assembly and metadata
 parsing), ``target`` (what the core needs to know about an ISA target) and one module per
-target (``gfx950``: wave size, named SGPRs, s_waitcnt encoding, LDS size, handler table),
+target (``gfx950``: wave size, named SGPRs, s_waitcnt encoding, LDS size, handler table;
+``gfx1250``: the same plus split wait counters and barriers, gfx12 names mapped onto the gfx9
+builders, with ``wmma`` (matrix) and ``tdm`` (tensor data mover) handler modules),
 ``regs`` (register/operand access), ``memory`` (global buffers), ``memfault`` (fault text
 naming the nearest buffer), ``lds`` (shared memory), ``race`` (outstanding-load and LDS race
 tracking), ``wave`` (waves, workgroups, scheduling, private segments), ``launch`` (programs,
@@ -22,7 +24,8 @@ from its tables, listed in ``launch.TARGETS``.
 
 Handler-registration API (for handler modules such as ``emu/matrix.py``)
 -----------------------------------------------------------------------
-A handler module registers *builders* in a handler table (``isa.GFX9``, via ``isa.handler``);
+A handler module registers *builders* in a handler table (``isa.GFX9``, via ``isa.handler``, or
+``isa.GFX12`` for gfx12-only instructions);
 a builder runs once per instruction at ``emu.load`` time and returns the closure executed
 each time a wave issues the instruction::
 

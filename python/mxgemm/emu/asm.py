@@ -6,11 +6,14 @@ import re
 from dataclasses import dataclass, field
 
 from .. import isa as static_isa
-from .isa import Instr, parse_mods, parse_operand, split_operands
+from .isa import Instr, UnsupportedInstruction, parse_mods, parse_operand, split_operands
 
 _LABEL = re.compile(r"^([.\w$]+):")
 _FUNCTION = re.compile(r"^\s*\.type\s+([.\w$]+)\s*,\s*@function", re.M)
 _MNEMONIC = re.compile(r"^([a-z][a-z0-9_]*)\s*(.*)$")
+# gfx1250 encodes VGPRs 256-1023 via s_set_vgpr_msb; the assembler comments each operand with the
+# register it really names, `v13 /*v269*/`: take that one
+_REAL_VGPR = re.compile(r"[va](?:\d+|\[\d+:\d+\])\s*/\*\s*([va](?:\d+|\[\d+:\d+\]))\s*\*/")
 
 
 @dataclass
@@ -56,7 +59,7 @@ def _strip_comment(line: str) -> str:
     i = line.find("//")
     if i >= 0:
         line = line[:i]
-    return line.strip()
+    return _REAL_VGPR.sub(r"\1", line).strip() if "/*" in line else line.strip()
 
 
 def parse(text: str, sgprs: dict):
@@ -109,10 +112,28 @@ def _parse_code(lines, names, sgprs):
             if s.startswith((".section", ".amdhsa_kernel", ".end_amdgpu")):
                 cur = None
             continue
-        m = _MNEMONIC.match(s)
-        if not m:
-            continue
-        ops, mods = split_operands(m.group(2))
-        cur.instrs.append(Instr(m.group(1), [parse_operand(o, sgprs) for o in ops], parse_mods(mods), no, ln,
-                                cur.name))
+        parts = [_instr(p, no, ln, cur.name, sgprs) for p in s.split("::")]
+        cur.instrs.extend(p for p in (_dual_order(*parts) if len(parts) == 2 else parts) if p is not None)
     return codes
+
+
+def _instr(s, no, ln, kernel, sgprs):
+    m = _MNEMONIC.match(s.strip())
+    if not m:
+        return None
+    ops, mods = split_operands(m.group(2))
+    return Instr(m.group(1), [parse_operand(o, sgprs) for o in ops], parse_mods(mods), no, ln, kernel)
+
+
+def _regs(ops):
+    return {(o.kind, o.index + j) for o in ops if o.is_reg for j in range(o.count)}
+
+
+def _dual_order(x, y):
+    """A dual-issue (VOPD, 'X :: Y') pair as two instructions: both read their sources before
+    either writes, so Y goes first when X writes a register Y reads."""
+    if not _regs(x.ops[:1]) & _regs(y.ops[1:]):
+        return x, y
+    if _regs(y.ops[:1]) & _regs(x.ops[1:]):
+        raise UnsupportedInstruction(f"dual-issue pair with crossed operands: {x.where()}")
+    return y, x

@@ -17,5 +17,6 @@ def decode_waitcnt(v):
     return (None if vm == 63 else vm), (None if lgkm == 15 else lgkm)
 
 
-TARGET = Target("gfx950", wave=64, sgprs=SGPRS, lds_bytes=160 * 1024, decode_waitcnt=decode_waitcnt,
-                handlers=GFX9)
+TARGET = Target("gfx950", wave=64, sgprs=SGPRS, lds_bytes=160 * 1024, counters=("vm", "lgkm"),
+                route=lambda counter, kind: counter, handlers=GFX9, vsharp=vmem.vsharp_gfx9,
+                decode_waitcnt=decode_waitcnt)

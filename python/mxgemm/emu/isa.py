@@ -67,6 +67,7 @@ class HandlerTable(dict):
 
 GFX9 = HandlerTable()      # gfx9-family instructions (gfx950)
 handler = GFX9.register
+GFX12 = HandlerTable()     # gfx12-only instructions (gfx1250); gfx1250.py maps the rest onto GFX9
 
 
 def base_mnemonic(m: str) -> str:

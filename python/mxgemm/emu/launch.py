@@ -8,13 +8,13 @@ import numpy as np
 
 from .. import kernarg
 from . import asm as _asm
-from . import gfx950
+from . import gfx950, gfx1250
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
 from .memory import Memory, SparseBuffer
 from .stats import LaunchCounter, select_workgroups
 from .wave import Wave, Workgroup, run_workgroup
 
-TARGETS = {t.arch: t for t in (gfx950.TARGET,)}
+TARGETS = {t.arch: t for t in (gfx950.TARGET, gfx1250.TARGET)}
 
 
 class Program:
@@ -197,8 +197,10 @@ class Emulator:
             user += [int(x) for x in kb]
         s = d("user_sgpr_count", len(user))
         w.S[:len(user)] = user
+        if w.T.ttmp_ids:   # architected SGPRs: x in ttmp9, y | z << 16 in ttmp7; no cluster (ttmp6 = 0)
+            w.S[w.T.sgprs["ttmp9"][0]], w.S[w.T.sgprs["ttmp7"][0]] = wgid[0], wgid[1] | wgid[2] << 16
         for axis, key in enumerate(("x", "y", "z")):
-            if d(f"system_sgpr_workgroup_id_{key}", 1 if key == "x" else 0):
+            if not w.T.ttmp_ids and d(f"system_sgpr_workgroup_id_{key}", 1 if key == "x" else 0):
                 w.S[s] = wgid[axis]
                 s += 1
         if d("system_sgpr_workgroup_info"):

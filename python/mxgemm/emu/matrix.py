@@ -70,19 +70,20 @@ def cd_layout(mn: int):
 
 
 def unpack_items(regs: np.ndarray, bits: int, items: int) -> np.ndarray:
-    """Element codes [64, items] of a lane-packed operand: the lane's registers form one
+    """Element codes [lanes, items] of a lane-packed operand: the lane's registers form one
     little-endian bit string and item i is bits [bits*i + bits-1 : bits*i] (ISA §7.1.4)."""
-    regs = np.ascontiguousarray(np.asarray(regs, dtype=np.uint32).T)    # [64, nregs]
-    by = regs.view(np.uint8)                                            # [64, 4*nregs]
+    regs = np.ascontiguousarray(np.asarray(regs, dtype=np.uint32).T)    # [lanes, nregs]
+    lanes = regs.shape[0]
+    by = regs.view(np.uint8)                                            # [lanes, 4*nregs]
     if bits == 8:
         return by[:, :items].astype(np.uint32)
     if bits == 16:
         return regs.view(np.uint16)[:, :items].astype(np.uint32)
     if bits == 4:
-        nib = np.stack([by & 0xF, by >> 4], axis=-1).reshape(64, -1)
+        nib = np.stack([by & 0xF, by >> 4], axis=-1).reshape(lanes, -1)
         return nib[:, :items].astype(np.uint32)
     bitv = np.unpackbits(by, axis=1, bitorder="little")[:, : bits * items]
-    return (bitv.reshape(64, items, bits).astype(np.uint32) << np.arange(bits, dtype=np.uint32)).sum(
+    return (bitv.reshape(lanes, items, bits).astype(np.uint32) << np.arange(bits, dtype=np.uint32)).sum(
         axis=2, dtype=np.uint32)
 
 

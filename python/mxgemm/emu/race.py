@@ -1,8 +1,8 @@
 """Race tracking: registers read or overwritten while a load is outstanding (no s_waitcnt
 retired it), and LDS bytes two waves touch in one barrier epoch.
 
-Registers: a wave keeps the outstanding memory ops per wait counter (``vmq``, ``lgkmq``) and a
-map ``pend`` register key -> op. LDS: per dword the last writer and last reader are packed as
+Registers: a wave keeps the outstanding memory ops per wait counter of its target (``qs``, one
+queue per counter, e.g. vmcnt and lgkmcnt on gfx950) and a map ``pend`` register key -> op. LDS: per dword the last writer and last reader are packed as
 epoch << WB | wave; an access conflicts with another wave's access in the same epoch. Reads
 while no dword has been written in the epoch (``wtop``, an upper bound of every writer stamp)
 cannot conflict; they are logged, and their reader stamps applied only when a write of the
@@ -44,12 +44,14 @@ class _Rec:
 
 
 def track_load(w, ins, counter, keys=(), kind="load", lds=None):
-    """Record an outstanding memory op (counter 'vm' or 'lgkm'; kind 'load', 'store',
-    'smem', 'lds_write' (lds = dword indices written), 'async' (direct-to-LDS))."""
+    """Record an outstanding memory op (counter: the memory class, 'vm' (vector memory), 'lgkm'
+    (LDS, scalar memory) or 'tensor' (tensor data mover); kind 'load', 'store', 'smem',
+    'lds_write' (lds = dword indices written), 'async' (direct-to-LDS)); the target routes
+    (counter, kind) to one of its wait counters."""
     if not w.race:
         return
     rec = _Rec(keys, ins, kind, lds)
-    (w.vmq if counter == "vm" else w.lgkmq).append(rec)
+    w.qs[w.T.route[counter, kind]].append(rec)
     for k in keys:
         w.pend[k] = rec
 
@@ -72,35 +74,34 @@ def _own(w, k):
     return x == w.wid if w.k == 1 else (x >= w.wid) & (x < w.wid + w.k)
 
 
-def waitcnt(w, vm, lgkm):
-    """Retire outstanding ops: vmcnt in order; LDS ops in order but scalar loads may return out
-    of order, so only lgkmcnt(0) is known to cover them [ISA §4.4; docs/gfx950_isa.md §7]."""
-    if vm is not None:
-        while len(w.vmq) > vm:
-            _retire(w, w.vmq.pop(0))
-    if lgkm is not None and len(w.lgkmq) > lgkm:
-        q = w.lgkmq
-        if lgkm == 0:
-            for rec in q:
-                _retire(w, rec)
-            q.clear()
-            return
-        need = len(q) - lgkm - sum(1 for r in q if r.kind == "smem")
-        keep = []
+def waitcnt(w, i, n):
+    """Wait until counter i of the target counts at most n ops: retire ops in issue order, but
+    scalar loads may return out of order, so only a count of 0 is known to cover them
+    [ISA §4.4; docs/gfx950_isa.md §7]."""
+    q = w.qs[i]
+    if len(q) <= n:
+        return
+    if n == 0:
         for rec in q:
-            if need > 0 and rec.kind != "smem":
-                _retire(w, rec)
-                need -= 1
-            else:
-                keep.append(rec)
-        w.lgkmq = keep
+            _retire(w, rec)
+        q.clear()
+        return
+    need = len(q) - n - sum(1 for r in q if r.kind == "smem")
+    keep = []
+    for rec in q:
+        if need > 0 and rec.kind != "smem":
+            _retire(w, rec)
+            need -= 1
+        else:
+            keep.append(rec)
+    w.qs[i] = keep
 
 
 def at_barrier(w):
     """A wave arrives at s_barrier: LDS writes it has not waited for are not guaranteed
     visible after the barrier, so they count as written in the next epoch."""
     g = w.wg
-    for rec in w.lgkmq:
+    for rec in (r for q in w.qs for r in q):
         if rec.kind == "lds_write":
             d = rec.lds
             k = g.lw[d]
@@ -181,7 +182,7 @@ def _error(w, d, bad, write, X):
     me = int(np.broadcast_to(X, d.shape).ravel()[i])
     k = int(g.lw[j])
     if k >> WB == INFLIGHT:
-        what = "direct-to-LDS data not yet retired by s_waitcnt vmcnt + s_barrier"
+        what = "direct-to-LDS data not yet retired by its counter wait (s_waitcnt vmcnt / s_wait_tensorcnt) + barrier"
     else:
         other = (k if k >= EK else int(g.lr[j])) & WMASK
         what = (f"{'written' if write else 'read'} here while wave {other if other != SEVERAL else '(several)'} "

@@ -164,6 +164,8 @@ def sdst(ins: Instr, i: int, bits: int = 32):
     """Setter (w, python int) for a scalar destination (exec writes refresh the lane mask)."""
     op = ins.ops[i]
     r = op.index
+    if r == ins.prog.target.null:
+        return lambda w, val: None
     keys = reg_keys(ins, i) if ins.prog.race else ()
     EXEC = ins.prog.target.exec
     touches_exec = r <= EXEC + 1 and r + op.count > EXEC

@@ -173,11 +173,12 @@ def _cmov(ins):
 
 
 def _saveexec(ins, f, wrexec):
-    a, d = sget(ins, 1, 64), R.sdst(ins, 0, 64)
+    bits = 32 if ins.mnemonic.endswith("_b32") else 64    # _b32: the wave32 forms
+    a, d = sget(ins, 1, bits), R.sdst(ins, 0, bits)
 
     def run(w):
         old = w.exec
-        new = f(a(w), old) & MASK64
+        new = f(a(w), old) & w.T.full
         w.set_exec(new)
         d(w, new if wrexec else old)
         w.scc = int(new != 0)
@@ -278,15 +279,16 @@ def _branch(ins):
     return run
 
 
-_COND = {"s_cbranch_scc0": lambda v: lambda w: not w.scc, "s_cbranch_scc1": lambda v: lambda w: w.scc,
-         "s_cbranch_vccz": lambda v: lambda w: not (w.S[v] | w.S[v + 1]),
-         "s_cbranch_vccnz": lambda v: lambda w: w.S[v] | w.S[v + 1],
-         "s_cbranch_execz": lambda v: lambda w: not w.exec, "s_cbranch_execnz": lambda v: lambda w: w.exec}
+_COND = {"s_cbranch_scc0": lambda v, h: lambda w: not w.scc, "s_cbranch_scc1": lambda v, h: lambda w: w.scc,
+         "s_cbranch_vccz": lambda v, h: lambda w: not (w.S[v] | w.S[h]),
+         "s_cbranch_vccnz": lambda v, h: lambda w: w.S[v] | w.S[h],
+         "s_cbranch_execz": lambda v, h: lambda w: not w.exec, "s_cbranch_execnz": lambda v, h: lambda w: w.exec}
 
 
 def _cbranch(ins, cond):
     t = ins.target
-    cond = cond(ins.prog.target.vcc)
+    T = ins.prog.target
+    cond = cond(T.vcc, T.vcc + T.sgprs["vcc"][1] - 1)     # VCC is one SGPR in wave32
 
     def run(w):
         if cond(w):
@@ -352,23 +354,22 @@ def _waitcnt(ins):
                 lgkm = int(tok[8:tok.index(")")], 0)
     elif ins.ops and ins.ops[0].kind == "const":   # raw simm16
         vm, lgkm = ins.prog.target.decode_waitcnt(ins.ops[0].value)
+    return wait_closure([(i, n) for i, n in enumerate((vm, lgkm)) if n is not None])
 
+
+def wait_closure(waits):
+    """Closure retiring outstanding ops: waits lists (counter index, count) of the target."""
     def run(w):
         if w.race:
-            race.waitcnt(w, vm, lgkm)
+            for i, n in waits:
+                race.waitcnt(w, i, n)
     return run
 
 
 @handler("s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt")
 def _waitcnt_sep(ins):
     n = ins.ops[-1].value & 0xFFFF if ins.ops[-1].kind == "const" else 0
-    vm = n if "vmcnt" in ins.base else None
-    lgkm = None if vm is not None else n
-
-    def run(w):
-        if w.race:
-            race.waitcnt(w, vm, lgkm)
-    return run
+    return wait_closure([(0 if "vmcnt" in ins.base else 1, n)])
 
 
 # ---------------------------------------------------------------------------- scalar memory
@@ -383,9 +384,9 @@ def _smem_offset(ins, first):
     return lambda w: sum(p(w) for p in parts) + imm
 
 
-@handler("s_load_dword", "s_load_dwordx2", "s_load_dwordx4", "s_load_dwordx8", "s_load_dwordx16",
-         "s_buffer_load_dword", "s_buffer_load_dwordx2", "s_buffer_load_dwordx4", "s_buffer_load_dwordx8",
-         "s_buffer_load_dwordx16")
+@handler("s_load_dword", "s_load_dwordx2", "s_load_dwordx3", "s_load_dwordx4", "s_load_dwordx8", "s_load_dwordx16",
+         "s_buffer_load_dword", "s_buffer_load_dwordx2", "s_buffer_load_dwordx3", "s_buffer_load_dwordx4",
+         "s_buffer_load_dwordx8", "s_buffer_load_dwordx16")
 def _sload(ins):
     n = ins.ops[0].count
     r = ins.ops[0].index
@@ -397,9 +398,9 @@ def _sload(ins):
     def run(w):
         b = base(w)
         o = off(w)
-        if buf:   # V#: base [47:0], num_records in dword 2; out-of-range dwords read 0
-            addr = (b[0] | ((b[1] & 0xFFFF) << 32)) + (o & ~3)
-            nrec = b[2]
+        if buf:   # V# (the target's layout); out-of-range dwords read 0
+            vbase, _, nrec, _, _ = w.T.vsharp(b)
+            addr = vbase + (o & ~3)
             vals = w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32) if o < nrec else \
                 np.zeros(n, u32)
             vals = [int(v) if o + 4 * j < nrec else 0 for j, v in enumerate(vals)]

@@ -28,7 +28,7 @@ def _bytes(name, table):
 def classify(base: str, to_lds: bool = False):
     """(class, bytes per active lane or 0) of an instruction's bare mnemonic (to_lds: a buffer
     load with the lds modifier)."""
-    if base.startswith(("v_mfma", "v_smfmac")):
+    if base.startswith(("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")):
         return "mfma", 0
     if base.startswith(_VMEM):
         n = _bytes(base, _VMEM_BYTES)
@@ -50,9 +50,11 @@ def classify(base: str, to_lds: bool = False):
         if base.startswith(("ds_swizzle", "ds_permute", "ds_bpermute", "ds_nop")):
             return "lds_xlane", 0
         return "lds_atomic", n
-    if base.startswith("s_waitcnt"):
+    if base.startswith("tensor_"):          # tensor data mover: one descriptor-driven tile per wave
+        return ("tdm_store" if "store" in base else "tdm_load"), 0
+    if base.startswith(("s_waitcnt", "s_wait_")):
         return "waitcnt", 0
-    if base == "s_barrier":
+    if base in ("s_barrier", "s_barrier_wait"):     # gfx12: s_barrier_signal + s_barrier_wait, one barrier
         return "barrier", 0
     if base.startswith(("s_load", "s_buffer_load", "s_store", "s_buffer_store", "s_dcache", "s_memtime",
                         "s_memrealtime")):

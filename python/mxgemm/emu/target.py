@@ -16,11 +16,20 @@ class Target:
     wave: int                        # lanes per wave; EXEC and VCC are this many bits wide
     sgprs: dict                      # assembler name -> (first scalar register number, count)
     lds_bytes: int                   # LDS per workgroup
-    decode_waitcnt: Callable         # s_waitcnt simm16 -> (vmcnt, lgkmcnt), None = not waited on
-    handlers: HandlerTable           # mnemonic -> builder
+    counters: tuple                  # names of the wait counters (race mode keeps one queue each)
+    route: Callable                  # (memory class 'vm' | 'lgkm' | 'tensor', kind) -> counter name
+    handlers: HandlerTable           # .builder(ins) -> builder or None (gfx1250: a lookup over GFX12 then GFX9)
+    vsharp: Callable                 # buffer resource (four SGPR values) -> (base, stride, num_records, add_tid, swizzle)
+    decode_waitcnt: Callable = None  # s_waitcnt simm16 -> (vmcnt, lgkmcnt), None = not waited on
+    ttmp_ids: bool = False           # workgroup ids in ttmp9 / ttmp7 (architected SGPRs), not user SGPRs
     lane: np.ndarray = field(init=False)
 
     def __post_init__(self):
         self.vcc, self.m0, self.exec = (self.sgprs[k][0] for k in ("vcc", "m0", "exec"))
+        self.null = self.sgprs["null"][0] if "null" in self.sgprs else None   # reads 0, writes dropped
+        # (memory class, kind) -> queue index, looked up by race.track_load
+        route = {(c, k): self.route(c, k) for c in ("vm", "lgkm", "tensor")
+                 for k in ("load", "store", "smem", "lds_write", "async")}
+        self.route = {ck: self.counters.index(n) for ck, n in route.items() if n in self.counters}
         self.full = (1 << self.wave) - 1               # EXEC with every lane on
         self.lane = np.arange(self.wave)               # lane index within the wave

@@ -312,6 +312,7 @@ def _dpp_source(mods, n):
     for k, f in (("row_shl", lambda n: np.where(r + n < 16, l + n, -1)),
                  ("row_shr", lambda n: np.where(r - n >= 0, l - n, -1)),
                  ("row_ror", lambda n: row_base + ((r - n) & 15)),
+                 ("row_share", lambda n: row_base + n), ("row_xmask", lambda n: row_base + (r ^ n)),   # gfx10+
                  ("wave_shl", lambda _: np.where(l + 1 < n, l + 1, -1)),
                  ("wave_shr", lambda _: np.where(l - 1 >= 0, l - 1, -1)),
                  ("wave_rol", lambda _: (l + 1) % n), ("wave_ror", lambda _: (l - 1) % n)):

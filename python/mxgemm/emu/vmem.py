@@ -58,13 +58,17 @@ def _split(base, prefix):
 
 # ---------------------------------------------------------------------------- global / flat
 
-def _gaddr(ins, vi, si):
-    """Getter w -> uint64 [64] address of a global/flat access."""
+def _gaddr(ins, vi, si, size=None):
+    """Getter w -> uint64 [w.n] address of a global/flat access; with scale_offset (gfx1250) the
+    32-bit VGPR offset counts elements of the access size."""
     off = ins.mods.get("offset", 0)
     if si is None or ins.ops[si].kind == "off":
         v = R.src(ins, vi, "u64")
         return lambda w: v(w) + u64(off & 0xFFFFFFFFFFFFFFFF) if off >= 0 else v(w) - u64(-off)
     v, s = R.src(ins, vi, "u32"), R.src(ins, si, "u64")
+    if ins.mods.get("scale_offset"):
+        v32, sc = v, u64(size)
+        v = lambda w: v32(w).astype(u64) * sc  # noqa: E731
     return lambda w: (s(w) + v(w).astype(u64) + u64(off & 0xFFFFFFFF)) if off >= 0 else \
         (s(w) + v(w).astype(u64) - u64(-off))
 
@@ -79,7 +83,7 @@ def _gmem_load(w, addr, size):
 def _global_load(ins):
     prefix = ins.base.split("_")[0]
     size, signed, d16 = _SIZES[ins.base.split("_load_")[1]]
-    addr = _gaddr(ins, 1, 2 if prefix == "global" else None)
+    addr = _gaddr(ins, 1, 2 if prefix == "global" else None, size)
     sink = _load_sink(ins, 0, size, signed, d16)
     keys = R.reg_keys(ins, 0)
     flat = prefix == "flat"
@@ -102,7 +106,7 @@ def _global_store(ins):
     prefix = ins.base.split("_")[0]
     sz = ins.base.split("_store_")[1]
     size = _SIZES[sz][0]
-    addr = _gaddr(ins, 0, 2 if prefix == "global" else None)
+    addr = _gaddr(ins, 0, 2 if prefix == "global" else None, size)
     data = _data_source(ins, 1, size, sz.endswith("d16_hi"))
     flat = prefix == "flat"
 
@@ -155,14 +159,15 @@ def _global_atomic(ins):
     if ins.base.startswith("flat") and len(ins.ops) == 2:
         ret = False
     a0 = 1 if ret else 0
-    addr = _gaddr(ins, a0, a0 + 2 if ins.base.startswith("global") else None)
+    addr = _gaddr(ins, a0, a0 + 2 if ins.base.startswith("global") else None,
+                  np.dtype(_ATOMIC.get(ins.base.split("_atomic_")[1], (u32,))[0]).itemsize)
     return _atomic_rmw(ins, addr, a0 + 1, ret, lambda w, a, f, dt: w.emu.mem.atomic(a, w.mask, dt, f))
 
 
 # ---------------------------------------------------------------------------- buffer (V#)
 
-def _vsharp(s):
-    """Decode a V# from four SGPR values [ISA Table 48]."""
+def vsharp_gfx9(s):
+    """(base, stride, num_records, add_tid, swizzle) of a V# in four SGPR values [ISA Table 48]."""
     base = s[0] | ((s[1] & 0xFFFF) << 32)
     stride = (s[1] >> 16) & 0x3FFF
     return base, stride, s[2], (s[3] >> 23) & 1, (s[1] >> 31) & 1
@@ -185,9 +190,10 @@ def _buffer_addr(ins, vi, ri, oi, size):
         vv = None
     ndw = max(1, (size + 3) // 4)
     steps = np.arange(ndw, dtype=u64) * u64(4)
+    vsharp = ins.prog.target.vsharp
 
     def get(w):
-        base, stride, nrec, add_tid, swz = _vsharp(base_regs := rs(w))
+        base, stride, nrec, add_tid, swz = vsharp(base_regs := rs(w))
         v = vv(w) if vv is not None else np.zeros((w.n, 2), u32)
         index = v[:, 0].astype(u64) if idxen else np.zeros(w.n, u64)
         voff = (v[:, 1 if idxen else 0].astype(u64)) if offen else np.zeros(w.n, u64)

@@ -55,8 +55,9 @@ class Wave:
         self.pc = 0
         self.stop = self.done = False
         self.race = prog.race
-        self.pend, self.vmq, self.lgkmq = {}, [], []
+        self.pend, self.qs = {}, [[] for _ in T.counters]
         self.exec = 0
+        self.signaled = False     # split barriers (gfx12): s_barrier_signal issued, s_barrier_wait not yet
         self.set_exec(0)
 
     def set_exec(self, x):
@@ -90,25 +91,24 @@ class Wave:
 
     # -- lockstep units
     def _state(self):
-        return self.pc, self.scc, self.exec, self.S
+        return self.pc, self.scc, self.exec, self.signaled, self.S
 
     def split(self):
         """The k single waves of this unit (their VGPRs are views of the same rows)."""
         out = []
         for i in range(self.k):
             w = Wave(self.emu, self.prog, self.kernel, self.wg, self.wid + i)
-            w.pc, w.scc, w.stop, w.done = self.pc, self.scc, self.stop, self.done
+            w.pc, w.scc, w.stop, w.done, w.signaled = self.pc, self.scc, self.stop, self.done, self.signaled
             w.S = list(self.S)
             w.set_exec(self.exec)
-            w.pend, w.vmq, w.lgkmq = dict(self.pend), list(self.vmq), list(self.lgkmq)
+            w.pend, w.qs = dict(self.pend), [list(q) for q in self.qs]
             out.append(w)
         return out
 
 
 def _queue_sig(w):
-    pos = {id(r): j for j, r in enumerate(w.vmq + w.lgkmq)}
-    return ([(r.ins, r.kind, r.keys) for r in w.vmq], [(r.ins, r.kind, r.keys) for r in w.lgkmq],
-            {k: pos[id(r)] for k, r in w.pend.items()})
+    pos = {id(r): j for j, r in enumerate(r for q in w.qs for r in q)}
+    return [[(r.ins, r.kind, r.keys) for r in q] for q in w.qs], {k: pos[id(r)] for k, r in w.pend.items()}
 
 
 def _mergeable(a, b):
@@ -122,18 +122,19 @@ def _merge(run):
         return run[0]
     a = run[0]
     w = Wave(a.emu, a.prog, a.kernel, a.wg, a.wid, sum(u.k for u in run))
-    w.pc, w.scc, w.S = a.pc, a.scc, list(a.S)
+    w.pc, w.scc, w.S, w.signaled = a.pc, a.scc, list(a.S), a.signaled
     w.set_exec(a.exec)
     recs = {}
-    for name in ("vmq", "lgkmq"):
+    w.qs = []
+    for i in range(len(a.qs)):
         q = []
-        for parts in zip(*(getattr(u, name) for u in run)):
+        for parts in zip(*(u.qs[i] for u in run)):
             r = parts[0]
             if r.lds is not None:   # LDS dwords of every wave of the unit
                 r = type(r)(r.keys, r.ins, r.kind, np.concatenate([p.lds.ravel() for p in parts]))
             recs[id(parts[0])] = r
             q.append(r)
-        setattr(w, name, q)
+        w.qs.append(q)
     w.pend = {k: recs[id(r)] for k, r in a.pend.items()}
     return w
 

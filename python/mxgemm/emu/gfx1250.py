@@ -1,0 +1,276 @@
+"""gfx1250 (MI450-class, gfx12.5): wave32, gfx10+ scalar register numbering, split wait counters,
+split barriers (s_barrier_signal / s_barrier_wait), workgroup ids in ttmp registers, 320 KiB
+LDS (docs/gfx1250_emulator.md).
+
+Most gfx1250 instructions are gfx9 ones under gfx12 names (global_load_b32 = global_load_dword,
+ds_load_b32 = ds_read_b32, s_add_co_i32 = s_add_i32, ...): the handler table maps such a
+mnemonic onto the gfx9 builder, after fixing the operands that changed (v_cmpx writes only EXEC,
+the implicit VCC of a dual-issue v_cndmask, the return flag of atomics). Builders of gfx12-only
+instructions live in ``isa.GFX12`` (this module, ``wmma``, ``tdm``)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import race, regs as R, salu, tdm, valu, wmma  # noqa: F401  (tdm, wmma fill GFX12)
+from . import float_atomics, mxcvt, vmem  # noqa: F401  (fill GFX9)
+from .isa import GFX9, GFX12, Operand, RaceError, UnsupportedInstruction, f32, parse_operand, u32, u64
+from .target import Target
+
+SGPRS = {"vcc": (106, 1), "vcc_lo": (106, 1), "vcc_hi": (107, 1), "null": (124, 1), "m0": (125, 1),
+         "exec": (126, 1), "exec_lo": (126, 1), "exec_hi": (127, 1),
+         **{f"ttmp{i}": (108 + i, 1) for i in range(16)}}
+
+COUNTERS = ("load", "store", "ds", "km", "tensor")
+
+
+def _route(counter, kind):
+    """Memory class and kind -> gfx12 wait counter: vector memory splits into loads (and
+    returning atomics) and stores; LDS vs scalar memory; the tensor data mover has its own."""
+    if counter == "vm":
+        return "store" if kind == "store" else "load"
+    if counter == "lgkm":
+        return "km" if kind == "smem" else "ds"
+    return counter
+
+
+# ---------------------------------------------------------------------------- gfx12 -> gfx9 names
+
+_VMEM_SIZE = {"b32": "dword", "b64": "dwordx2", "b96": "dwordx3", "b128": "dwordx4", "u8": "ubyte",
+              "i8": "sbyte", "u16": "ushort", "i16": "sshort", "b8": "byte", "b16": "short",
+              "d16_b16": "short_d16", "d16_hi_b16": "short_d16_hi", "d16_u8": "ubyte_d16",
+              "d16_hi_u8": "ubyte_d16_hi", "d16_i8": "sbyte_d16", "d16_hi_i8": "sbyte_d16_hi",
+              "d16_hi_b8": "byte_d16_hi"}
+_ATOMIC = {"add_u32": "add", "sub_u32": "sub", "min_i32": "smin", "max_i32": "smax", "min_u32": "umin",
+           "max_u32": "umax", "and_b32": "and", "or_b32": "or", "xor_b32": "xor", "swap_b32": "swap",
+           "inc_u32": "inc", "dec_u32": "dec", "add_u64": "add_x2", "swap_b64": "swap_x2",
+           "max_i64": "smax_x2", "max_u64": "umax_x2"}
+_DS_PAIR = {"": "", "2addr_": "2", "2addr_stride64_": "2st64"}
+_RENAME = {"s_add_co_u32": "s_add_u32", "s_add_co_ci_u32": "s_addc_u32", "s_sub_co_u32": "s_sub_u32",
+           "s_sub_co_ci_u32": "s_subb_u32", "s_add_co_i32": "s_add_i32", "s_sub_co_i32": "s_sub_i32",
+           "v_add_nc_u32": "v_add_u32", "v_sub_nc_u32": "v_sub_u32", "v_subrev_nc_u32": "v_subrev_u32",
+           "v_add_co_ci_u32": "v_addc_co_u32", "v_sub_co_ci_u32": "v_subb_co_u32",
+           "v_subrev_co_ci_u32": "v_subbrev_co_u32", "v_cls_i32": "v_ffbh_i32", "v_clz_i32_u32": "v_ffbh_u32",
+           "v_ctz_i32_b32": "v_ffbl_b32", "v_mad_nc_u64_u32": "v_mad_u64_u32", "v_mad_nc_i64_i32": "v_mad_i64_i32",
+           "v_bitop2_b32": "v_bitop3_b32", "ds_storexchg_rtn_b32": "ds_wrxchg_rtn_b32",
+           "v_dot2acc_f32_f16": "v_dot2c_f32_f16", "s_addk_co_i32": "s_addk_i32"}
+_NOT = {"and_not1": "andn2", "or_not1": "orn2", "and_not0": "andn1", "or_not0": "orn1"}
+
+
+def gfx9_name(base: str) -> str:
+    """The gfx9 mnemonic of the same instruction (base itself when the name did not change)."""
+    if base.startswith("v_dual_"):
+        base = "v_" + base[len("v_dual_"):]
+    if base in _RENAME:
+        return _RENAME[base]
+    m = re.fullmatch(r"(global|flat|buffer|scratch)_(load|store)_(.*)", base)
+    if m and m[3] in _VMEM_SIZE:
+        return f"{m[1]}_{m[2]}_{_VMEM_SIZE[m[3]]}"
+    m = re.fullmatch(r"(global|flat|buffer)_atomic_(.*)", base)
+    if m and m[2] in _ATOMIC:
+        return f"{m[1]}_atomic_{_ATOMIC[m[2]]}"
+    m = re.fullmatch(r"ds_(load|store)_(2addr_stride64_|2addr_)?(.*)", base)
+    if m:
+        return f"ds_{'read' if m[1] == 'load' else 'write'}{_DS_PAIR[m[2] or '']}_{m[3]}"
+    m = re.fullmatch(r"s_(buffer_)?load_b(\d+)", base)
+    if m:
+        n = int(m[2]) // 32
+        return f"s_{m[1] or ''}load_dword{'x' + str(n) if n > 1 else ''}"
+    m = re.fullmatch(r"s_(and_not1|or_not1|and_not0|or_not0)_(.*)", base)
+    if m:
+        base = f"s_{_NOT[m[1]]}_{m[2]}"
+    m = re.fullmatch(r"(s_\w+_(?:saveexec|wrexec))_b32", base)   # width from the mnemonic (salu)
+    if m:
+        return m[1] + "_b64"
+    return re.sub(r"^(v|ds)_(max|min)_num_", r"\1_\2_", base)
+
+
+def _parse(text):
+    return parse_operand(text, SGPRS)
+
+
+def _fix(ins, name):
+    """Operand changes between the gfx12 form and the gfx9 builder's."""
+    b = ins.base
+    if b.startswith("v_cmpx_"):                   # gfx10+: writes EXEC only, no SGPR destination
+        ins.ops.insert(0, _parse("exec_lo"))
+    elif b == "v_dual_cndmask_b32":                # VOPD: the lane mask is VCC, implicitly
+        ins.ops.append(_parse("vcc_lo"))
+    elif b in ("v_dual_bitop2_b32", "v_bitop2_b32"):   # two sources: the third is 0
+        ins.ops.append(Operand("const", value=0, text="0"))
+    elif b.startswith(("v_mad_nc_", "v_mad_co_")) and len(ins.ops) == 4:   # no carry out
+        ins.ops.insert(1, _parse("null"))
+    th = ins.mods.get("th", "")
+    if "_atomic_" in b and isinstance(th, str) and "RETURN" in th:
+        ins.mods["glc"] = True
+    if "byte_sel" in ins.mods:                     # v_cvt_f32_fp8 byte_sel:N -> the gfx9 op_sel
+        n = ins.mods["byte_sel"]
+        ins.mods["op_sel"] = [n & 1, n >> 1 & 1, 0, 0]
+    ins.base = name
+
+
+class Gfx12Handlers:
+    """Handler lookup of gfx1250: GFX12 builders first, then GFX9 ones under the gfx9 name."""
+
+    def builder(self, ins):
+        own = GFX12.get(ins.base) or GFX12.get(ins.mnemonic)
+        if own is not None:
+            return own
+        name = gfx9_name(ins.base)
+        b = GFX9.get(name)
+        if b is None:
+            return None
+
+        def build(ins):
+            _fix(ins, name)
+            return b(ins)
+        return build
+
+
+handler = GFX12.register
+
+
+# ---------------------------------------------------------------------------- waits and barriers
+
+def _waits(ins, names):
+    """s_wait_<a>_<b> simm16: b (always dscnt) in bits [5:0], a in [13:8]; one counter: the value."""
+    v = ins.ops[0].value if ins.ops and ins.ops[0].kind == "const" else 0
+    vals = [v] if len(names) == 1 else [(v >> 8) & 0x3F, v & 0x3F]
+    return [(COUNTERS.index(n), c) for n, c in zip(names, vals)]
+
+
+for _c in COUNTERS:
+    handler(f"s_wait_{_c}cnt")(lambda ins, c=_c: salu.wait_closure(_waits(ins, [c])))
+for _a in ("load", "store"):
+    handler(f"s_wait_{_a}cnt_dscnt")(lambda ins, a=_a: salu.wait_closure(_waits(ins, [a, "ds"])))
+
+
+def _workgroup_barrier(ins):
+    """Only the workgroup barrier (id -1) is modelled: cluster (-3) and named barriers raise."""
+    if not ins.ops or ins.ops[0].kind != "const" or ins.ops[0].value != -1:
+        raise UnsupportedInstruction(f"barrier {ins.ops[0].text if ins.ops else '?'} (only the workgroup "
+                                     f"barrier -1 is modelled; clusters are not): {ins.where()}")
+
+
+@handler("s_barrier_signal")
+def _barrier_signal(ins):
+    """Arrive at the workgroup barrier (s_barrier_wait then waits for the others); LDS writes
+    not yet retired by s_wait_dscnt are not guaranteed visible after it (race.at_barrier)."""
+    _workgroup_barrier(ins)
+
+    def run(w):
+        if w.signaled:
+            raise RaceError("s_barrier_signal again before s_barrier_wait: barriers of the waves no longer match")
+        w.signaled = True
+        if w.race:
+            race.at_barrier(w)
+    return run
+
+
+@handler("s_barrier_wait")
+def _barrier_wait(ins):
+    _workgroup_barrier(ins)
+
+    def run(w):
+        if not w.signaled:
+            raise RaceError("s_barrier_wait without s_barrier_signal: the workgroup barrier would never complete")
+        w.signaled = False
+        if w.race:
+            race.at_barrier(w)
+        w.stop = True
+    return run
+
+
+# issue hints, cache controls and counters the emulator has nothing to model for (operands are
+# read at issue, so s_wait_xcnt -- "address and data sent" -- never has anything to wait for)
+for _n in ("s_delay_alu", "s_clause", "s_wait_alu", "s_wait_xcnt", "s_wait_expcnt", "s_wait_samplecnt",
+           "s_wait_bvhcnt", "s_set_vgpr_msb", "global_prefetch_b8", "s_prefetch_data", "s_prefetch_inst",
+           "global_inv", "global_wb", "global_wbinv", "s_wait_idle", "s_setprio_inc_wg"):
+    handler(_n)(lambda ins: (lambda w: None))
+
+
+# ---------------------------------------------------------------------------- new ALU instructions
+
+@handler("v_mad_u32")
+def _mad_u32(ins):
+    return valu.build_valu(ins, "u32", "u32 u32 u32", lambda a, b, c: (np.asarray(a, u64) * b + c).astype(u32))
+
+
+for _n, _f in {"v_add_nc_u64": lambda a, b: a + b, "v_sub_nc_u64": lambda a, b: a - b,
+               "v_mul_u64": lambda a, b: a * b}.items():
+    handler(_n)(lambda ins, f=_f: valu.build_valu(ins, "u64", "u64 u64", f))
+
+_SF = {"s_add_f32": lambda a, b: a + b, "s_sub_f32": lambda a, b: a - b, "s_mul_f32": lambda a, b: a * b,
+       "s_max_num_f32": np.fmax, "s_min_num_f32": np.fmin}
+
+
+def _f32(x):
+    return np.uint32(x).view(f32)
+
+
+def _bits(x):
+    return int(np.float32(x).view(u32))
+
+
+for _n, _f in _SF.items():
+    handler(_n)(lambda ins, f=_f: _sfloat(ins, lambda a, b: _bits(f(_f32(a), _f32(b)))))
+handler("s_fmac_f32")(lambda ins: _sfloat(ins, lambda a, b, d: _bits(valu.fma32(_f32(a), _f32(b), _f32(d))), True))
+_SCVT = {"s_cvt_f32_u32": lambda a: _bits(np.float32(a)), "s_cvt_f32_i32": lambda a: _bits(np.float32(salu.sx(a))),
+         "s_cvt_u32_f32": lambda a: int(valu._cvt_i(_f32(a), u32, 0, 2**32 - 1)),
+         "s_cvt_i32_f32": lambda a: int(valu._cvt_i(_f32(a), np.int32, -2**31, 2**31 - 1)) & 0xFFFFFFFF}
+for _n, _f in _SCVT.items():
+    handler(_n)(lambda ins, f=_f: _sfloat(ins, f))
+
+
+def _sfloat(ins, f, acc=False):
+    """SALU float op (gfx11.5+): unsigned 32-bit operand bits in, result bits out."""
+    srcs = [salu.sget(ins, i) for i in range(1, len(ins.ops))] + ([salu.sget(ins, 0)] if acc else [])
+    d = R.sdst(ins, 0)
+    with np.errstate(all="ignore"):
+        return lambda w: d(w, f(*[g(w) for g in srcs]))
+
+
+_VS = {"v_s_rcp_f32": lambda a: np.float32(1) / a, "v_s_sqrt_f32": np.sqrt,
+       "v_s_rsq_f32": lambda a: np.float32(1) / np.sqrt(a), "v_s_exp_f32": np.exp2, "v_s_log_f32": np.log2}
+for _n, _f in _VS.items():
+    handler(_n)(lambda ins, f=_f: _sfloat(ins, lambda a: _bits(f(_f32(a)))))
+
+
+@handler("s_add_nc_u64", "s_sub_nc_u64")
+def _s64(ins):
+    a, b, d = salu.sget(ins, 1, 64), salu.sget(ins, 2, 64), R.sdst(ins, 0, 64)
+    sub = "sub" in ins.base
+    return lambda w: d(w, (a(w) - b(w) if sub else a(w) + b(w)) & salu.MASK64)
+
+
+def vsharp(s):
+    """gfx12 V#: base [56:0], num_records [101:57] (bytes for raw buffers), stride [121:108]
+    (docs/gfx1250_emulator.md §2). Thread-id add and swizzle are not modelled (0)."""
+    lo, hi = s[0] | s[1] << 32, s[2] | s[3] << 32
+    return lo & ((1 << 57) - 1), (hi >> 44) & 0x3FFF, ((lo >> 57) | (hi << 7)) & ((1 << 45) - 1), 0, 0
+
+
+@handler("v_permlane16_b32", "v_permlanex16_b32", per_wave=True)
+def _permlane16(ins):
+    """Lane l of each row of 16 reads lane sel[l % 16] of its own row (permlane16) or of the other
+    row of its 32-lane half (permlanex16); sel: sixteen 4-bit selects in {src1, src2} (lanes 0-7,
+    8-15). op_sel:[fi, bound_ctrl]: fi reads disabled lanes too, bound_ctrl writes 0 instead
+    of keeping the old value [RDNA ISA V_PERMLANE16_B32]."""
+    x, s1, s2 = R.src(ins, 1, "u32"), salu.sget(ins, 2), salu.sget(ins, 3)
+    old, put = R.src(ins, 0, "u32"), R.dst(ins, 0, "u32")
+    fi, bc = (ins.mods.get("op_sel", [0, 0]) + [0, 0])[:2]
+    cross = ins.base == "v_permlanex16_b32"
+    lane = ins.prog.target.lane
+
+    def run(w):
+        sel = np.array([(s1(w) | s2(w) << 32) >> (4 * k) & 15 for k in range(16)])
+        src = ((lane & ~15) ^ (16 if cross else 0)) + sel[lane & 15]
+        v = np.broadcast_to(x(w), (w.n,))[src]
+        ok = np.ones(w.n, bool) if fi else w.mask[src]
+        put(w, np.where(ok, v, u32(0) if bc else np.broadcast_to(old(w), (w.n,))))
+    return run
+
+
+TARGET = Target("gfx1250", wave=32, sgprs=SGPRS, lds_bytes=320 * 1024, counters=COUNTERS, route=_route,
+                handlers=Gfx12Handlers(), vsharp=vsharp, ttmp_ids=True)

@@ -1,0 +1,149 @@
+"""gfx1250 WMMA (wave32 matrix core) semantics: register layouts, and D = A*B + C with MX block
+scales, on the exact numerics model of the gfx950 MFMAs (matrix._dot_scaled: exact scaled sum
+rounded once to fp32, then + C with one more rounding).
+
+Layouts (docs/gfx1250_emulator.md §3 gives the evidence and the remaining doubt): lane l holds
+row (A) / column (B) l % 16 of a 16-row operand; its elements, as one little-endian bit string
+of the lane's registers, run along K in runs of kw (KW: 16 for 8-bit, 32 for 6- and 4-bit,
+8 for 16-bit types) that alternate between the two lane halves: element i of half h is K = i % kw + kw * h + 2 kw * (i // kw).
+The 16x16 fp32 accumulator: lane l holds column l % 16, VGPR r row r + 8 (l // 16); the 32x16
+one stacks two of them (VGPRs 8-15: rows 16-31). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
+(or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1), except the
+32-row A of the 32x16 form: row m from lane m; the scale16 forms take a 64-bit pair, byte j =
+K block j of 16."""
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+
+from .isa import GFX12, UnsupportedInstruction
+from .matrix import BITS, _dot_scaled, _full_writer, _vec_reader, unpack_items
+from .mxcvt import decode_table, e8m0_value, lsb_table
+
+LANES = 32
+KW = {16: 8, 8: 16, 6: 32, 4: 32}     # element bits -> K run of a lane half
+_FMT = {"FP8": "e4m3", "BF8": "e5m2", "FP6": "e2m3", "BF6": "e3m2", "FP4": "e2m1"}
+_NAMES = {"fp8": "e4m3", "bf8": "e5m2", "bf16": "bf16", "f16": "f16"}
+
+
+@functools.lru_cache(maxsize=None)
+def ab_layout(rows: int, k: int, bits: int):
+    """(row, kidx) [32, items]: item i of lane l is element [row, kidx] of a rows x k operand
+    (A as stored, B transposed). rows = 32 (the 32x16x128 FP4 A): two 16-row operands stacked,
+    VGPRs 0-7 rows 0-15, VGPRs 8-15 rows 16-31."""
+    kw = KW[bits]
+    lane = np.arange(LANES)[:, None]
+    items = rows * k // LANES
+    i = np.arange(items)[None, :]
+    per_row = k // 2                          # items of one row in one lane half
+    g, p = i // per_row, i % per_row
+    kidx = p % kw + kw * (lane // 16) + 2 * kw * (p // kw)
+    row = lane % 16 + 16 * g
+    return np.ascontiguousarray(np.broadcast_to(row, kidx.shape)), np.ascontiguousarray(kidx)
+
+
+@functools.lru_cache(maxsize=None)
+def cd_layout(rows: int):
+    """(row, col) [rows / 2, 32] of the fp32 accumulator: VGPR r of lane l is row r % 8 +
+    8 (l // 16) + 16 (r // 8), column l % 16 (the 32-row form stacks two 16-row ones)."""
+    r = np.arange(rows // 2)[:, None]
+    lane = np.arange(LANES)[None, :]
+    return (np.ascontiguousarray(np.broadcast_to(r % 8 + 8 * (lane // 16) + 16 * (r // 8), (rows // 2, LANES))),
+            np.ascontiguousarray(np.broadcast_to(lane % 16, (rows // 2, LANES))))
+
+
+def operand(regs, rows, k, fmt, neg=False):
+    """float64 [rows, k] values and lsb bounds of an A (or transposed B) operand."""
+    row, kidx = ab_layout(rows, k, BITS[fmt])
+    codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
+    vals, lsb = np.empty((rows, k)), np.empty((rows, k))
+    vals[row, kidx] = decode_table(fmt)[codes]
+    lsb[row, kidx] = lsb_table(fmt)[codes]
+    return (-vals if neg else vals), lsb
+
+
+def scales(scale_regs, rows, nblocks, sel):
+    """float64 [rows, nblocks] e8m0 factors: byte j of lane m (+ 16 sel) for a 16-row operand,
+    of lane m for the 32-row A; scale_regs uint32 [nregs, 32] (nregs 2: scale16, 8 bytes)."""
+    by = np.ascontiguousarray(np.asarray(scale_regs, np.uint32).T).view(np.uint8)   # [32, 4 nregs]
+    lanes = np.arange(rows) + (16 * sel if rows == 16 else 0)
+    return e8m0_value(by[lanes, :nblocks].astype(np.uint32))
+
+
+def wmma(m, k, fa, fb, a, b, c, sa=None, sb=None, sel_a=0, sel_b=0, block=32, neg=(0, 0, 0), abs_c=False):
+    """D (uint32 fp32 bits [m / 2, 32]) of one wave's WMMA D = A*B + C; a, b, c, sa, sb: uint32
+    register arrays [nregs, 32]; fa / fb: element formats; sa / sb None: unscaled."""
+    va, la = operand(a, m, k, fa, neg[0])
+    vb, lb = operand(b, 16, k, fb, neg[1])
+    nb = k // block
+    fa_ = np.ones((m, nb)) if sa is None else scales(sa, m, nb, sel_a)
+    fb_ = np.ones((16, nb)) if sb is None else scales(sb, 16, nb, sel_b)
+    p = _dot_scaled(va, la, vb.T, lb.T, fa_, fb_, block)
+    row, col = cd_layout(m)
+    cf = np.asarray(c, np.uint32).view(np.float32)
+    cf = np.abs(cf) if abs_c else cf
+    cf = -cf if neg[2] else cf
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (p[row, col] + cf).astype(np.float32).view(np.uint32)
+
+
+_WMMA = re.compile(r"v_wmma_(scale16_|scale_)?f32_(16|32)x16x(\d+)_(\w+)")
+
+
+def _fmt_mod(mods, key, default):
+    v = mods.get(key)
+    if v is None:
+        return default
+    name = str(v).rsplit("_", 1)[-1]
+    if name not in _FMT:
+        raise UnsupportedInstruction(f"{key}:{v}")
+    return _FMT[name]
+
+
+def _build(ins):
+    mt = _WMMA.fullmatch(ins.base)
+    scaled, m, k, ty = mt.group(1), int(mt.group(2)), int(mt.group(3)), mt.group(4)
+    mods = ins.mods
+    if ty in ("f8f6f4", "f4"):
+        fa = _fmt_mod(mods, "matrix_a_fmt", "e2m1" if ty == "f4" else "e4m3")
+        fb = _fmt_mod(mods, "matrix_b_fmt", "e2m1" if ty == "f4" else "e4m3")
+    elif ty in _NAMES:
+        fa = fb = _NAMES[ty]
+    else:
+        fa, fb = (_NAMES[t] for t in ty.split("_"))
+    neg_lo, neg_hi = mods.get("neg_lo", [0, 0, 0]), mods.get("neg_hi", [0, 0, 0])
+    neg, abs_c = (tuple(neg_lo) + (0, 0, 0))[:3], bool((tuple(neg_hi) + (0, 0, 0))[2])
+    ncd = m // 2
+    read_a, read_b = _vec_reader(ins, 1, ins.ops[1].count), _vec_reader(ins, 2, ins.ops[2].count)
+    read_c, write_d = _vec_reader(ins, 3, ncd), _full_writer(ins, 0)
+    if scaled:
+        for key in ("matrix_a_scale_fmt", "matrix_b_scale_fmt"):
+            if key in mods and not str(mods[key]).endswith("E8"):
+                raise UnsupportedInstruction(f"scale format {mods[key]} (only E8M0 is modelled): {ins.where()}")
+        nsr = 2 if scaled == "scale16_" else 1
+        read_sa, read_sb = _vec_reader(ins, 4, nsr), _vec_reader(ins, 5, nsr)
+        sel_a, sel_b = (int(str(mods.get(key, "ROW0"))[-1]) for key in ("matrix_a_scale", "matrix_b_scale"))
+        block = 16 if nsr == 2 else 32
+
+        def run(w):
+            a, b, c, sa, sb = read_a(w), read_b(w), read_c(w), read_sa(w), read_sb(w)
+            write_d(w, np.concatenate([wmma(m, k, fa, fb, a[:, s], b[:, s], c[:, s], sa[:, s], sb[:, s], sel_a, sel_b,
+                                            block, neg, abs_c) for s in _waves(w)], axis=1).T)
+    else:
+        def run(w):
+            a, b, c = read_a(w), read_b(w), read_c(w)
+            write_d(w, np.concatenate([wmma(m, k, fa, fb, a[:, s], b[:, s], c[:, s], neg=neg, abs_c=abs_c)
+                                       for s in _waves(w)], axis=1).T)
+    return run
+
+
+def _waves(w):
+    return [slice(i, i + LANES) for i in range(0, w.n, LANES)]
+
+
+GFX12.register(*[f"v_wmma_f32_16x16x128_{a}_{b}" for a in ("fp8", "bf8") for b in ("fp8", "bf8")],
+               "v_wmma_f32_16x16x128_f8f6f4", "v_wmma_scale_f32_16x16x128_f8f6f4",
+               "v_wmma_scale16_f32_16x16x128_f8f6f4", "v_wmma_f32_32x16x128_f4", "v_wmma_scale_f32_32x16x128_f4",
+               "v_wmma_scale16_f32_32x16x128_f4", "v_wmma_f32_16x16x32_bf16", "v_wmma_f32_16x16x32_f16")(_build)
