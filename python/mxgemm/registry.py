@@ -197,3 +197,22 @@ register(Kernel(
     + variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
     doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))
+
+# --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---
+# One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
+# Every format pair at 64 x 64 (emulator-sized) and 128 x 128; the bf16 256 x 128 and f16 / f32
+# outputs on MXFP8; SPLITK accumulates fp32 partials of grid-z K ranges with atomics (OUT=f32).
+_MX_FORMATS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
+register(Kernel(
+    name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
+    args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
+    grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
+    variants=tuple(dict(A_FMT=fa, B_FMT=fb, BM=t, BN=t, OUT="bf16", SPLITK=0, NUM_BUFFERS=2)
+                   for fa, fb in _MX_FORMATS for t in (64, 128))
+    + variant_grid(A_FMT=("e4m3",), B_FMT=("e4m3",), BM=(64, 128), BN=(64, 128), OUT=("f16", "f32"), SPLITK=(0,),
+                   NUM_BUFFERS=(2,))
+    + variant_grid(A_FMT=("e4m3", "e2m1"), B_FMT=("e4m3", "e2m1"), BM=(64, 128), BN=(64, 128), OUT=("f32",),
+                   SPLITK=(1,), NUM_BUFFERS=(2,))
+    + (dict(A_FMT="e4m3", B_FMT="e4m3", BM=256, BN=128, OUT="bf16", SPLITK=0, NUM_BUFFERS=2),),
+    doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP4, A8W4) with 1x32 e8m0 scales on the scaled 16x16x128 MMA; "
+        "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))
