@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -38,6 +38,7 @@ class Kernel:
     symbol: str                     # kernel symbol inside the code object
     archs: tuple = ("gfx950",)
     variants: tuple = ({},)         # tuple of dicts of compile-time parameters
+    arch_variants: dict = field(default_factory=dict)   # arch -> its own variants, replacing `variants`
     default: bool = True            # built on install / by `python -m mxgemm build`
     doc: str = ""
     args: tuple = ()                # kernel arguments in order: names of the op's values
@@ -56,6 +57,10 @@ class Kernel:
         tile = self.tile(variant)
         g = tuple(-(-dims[d] // tile.get(d, 1)) for d in self.grid)
         return g + (1,) * (3 - len(g))
+
+    def variants_for(self, arch: str) -> tuple:
+        """The variants built for ``arch``."""
+        return self.arch_variants.get(arch, self.variants)
 
     def values(self, param: str) -> tuple:
         """Sorted values a variant parameter takes: values("BM") -> (16, 32)."""
@@ -205,6 +210,7 @@ register(Kernel(
 _MX_FORMATS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
 register(Kernel(
     name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
+    archs=("gfx950", "gfx1250"),
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
     variants=tuple(dict(A_FMT=fa, B_FMT=fb, BM=t, BN=t, OUT="bf16", SPLITK=0, NUM_BUFFERS=2)
@@ -214,5 +220,18 @@ register(Kernel(
     + variant_grid(A_FMT=("e4m3", "e2m1"), B_FMT=("e4m3", "e2m1"), BM=(64, 128), BN=(64, 128), OUT=("f32",),
                    SPLITK=(1,), NUM_BUFFERS=(2,))
     + (dict(A_FMT="e4m3", B_FMT="e4m3", BM=256, BN=128, OUT="bf16", SPLITK=0, NUM_BUFFERS=2),),
+    # gfx1250: compile + static ISA checks only (nothing runs it here). One variant per option value,
+    # kept small so the build and ISA tests stay quick; every variant also names the target options.
+    arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=128, OUT=out, SPLITK=0, NUM_BUFFERS=nb,
+                                         B_STREAMING=bs, SCALE_PATH=sp, CLUSTER_M=cm, CLUSTER_N=cn)
+                                    for fa, fb, bm, out, nb, bs, sp, cm, cn in (
+        ("e4m3", "e4m3", 128, "bf16", 2, 0, "tdm", 1, 1),
+        ("e2m1", "e2m1", 128, "bf16", 3, 0, "tdm", 1, 1),
+        ("e4m3", "e2m1", 128, "bf16", 2, 0, "buffer_lds_stage", 1, 1),
+        ("e4m3", "e4m3", 128, "f32", 4, 0, "buffer_lds_stage_ab_split", 1, 1),
+        ("e4m3", "e4m3", 128, "bf16", 3, 1, "tdm", 1, 1),
+        ("e2m1", "e2m1", 256, "bf16", 2, 1, "tdm", 1, 1),
+        ("e4m3", "e4m3", 128, "bf16", 2, 0, "tdm", 2, 2),
+        ("e4m3", "e2m1", 128, "f16", 3, 0, "buffer_lds_stage_ab_split", 1, 4)))},
     doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP4, A8W4) with 1x32 e8m0 scales on the scaled 16x16x128 MMA; "
         "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))
