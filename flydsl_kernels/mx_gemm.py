@@ -210,7 +210,7 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
 
     mi, nj = len(a_rows), len(b_rows)
     zero = b.splat(b.v4f32, 0.0)
-    scales = issue(b.c(0), b.c(1, b.i1))
+    scales = issue(b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
     idx = ir.IndexType.get()
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
                      [zero] * (mi * nj) + scales)
@@ -250,7 +250,7 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
             if splitk:
                 for e in range(4):
                     x = llvm.extractelement(v, b.c(e))
-                    rocdl.raw_ptr_buffer_atomic_fadd(x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
+                    rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
             elif half is None:
                 rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=b.c_attr(0))
             else:
