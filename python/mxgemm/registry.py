@@ -200,8 +200,9 @@ register(Kernel(
 
 # --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
-# Every format pair and output at 64 x 64 (emulator-sized) and 128 x 128, 256 x 128 for bf16
-# MXFP8 / MXFP4; SPLITK=1 adds fp32 partials of grid-z K ranges with atomics (OUT=f32).
+# Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
+# f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
+# partials of grid-z K ranges with atomics (OUT=f32).
 _MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
 
 
@@ -214,8 +215,10 @@ register(Kernel(
     name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
-    variants=_mx_variants(_MX_PAIRS, ((64, 64), (128, 128)), ("bf16", "f16", "f32"), 0)
-    + _mx_variants(_MX_PAIRS, ((64, 64), (128, 128)), ("f32",), 1)
+    variants=_mx_variants(_MX_PAIRS, ((64, 64),), ("bf16", "f16", "f32"), 0)
+    + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
+    + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
+    + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
     + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0),
     doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP4, A8W4) with 1x32 e8m0 scales on the scaled 16x16x128 MMA; "
         "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))
