@@ -20,7 +20,7 @@ import torch
 import mxgemm
 from mxgemm import build, formats, guards, isa, reference, registry
 from mxgemm.launcher import emulator_settings
-from mxgemm.ops import mx_gemm as mx_op
+from mxgemm.ops import dense_mx
 
 KERNEL = registry.get("mx_gemm")
 OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -118,7 +118,7 @@ def test_e8m0_dtypes_and_fp4_dtype_accepted():
 
 
 def test_heuristic_tiles_and_split():
-    pick = mx_op.heuristic_config
+    pick = dense_mx.heuristic_config
     assert pick("e4m3", "e4m3", "bf16", 8192, 8192, 8192)[0]["BM"] == 256   # 32 x 64 tiles >= 256 CUs
     assert pick("e4m3", "e4m3", "bf16", 2048, 2048, 4096)[0]["BM"] == 128
     v, splits, _ = pick("e4m3", "e2m1", "f32", 64, 256, 4096)

@@ -12,8 +12,10 @@ gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may diff
 few fp32 ulps of the accumulator, i.e. rarely by 1 bf16 ulp.
 """
 import math
-from fractions import Fraction
+import struct
 from typing import Optional
+
+import numpy as np
 
 import torch
 
@@ -66,20 +68,15 @@ MX_MMA_K = 128   # K of one scaled 16x16x128 MMA: the mx_gemm kernel's exact-sum
 _MBITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
 
 
-def _f32_of_fraction(x: Fraction) -> float:
-    """fp32 RNE of an exact rational (subnormals kept, overflow -> Inf), as a Python float."""
-    if x == 0:
-        return 0.0
-    n, d = abs(x.numerator), x.denominator
-    e = n.bit_length() - d.bit_length()
-    if n * 2 ** max(0, -e) < d * 2 ** max(0, e):
-        e -= 1                                         # now 2^e <= |x| < 2^(e + 1)
-    shift = 23 - max(e, -126)                          # the fp32 quantum is 2^-shift
-    q, r = divmod(n * 2 ** max(0, shift), d * 2 ** max(0, -shift))
-    if 2 * r > d * 2 ** max(0, -shift) or (2 * r == d * 2 ** max(0, -shift) and q & 1):
-        q += 1
-    v = q * 2.0 ** -shift if q * 2.0 ** -shift < 2.0 ** 128 else math.inf
-    return math.copysign(v, x)
+def _f32_of_exact_sum(terms) -> float:
+    """fp32 RNE of the exact sum of float64 terms: math.fsum rounds the sum correctly to float64
+    and gives the sign of what that rounding dropped; rounding to odd in float64 (53 >= 24 + 2
+    bits) then makes the one fp32 rounding correct."""
+    s = math.fsum(terms)
+    r = math.fsum(terms + [-s])
+    if r != 0 and math.isfinite(s) and int.from_bytes(struct.pack("<d", s), "little") & 1 == 0:
+        s = math.nextafter(s, math.copysign(math.inf, r))
+    return float(np.float32(s))
 
 
 def _lsb(v: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -92,8 +89,8 @@ def _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk) -> list:
     """fp32 [M, N] of each K chunk: the exact sum of its scaled products rounded once (RNE).
 
     float64 sums are exact when every term is a multiple of a common quantum q and the sum of
-    magnitudes stays below 2^52 q; the rare elements where that bound fails (e.g. block scales
-    far apart within a chunk) are summed as exact rationals."""
+    magnitudes stays below 2^52 q; the elements where that bound fails (e.g. block scales far
+    apart within a chunk) are summed exactly by _f32_of_exact_sum."""
     av, bv = mx_values(a, a_fmt).double(), mx_values(b, b_fmt).double()
     sa = F.decode_e8m0(a_scale).double().repeat_interleave(MX_BLOCK, 1)
     sb = F.decode_e8m0(b_scale).double().repeat_interleave(MX_BLOCK, 1)
@@ -107,7 +104,7 @@ def _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk) -> list:
         q = qa[:, k:k + chunk].min(1).values[:, None] * qb[:, k:k + chunk].min(1).values[None, :]
         r = p.float()
         for i, j in (torch.isfinite(mag) & (mag >= q * 2.0 ** 52)).nonzero().tolist():
-            r[i, j] = _f32_of_fraction(sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(ka[i], kb[j])))
+            r[i, j] = _f32_of_exact_sum((ka[i] * kb[j]).tolist())   # products are exact in float64
         out.append(r)
     return out
 

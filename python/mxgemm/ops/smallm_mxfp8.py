@@ -17,7 +17,7 @@ import torch
 
 from .. import guards, registry
 from . import _mxfp8 as mx
-from . import mx_gemm
+from . import dense_mx
 from ._op import Plan, op
 
 GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
@@ -160,16 +160,16 @@ def _plan(x) -> Plan:
         why = "config given by the caller"
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
-        if choice is None and M > M_MAX and K % mx_gemm.KERNEL.k_align == 0 and N % mx_gemm.KERNEL.n_align == 0:
-            variant, splits, how = mx_gemm.heuristic_config("e4m3", "e4m3", "bf16", M, N, K)
-            choice = (mx_gemm.KERNEL.name, variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
+        if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
+            variant, splits, how = dense_mx.heuristic_config("e4m3", "e4m3", "bf16", M, N, K)
+            choice = (dense_mx.KERNEL.name, variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
                       f"envelope [{_GEMV.m_range[0]}, {M_MAX}] ({how})")
             dims["splits"] = splits
         if choice is None:
             if M > M_MAX:
                 return mx.envelope(x.fallback, name, "M-range", f"M = {M} is outside the small-M kernels' "
                                    f"envelope [{_GEMV.m_range[0]}, {M_MAX}] and mx_gemm needs K % "
-                                   f"{mx_gemm.KERNEL.k_align} == 0, N % {mx_gemm.KERNEL.n_align} == 0 "
+                                   f"{dense_mx.KERNEL.k_align} == 0, N % {dense_mx.KERNEL.n_align} == 0 "
                                    f"(K = {K}, N = {N})", **shape)
             return mx.envelope(x.fallback, name, f"K%{_MFMA.k_align}",
                                f"M = {M} > {_GEMV.m_range[1]} needs the MFMA kernel, which requires "
