@@ -437,7 +437,7 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
     zero = b.splat(target.acc_t, 0.0)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
-    scales = target.issue(stage, b.c(0), b.c(1, b.i1))
+    scales = target.issue(stage, b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
     for s in range(1, depth):              # deeper rings: steps 1 .. depth-1 in flight too
         target.commit(stage, scales, buffer(b.c(s - 1)))
         scales = target.issue(stage, b.c(s), b.cmp("slt", b.c(s), nsteps))
@@ -501,7 +501,7 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
             if splitk:
                 for e in range(width):
                     x = llvm.extractelement(v, b.c(e))
-                    rocdl.raw_ptr_buffer_atomic_fadd(x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
+                    rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
             elif half is None:
                 for q in range(width // 4):    # 16-byte stores
                     part = v if width == 4 else llvm.shufflevector(b.v4f32, v, v, list(range(4 * q, 4 * q + 4)))

@@ -205,21 +205,27 @@ register(Kernel(
 
 # --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
-# Every format pair at 64 x 64 (emulator-sized) and 128 x 128; the bf16 256 x 128 and f16 / f32
-# outputs on MXFP8; SPLITK accumulates fp32 partials of grid-z K ranges with atomics (OUT=f32).
-_MX_FORMATS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
+# Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
+# f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
+# partials of grid-z K ranges with atomics (OUT=f32).
+_MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
+
+
+def _mx_variants(pairs, tiles, outs, splitk):
+    return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
+                 for fa, fb in pairs for bm, bn in tiles for o in outs)
+
+
 register(Kernel(
     name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
     archs=("gfx950", "gfx1250"),
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
-    variants=tuple(dict(A_FMT=fa, B_FMT=fb, BM=t, BN=t, OUT="bf16", SPLITK=0, NUM_BUFFERS=2)
-                   for fa, fb in _MX_FORMATS for t in (64, 128))
-    + variant_grid(A_FMT=("e4m3",), B_FMT=("e4m3",), BM=(64, 128), BN=(64, 128), OUT=("f16", "f32"), SPLITK=(0,),
-                   NUM_BUFFERS=(2,))
-    + variant_grid(A_FMT=("e4m3", "e2m1"), B_FMT=("e4m3", "e2m1"), BM=(64, 128), BN=(64, 128), OUT=("f32",),
-                   SPLITK=(1,), NUM_BUFFERS=(2,))
-    + (dict(A_FMT="e4m3", B_FMT="e4m3", BM=256, BN=128, OUT="bf16", SPLITK=0, NUM_BUFFERS=2),),
+    variants=_mx_variants(_MX_PAIRS, ((64, 64),), ("bf16", "f16", "f32"), 0)
+    + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
+    + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
+    + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
+    + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0),
     # gfx1250: compile + static ISA checks only (nothing runs it here). One variant per option value,
     # kept small so the build and ISA tests stay quick; every variant also names the target options.
     arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=128, OUT=out, SPLITK=0, NUM_BUFFERS=nb,

@@ -42,6 +42,7 @@ class Plan:
     args: dict = field(default_factory=dict)   # kernel scalar arguments by registry name
     out_shape: tuple = ()          # the output an out-less call allocates
     out_dtype: torch.dtype | None = None
+    zero_out: bool = False         # the kernel accumulates into out (e.g. split-K atomics): zero it first
 
     def __str__(self):
         if self.fallback:
@@ -205,6 +206,8 @@ class Op:
         if p.fallback:
             self._fallback(x, p)
             return
+        if p.zero_out:
+            x.out.zero_()
         values = {**vars(x), **p.args}
         launcher.launch(build.artifact(p.kernel, p.variant, p.arch), p.grid, p.block,
                         [values[n] for n in registry.get(p.kernel).args], p.backend, writes=(x.out,))

@@ -17,6 +17,7 @@ import torch
 
 from .. import guards, registry
 from . import _mxfp8 as mx
+from . import dense_mx
 from ._op import Plan, op
 
 GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
@@ -145,6 +146,7 @@ def _plan(x) -> Plan:
     mx.check_out(x.out, (M, N), (torch.bfloat16,))
     device = guards.check_same_device(a=x.a, a_scale=x.a_scale, b=x.b, b_scale=x.b_scale, out=x.out)
     shape = dict(out_shape=(M, N), out_dtype=torch.bfloat16)
+    dims = dict(M=M, N=N, K=K)
     if M == 0 or N == 0:
         return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
     forced = parse_config(x.config)
@@ -158,16 +160,23 @@ def _plan(x) -> Plan:
         why = "config given by the caller"
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
+        if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
+            variant, splits, how = dense_mx.heuristic_config("e4m3", "e4m3", "bf16", M, N, K)
+            choice = (dense_mx.KERNEL.name, variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
+                      f"envelope [{_GEMV.m_range[0]}, {M_MAX}] ({how})")
+            dims["splits"] = splits
         if choice is None:
             if M > M_MAX:
-                return mx.envelope(x.fallback, name, "M-range", f"M = {M} is outside the small-M "
-                                   f"kernels' envelope [{_GEMV.m_range[0]}, {M_MAX}]", **shape)
+                return mx.envelope(x.fallback, name, "M-range", f"M = {M} is outside the small-M kernels' "
+                                   f"envelope [{_GEMV.m_range[0]}, {M_MAX}] and mx_gemm needs K % "
+                                   f"{dense_mx.KERNEL.k_align} == 0, N % {dense_mx.KERNEL.n_align} == 0 "
+                                   f"(K = {K}, N = {N})", **shape)
             return mx.envelope(x.fallback, name, f"K%{_MFMA.k_align}",
                                f"M = {M} > {_GEMV.m_range[1]} needs the MFMA kernel, which requires "
                                f"K % {_MFMA.k_align} == 0; K = {K}", **shape)
         kernel, variant, why = choice
     named = (("a", x.a), ("a_scale", x.a_scale), ("b", x.b), ("b_scale", x.b_scale), ("out", x.out))
-    return mx.kernel_or_fallback(x.fallback, name, named, kernel, variant, device, why, M=M, N=N, K=K, **shape)
+    return mx.kernel_or_fallback(x.fallback, name, named, kernel, variant, device, why, **dims, **shape)
 
 
 def _fallback(x, plan) -> None:
