@@ -21,6 +21,14 @@ gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds
 c ^ (r % chunks_per_row)), scale bytes by buffer loads into VGPRs one step ahead,
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
 out[m = l % 16][n = 4 (l / 16) + i], i < 4.
+gfx1250 (`Gfx1250`; compiled and statically checked only, docs/gfx1250_isa.md): wave32 (128
+threads), Tensor Data Mover tile loads (tensor_load_to_lds, one wave per tile, rows padded by 16
+bytes in LDS, rows past M / N land as zeros), scale words (four K-block bytes of a row) staged in
+LDS after the A and B tiles, v_wmma_scale_f32_16x16x128_f8f6f4 (or _32x16x128_f4 for fp4 x fp4)
+with src0 = B rows, src1 = A rows: lane l accumulates out[m = l % 16][n = 8 (l / 16) + i], i < 8.
+Its options (SCALE_PATH, B_STREAMING, CLUSTER_M / CLUSTER_N, MMA_32X16) are described at the
+class; NUM_BUFFERS 2..4 keeps NUM_BUFFERS-1 steps in flight. A cluster launch rounds the grid up
+to whole clusters.
 
 Numerics (mxgemm.reference.mx_gemm_ref with chunk=128 models it exactly): each MMA sums one
 128-wide K step (four scaled 32-blocks) exactly and rounds once to fp32, then adds it to the
@@ -38,7 +46,8 @@ a_scale, BN rows of b, BM rows of out.
 Kernel arguments: a, a_scale, b, b_scale, out (pointers), M, N, K, splits (int32).
 Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (4 * wave, 1, 1).
 Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK (0, 1; 1 needs
-OUT=f32), NUM_BUFFERS (2).
+OUT=f32), NUM_BUFFERS (2; gfx1250 2..4); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M,
+CLUSTER_N, MMA_32X16.
 """
 from types import SimpleNamespace
 
@@ -77,6 +86,7 @@ class Gfx950:
     acc_width = 4                  # accumulator floats per lane per 16 x 16 tile
     pad = 0                        # LDS bytes after each operand row
     scales_in_lds = False          # scale bytes travel in VGPRs, one step ahead
+    b_tiles = 1                    # 16-column B tiles per MMA
     cluster = None
     buffer_flags = BUFFER_FLAGS
 
@@ -182,7 +192,8 @@ class Gfx1250:
     buffer_load and stores them into the stage at the end of the step), "buffer_lds_stage_ab_split"
     (scales as before; A and B split in row halves over waves 0-3); B_STREAMING (B fragments
     read per 16-column tile between the WMMAs instead of all before them); CLUSTER_M x
-    CLUSTER_N workgroups share A (B) tiles by TDM multicast, with a cluster barrier per step."""
+    CLUSTER_N workgroups share A (B) tiles by TDM multicast, with a cluster barrier per step;
+    MMA_32X16 (fp4 x fp4) covers two B tiles per v_wmma_scale_f32_32x16x128_f4."""
     wave = 32
     acc_width = 8
     pad = 16                       # TDM row padding: spreads rows over LDS banks (docs/gfx1250_isa.md §4)
@@ -191,10 +202,11 @@ class Gfx1250:
     # range checks against num_records (docs/gfx1250_isa.md §6)
     buffer_flags = BUFFER_FLAGS | 1 << 24 | 3 << 28
 
-    def __init__(self, b, scale_path="tdm", cluster_m=1, cluster_n=1):
+    def __init__(self, b, scale_path="tdm", cluster_m=1, cluster_n=1, mma_32x16=0):
         self.b, self.scale_path = b, scale_path
         self.cluster = (cluster_m, cluster_n) if cluster_m * cluster_n > 1 else None
-        self.acc_t = ir.VectorType.get([8], b.f32)
+        self.b_tiles = 2 if mma_32x16 else 1
+        self.acc_t = ir.VectorType.get([8 * self.b_tiles], b.f32)
 
     def threads(self):
         return WAVES * self.wave
@@ -343,9 +355,18 @@ class Gfx1250:
         return parts[0]
 
     def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
-        """src0 = B rows (n), src1 = A rows (m): lane l accumulates out[l % 16][8 (l / 16) + i]."""
-        return fx.rocdl.wmma_scale_f32_16x16x128_f8f6f4(self.acc_t, b_frag, a_frag, acc, b_scale, a_scale,
-                                                        fmtA=FMT_CODE[b_fmt], fmtB=FMT_CODE[a_fmt])
+        """src0 = B rows (n), src1 = A rows (m): lane l accumulates out[l % 16][8 (l / 16) + i].
+        MMA_32X16 (fp4 x fp4): src0 = two stacked B tiles (v_wmma_scale_f32_32x16x128_f4), whose
+        32-row scale operand is one row per lane: tile 0's word in lanes 0-15, tile 1's in 16-31
+        (docs/gfx1250_isa.md §3.5); the accumulator holds tile 0's 8 columns, then tile 1's."""
+        if self.b_tiles == 1:
+            return fx.rocdl.wmma_scale_f32_16x16x128_f8f6f4(self.acc_t, b_frag, a_frag, acc, b_scale, a_scale,
+                                                            fmtA=FMT_CODE[b_fmt], fmtB=FMT_CODE[a_fmt])
+        b = self.b
+        pair = llvm.shufflevector(ir.VectorType.get([16], b.i32), b_frag[0], b_frag[1], list(range(16)))
+        low = b.cmp("ult", self.lane(), b.c(16))
+        return fx.rocdl.wmma_scale_f32_32x16x128_f4(self.acc_t, pair, a_frag, acc, b.sel(low, b_scale[0], b_scale[1]),
+                                                    a_scale)
 
     def acc_coords(self):
         """(row in the 16 x 16 tile, first of the 8 consecutive columns) of this lane's accumulator."""
@@ -357,22 +378,24 @@ TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
 
 
 def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, scale_path="tdm", cluster_m=1,
-           cluster_n=1):
+           cluster_n=1, mma_32x16=0):
     ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
           and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1))
     if arch == "gfx1250":
         # buffer scale paths: every thread stages (BM + BN) / 128 scale words
         ok = ok and 2 <= num_buffers <= 4 and scale_path in SCALE_PATHS and cluster_m * cluster_n <= 16 and (
-            scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0)
+            scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
+            mma_32x16 in (0, 1) and (not mma_32x16 or a_fmt == b_fmt == "e2m1"))
     else:
-        ok = ok and num_buffers == 2 and not b_streaming and (scale_path, cluster_m, cluster_n) == ("tdm", 1, 1)
+        ok = ok and num_buffers == 2 and not b_streaming and (scale_path, cluster_m, cluster_n, mma_32x16) == (
+            "tdm", 1, 1, 0)
     if not ok:
         raise ValueError(f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
                          f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} SCALE_PATH={scale_path} "
-                         f"CLUSTER_M={cluster_m} CLUSTER_N={cluster_n}: formats in {tuple(FMT_CODE)}, BM and BN in "
+                         f"CLUSTER_M={cluster_m} CLUSTER_N={cluster_n} MMA_32X16={mma_32x16}: formats in {tuple(FMT_CODE)}, BM and BN in "
                          f"{TILES}, OUT in {OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no "
                          f"gfx1250 option; gfx1250: NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * "
-                         f"CLUSTER_N <= 16, (BM + BN) % 128 == 0 on the buffer scale paths")
+                         f"CLUSTER_N <= 16, (BM + BN) % 128 == 0 on the buffer scale paths, MMA_32X16 only for e2m1 x e2m1")
 
 
 def _rsrc(b, flags, base):
@@ -445,12 +468,14 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         target.commit(stage, scales, buffer(b.c(depth - 1)))
         scales = []
     idx = ir.IndexType.get()
+    g = target.b_tiles                     # B tiles (16 columns each) one MMA covers
+    na = mi * nj // g                      # accumulators: one per (A tile, group of g B tiles)
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
-                     [zero] * (mi * nj) + scales)
+                     [zero] * na + scales)
     with ir.InsertionPoint(loop.body):
         kt = arith.index_cast(b.i32, loop.induction_variable)
         carried = list(loop.inner_iter_args)
-        acc, scales = carried[:mi * nj], carried[mi * nj:]
+        acc, scales = carried[:na], carried[na:]
         target.stage_wait(depth)
         buf = buffer(kt)
         if target.scales_in_lds:
@@ -460,27 +485,35 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         kn = b.add(kt, b.c(depth))
         nxt = target.issue(stage, kn, b.cmp("slt", kn, nsteps))
         target.fragments_wait()
+        def b_operand(frags, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
+            if g == 1:
+                return frags[j], scales[mi + j]
+            return frags[j:j + g], scales[mi + j:mi + j + g]
+
         if b_streaming:
-            # one B fragment at a time: the next one's LDS read overlaps this one's WMMAs
-            frag = target.fragment(B, buf, b_rows[0])
-            for j in range(nj):
-                cur, frag = frag, target.fragment(B, buf, b_rows[j + 1]) if j + 1 < nj else None
+            # one B group at a time: the next group's LDS reads overlap this group's WMMAs
+            def group(j):
+                return [None] * j + [target.fragment(B, buf, b_rows[j + t]) for t in range(g)]
+
+            frags = group(0)
+            for j in range(0, nj, g):
+                cur, frags = frags, group(j + g) if j + g < nj else None
                 fx.rocdl.sched_barrier(0)
                 for i in range(mi):
-                    acc[i * nj + j] = target.mma(acc[i * nj + j], a_frag[i], scales[i], a_fmt, cur,
-                                                 scales[mi + j], b_fmt)
+                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
+                                                        *b_operand(cur, j), b_fmt)
                 fx.rocdl.sched_barrier(0)
         else:
             for i in range(mi):
-                for j in range(nj):
-                    acc[i * nj + j] = target.mma(acc[i * nj + j], a_frag[i], scales[i], a_fmt, b_frag[j],
-                                                 scales[mi + j], b_fmt)
+                for j in range(0, nj, g):
+                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
+                                                        *b_operand(b_frag, j), b_fmt)
         fx.rocdl.sched_barrier(0)
         if target.scales_in_lds:
             target.commit(stage, nxt, buffer(kn))
             nxt = []
         scf.YieldOp(acc + nxt)
-    acc = list(loop.results)[:mi * nj]
+    acc = list(loop.results)[:na]
     target.drain()
 
     # Epilogue: each lane holds acc_width consecutive columns of one row per 16 x 16 tile.
@@ -497,7 +530,10 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
             col = b.add(b.mul(wn, b.c(bn // 2)), b.add(b.c(16 * j), col_l))
             ok = arith.andi(b.cmp("slt", row, m_left), b.cmp("slt", col, n_left))
             voff = b.sel(ok, b.mul(b.add(b.mul(row, N), col), b.c(esz)), b.c(INVALID_OFFSET))
-            v = acc[i * nj + j]
+            v = acc[(i * nj + j) // g]
+            if g > 1:                      # this B tile's rows of the stacked accumulator
+                v = llvm.shufflevector(ir.VectorType.get([width], b.f32), v, v, list(range(width * (j % g),
+                                                                                          width * (j % g + 1))))
             if splitk:
                 for e in range(width):
                     x = llvm.extractelement(v, b.c(e))

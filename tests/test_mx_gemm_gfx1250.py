@@ -4,7 +4,7 @@ variant promises (docs/gfx1250_isa.md). Nothing runs gfx1250 code here: these ar
 Per variant: wave32; zero spills and scratch; LDS within gfx1250's 320 KiB and equal to the
 documented ring (NUM_BUFFERS stages of A and B rows padded by 16 bytes plus one scale word per
 row); in the K loop: one scaled WMMA per 16 x 16 tile of the wave with the operand formats of the
-variant, one Tensor Data Mover load per loading wave (A, B and both scale tiles; A and B only on
+variant (MMA_32X16: one v_wmma_scale_f32_32x16x128_f4 per two B tiles), one Tensor Data Mover load per loading wave (A, B and both scale tiles; A and B only on
 the buffer scale paths; A and B halves on the ab_split path), exactly one kernel wait
 `s_wait_tensorcnt NUM_BUFFERS-2`, scale words by buffer_load only on the buffer paths, LDS reads
 between WMMAs iff B_STREAMING, the cluster barrier (id -3) iff multicast.
@@ -50,11 +50,16 @@ def test_gfx1250_hot_loop(arts, v):
     hot = _hot(arts[registry.variant_id(v)])
     ops = [l.split()[0] for l in hot]
     wmma = [l for l in hot if l.startswith("v_wmma")]
-    assert len(wmma) == v["BM"] * v["BN"] // 1024 and not any(o.startswith("v_mfma") for o in ops)
-    assert {l.split()[0] for l in wmma} == {"v_wmma_scale_f32_16x16x128_f8f6f4"}
-    for l in wmma:   # src0 = B rows, src1 = A rows
-        for field, fmt in (("matrix_a_fmt", v["B_FMT"]), ("matrix_b_fmt", v["A_FMT"])):
-            assert (f"{field}:{FMT_NAME[fmt]}" in l) if FMT_NAME[fmt] else field not in l, l
+    tiles_per_wmma = 2 if v["MMA_32X16"] else 1     # 32x16x128_f4: two 16-column B tiles
+    assert len(wmma) == v["BM"] * v["BN"] // 1024 // tiles_per_wmma
+    assert not any(o.startswith("v_mfma") for o in ops)
+    if v["MMA_32X16"]:
+        assert {l.split()[0] for l in wmma} == {"v_wmma_scale_f32_32x16x128_f4"}
+    else:
+        assert {l.split()[0] for l in wmma} == {"v_wmma_scale_f32_16x16x128_f8f6f4"}
+        for l in wmma:   # src0 = B rows, src1 = A rows
+            for field, fmt in (("matrix_a_fmt", v["B_FMT"]), ("matrix_b_fmt", v["A_FMT"])):
+                assert (f"{field}:{FMT_NAME[fmt]}" in l) if FMT_NAME[fmt] else field not in l, l
     assert ops.count("tensor_load_to_lds") == TDM_LOADS[v["SCALE_PATH"]]
     own_wait = f"s_wait_tensorcnt 0x{v['NUM_BUFFERS'] - 2:x}"
     assert hot.count(own_wait) == 1, [l for l in hot if l.startswith("s_wait_tensorcnt")]
@@ -80,7 +85,7 @@ def test_gfx1250_mnemonics(arts, capsys):
     """The sorted gfx1250 mnemonics of every gfx1250 variant (what a gfx1250 emulator must run);
     `pytest -s` prints them."""
     used = sorted({m for a in arts.values() for m in isa.mnemonics(a.asm, a.symbol)})
-    assert {"v_wmma_scale_f32_16x16x128_f8f6f4", "tensor_load_to_lds", "s_wait_tensorcnt", "s_barrier_signal",
+    assert {"v_wmma_scale_f32_16x16x128_f8f6f4", "v_wmma_scale_f32_32x16x128_f4", "tensor_load_to_lds", "s_wait_tensorcnt", "s_barrier_signal",
             "s_barrier_wait", "buffer_load_b32", "ds_load_b128"} <= set(used)
     assert not any(m.startswith(("v_mfma", "s_waitcnt")) for m in used)    # no gfx9 instructions
     with capsys.disabled():
@@ -104,6 +109,7 @@ def _module():
     ("gfx1250", dict(scale_path="vgpr"), "SCALE_PATH in"),
     ("gfx1250", dict(cluster_m=4, cluster_n=8), "CLUSTER_M \\* CLUSTER_N <= 16"),
     ("gfx1250", dict(bm=64, bn=128, scale_path="buffer_lds_stage"), "\\(BM \\+ BN\\) % 128"),
+    ("gfx1250", dict(a_fmt="e4m3", mma_32x16=1), "MMA_32X16 only for e2m1 x e2m1"),
     ("gfx950", dict(b_streaming=1), "no gfx1250 option"),
     ("gfx950", dict(num_buffers=3), "gfx950: NUM_BUFFERS 2"),
 ])
