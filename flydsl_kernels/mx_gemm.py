@@ -231,7 +231,7 @@ class Gfx1250:
 
     def dma_plan(self, op, tid, rows_left, row_bytes, base):
         """The TDM pieces of one operand tile: the whole tile, or two row halves (ab_split)."""
-        mask = self.masks()[op.lds_off != 0]
+        mask = self.masks()[op.lds_off != 0]    # the stage holds A first (offset 0), then B
         halves = 2 if self.scale_path == "buffer_lds_stage_ab_split" else 1
         h_rows = op.rows // halves
         b = self.b
@@ -488,12 +488,12 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         def b_operand(frags, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
             if g == 1:
                 return frags[j], scales[mi + j]
-            return frags[j:j + g], scales[mi + j:mi + j + g]
+            return [frags[j + t] for t in range(g)], scales[mi + j:mi + j + g]
 
         if b_streaming:
             # one B group at a time: the next group's LDS reads overlap this group's WMMAs
             def group(j):
-                return [None] * j + [target.fragment(B, buf, b_rows[j + t]) for t in range(g)]
+                return {j + t: target.fragment(B, buf, b_rows[j + t]) for t in range(g)}
 
             frags = group(0)
             for j in range(0, nj, g):

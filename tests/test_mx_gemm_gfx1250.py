@@ -74,6 +74,19 @@ def test_gfx1250_hot_loop(arts, v):
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=registry.variant_id)
+def test_gfx1250_epilogue(arts, v):
+    """Split-K adds each of the lane's 8 fp32 sums per 16 x 16 tile atomically; otherwise 16-byte
+    stores (8 bf16 / f16, or 4 f32 twice)."""
+    info = arts[registry.variant_id(v)].isa()
+    tiles = v["BM"] * v["BN"] // 1024
+    if v["SPLITK"]:
+        assert info.count("buffer_atomic_add_f32") == 8 * tiles and info.count("buffer_store") == 0
+    else:
+        stores = tiles * (2 if v["OUT"] == "f32" else 1)
+        assert info.count("buffer_store_b128") == stores and info.count("buffer_atomic") == 0
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=registry.variant_id)
 def test_gfx1250_cluster_launch_metadata(arts, v):
     meta = isa.metadata(arts[registry.variant_id(v)].asm)["amdhsa.kernels"][0]
     clustered = v["CLUSTER_M"] * v["CLUSTER_N"] > 1
@@ -85,7 +98,8 @@ def test_gfx1250_mnemonics(arts, capsys):
     """The sorted gfx1250 mnemonics of every gfx1250 variant (what a gfx1250 emulator must run);
     `pytest -s` prints them."""
     used = sorted({m for a in arts.values() for m in isa.mnemonics(a.asm, a.symbol)})
-    assert {"v_wmma_scale_f32_16x16x128_f8f6f4", "v_wmma_scale_f32_32x16x128_f4", "tensor_load_to_lds", "s_wait_tensorcnt", "s_barrier_signal",
+    assert {"v_wmma_scale_f32_16x16x128_f8f6f4", "v_wmma_scale_f32_32x16x128_f4", "tensor_load_to_lds",
+            "buffer_atomic_add_f32", "s_wait_tensorcnt", "s_barrier_signal",
             "s_barrier_wait", "buffer_load_b32", "ds_load_b128"} <= set(used)
     assert not any(m.startswith(("v_mfma", "s_waitcnt")) for m in used)    # no gfx9 instructions
     with capsys.disabled():

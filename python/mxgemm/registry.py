@@ -228,16 +228,17 @@ register(Kernel(
     + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0),
     # gfx1250: compile + static ISA checks only (nothing runs it here). One variant per option value,
     # kept small so the build and ISA tests stay quick; every variant also names the target options.
-    arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=128, OUT=out, SPLITK=0, NUM_BUFFERS=nb,
+    arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=out, SPLITK=sk, NUM_BUFFERS=nb,
                                          B_STREAMING=bs, SCALE_PATH=sp, CLUSTER_M=cm, CLUSTER_N=cn, MMA_32X16=w)
-                                    for fa, fb, bm, out, nb, bs, sp, cm, cn, w in (
-        ("e4m3", "e4m3", 128, "bf16", 2, 0, "tdm", 1, 1, 0),
-        ("e2m1", "e2m1", 128, "bf16", 3, 0, "tdm", 1, 1, 1),
-        ("e4m3", "e2m1", 128, "bf16", 2, 0, "buffer_lds_stage", 1, 1, 0),
-        ("e4m3", "e4m3", 128, "f32", 4, 0, "buffer_lds_stage_ab_split", 1, 1, 0),
-        ("e4m3", "e4m3", 128, "bf16", 3, 1, "tdm", 1, 1, 0),
-        ("e2m1", "e2m1", 256, "bf16", 2, 1, "tdm", 1, 1, 0),
-        ("e4m3", "e4m3", 128, "bf16", 2, 0, "tdm", 2, 2, 0),
-        ("e4m3", "e2m1", 128, "f16", 3, 0, "buffer_lds_stage_ab_split", 1, 4, 0)))},
+                                    for fa, fb, bm, bn, out, sk, nb, bs, sp, cm, cn, w in (
+        ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 1, 1, 0),
+        ("e2m1", "e2m1", 128, 128, "bf16", 0, 3, 0, "tdm", 1, 1, 1),
+        ("e4m3", "e2m1", 128, 128, "bf16", 0, 2, 0, "buffer_lds_stage", 1, 1, 0),
+        ("e4m3", "e4m3", 128, 128, "f32", 0, 4, 0, "buffer_lds_stage_ab_split", 1, 1, 0),
+        ("e4m3", "e4m3", 128, 128, "bf16", 0, 3, 1, "tdm", 1, 1, 0),
+        ("e2m1", "e2m1", 256, 128, "bf16", 0, 2, 1, "tdm", 1, 1, 0),
+        ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 2, 2, 0),
+        ("e4m3", "e2m1", 128, 128, "f16", 0, 3, 0, "buffer_lds_stage_ab_split", 1, 4, 0),
+        ("e4m3", "e4m3", 64, 64, "f32", 1, 2, 0, "tdm", 1, 1, 0)))},
     doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP4, A8W4) with 1x32 e8m0 scales on the scaled 16x16x128 MMA; "
         "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))
