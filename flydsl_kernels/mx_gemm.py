@@ -26,7 +26,7 @@ threads), Tensor Data Mover tile loads (tensor_load_to_lds, one wave per tile, r
 bytes in LDS, rows past M / N land as zeros), scale words (four K-block bytes of a row) staged in
 LDS after the A and B tiles, v_wmma_scale_f32_16x16x128_f8f6f4 (or _32x16x128_f4 for fp4 x fp4)
 with src0 = B rows, src1 = A rows: lane l accumulates out[m = l % 16][n = 8 (l / 16) + i], i < 8.
-Its options (SCALE_PATH, B_STREAMING, CLUSTER_M / CLUSTER_N, MMA_32X16) are described at the
+Its options (SCALE_PATH, B_STREAMING, CLUSTER_M / CLUSTER_N, F4_WIDE) are described at the
 class; NUM_BUFFERS 2..4 keeps NUM_BUFFERS-1 steps in flight. A cluster launch rounds the grid up
 to whole clusters.
 
@@ -47,7 +47,7 @@ Kernel arguments: a, a_scale, b, b_scale, out (pointers), M, N, K, splits (int32
 Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (4 * wave, 1, 1).
 Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK (0, 1; 1 needs
 OUT=f32), NUM_BUFFERS (2; gfx1250 2..4); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M,
-CLUSTER_N, MMA_32X16.
+CLUSTER_N, F4_WIDE.
 """
 from types import SimpleNamespace
 
@@ -193,7 +193,7 @@ class Gfx1250:
     (scales as before; A and B split in row halves over waves 0-3); B_STREAMING (B fragments
     read per 16-column tile between the WMMAs instead of all before them); CLUSTER_M x
     CLUSTER_N workgroups share A (B) tiles by TDM multicast, with a cluster barrier per step;
-    MMA_32X16 (fp4 x fp4) covers two B tiles per v_wmma_scale_f32_32x16x128_f4."""
+    F4_WIDE (fp4 x fp4) covers two B tiles per v_wmma_scale_f32_32x16x128_f4."""
     wave = 32
     acc_width = 8
     pad = 16                       # TDM row padding: spreads rows over LDS banks (docs/gfx1250_isa.md §4)
@@ -202,10 +202,10 @@ class Gfx1250:
     # range checks against num_records (docs/gfx1250_isa.md §6)
     buffer_flags = BUFFER_FLAGS | 1 << 24 | 3 << 28
 
-    def __init__(self, b, scale_path="tdm", cluster_m=1, cluster_n=1, mma_32x16=0):
+    def __init__(self, b, scale_path="tdm", cluster_m=1, cluster_n=1, f4_wide=0):
         self.b, self.scale_path = b, scale_path
         self.cluster = (cluster_m, cluster_n) if cluster_m * cluster_n > 1 else None
-        self.b_tiles = 2 if mma_32x16 else 1
+        self.b_tiles = 2 if f4_wide else 1
         self.acc_t = ir.VectorType.get([8 * self.b_tiles], b.f32)
 
     def threads(self):
@@ -356,7 +356,7 @@ class Gfx1250:
 
     def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
         """src0 = B rows (n), src1 = A rows (m): lane l accumulates out[l % 16][8 (l / 16) + i].
-        MMA_32X16 (fp4 x fp4): src0 = two stacked B tiles (v_wmma_scale_f32_32x16x128_f4), whose
+        F4_WIDE (fp4 x fp4): src0 = two stacked B tiles (v_wmma_scale_f32_32x16x128_f4), whose
         32-row scale operand is one row per lane: tile 0's word in lanes 0-15, tile 1's in 16-31
         (docs/gfx1250_isa.md §3.5); the accumulator holds tile 0's 8 columns, then tile 1's."""
         if self.b_tiles == 1:
@@ -378,24 +378,25 @@ TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
 
 
 def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, scale_path="tdm", cluster_m=1,
-           cluster_n=1, mma_32x16=0):
+           cluster_n=1, f4_wide=0):
     ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
           and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1))
     if arch == "gfx1250":
         # buffer scale paths: every thread stages (BM + BN) / 128 scale words
         ok = ok and 2 <= num_buffers <= 4 and scale_path in SCALE_PATHS and cluster_m * cluster_n <= 16 and (
             scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
-            mma_32x16 in (0, 1) and (not mma_32x16 or a_fmt == b_fmt == "e2m1"))
+            f4_wide in (0, 1) and (not f4_wide or a_fmt == b_fmt == "e2m1"))
     else:
-        ok = ok and num_buffers == 2 and not b_streaming and (scale_path, cluster_m, cluster_n, mma_32x16) == (
+        ok = ok and num_buffers == 2 and not b_streaming and (scale_path, cluster_m, cluster_n, f4_wide) == (
             "tdm", 1, 1, 0)
     if not ok:
-        raise ValueError(f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
-                         f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} SCALE_PATH={scale_path} "
-                         f"CLUSTER_M={cluster_m} CLUSTER_N={cluster_n} MMA_32X16={mma_32x16}: formats in {tuple(FMT_CODE)}, BM and BN in "
-                         f"{TILES}, OUT in {OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no "
-                         f"gfx1250 option; gfx1250: NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * "
-                         f"CLUSTER_N <= 16, (BM + BN) % 128 == 0 on the buffer scale paths, MMA_32X16 only for e2m1 x e2m1")
+        raise ValueError(
+            f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
+            f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} SCALE_PATH={scale_path} CLUSTER_M={cluster_m} "
+            f"CLUSTER_N={cluster_n} F4_WIDE={f4_wide}: formats in {tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
+            f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no gfx1250 option; gfx1250: "
+            f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
+            f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 
 
 def _rsrc(b, flags, base):

@@ -4,8 +4,9 @@ variant promises (docs/gfx1250_isa.md). Nothing runs gfx1250 code here: these ar
 Per variant: wave32; zero spills and scratch; LDS within gfx1250's 320 KiB and equal to the
 documented ring (NUM_BUFFERS stages of A and B rows padded by 16 bytes plus one scale word per
 row); in the K loop: one scaled WMMA per 16 x 16 tile of the wave with the operand formats of the
-variant (MMA_32X16: one v_wmma_scale_f32_32x16x128_f4 per two B tiles), one Tensor Data Mover load per loading wave (A, B and both scale tiles; A and B only on
-the buffer scale paths; A and B halves on the ab_split path), exactly one kernel wait
+variant (F4_WIDE: one v_wmma_scale_f32_32x16x128_f4 per two B tiles), one Tensor Data Mover load
+per loading wave (A, B and both scale tiles; A and B only on the buffer scale paths; A and B
+halves on the ab_split path), exactly one kernel wait
 `s_wait_tensorcnt NUM_BUFFERS-2`, scale words by buffer_load only on the buffer paths, LDS reads
 between WMMAs iff B_STREAMING, the cluster barrier (id -3) iff multicast.
 """
@@ -50,10 +51,10 @@ def test_gfx1250_hot_loop(arts, v):
     hot = _hot(arts[registry.variant_id(v)])
     ops = [l.split()[0] for l in hot]
     wmma = [l for l in hot if l.startswith("v_wmma")]
-    tiles_per_wmma = 2 if v["MMA_32X16"] else 1     # 32x16x128_f4: two 16-column B tiles
+    tiles_per_wmma = 2 if v["F4_WIDE"] else 1     # 32x16x128_f4: two 16-column B tiles
     assert len(wmma) == v["BM"] * v["BN"] // 1024 // tiles_per_wmma
     assert not any(o.startswith("v_mfma") for o in ops)
-    if v["MMA_32X16"]:
+    if v["F4_WIDE"]:
         assert {l.split()[0] for l in wmma} == {"v_wmma_scale_f32_32x16x128_f4"}
     else:
         assert {l.split()[0] for l in wmma} == {"v_wmma_scale_f32_16x16x128_f8f6f4"}
@@ -123,7 +124,7 @@ def _module():
     ("gfx1250", dict(scale_path="vgpr"), "SCALE_PATH in"),
     ("gfx1250", dict(cluster_m=4, cluster_n=8), "CLUSTER_M \\* CLUSTER_N <= 16"),
     ("gfx1250", dict(bm=64, bn=128, scale_path="buffer_lds_stage"), "\\(BM \\+ BN\\) % 128"),
-    ("gfx1250", dict(a_fmt="e4m3", mma_32x16=1), "MMA_32X16 only for e2m1 x e2m1"),
+    ("gfx1250", dict(a_fmt="e4m3", f4_wide=1), "F4_WIDE only for e2m1 x e2m1"),
     ("gfx950", dict(b_streaming=1), "no gfx1250 option"),
     ("gfx950", dict(num_buffers=3), "gfx950: NUM_BUFFERS 2"),
 ])

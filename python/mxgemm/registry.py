@@ -229,7 +229,7 @@ register(Kernel(
     # gfx1250: compile + static ISA checks only (nothing runs it here). One variant per option value,
     # kept small so the build and ISA tests stay quick; every variant also names the target options.
     arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=out, SPLITK=sk, NUM_BUFFERS=nb,
-                                         B_STREAMING=bs, SCALE_PATH=sp, CLUSTER_M=cm, CLUSTER_N=cn, MMA_32X16=w)
+                                         B_STREAMING=bs, SCALE_PATH=sp, CLUSTER_M=cm, CLUSTER_N=cn, F4_WIDE=w)
                                     for fa, fb, bm, bn, out, sk, nb, bs, sp, cm, cn, w in (
         ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 1, 1, 0),
         ("e2m1", "e2m1", 128, 128, "bf16", 0, 3, 0, "tdm", 1, 1, 1),
