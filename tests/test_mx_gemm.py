@@ -59,10 +59,11 @@ def vid(v):
 # ---- every variant vs the reference ----
 @pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
 def test_variant_bitwise(v):
-    # a partial row tile and a partial column tile; 2 K steps (both LDS stages)
+    # a partial row tile and a partial column tile; 2 K steps (both LDS stages), or 3 steps
+    # in 2 uneven K splits
     M, N = v["BM"] - 5, max(32, v["BN"] - 32)
     splits = 2 if v["SPLITK"] else 1
-    got, ref = run(v, M, N, 128 * 2 * splits, seed=1, splits=splits)
+    got, ref = run(v, M, N, 128 * (2 + v["SPLITK"]), seed=1, splits=splits)
     assert got.dtype == OUT[v["OUT"]] and got.shape == (M, N)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
