@@ -11,12 +11,16 @@ tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring
 NUM_BUFFERS stages, the K loop (wait for stage kt, read its fragments, issue stage kt+1, MMA)
 and the epilogue (masked stores, or fp32 atomics for split-K). A target object supplies the
 rest, chosen by `compile_for_build(arch, ...)` from TARGETS:
-  wave                     lanes per wave
-  stage_loads(...)         global -> LDS of one operand's K step (and its scale bytes)
+  wave                     lanes per wave (the workgroup is 4 waves)
+  stage_loads(...)         global -> LDS of one operand's K step
+  dma_plan(...)            per-thread LDS destinations and voffsets of an operand's stage
+  scale_loads(...)         this lane's e8m0 scale bytes of a K step (one per 16-row tile)
   stage_wait()             the wait + workgroup barrier that makes a stage visible
-  fragment(op, buf, r0)    LDS -> the MMA operand registers of rows r0 .. r0+15
-  scale_voffsets / mma     the scaled 16x16x128 MMA atom and where its scale bytes come from
-  acc_coords(lane)         (row, first column) of a lane's accumulator elements (consecutive)
+  fragment(op, buf, row)   LDS -> the MMA operand registers of one row (the lane's)
+  fragments_ready()        the wait for those LDS reads
+  lane_rows()              the lane's row within a 16-row tile and the K block of its scale
+  mma(...)                 the scaled 16x16x128 MMA atom (acc += A B^T with block scales)
+  acc_len, acc_coords()    accumulator elements per lane and their (row, first column)
 gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds memory chunk
 c ^ (r % chunks_per_row)), scale bytes by buffer loads into VGPRs one step ahead,
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
@@ -69,6 +73,7 @@ class Operand:
 class Gfx950:
     """gfx950: wave64, buffer -> LDS DMA, v_mfma_scale_f32_16x16x128_f8f6f4."""
     wave = 64
+    acc_len = 4                    # fp32 accumulator elements per lane of a 16 x 16 tile
 
     def __init__(self, b):
         self.b = b
@@ -97,8 +102,18 @@ class Gfx950:
             rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, b.mul(kt, b.c(op.step_bytes)),
                                           b.c(0), aux=b.c_attr(0))
 
+    def scale_loads(self, rsrc, voffs, kt):
+        """This lane's scale byte of K step kt for each 16-row tile (voffs: its row's byte), as i32."""
+        b = self.b
+        soff = b.mul(kt, b.c(BK // SCALE_BLOCK))
+        return [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, rsrc, v, soff, aux=b.c_attr(0))) for v in voffs]
+
     def stage_wait(self):
         loads_done_barrier()
+
+    def fragments_ready(self):
+        """The LDS fragment reads have landed in VGPRs."""
+        rocdl.s_waitcnt(WAIT_LGKMCNT0)
 
     def fragment(self, op, buf, row):
         """v8i32 MMA operand of LDS row `row` (this lane's): fp8 chunks g and g + 4 (bytes
@@ -123,10 +138,10 @@ class Gfx950:
 
     def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
         return fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-            self.b.v4f32, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale])
+            acc.type, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale])
 
     def acc_coords(self):
-        """(row in the 16 x 16 tile, first of the 4 consecutive columns) of this lane's accumulator."""
+        """(row in the 16 x 16 tile, first of the acc_len consecutive columns) of this lane's accumulator."""
         b = self.b
         lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
         return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(4))
@@ -202,14 +217,11 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         buf = buffer(kt)
         target.stage_loads(sel["a"], a_dma, buf, kt, A)
         target.stage_loads(sel["b"], b_dma, buf, kt, B)
-        soff = b.mul(kt, b.c(BK // SCALE_BLOCK))
-        return ([arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel["sa"], v, soff, aux=b.c_attr(0)))
-                 for v in sa_voff] +
-                [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel["sb"], v, soff, aux=b.c_attr(0)))
-                 for v in sb_voff])
+        return target.scale_loads(sel["sa"], sa_voff, kt) + target.scale_loads(sel["sb"], sb_voff, kt)
 
     mi, nj = len(a_rows), len(b_rows)
-    zero = b.splat(b.v4f32, 0.0)
+    acc_t = ir.VectorType.get([target.acc_len], b.f32)
+    zero = b.splat(acc_t, 0.0)
     scales = issue(b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
     idx = ir.IndexType.get()
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
@@ -224,7 +236,7 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         b_frag = [target.fragment(B, buf, r) for r in b_rows]
         kn = b.add(kt, b.c(1))
         nxt = issue(kn, b.cmp("slt", kn, nsteps))
-        rocdl.s_waitcnt(WAIT_LGKMCNT0)
+        target.fragments_ready()
         for i in range(mi):
             for j in range(nj):
                 acc[i * nj + j] = target.mma(acc[i * nj + j], a_frag[i], scales[i], a_fmt, b_frag[j],
@@ -233,13 +245,13 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         scf.YieldOp(acc + nxt)
     acc = list(loop.results)[:mi * nj]
 
-    # Epilogue: each lane holds 4 consecutive columns of one row per 16 x 16 tile.
+    # Epilogue: each lane holds acc_len consecutive columns of one row per 16 x 16 tile.
     esz = 4 if out_t == "f32" else 2
     out_rs = _rsrc(b, b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(m0), b.u64(N)), b.u64(n0)),
                                             b.c(esz, b.i64))))
     row_l, col_l = target.acc_coords()
     half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(out_t)
-    v2i32 = ir.VectorType.get([2], b.i32)
+    packed_t = ir.VectorType.get([target.acc_len // 2], b.i32)
     for i in range(mi):
         row = b.add(b.mul(wm, b.c(bm // 2)), b.add(b.c(16 * i), row_l))
         for j in range(nj):
@@ -248,13 +260,13 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
             voff = b.sel(ok, b.mul(b.add(b.mul(row, N), col), b.c(esz)), b.c(INVALID_OFFSET))
             v = acc[i * nj + j]
             if splitk:
-                for e in range(4):
+                for e in range(target.acc_len):
                     x = llvm.extractelement(v, b.c(e))
                     rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
             elif half is None:
                 rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=b.c_attr(0))
             else:
-                packed = llvm.bitcast(v2i32, arith.truncf(ir.VectorType.get([4], half), v))
+                packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([target.acc_len], half), v))
                 rocdl.raw_ptr_buffer_store(packed, out_rs, voff, b.c(0), aux=b.c_attr(0))
 
 

@@ -175,8 +175,8 @@ CATALOGUE = (
         (MX_GEMM, "b.add(b.mul(r, kblocks), kb)", "b.add(b.mul(r, kblocks), b.add(kb, b.c(1)))"),),
         "each lane loads the scale of the next 32-block (off by one in the K-block index)"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
-        (MX_GEMM, "packed = llvm.bitcast(v2i32, arith.truncf(ir.VectorType.get([4], half), v))",
-         "packed = llvm.bitcast(v2i32, arith.truncf(ir.VectorType.get([4], half), llvm.bitcast(b.v4f32, "
+        (MX_GEMM, "packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([target.acc_len], half), v))",
+         "packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([target.acc_len], half), llvm.bitcast(b.v4f32, "
          "arith.andi(llvm.bitcast(b.v4i32, v), arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat("
          "b.v4i32, ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
