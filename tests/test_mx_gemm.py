@@ -164,11 +164,11 @@ def test_guard(over, rule):
     assert torch.equal(out, before)
 
 
-def test_guard_arch(monkeypatch):
-    from mxgemm import launcher
-    monkeypatch.setattr(launcher, "backend_for", lambda device, archs: guards.fail("arch", f"no {archs} here"))
-    with pytest.raises(guards.GuardError, match=r"\[arch\]"):
-        mxgemm.explain("mx_gemm", **_call(out=None))
+def test_guard_arch_non_gfx950_device():
+    dev = "meta"   # a device that is neither a gfx950 GPU nor the emulator's CPU
+    args = [t.to(dev) for t in (_call()[n] for n in ("a", "a_scale", "b", "b_scale"))]
+    with pytest.raises(guards.GuardError, match=r"\[arch\].*meta"):
+        mxgemm.mx_gemm(*args)
 
 
 def test_guard_tile_voffset():
