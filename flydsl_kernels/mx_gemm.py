@@ -82,9 +82,11 @@ class Gfx950:
         return WAVES * self.wave
 
     def dma_plan(self, op, tid, rows_left, row_bytes):
-        """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk).
-        Slot s = 4096 j + 16 tid: row s / row_step, LDS chunk c holds memory chunk c ^ (row % chunks)."""
+        """Per DMA issue j: (LDS byte of this wave's slice, voffset of this lane's 16-byte chunk).
+        Slot s = j * threads + tid fills LDS bytes 16 s..: row s / chunks, LDS chunk c = s % chunks
+        holding memory chunk c ^ (row % chunks); rows at or past rows_left read as zero."""
         b, t = self.b, self.threads()
+        wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(self.wave)))
         plan = []
         for j in range(op.lds_bytes // (16 * t)):
             s = b.add(b.c(j * t), tid)
@@ -92,7 +94,6 @@ class Gfx950:
             chunk = arith.xori(arith.remui(s, b.c(op.chunks)), arith.remui(row, b.c(op.chunks)))
             voff = b.sel(b.cmp("slt", row, rows_left), b.add(b.mul(row, row_bytes), b.mul(chunk, b.c(16))),
                          b.c(INVALID_OFFSET))
-            wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(self.wave)))
             plan.append((b.add(b.c(op.lds_off + j * t * 16), b.mul(wave, b.c(16 * self.wave))), voff))
         return plan
 
@@ -144,7 +145,7 @@ class Gfx950:
         """(row in the 16 x 16 tile, first of the acc_len consecutive columns) of this lane's accumulator."""
         b = self.b
         lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
-        return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(4))
+        return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(self.acc_len))
 
 
 TARGETS = {"gfx950": Gfx950}
