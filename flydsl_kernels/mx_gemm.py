@@ -11,16 +11,12 @@ tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring
 NUM_BUFFERS stages, the K loop (wait for stage kt, read its fragments, issue stage kt+1, MMA)
 and the epilogue (masked stores, or fp32 atomics for split-K). A target object supplies the
 rest, chosen by `compile_for_build(arch, ...)` from TARGETS:
-  wave                     lanes per wave (the workgroup is 4 waves)
-  stage_loads(...)         global -> LDS of one operand's K step
-  dma_plan(...)            per-thread LDS destinations and voffsets of an operand's stage
-  scale_loads(...)         this lane's e8m0 scale bytes of a K step (one per 16-row tile)
+  wave                     lanes per wave
+  stage_loads(...)         global -> LDS of one operand's K step (and its scale bytes)
   stage_wait()             the wait + workgroup barrier that makes a stage visible
-  fragment(op, buf, row)   LDS -> the MMA operand registers of one row (the lane's)
-  fragments_ready()        the wait for those LDS reads
-  lane_rows()              the lane's row within a 16-row tile and the K block of its scale
-  mma(...)                 the scaled 16x16x128 MMA atom (acc += A B^T with block scales)
-  acc_len, acc_coords()    accumulator elements per lane and their (row, first column)
+  fragment(op, buf, r0)    LDS -> the MMA operand registers of rows r0 .. r0+15
+  scale_voffsets / mma     the scaled 16x16x128 MMA atom and where its scale bytes come from
+  acc_coords(lane)         (row, first column) of a lane's accumulator elements (consecutive)
 gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds memory chunk
 c ^ (r % chunks_per_row)), scale bytes by buffer loads into VGPRs one step ahead,
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
@@ -73,7 +69,6 @@ class Operand:
 class Gfx950:
     """gfx950: wave64, buffer -> LDS DMA, v_mfma_scale_f32_16x16x128_f8f6f4."""
     wave = 64
-    acc_len = 4                    # fp32 accumulator elements per lane of a 16 x 16 tile
 
     def __init__(self, b):
         self.b = b
@@ -82,11 +77,9 @@ class Gfx950:
         return WAVES * self.wave
 
     def dma_plan(self, op, tid, rows_left, row_bytes):
-        """Per DMA issue j: (LDS byte of this wave's slice, voffset of this lane's 16-byte chunk).
-        Slot s = j * threads + tid fills LDS bytes 16 s..: row s / chunks, LDS chunk c = s % chunks
-        holding memory chunk c ^ (row % chunks); rows at or past rows_left read as zero."""
+        """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk).
+        Slot s = 4096 j + 16 tid: row s / row_step, LDS chunk c holds memory chunk c ^ (row % chunks)."""
         b, t = self.b, self.threads()
-        wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(self.wave)))
         plan = []
         for j in range(op.lds_bytes // (16 * t)):
             s = b.add(b.c(j * t), tid)
@@ -94,6 +87,7 @@ class Gfx950:
             chunk = arith.xori(arith.remui(s, b.c(op.chunks)), arith.remui(row, b.c(op.chunks)))
             voff = b.sel(b.cmp("slt", row, rows_left), b.add(b.mul(row, row_bytes), b.mul(chunk, b.c(16))),
                          b.c(INVALID_OFFSET))
+            wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(self.wave)))
             plan.append((b.add(b.c(op.lds_off + j * t * 16), b.mul(wave, b.c(16 * self.wave))), voff))
         return plan
 
@@ -103,18 +97,8 @@ class Gfx950:
             rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, b.mul(kt, b.c(op.step_bytes)),
                                           b.c(0), aux=b.c_attr(0))
 
-    def scale_loads(self, rsrc, voffs, kt):
-        """This lane's scale byte of K step kt for each 16-row tile (voffs: its row's byte), as i32."""
-        b = self.b
-        soff = b.mul(kt, b.c(BK // SCALE_BLOCK))
-        return [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, rsrc, v, soff, aux=b.c_attr(0))) for v in voffs]
-
     def stage_wait(self):
         loads_done_barrier()
-
-    def fragments_ready(self):
-        """The LDS fragment reads have landed in VGPRs."""
-        rocdl.s_waitcnt(WAIT_LGKMCNT0)
 
     def fragment(self, op, buf, row):
         """v8i32 MMA operand of LDS row `row` (this lane's): fp8 chunks g and g + 4 (bytes
@@ -139,13 +123,13 @@ class Gfx950:
 
     def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
         return fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-            acc.type, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale])
+            self.b.v4f32, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale])
 
     def acc_coords(self):
-        """(row in the 16 x 16 tile, first of the acc_len consecutive columns) of this lane's accumulator."""
+        """(row in the 16 x 16 tile, first of the 4 consecutive columns) of this lane's accumulator."""
         b = self.b
         lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
-        return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(self.acc_len))
+        return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(4))
 
 
 TARGETS = {"gfx950": Gfx950}
@@ -218,11 +202,14 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         buf = buffer(kt)
         target.stage_loads(sel["a"], a_dma, buf, kt, A)
         target.stage_loads(sel["b"], b_dma, buf, kt, B)
-        return target.scale_loads(sel["sa"], sa_voff, kt) + target.scale_loads(sel["sb"], sb_voff, kt)
+        soff = b.mul(kt, b.c(BK // SCALE_BLOCK))
+        return ([arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel["sa"], v, soff, aux=b.c_attr(0)))
+                 for v in sa_voff] +
+                [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel["sb"], v, soff, aux=b.c_attr(0)))
+                 for v in sb_voff])
 
     mi, nj = len(a_rows), len(b_rows)
-    acc_t = ir.VectorType.get([target.acc_len], b.f32)
-    zero = b.splat(acc_t, 0.0)
+    zero = b.splat(b.v4f32, 0.0)
     scales = issue(b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
     idx = ir.IndexType.get()
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
@@ -237,7 +224,7 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         b_frag = [target.fragment(B, buf, r) for r in b_rows]
         kn = b.add(kt, b.c(1))
         nxt = issue(kn, b.cmp("slt", kn, nsteps))
-        target.fragments_ready()
+        rocdl.s_waitcnt(WAIT_LGKMCNT0)
         for i in range(mi):
             for j in range(nj):
                 acc[i * nj + j] = target.mma(acc[i * nj + j], a_frag[i], scales[i], a_fmt, b_frag[j],
@@ -246,13 +233,13 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
         scf.YieldOp(acc + nxt)
     acc = list(loop.results)[:mi * nj]
 
-    # Epilogue: each lane holds acc_len consecutive columns of one row per 16 x 16 tile.
+    # Epilogue: each lane holds 4 consecutive columns of one row per 16 x 16 tile.
     esz = 4 if out_t == "f32" else 2
     out_rs = _rsrc(b, b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(m0), b.u64(N)), b.u64(n0)),
                                             b.c(esz, b.i64))))
     row_l, col_l = target.acc_coords()
     half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(out_t)
-    packed_t = ir.VectorType.get([target.acc_len // 2], b.i32)
+    v2i32 = ir.VectorType.get([2], b.i32)
     for i in range(mi):
         row = b.add(b.mul(wm, b.c(bm // 2)), b.add(b.c(16 * i), row_l))
         for j in range(nj):
@@ -261,13 +248,13 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
             voff = b.sel(ok, b.mul(b.add(b.mul(row, N), col), b.c(esz)), b.c(INVALID_OFFSET))
             v = acc[i * nj + j]
             if splitk:
-                for e in range(target.acc_len):
+                for e in range(4):
                     x = llvm.extractelement(v, b.c(e))
                     rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
             elif half is None:
                 rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=b.c_attr(0))
             else:
-                packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([target.acc_len], half), v))
+                packed = llvm.bitcast(v2i32, arith.truncf(ir.VectorType.get([4], half), v))
                 rocdl.raw_ptr_buffer_store(packed, out_rs, voff, b.c(0), aux=b.c_attr(0))
 
 

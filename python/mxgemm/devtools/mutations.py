@@ -175,10 +175,9 @@ CATALOGUE = (
         (MX_GEMM, "b.add(b.mul(r, kblocks), kb)", "b.add(b.mul(r, kblocks), b.add(kb, b.c(1)))"),),
         "each lane loads the scale of the next 32-block (off by one in the K-block index)"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
-        (MX_GEMM, "packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([target.acc_len], half), v))",
-         "packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([target.acc_len], half), llvm.bitcast(b.v4f32, "
-         "arith.andi(llvm.bitcast(b.v4i32, v), arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat("
-         "b.v4i32, ir.IntegerAttr.get(b.i32, -65536)))))))"),),
+        (MX_GEMM, "half), v))",
+         "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), v), arith.constant(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
+         "ir.DenseElementsAttr.get_splat(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
     Mutation("mx-gemm-no-lds-swizzle-on-read", ("mx_gemm",), (
         (MX_GEMM, "arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks)))", "b.add(g, b.c(4 * h))"),),
