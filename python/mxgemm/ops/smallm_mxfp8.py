@@ -3,8 +3,10 @@
 Kernels (registry): smallm_mxfp8_gemv and smallm_mxfp8_mfma (csrc/kernels/smallm_mxfp8.hip);
 their M envelopes and K alignments are registry facts. Kernel choice (``mxgemm.explain``
 prints it): a tuned CSV row for (arch, M, N, K) if one exists (exact M, else the nearest tuned
-M above with the same N, K), else the rule of ``heuristic_config``. Out-of-envelope calls run
-the fallback of ``ops/_mxfp8.py`` unless ``fallback="error"``. Malformed calls (dtype, shape,
+M above with the same N, K), else the rule of ``heuristic_config``. M above the small-M
+envelope runs the prefill kernel mx_gemm (ops/dense_mx.py) when it takes the shape (K % 128,
+N % 32); other out-of-envelope calls run the fallback of ``ops/_mxfp8.py`` unless
+``fallback="error"``. Malformed calls (dtype, shape,
 K % 32, contiguity, device) always raise, before any launch.
 """
 from __future__ import annotations
@@ -193,7 +195,8 @@ def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     b: [N, K] float8_e4m3fn (weights, K contiguous), b_scale: [N, K/32]
     out: optional [M, N] bf16 (contiguous), written in place and returned.
     config: force a kernel, e.g. {"kernel": "smallm_mxfp8_gemv", "M_TILE": 4, "N_SUB": 1}.
-    fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (M > 64,
-    K % 128 != 0 with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
-    Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0).
+    fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (K % 128 != 0
+    with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
+    Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0),
+    mx_gemm for M > 64 (K % 128 == 0, N % 32 == 0; bitwise mx_gemm_ref(chunk=128) on the emulator).
     """
