@@ -131,3 +131,15 @@ def _module():
 def test_bad_target_options_are_rejected_before_compiling(arch, opts, rule):
     with pytest.raises(ValueError, match=rule):
         _module().build("mx_gemm", arch, **opts)
+
+
+def test_op_on_a_gfx1250_gpu_names_the_missing_variant(monkeypatch):
+    """The op plans gfx950 variants; where the backend is a gfx1250 GPU the plan fails with a
+    GuardError [arch] naming the arch instead of a build error at launch."""
+    import torch
+    from mxgemm import guards, launcher
+    from mxgemm.ops import _op
+    monkeypatch.setattr(launcher, "backend_for", lambda device, archs: ("hip", ARCH))
+    v = registry.get(KERNEL).variants[0]
+    with pytest.raises(guards.GuardError, match=r"\[arch\].*mx_gemm has no gfx1250 variant.*plans for gfx950"):
+        _op.kernel_plan("mx_gemm", KERNEL, v, torch.device("cpu"), "test", N=64, M=64, splits=1)

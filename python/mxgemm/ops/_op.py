@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import build, launcher, registry
+from .. import build, guards, launcher, registry
 
 
 @dataclass
@@ -60,6 +60,9 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
     arguments) on the backend for ``device``; GuardError [arch] if nothing can run it there."""
     k = registry.get(kernel)
     backend, arch = launcher.backend_for(device, k.archs)
+    if variant not in k.variants_for(arch):   # per-arch grids: the planner chose another arch's variant
+        guards.fail("arch", f"{kernel} has no {arch} variant {variant}; this op plans for "
+                            f"{', '.join(a for a in k.archs if variant in k.variants_for(a))}")
     return Plan(op, kernel, variant, backend, arch, k.launch_grid(variant, **dims), (k.threads, 1, 1),
                 reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
 
