@@ -1,11 +1,13 @@
 """Reference ops: the ground truth every kernel test compares against (pure torch, CPU).
 
 Accumulation model (all ops): the reduction dimension is cut into chunks (32 for MX
-scales, 128 for DeepGEMM block scales and for tensorwise FP8). Each chunk's dot product
+scales, 128 for mx_gemm's scaled 16x16x128 MMA steps, for DeepGEMM block scales and for
+tensorwise FP8). Each chunk's dot product
 of the decoded, unscaled elements is computed exactly (float64 holds it exactly: every
 e4m3*e4m3 or fp4 product has <= 8 significant bits and a chunk spans < 2^45; for e5m2
-operands it is exact unless one chunk spans more than 2^53), then scaled and rounded to
-fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
+operands it is exact unless one chunk spans more than 2^53; mx_gemm's 128-K chunks, whose
+four 32-blocks carry their own scales, are summed exactly whatever the span), then scaled
+and rounded to fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
 into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator) (fp16 RNE for
 out_dtype=torch.float16), or the fp32 accumulator itself with out_dtype=torch.float32 (MoE
 gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may differ from this by a
