@@ -194,6 +194,64 @@ def test_masked_matches_reference(variant, sfa_layout):
     _check(d, ref, written, torch.einsum("gmk,gnk->gmn", x, w), f"masked {variant}")
 
 
+# ---- UE8M0 scales packed four to an int32 (DeepGEMM's SM100 layout) ----
+def test_packed_ue8m0_layout():
+    """Byte i of int32 word j of row m is the e8m0 code of K block 4j + i (missing blocks 0);
+    MN-major: rows unit-stride, columns padded to 4 elements, groups one after another."""
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(100, 150, (2, 5, 6), generator=g)
+    sf = torch.pow(2.0, codes - 127.0)
+    packed = deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf)
+    assert packed.dtype == torch.int32 and packed.shape == (2, 5, 2) and packed.stride() == (16, 1, 8)
+    for gi in range(2):
+        for m in range(5):
+            for j in range(2):
+                want = sum(int(codes[gi, m, 4 * j + i]) << (8 * i) for i in range(4) if 4 * j + i < 6)
+                assert int(packed[gi, m, j]) & 0xFFFFFFFF == want
+    assert deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf[0]).stride() == (1, 8)
+
+
+def unpack_ue8m0(packed: torch.Tensor, k_blocks: int) -> torch.Tensor:
+    """int32 [.., R, ceil(K/512)] -> uint8 codes [.., R, K/128] (little-endian bytes of each word)."""
+    return packed.contiguous().view(torch.uint8)[..., :k_blocks]
+
+
+@pytest.mark.parametrize("masked", [0, 1])
+def test_packed_ue8m0_scales_bit_exact_vs_bytes(masked):
+    """The same e8m0 scales as bytes or packed give bit-identical d (sfb broadcast to every row
+    of its 128-row block, as DeepGEMM does for the packed recipe); sfb that really differs per
+    row of b (recipe (1, 1, 128)) matches the reference. K = 5 blocks: a half-filled last word."""
+    variant = dict(BM=32, BN=32, UE8M0=1, OUT="bf16")
+    G, n, k = 3, 64, 640
+    g = torch.Generator().manual_seed(9)
+    if masked:
+        x, masked_m = torch.randn(G, 40, k, generator=g), torch.tensor([40, 0, 23], dtype=torch.int32)
+        run = lambda sfa, sfb, d: run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)  # noqa: E731
+        ref = lambda sfa, sfb: reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m)  # noqa: E731
+        written = torch.arange(40)[None, :] < masked_m[:, None]
+    else:
+        x, w, m_indices = contiguous_case([50, 0, 20], n=n, k=k, seed=9)
+        run = lambda sfa, sfb, d: run_contiguous(variant, a, sfa, b, sfb, d, m_indices)  # noqa: E731
+        ref = lambda sfa, sfb: reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices)  # noqa: E731
+        written = m_indices >= 0
+    a, sfa, b, sfb = quantize(x, torch.randn(G, n, k, generator=g), True)
+    pack = lambda codes: deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(formats.decode_e8m0(codes))  # noqa: E731
+    sfa_p, sfb_rows = pack(sfa), sfb.repeat_interleave(128, dim=1)[:, :n]
+    assert torch.equal(unpack_ue8m0(sfa_p, 5), sfa)
+
+    d_bytes, d_packed = (torch.full((*x.shape[:-1], n), SENTINEL, dtype=torch.bfloat16) for _ in range(2))
+    run(sfa, sfb, d_bytes)
+    run(sfa_p, pack(sfb_rows), d_packed)
+    assert torch.equal(d_packed.view(torch.int16), d_bytes.view(torch.int16))
+
+    sfb_rows = (sfb_rows.int() + torch.randint(-3, 4, sfb_rows.shape, generator=g)).to(torch.uint8)
+    d = torch.full_like(d_bytes, SENTINEL)
+    run(sfa_p, pack(sfb_rows), d)
+    assert torch.equal(d[written].view(torch.int16), ref(sfa, sfb_rows)[written].view(torch.int16))
+    assert bool((d[~written] == SENTINEL).all())
+    assert not torch.equal(d, d_bytes)  # the per-row scales took effect
+
+
 # ---- a user script written against DeepGEMM (only the import changed) ----
 @pytest.mark.parametrize("use_ue8m0", [False, True])
 def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
@@ -297,7 +355,18 @@ GUARDS = [  # (name, masked, edit of the valid inputs, rule, message fragment)
     ("b-contiguity", 0, lambda t: {**t, "b": t["b"].transpose(1, 2).contiguous().transpose(1, 2)}, "contiguity",
      "b must be contiguous"),
     ("device", 0, lambda t: {**t, "layout": t["layout"].to("meta")}, "device", "m_indices=meta"),
+    ("packed-sfb-per-block", 0, lambda t: {**t, "sfa": _pack(t["sfa"]), "sfb": _pack(t["sfb"])}, "shape",
+     "sfb has shape [2, 1, 1]; expected [2, 64, 1]"),
+    ("packed-sfa-k-blocks", 1, lambda t: {**t, "sfa": _pack(t["sfa"]).expand(2, 40, 2), "sfb": _pack(t["sfb"].repeat_interleave(64, 1))},
+     "shape",
+     "sfa has shape [2, 40, 2]; expected [2, 40, 1]"),
+    ("packed-sfb-layout", 0, lambda t: {**t, "sfa": _pack(t["sfa"]), "sfb": torch.zeros(2, 1, 72, dtype=torch.int32)
+                                        [..., :64].transpose(1, 2)}, "layout", "sfb has strides (72, 1, 72)"),
 ]
+
+
+def _pack(sf):
+    return deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf)
 
 
 @pytest.mark.parametrize("name,masked,edit,rule,text", GUARDS, ids=[g[0] for g in GUARDS])
@@ -314,6 +383,8 @@ def test_recipe_pair_and_expected_m_guards():
     t = _valid()
     with pytest.raises(guards.GuardError, match=r"\[recipe\] recipe = \(1, 1, 128\)"):
         _call(t, False, recipe=(1, 1, 128))
+    with pytest.raises(guards.GuardError, match=r"\[recipe\] recipe = \(1, 128, 128\): with sfb of dtype torch.int32"):
+        _call({**t, "sfb": _pack(t["sfb"].repeat_interleave(64, 1))}, False, recipe=(1, 128, 128))
     with pytest.raises(guards.GuardError, match=r"\[args\] a must be a \(fp8 tensor, scales\) pair"):
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(t["a"], (t["b"], t["sfb"]), t["d"], t["layout"])
     t = _valid(masked=True)

@@ -11,7 +11,10 @@ from ._op import Plan, kernel_plan, op
 _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
 M_ALIGN = 128                      # row alignment of each group in the contiguous layout
-_E8M0 = (torch.uint8, torch.float8_e8m0fnu)
+# UE8M0 scales: one byte per scale, or DeepGEMM's SM100 packing of four to an int32 (byte i of
+# word j = K block 4j + i, little-endian; sfb then holds one scale per row of b)
+PACKED = torch.int32
+_E8M0 = (torch.uint8, torch.float8_e8m0fnu, PACKED)
 
 
 def _tile(N: int) -> int:
@@ -19,21 +22,24 @@ def _tile(N: int) -> int:
     return max(bn for bn in _KERNEL.values("BN") if N % bn == 0)
 
 
-def sfa_strides(sfa: torch.Tensor, name: str = "sfa") -> tuple:
-    """(group, row, K-block) element strides of the activation scales: row-major (contiguous) or
-    DeepGEMM's MN-major TMA-aligned layout (rows unit-stride, each K block's column padded to
-    4 elements). Any other layout is refused: the plan cache keys on contiguity, not strides."""
-    m, kb = sfa.shape[-2:]
-    if sfa.is_contiguous():
-        st = sfa.stride()
+def scale_strides(sf: torch.Tensor, name: str) -> tuple:
+    """Byte strides (group, row, 4 K blocks, K block within 4) of scales [G?, rows, columns]:
+    row-major (contiguous) or DeepGEMM's MN-major TMA-aligned layout (rows unit-stride, each
+    column padded to 4 elements). Any other layout is refused: the plan cache keys on
+    contiguity, not strides."""
+    m, cols = sf.shape[-2:]
+    if sf.is_contiguous():
+        st = sf.stride()
     else:
         col = -(-m // 4) * 4
-        want = ((kb * col,) if sfa.dim() == 3 else ()) + (1, col)
-        if sfa.stride() != want:
-            guards.fail("layout", f"{name} has strides {sfa.stride()} for shape {list(sfa.shape)}; expected "
+        want = ((cols * col,) if sf.dim() == 3 else ()) + (1, col)
+        if sf.stride() != want:
+            guards.fail("layout", f"{name} has strides {sf.stride()} for shape {list(sf.shape)}; expected "
                                   f"row-major (contiguous) or MN-major with strides {want}")
         st = want
-    return st if sfa.dim() == 3 else (0, *st)
+    sg, sm, sk = (st if sf.dim() == 3 else (0, *st))
+    e = sf.element_size()
+    return (sg * e, sm * e, sk * e, 1) if sf.dtype == PACKED else (sg * e, sm * e, 4 * sk * e, sk * e)
 
 
 def _plan(x) -> Plan:
@@ -46,7 +52,7 @@ def _plan(x) -> Plan:
     guards.check_dtype(out, "d", (torch.bfloat16, torch.float16))
     name = "masked_m" if masked else "m_indices"
     guards.check_dtype(x.layout, name, torch.int32)
-    for n, t in (("a", a), ("b", b), ("sfb", x.sfb), ("d", out), (name, x.layout)):
+    for n, t in (("a", a), ("b", b), ("d", out), (name, x.layout)):
         guards.check_contiguous(t, n)
     device = guards.check_same_device(a=a, sfa=x.sfa, b=b, sfb=x.sfb, d=out, **{name: x.layout})
 
@@ -59,9 +65,11 @@ def _plan(x) -> Plan:
     guards.check_shape(a, "a", (*lead, K))
     rows_shape = a.shape[:-1]
     guards.check_shape(out, "d", (*rows_shape, N))
-    guards.check_shape(x.sfa, "sfa", (*rows_shape, K // BLOCK))
-    guards.check_shape(x.sfb, "sfb", (G, -(-N // BLOCK), K // BLOCK))
-    sg, sm, sk = sfa_strides(x.sfa)
+    packed_cols = -(-K // (4 * BLOCK))
+    guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else K // BLOCK))
+    sfb_packed = x.sfb.dtype == PACKED  # one scale per row of b, as DeepGEMM's packed recipe (1, 1, 128)
+    guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), K // BLOCK))
+    sfa_st, sfb_st = scale_strides(x.sfa, "sfa"), scale_strides(x.sfb, "sfb")
     if masked:
         m_max = a.shape[1]
         guards.check_shape(x.layout, "masked_m", (G,))
@@ -70,7 +78,7 @@ def _plan(x) -> Plan:
         guards.check_shape(x.layout, "m_indices", (a.shape[0],))
         guards.check_multiple(a.shape[0], "M (rows of a)", M_ALIGN, f"M%{M_ALIGN}")
     rows = a.shape[0] * (a.shape[1] if masked else 1)
-    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b), ("sfa", x.sfa)):
+    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b), ("sfa", x.sfa), ("sfb", x.sfb)):
         guards.check_voffset(t, n)
 
     bm = bn = _tile(N)
@@ -79,12 +87,15 @@ def _plan(x) -> Plan:
     m_tiles = G * -(-m_max // bm) if masked else -(-rows // bm)
     if rows == 0 or N == 0 or G == 0:
         return Plan("deep_gemm_fp8_grouped_gemm", None, backend="none", reason="empty problem: nothing to launch")
-    scales = "e8m0 scales on the scaled MFMA" if ue8m0 else "fp32 scales, exact per-128-K promotion"
+    scales = (f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
+              if ue8m0 else "fp32 scales, exact per-128-K promotion")
     return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,
                        f"{'masked' if masked else 'contiguous'} layout, {scales}, {bm}x{bn} tile "
                        f"(largest registered tile dividing N = {N})",
                        N=N, K=K, m_tiles=m_tiles, rows=rows, m_max=m_max, groups=G,
-                       sfa_sg=sg, sfa_sm=sm, sfa_sk=sk)
+                       **dict(zip(("sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1"), sfa_st)),
+                       **dict(zip(("sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1"), sfb_st)),
+                       sfb_shift=0 if sfb_packed else 7)
 
 
 def _check_layout(x, plan) -> None:
