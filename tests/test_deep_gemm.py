@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 
+import mxgemm
 import mxgemm.deep_gemm as deep_gemm
 from mxgemm import build, formats, guards, reference, registry
 from mxgemm.deep_gemm import utils
@@ -114,16 +115,22 @@ def mn_major(sf: torch.Tensor) -> torch.Tensor:
     return storage[..., :m].transpose(-1, -2)
 
 
+def tile(variant) -> str:
+    return f"{variant['BM']}x{variant['BN']}"
+
+
 def run_contiguous(variant, a, sfa, b, sfb, d, m_indices):
-    call = ((a, sfa), (b, sfb), d, m_indices)
-    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call).variant == {**variant, "MASKED": 0}
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*call)
+    call, kw = ((a, sfa), (b, sfb), d, m_indices), {"config": tile(variant)}
+    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, **kw).variant == \
+        {**variant, "MASKED": 0}
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*call, **kw)
 
 
 def run_masked(variant, a, sfa, b, sfb, d, masked_m, expected_m):
-    call = ((a, sfa), (b, sfb), d, masked_m, expected_m)
-    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, *call).variant == {**variant, "MASKED": 1}
-    deep_gemm.m_grouped_fp8_gemm_nt_masked(*call)
+    call, kw = ((a, sfa), (b, sfb), d, masked_m, expected_m), {"config": tile(variant)}
+    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, *call, **kw).variant == \
+        {**variant, "MASKED": 1}
+    deep_gemm.m_grouped_fp8_gemm_nt_masked(*call, **kw)
 
 
 def contiguous_case(group_rows, n, k, seed):
@@ -152,13 +159,13 @@ def _check(d, ref, written, fp32_product, name):
     assert diff < 1e-3, f"{name}: calc_diff {diff}"
 
 
-# (variant, group row counts, N): every small variant on 4 groups with an empty one and
-# unaligned sizes; 1 and 8 groups on one variant; the production 128 x 128 tile once.
 # (variant, group row counts, N, activation-scale layout): every small variant on 4 groups with an
-# empty one and unaligned sizes; 1 and 8 groups and MN-major scales on some; the 128 x 128 tile once.
+# empty one and unaligned sizes; 1 and 8 groups and MN-major scales on some; the 128 x 128 and
+# 128 x 64 tiles once each.
 CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row") for v in SMALL] + [
     (SMALL[0], [45], 32, "mn"), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn"),
-    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row")]
+    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row"),
+    (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row")]
 
 
 @pytest.mark.parametrize("variant,group_rows,n,sfa_layout", CONTIGUOUS,
@@ -213,7 +220,7 @@ def test_packed_ue8m0_layout():
 
 def unpack_ue8m0(packed: torch.Tensor, k_blocks: int) -> torch.Tensor:
     """int32 [.., R, ceil(K/512)] -> uint8 codes [.., R, K/128] (little-endian bytes of each word)."""
-    return packed.contiguous().view(torch.uint8)[..., :k_blocks]
+    return torch.empty(packed.shape, dtype=packed.dtype).copy_(packed).view(torch.uint8)[..., :k_blocks]
 
 
 @pytest.mark.parametrize("masked", [0, 1])
@@ -407,15 +414,41 @@ def test_arch_guard(monkeypatch):
 
 def test_explain_covers_both_ops():
     t = _valid()
-    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, (t["a"], t["sfa"]), (t["b"], t["sfb"]),
-                          t["d"], t["layout"])
+    call = ((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"])
+    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, config="32x32")
     assert p.kernel == KERNEL and p.variant == dict(BM=32, BN=32, MASKED=0, UE8M0=0, OUT="bf16")
-    assert "contiguous layout, fp32 scales" in str(p) and p.grid == (2, 8, 1)
+    assert "contiguous layout, fp32 scales" in str(p) and "config given by the caller" in str(p)
+    assert p.grid == (2, 8, 1)
     t = _valid(masked=True, n=128)
     p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, (t["a"], t["sfa"]), (t["b"], t["sfb"]),
-                          t["d"], t["layout"], 16)
+                          t["d"], t["layout"], 16, config={"BM": 128, "BN": 128})
     assert p.variant == dict(BM=128, BN=128, MASKED=1, UE8M0=0, OUT="bf16") and p.grid == (1, 2, 1)
     assert "masked layout" in str(p)
+
+
+def test_default_tile_heuristic():
+    """Deterministic default: the largest tile whose grid fills the MI355X's 256 CUs, else the
+    one with the most workgroups; 32 x 32 only when no larger tile divides N; 128 x 64 is bf16 only."""
+    def plan(rows, n, out=torch.bfloat16, masked=False):
+        G, k = 8, 256
+        a = torch.empty(G, rows, k) if masked else torch.empty(rows, k)
+        args = (a.to(torch.float8_e4m3fn), torch.empty(*a.shape[:-1], 2), torch.empty(G, n, k).to(torch.float8_e4m3fn),
+                torch.empty(G, -(-n // 128), 2), torch.zeros(G if masked else rows, dtype=torch.int32),
+                torch.empty(*a.shape[:-1], n, dtype=out))
+        p = mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=masked)
+        return f"{p.variant['BM']}x{p.variant['BN']}", p.grid
+    # DeepSeek-V3, 8 groups padded to 128 rows: N = 7168 fills the GPU with 128 x 128 tiles at 64
+    # rows per group; N = 2048 needs 128 x 64 tiles until 256 rows per group
+    assert plan(8 * 128, 7168) == ("128x128", (56, 8, 1))
+    assert plan(8 * 128, 2048) == ("128x64", (32, 8, 1))
+    assert plan(8 * 256, 2048) == ("128x128", (16, 16, 1))
+    assert plan(64, 2048, masked=True) == ("128x64", (32, 8, 1))
+    assert plan(8 * 128, 2048, out=torch.float16) == ("128x128", (16, 8, 1))   # no f16 128 x 64
+    assert plan(8 * 128, 96) == ("32x32", (3, 32, 1))
+    with pytest.raises(guards.GuardError, match=r"\[config\] tile 128x64 is not a registered tile dividing N = 96"):
+        t = _valid(n=96)
+        mxgemm.explain("deep_gemm_fp8_grouped_gemm", *(t[k] for k in ("a", "sfa", "b", "sfb", "layout", "d")),
+                       config="128x64")
 
 
 # ---- code objects ----

@@ -114,8 +114,9 @@ def _deep_gemm_k(v, K):
         (lambda *s: torch.rand(*s, generator=g) + 0.5)
     out = torch.zeros(*rows, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
     args = (a, sf(*rows, K // 128), b, sf(G, -(-N // 128), K // 128), layout, out)
-    assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=bool(v["MASKED"])).variant == v
-    mxgemm.deep_gemm_fp8_grouped_gemm(*args, masked=bool(v["MASKED"]))
+    kw = dict(masked=bool(v["MASKED"]), config=f"{v['BM']}x{v['BN']}")
+    assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, **kw).variant == v
+    mxgemm.deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
 RUNNERS = {

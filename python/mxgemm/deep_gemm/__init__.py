@@ -11,8 +11,9 @@ hardware scales, either as bytes (uint8 / float8_e8m0fnu, sfb per 128 rows of b)
 DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j is K block
 4j + i), MN-major, sfa [.., M, ceil(K/512)] and sfb [G, N, ceil(K/512)] with one scale per row
 of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them. ``compiled_dims`` and
-``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing here. Rows of no
-group (m_indices == -1, rows >= masked_m) are left untouched.
+``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing here; ``config``
+(mxgemm's, after DeepGEMM's arguments) picks the tile (see ``choose_tile`` in ops/deep_gemm.py).
+Rows of no group (m_indices == -1, rows >= masked_m) are left untouched.
 
 Not covered (no kernel here for them): DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16
 ones), the K-grouped weight-gradient GEMMs, the attention-logit kernels, its SM-count settings and
@@ -60,7 +61,7 @@ def get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor) -> torch.Tens
     return get_mn_major_tma_aligned_tensor(codes.contiguous().view(PACKED))
 
 
-def _flat(a, b, d, layout, recipe, masked: bool):
+def _flat(a, b, d, layout, recipe, masked: bool, config):
     """DeepGEMM's (tensor, scales) pairs -> the op's flat arguments."""
     for name, pair in (("a", a), ("b", b)):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -68,35 +69,35 @@ def _flat(a, b, d, layout, recipe, masked: bool):
     want = (1, 1, 128) if b[1].dtype == PACKED else (1, 128, 128)  # DeepGEMM's default for this sfb
     if recipe is not None and tuple(recipe) != want:
         guards.fail("recipe", f"recipe = {tuple(recipe)}: with sfb of dtype {b[1].dtype} the block scaling is {want}")
-    return (a[0], a[1], b[0], b[1], layout, d), {"masked": masked}
+    return (a[0], a[1], b[0], b[1], layout, d), {"masked": masked, "config": config}
 
 
-def _contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
-    return _flat(a, b, d, m_indices, recipe, False)
+def _contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, config=""):
+    return _flat(a, b, d, m_indices, recipe, False, config)
 
 
-def _masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
+def _masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, config=""):
     if not isinstance(expected_m, int) or expected_m < 0:
         guards.fail("expected_m", f"expected_m must be a non-negative int (a hint); got {expected_m!r}")
-    return _flat(a, b, d, masked_m, recipe, True)
+    return _flat(a, b, d, masked_m, recipe, True, config)
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk",
-                                     disable_ue8m0_cast=False) -> None:
+                                     disable_ue8m0_cast=False, config="") -> None:
     """d[m] = a[m] . b[m_indices[m]]^T with block scales. a = (e4m3 [M, K], sfa [M, K/128]),
     b = (e4m3 [G, N, K], sfb [G, N/128, K/128]), d [M, N] bf16/f16 written in place,
     m_indices int32 [M] (-1: padding, d's row untouched; each group padded to
     get_mk_alignment_for_contiguous_layout() rows)."""
-    args, kw = _contiguous(a, b, d, m_indices, recipe, compiled_dims, disable_ue8m0_cast)
+    args, kw = _contiguous(a, b, d, m_indices, recipe, compiled_dims, disable_ue8m0_cast, config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk",
-                                 disable_ue8m0_cast=False) -> None:
+                                 disable_ue8m0_cast=False, config="") -> None:
     """d[g, m] = a[g, m] . b[g]^T for m < masked_m[g] with block scales. a = (e4m3 [G, M_max, K],
     sfa [G, M_max, K/128]), b as contiguous, d [G, M_max, N] written in place (rows >= masked_m[g]
     untouched), masked_m int32 [G]."""
-    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, compiled_dims, disable_ue8m0_cast)
+    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, compiled_dims, disable_ue8m0_cast, config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
