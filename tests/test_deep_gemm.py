@@ -260,8 +260,15 @@ def test_packed_ue8m0_scales_bit_exact_vs_bytes(masked):
 
 
 # ---- a user script written against DeepGEMM (only the import changed) ----
-@pytest.mark.parametrize("use_ue8m0", [False, True])
-def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
+def sm100_packed(x_fp8, y_fp8, n):
+    """What DeepGEMM does to UE8M0 scales on SM100 (and a user may pass instead of fp32): pack
+    sfa; sfb too, after giving each row of b its 128-row block's scale (recipe (1, 1, 128))."""
+    pack = deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor
+    return (x_fp8[0], pack(x_fp8[1])), (y_fp8[0], pack(y_fp8[1].repeat_interleave(128, dim=-2)[..., :n, :]))
+
+
+@pytest.mark.parametrize("use_ue8m0,packed", [(False, False), (True, False), (True, True)])
+def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0, packed):
     from mxgemm.deep_gemm.utils import calc_diff, per_block_cast_to_fp8, per_token_cast_to_fp8
     torch.manual_seed(11)
     num_groups, n, k, m_per_group = 3, 64, 384, [90, 128, 7]
@@ -281,11 +288,12 @@ def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
     for i in range(num_groups):
         y_fp8[0][i], y_fp8[1][i] = per_block_cast_to_fp8(y[i], use_ue8m0=use_ue8m0)
     out = torch.full((m, n), SENTINEL, dtype=torch.bfloat16)
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(x_fp8, y_fp8, out, m_indices, disable_ue8m0_cast=not use_ue8m0)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*(sm100_packed(x_fp8, y_fp8, n) if packed else (x_fp8, y_fp8)), out,
+                                               m_indices, disable_ue8m0_cast=not use_ue8m0)
     ref_out = torch.einsum("mk,mnk->mn", x.float(), y[m_indices.clamp(min=0).long()].float())
     real = m_indices >= 0
     diff = calc_diff(out[real], ref_out[real]).item()
-    print(f"\ncontiguous use_ue8m0={use_ue8m0}: calc_diff {diff:.2e}")
+    print(f"\ncontiguous use_ue8m0={use_ue8m0} packed={packed}: calc_diff {diff:.2e}")
     assert diff < 1e-3
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(x_fp8[0], x_fp8[1], *y_fp8, m_indices, torch.bfloat16)
     assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
@@ -298,11 +306,12 @@ def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
     a, sa = per_token_cast_to_fp8(x.view(-1, k), use_ue8m0=use_ue8m0)
     x_fp8 = (a.view(num_groups, m_max, k), sa.view(num_groups, m_max, -1))
     out = torch.full((num_groups, m_max, n), SENTINEL, dtype=torch.bfloat16)
-    deep_gemm.m_grouped_fp8_gemm_nt_masked(x_fp8, y_fp8, out, masked_m, expected_m=16)
+    deep_gemm.m_grouped_fp8_gemm_nt_masked(*(sm100_packed(x_fp8, y_fp8, n) if packed else (x_fp8, y_fp8)), out,
+                                           masked_m, expected_m=16)
     ref_out = torch.einsum("gmk,gnk->gmn", x.float(), y.float())
     real = torch.arange(m_max)[None, :] < masked_m[:, None]
     diff = calc_diff(out[real], ref_out[real]).item()
-    print(f"masked use_ue8m0={use_ue8m0}: calc_diff {diff:.2e}")
+    print(f"masked use_ue8m0={use_ue8m0} packed={packed}: calc_diff {diff:.2e}")
     assert diff < 1e-3
     ref = reference.m_grouped_fp8_gemm_nt_masked_ref(*x_fp8, *y_fp8, masked_m, torch.bfloat16)
     assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
