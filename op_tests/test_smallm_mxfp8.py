@@ -125,6 +125,11 @@ def emulator_smoke() -> int:
     t0 = time.perf_counter()
     results = [("dense M=4 N=128 K=256", check_dense(4, 128, 256, 'cpu')),
                ("dense M=16 N=64 K=512", check_dense(16, 64, 512, 'cpu'))]
+    return emulator_report(results, t0)
+
+
+def emulator_report(results, t0) -> int:
+    """Print each (case, verdict) and the time since t0; 1 if any verdict is not "ok..."."""
     for case, verdict in results:
         print(f"{case} on the emulator: {verdict}")
     print(f"({time.perf_counter() - t0:.1f} s)")

@@ -92,10 +92,11 @@ def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a per
     getattr(mxgemm, op)(*args, **kw)
 def _deep_gemm(v):
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows), K = 6 and 7 blocks (the compiler unrolls the K loop: both
-    leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA of the last
-    step lands in LDS buffer 0, where the epilogue's C tile goes)."""
-    for K in (768, 896):
+    each group padded to 128 rows), K = 1, 6 and 7 blocks (the compiler unrolls the K loop: 6 and
+    7 leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA of the last
+    step lands in LDS buffer 0, where the epilogue's C tile goes; 1 takes the path that skips the
+    unrolled loop)."""
+    for K in (128, 768, 896):
         _deep_gemm_k(v, K)
 
 
@@ -147,8 +148,6 @@ REDUNDANT = (
     ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "buffer_load_dwordx4",
      "K-loop remainder head: the compiler's vmcnt(0) for the scale bytes is followed by the step's own "
      "vmcnt(0) before its barrier with no memory instruction in between"),
-    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "ds_read_b128",
-     "C-tile barrier: no load was issued since the epilogue entry's vmcnt(0) (only the tile's ds_write)"),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
@@ -157,24 +156,31 @@ REDUNDANT = (
      "retired the split-K ds_read"),
 )
 MEMORY = re.compile(r"\s*(buffer_|global_|flat_|scratch_|ds_|s_load|s_buffer_load|s_store|s_atomic)")
+# the wait counters each class of memory instruction counts in (gfx9: LDS and scalar memory in
+# lgkmcnt, vector memory in vmcnt, flat in both)
+COUNTED = ((re.compile(r"\s*(ds_|s_load|s_buffer_load|s_store|s_atomic)"), {"lgkmcnt"}),
+           (re.compile(r"\s*(buffer_|global_|scratch_)"), {"vmcnt"}),
+           (re.compile(r"\s*flat_"), {"vmcnt", "lgkmcnt"}))
 BLOCK_END = re.compile(r"\s*(s_cbranch|s_branch|s_setpc|s_endpgm|\S+:)")
 COUNTERS = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
 
 
 def repeats_earlier_wait(lines, i):
     """Why deleting s_waitcnt line i is harmless when an at-least-as-strong s_waitcnt precedes it
-    in the same basic block with no memory instruction in between (None otherwise)."""
+    in the same basic block with no memory instruction counted by its counters in between (None
+    otherwise)."""
     want = dict((c, int(n)) for c, n in COUNTERS.findall(lines[i]))
     for j in range(i - 1, -1, -1):
         text = lines[j].split(";")[0]
         if not text.strip():
             continue
-        if MEMORY.match(text) or BLOCK_END.match(text) or not want:
+        counted = next((cs for pattern, cs in COUNTED if pattern.match(text)), set())
+        if counted & set(want) or BLOCK_END.match(text) or not want:
             return None
         if text.strip().startswith("s_waitcnt"):
             had = dict((c, int(n)) for c, n in COUNTERS.findall(text))
             if all(c in had and had[c] <= n for c, n in want.items()):
-                return f"repeats the wait at line {j + 1}; no load issued in between"
+                return f"repeats the wait at line {j + 1}; nothing it counts issued in between"
             return None
     return None
 

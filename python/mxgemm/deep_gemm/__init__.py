@@ -10,14 +10,18 @@ never cast, so ``disable_ue8m0_cast`` changes nothing; UE8M0 scales go to the sc
 hardware scales, either as bytes (uint8 / float8_e8m0fnu, sfb per 128 rows of b) or packed as
 DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j is K block
 4j + i), MN-major, sfa [.., M, ceil(K/512)] and sfb [G, N, ceil(K/512)] with one scale per row
-of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them. ``compiled_dims`` and
-``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing here; ``config``
-(mxgemm's, after DeepGEMM's arguments) picks the tile (see ``choose_tile`` in ops/deep_gemm.py).
-Rows of no group (m_indices == -1, rows >= masked_m) are left untouched.
+of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them.
+``compiled_dims`` and ``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing
+here; ``config`` (mxgemm's, after DeepGEMM's arguments) picks the tile (``choose_tile`` in
+ops/deep_gemm.py). Rows of no group (m_indices == -1, rows >= masked_m) are left untouched.
 
-Not covered (no kernel here for them): DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16
-ones), the K-grouped weight-gradient GEMMs, the attention-logit kernels, its SM-count settings and
-``transform_sf_into_required_layout``, and an N that is not a multiple of 32.
+Not covered: DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16 ones) and NN grouped
+forms, its K-grouped weight-gradient GEMMs, the FP4 and attention-logit kernels (no kernel here
+for them: mxgemm's tensorwise FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), the psum
+layout and ``use_psum_layout``, SM-count settings (``set_num_sms``: CUDA-specific, the grid
+here is fixed by the tile), ``set_mk_alignment_for_contiguous_layout`` (the alignment is the
+kernel's 128), ``transform_sf_into_required_layout`` (scales are taken in the layouts above),
+K % 128 != 0 and N % 32 != 0 (the kernel's tile and scale-block rules: see the op's docstring).
 """
 import torch
 
