@@ -37,7 +37,9 @@ so row-major and MN-major scales, and UE8M0 bytes packed four to an int32 (byte 
 kb/4), are all read in place; sfb_shift is 7 for one scale per 128 rows of b, 0 for one per
 row (UE8M0 only: the fp32 path loads one sfb per workgroup). Byte offsets are 32-bit buffer
 offsets: a (rows*K), one group of b (N*K), d (rows*N*2) and every scale offset must stay below
-2^31 (the caller's guard). K % 128 == 0, N % BN == 0. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
+2^31 (the caller's guard). N % BN == 0; K % 16 == 0: a partial last K block loads its 16-byte
+chunks past K out of range (zeros, docs/buffer_oob.md) instead of from the next row, so its
+sum is that of the K it has. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
 m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
 """
 import flydsl.compiler as flyc
@@ -106,7 +108,14 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
     g, r16 = arith.divui(lane, B.c(16)), arith.remui(lane, B.c(16))
     wm, wn = arith.shrui(wave, B.c(1)), arith.andi(wave, B.c(1))
     n0 = B.mul(fx.block_idx.x.ir_value(), B.c(bn))
-    kb = arith.divui(k, B.c(BLOCK_K))
+    kb = arith.divui(B.add(k, B.c(BLOCK_K - 1)), B.c(BLOCK_K))   # K blocks, the last one possibly partial
+    last = arith.subi(kb, B.c(1))
+    tail = arith.subi(k, B.mul(last, B.c(BLOCK_K)))               # bytes of K in the last block
+
+    def last_block(offsets, in_block):
+        """The offsets for the last K block: 16-byte chunks at or past its end made out of range
+        (loads of 0) instead of reading on into the next row."""
+        return [B.sel(B.cmp("ult", c, tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]
 
     a_rsrc = B.rsrc(a, B.mul(rows, k))
     # The scales are strided: their range checks only have to reject INVALID_OFFSET.
@@ -117,13 +126,15 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
     null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
 
     # A DMA: thread slot s = j*256 + tid fills LDS bytes 16s.., i.e. row s/8, memory chunk (s%8) ^ (row&7).
-    dma_voff = []
+    dma_voff, dma_chunk = [], []
     for j in range(dmas):
         s = B.add(B.c(j * THREADS), tid)
         rl = arith.divui(s, B.c(8))
         chunk = arith.xori(arith.remui(s, B.c(8)), arith.andi(rl, B.c(7)))
         dma_voff.append(B.sel(row_ok(rl), B.add(B.mul(B.add(row_base, rl), k), B.mul(chunk, B.c(16))),
                               B.c(INVALID_OFFSET)))
+        dma_chunk.append(B.mul(chunk, B.c(16)))
+    dma_voff_last = last_block(dma_voff, dma_chunk)
 
     # This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets.
     a_lds_off, sfa_voff = [], []
@@ -136,7 +147,8 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
     # This lane's columns (MFMA src0 rows) of each n-tile: offsets into b and, per lane for
     # UE8M0 (the scaled MFMA takes row n's scale from lane n), into sfb.
     cols = [B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))) for nt in range(n_tiles)]
-    b_voff = [B.add(B.mul(c, k), B.mul(g, B.c(16))) for c in cols]
+    b_voff = [[B.add(B.add(B.mul(c, k), B.mul(g, B.c(16))), B.c(64 * h)) for h in range(2)] for c in cols]
+    b_voff_last = [last_block(halves, [B.add(B.mul(g, B.c(16)), B.c(64 * h)) for h in range(2)]) for halves in b_voff]
     if ue8m0:
         sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
         sfb_voff = [B.add(sfb_group, B.mul(arith.shrui(c, sfb_shift), sfb_sn)) for c in cols]
@@ -152,8 +164,9 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         """B halves [n-tile][2], sfa [m-tile], sfb ([n-tile] for UE8M0, else [the workgroup's])
         of K block kt (zeros / block 0 when not live)."""
         br, sr = llvm.select(live, b_rsrc, null_rsrc), llvm.select(live, sfa_rsrc, null_rsrc)
-        soff = B.mul(kt, B.c(BLOCK_K))
-        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.add(b_voff[nt], B.c(64 * h)), soff, aux=B.c_attr(0))
+        soff, is_last = B.mul(kt, B.c(BLOCK_K)), B.cmp("eq", kt, last)
+        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, b_voff_last[nt][h], b_voff[nt][h]), soff,
+                                         aux=B.c_attr(0))
                for h in range(2)] for nt in range(n_tiles)]
         sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
               for mt in range(m_tiles)]
@@ -168,7 +181,8 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         rs = llvm.select(live, a_rsrc, null_rsrc)
         for j in range(dmas):
             dst = B.gep(lds_buf, B.add(B.c(j * THREADS * 16), B.mul(wave, B.c(1024))))
-            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), dma_voff[j], B.mul(kt, B.c(BLOCK_K)), B.c(0),
+            voff = B.sel(B.cmp("eq", kt, last), dma_voff_last[j], dma_voff[j])
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, B.mul(kt, B.c(BLOCK_K)), B.c(0),
                                           aux=B.c_attr(0))
 
     def cat(halves):

@@ -97,13 +97,16 @@ def e8m0_codes(sf: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x, w, ue8m0):
-    """DeepGEMM's test inputs: per-token A [.., K], per-block B [G, N, K]."""
-    a, sfa = utils.per_token_cast_to_fp8(x.view(-1, x.shape[-1]), ue8m0)
-    bs = [utils.per_block_cast_to_fp8(wg, ue8m0) for wg in w]
+    """DeepGEMM's test inputs: per-token A [.., K], per-block B [G, N, K] (K % 128 != 0: cast
+    with K zero-padded to a whole block, as a partial block's amax is that of its elements)."""
+    k = x.shape[-1]
+    pad = lambda t: torch.nn.functional.pad(t, (0, deep_gemm.align(k, 128) - k))  # noqa: E731
+    a, sfa = utils.per_token_cast_to_fp8(pad(x).view(-1, deep_gemm.align(k, 128)), ue8m0)
+    bs = [utils.per_block_cast_to_fp8(wg, ue8m0) for wg in pad(w)]
     b, sfb = torch.stack([q for q, _ in bs]), torch.stack([s for _, s in bs])
     if ue8m0:
         sfa, sfb = e8m0_codes(sfa), e8m0_codes(sfb)
-    return a.view(*x.shape), sfa.view(*x.shape[:-1], -1), b, sfb
+    return a[:, :k].contiguous().view(*x.shape), sfa.view(*x.shape[:-1], -1), b[..., :k].contiguous(), sfb
 
 
 def mn_major(sf: torch.Tensor) -> torch.Tensor:
@@ -180,6 +183,36 @@ def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout):
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out)
     fp32_product = torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}")
+
+
+PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336)]
+
+
+@pytest.mark.parametrize("variant,masked,k", PARTIAL_K,
+                         ids=[f"{registry.variant_id(v)}-{'masked' if m else 'contiguous'}-K{k}" for v, m, k in PARTIAL_K])
+def test_partial_last_k_block_matches_reference(variant, masked, k):
+    """K % 128 != 0 (K % 16 == 0): the last K block holds K % 128 elements, scales ceil(K/128)."""
+    ue8m0, out, n = variant["UE8M0"], OUT_DTYPE[variant["OUT"]], variant["BN"] * 2
+    g = torch.Generator().manual_seed(k)
+    if masked:
+        x, w = torch.randn(3, 40, k, generator=g), torch.randn(3, n, k, generator=g)
+        masked_m = torch.tensor([40, 0, 23], dtype=torch.int32)
+        written = torch.arange(40)[None, :] < masked_m[:, None]
+    else:
+        x, w, m_indices = contiguous_case([100, 0, 37], n=n, k=k, seed=k)
+        written = m_indices >= 0
+    a, sfa, b, sfb = quantize(x, w, ue8m0)
+    assert sfa.shape[-1] == sfb.shape[-1] == -(-k // 128)
+    d = torch.full((*x.shape[:-1], n), SENTINEL, dtype=out)
+    if masked:
+        run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)
+        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out), \
+            torch.einsum("gmk,gnk->gmn", x, w)
+    else:
+        run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
+        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out), \
+            torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
+    _check(d, ref, written, product, f"K={k} {variant}")
 
 
 MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn")]
@@ -345,8 +378,8 @@ def _bad_group_alignment(t):
 
 
 GUARDS = [  # (name, masked, edit of the valid inputs, rule, message fragment)
-    ("K%128", 0, lambda t: _valid(k=192),
-     "K%128", "K = 192 must be a multiple of 128"),
+    ("K%16", 0, lambda t: _valid(k=200),
+     "K%16", "K = 200 must be a multiple of 16"),
     ("N-alignment", 0, lambda t: {**t, "b": t["b"][:, :48].contiguous(), "d": t["d"][:, :48].contiguous()},
      "N%32", "N = 48 must be a multiple of 32"),
     ("m_indices-length", 0, lambda t: {**t, "layout": t["layout"][:-1]}, "shape", "m_indices has shape [255]"),

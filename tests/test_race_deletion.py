@@ -92,11 +92,11 @@ def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a per
     getattr(mxgemm, op)(*args, **kw)
 def _deep_gemm(v):
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows), K = 1, 6 and 7 blocks (the compiler unrolls the K loop: 6 and
-    7 leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA of the last
-    step lands in LDS buffer 0, where the epilogue's C tile goes; 1 takes the path that skips the
-    unrolled loop)."""
-    for K in (128, 768, 896):
+    each group padded to 128 rows), K = 1, 6 and 7 blocks, the 7th partial (the compiler unrolls
+    the K loop: 6 and 7 leave remainder steps for unroll factors 2 and 4; with 6 the dead
+    prefetch DMA of the last step lands in LDS buffer 0, where the epilogue's C tile goes; 1
+    takes the path that skips the unrolled loop)."""
+    for K in (128, 768, 848):
         _deep_gemm_k(v, K)
 
 
@@ -114,7 +114,7 @@ def _deep_gemm_k(v, K):
     sf = (lambda *s: torch.randint(120, 134, s, generator=g, dtype=torch.uint8)) if v["UE8M0"] else \
         (lambda *s: torch.rand(*s, generator=g) + 0.5)
     out = torch.zeros(*rows, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
-    args = (a, sf(*rows, K // 128), b, sf(G, -(-N // 128), K // 128), layout, out)
+    args = (a, sf(*rows, -(-K // 128)), b, sf(G, -(-N // 128), -(-K // 128)), layout, out)
     kw = dict(masked=bool(v["MASKED"]), config=f"{v['BM']}x{v['BN']}")
     assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, **kw).variant == v
     mxgemm.deep_gemm_fp8_grouped_gemm(*args, **kw)

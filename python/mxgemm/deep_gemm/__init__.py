@@ -21,7 +21,7 @@ for them: mxgemm's tensorwise FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``
 layout and ``use_psum_layout``, SM-count settings (``set_num_sms``: CUDA-specific, the grid
 here is fixed by the tile), ``set_mk_alignment_for_contiguous_layout`` (the alignment is the
 kernel's 128), ``transform_sf_into_required_layout`` (scales are taken in the layouts above),
-K % 128 != 0 and N % 32 != 0 (the kernel's tile and scale-block rules: see the op's docstring).
+K % 16 != 0 and N % 32 != 0 (the kernel's load-chunk and tile rules: see the op's docstring).
 """
 import torch
 

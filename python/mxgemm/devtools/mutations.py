@@ -145,6 +145,10 @@ CATALOGUE = (
     Mutation("deep-gemm-sfb-per-block-only", ("deep_gemm_fp8",), (
         (DEEP_GEMM, "B.mul(arith.shrui(c, sfb_shift), sfb_sn)", "B.mul(arith.shrui(c, B.c(7)), sfb_sn)"),),
         "UE8M0 weight scales always read per 128 rows of b: per-row (packed recipe) scales ignored"),
+    Mutation("deep-gemm-partial-k-block-unmasked", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]',
+         "return list(offsets)"),),
+        "a partial last K block reads on into the next row instead of zeros past K"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))",

@@ -105,10 +105,10 @@ def _plan(x) -> Plan:
     guards.check_shape(a, "a", (*lead, K))
     rows_shape = a.shape[:-1]
     guards.check_shape(out, "d", (*rows_shape, N))
-    packed_cols = -(-K // (4 * BLOCK))
-    guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else K // BLOCK))
+    k_blocks, packed_cols = -(-K // BLOCK), -(-K // (4 * BLOCK))
+    guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else k_blocks))
     sfb_packed = x.sfb.dtype == PACKED  # one scale per row of b, as DeepGEMM's packed recipe (1, 1, 128)
-    guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), K // BLOCK))
+    guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), k_blocks))
     sfa_st, sfb_st = scale_strides(x.sfa, "sfa"), scale_strides(x.sfb, "sfb")
     if masked:
         m_max = a.shape[1]
@@ -177,7 +177,7 @@ def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
     Masked (masked=True): a [G, M_max, K], layout = masked_m int32 [G] (valid rows per group,
     0..M_max), out [G, M_max, N].
     b [G, N, K] e4m3. Scales, all row-major or MN-major (TMA-aligned: rows unit-stride, columns
-    padded to 4 elements):
+    padded to 4 elements), K/128 rounded up:
       fp32: sfa [.., M, K/128], sfb [G, ceil(N/128), K/128]; each 128-K block's fp32 partial sum
         promoted exactly: acc += p * (sfa * sfb).
       UE8M0 (hardware scales of the scaled MFMA), bytes (uint8 / float8_e8m0fnu) with the fp32
@@ -186,9 +186,9 @@ def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
     out bf16 or f16 (RNE). Rows of no group (m_indices -1, rows >= masked_m) are not written.
     config: the tile "BMxBN" (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
     choose_tile. N % 32 == 0 (N % BN).
-    K % 128 == 0 (a guard): a K step is one 128-K scale block. A ragged last block would need
-    every 16-byte A and B chunk past K replaced by zeros in that step (past K a row's chunks
-    read the next row, inside the buffer, so the buffer's out-of-range zeros do not apply):
-    not implemented. DeepGEMM's M-grouped API sizes scales with ceil(K/128) and does not assert
-    K % 128 (its TMA loads zero-fill); its K-grouped GEMMs require K % 128.
+    K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales
+    still ceil(K/128) per row) loads its 16-byte chunks past K as zeros, so the kernel needs K in
+    whole chunks. DeepGEMM's M-grouped API likewise sizes scales with ceil(K/128) and does not
+    assert K % 128 (its TMA loads zero-fill); its K-grouped GEMMs and its casts
+    (per_token_cast_to_fp8) require K % 128.
     """
