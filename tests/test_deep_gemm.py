@@ -189,7 +189,8 @@ PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=
 
 
 @pytest.mark.parametrize("variant,masked,k", PARTIAL_K,
-                         ids=[f"{registry.variant_id(v)}-{'masked' if m else 'contiguous'}-K{k}" for v, m, k in PARTIAL_K])
+                         ids=[f"{registry.variant_id(v)}-{'masked' if m else 'contiguous'}-K{k}"
+                              for v, m, k in PARTIAL_K])
 def test_partial_last_k_block_matches_reference(variant, masked, k):
     """K % 128 != 0 (K % 16 == 0): the last K block holds K % 128 elements, scales ceil(K/128)."""
     ue8m0, out, n = variant["UE8M0"], OUT_DTYPE[variant["OUT"]], variant["BN"] * 2
@@ -275,7 +276,7 @@ def test_packed_ue8m0_scales_bit_exact_vs_bytes(masked):
         ref = lambda sfa, sfb: reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices)  # noqa: E731
         written = m_indices >= 0
     a, sfa, b, sfb = quantize(x, torch.randn(G, n, k, generator=g), True)
-    pack = lambda codes: deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(formats.decode_e8m0(codes))  # noqa: E731
+    pack = lambda codes: _pack(formats.decode_e8m0(codes))  # noqa: E731
     sfa_p, sfb_rows = pack(sfa), sfb.repeat_interleave(128, dim=1)[:, :n]
     assert torch.equal(unpack_ue8m0(sfa_p, 5), sfa)
 
@@ -406,8 +407,8 @@ GUARDS = [  # (name, masked, edit of the valid inputs, rule, message fragment)
     ("device", 0, lambda t: {**t, "layout": t["layout"].to("meta")}, "device", "m_indices=meta"),
     ("packed-sfb-per-block", 0, lambda t: {**t, "sfa": _pack(t["sfa"]), "sfb": _pack(t["sfb"])}, "shape",
      "sfb has shape [2, 1, 1]; expected [2, 64, 1]"),
-    ("packed-sfa-k-blocks", 1, lambda t: {**t, "sfa": _pack(t["sfa"]).expand(2, 40, 2), "sfb": _pack(t["sfb"].repeat_interleave(64, 1))},
-     "shape",
+    ("packed-sfa-k-blocks", 1, lambda t: {**t, "sfa": _pack(t["sfa"]).expand(2, 40, 2),
+                                          "sfb": _pack(t["sfb"].repeat_interleave(64, 1))}, "shape",
      "sfa has shape [2, 40, 2]; expected [2, 40, 1]"),
     ("packed-sfb-layout", 0, lambda t: {**t, "sfa": _pack(t["sfa"]), "sfb": torch.zeros(2, 1, 72, dtype=torch.int32)
                                         [..., :64].transpose(1, 2)}, "layout", "sfb has strides (72, 1, 72)"),
