@@ -17,7 +17,7 @@ One body, compile-time variants:
             packed (1, 1, 128) recipe) or per 128 rows.
   OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
   BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
-            tiles. BN divides 128, so one sfb value covers the workgroup per K block.
+            tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
 
 Per K block of 128: A (BM x 128 bytes) goes to LDS by 16-byte buffer->LDS DMA (LDS chunk
 c of row r holds memory chunk c ^ (r & 7)), double-buffered; B comes from global straight

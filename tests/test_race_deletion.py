@@ -134,8 +134,6 @@ RUNNERS = {
 # (checked with an s_trap in its place).
 _WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by thread o and written by "
                "the 16 lanes of its own wave: no LDS data crosses waves")
-_LDS_READS_RETIRED = ("the K step's explicit wait for its LDS tile reads: the compiler already retired them "
-                      "(lgkmcnt(0) before the MFMA that reads them) and the DMA issued since counts in vmcnt")
 REDUNDANT = (
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
@@ -143,11 +141,6 @@ REDUNDANT = (
     ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
      "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
      "runs whenever the second does (a block's real rows precede its padding)"),
-    *(("deep_gemm_fp8", None, "s_waitcnt lgkmcnt(0)", mem, _LDS_READS_RETIRED)
-      for mem in ("buffer_load_dwordx4", "ds_write_b64")),
-    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "buffer_load_dwordx4",
-     "K-loop remainder head: the compiler's vmcnt(0) for the scale bytes is followed by the step's own "
-     "vmcnt(0) before its barrier with no memory instruction in between"),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
