@@ -31,6 +31,12 @@ def test_moe_mxfp8_emulator_case_passes():
     assert len(cases) == 1 and ": ok:" in cases[0], out
 
 
+def test_deep_gemm_emulator_cases_pass():
+    out = _run(ROOT / "op_tests" / "test_deep_gemm.py", "--emulator")  # contiguous fp32, masked packed UE8M0
+    cases = [l for l in out.splitlines() if "on the emulator:" in l]
+    assert len(cases) == 2 and all(": ok: 0 of " in l for l in cases), out
+
+
 def test_moe_gemm2_a4w4_emulator_case_passes():
     out = _run(ROOT / "op_tests" / "test_moe_gemm2_a4w4.py", "--emulator")  # asserts HIP == FlyDSL
     assert "hip vs flydsl: bit-identical" in out, out

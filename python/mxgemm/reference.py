@@ -246,14 +246,17 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
 
 # ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----
 def _blockscale(a, sa, b, sb) -> torch.Tensor:
-    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [N/128, K/128] -> fp32 [M, N].
+    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [ceil(N/128), K/128] (or [N, K/128]:
+    one scale per row of b) -> fp32 [M, N].
 
     fp32 scales (software promotion): acc += fp32(chunk sum) * fp32(sa * sb), every operation
     an fp32 RNE rounding. e8m0 scales (uint8 codes, hardware-scaled MFMA): the power-of-two
     scales apply to the exact chunk sum before its one rounding, acc += fp32(sum * sa * sb)."""
     e8m0 = sa.dtype == torch.uint8
     sa = _fp32_scale(sa)
-    sbn = _fp32_scale(sb).repeat_interleave(FP8_BLOCK, 0)[:b.shape[0]]  # [N, K/128]
+    sbn = _fp32_scale(sb)
+    if sbn.shape[0] != b.shape[0]:
+        sbn = sbn.repeat_interleave(FP8_BLOCK, 0)[:b.shape[0]]  # [N, K/128]
     if e8m0:
         sa, sbn = sa.double(), sbn.double()
         combine = lambda c, p: (p * (sa[:, c, None] * sbn[None, :, c])).float()  # noqa: E731
@@ -265,7 +268,8 @@ def _blockscale(a, sa, b, sb) -> torch.Tensor:
 def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
                                          out_dtype=torch.bfloat16) -> torch.Tensor:
     """DeepGEMM m_grouped_fp8_gemm_nt_contiguous: a [M, K] e4m3, a_scale [M, ceil(K/128)]
-    (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)],
+    (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)] (or
+    [G, N, ceil(K/128)]: per row of b),
     grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> [M, N] out_dtype
     (bf16, f16 or the fp32 accumulator)."""
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
