@@ -130,10 +130,12 @@ def _deep_gemm_k(v, K):
 
 def _mx_gemm(v):
     """One workgroup with a partial row and column tile; 3 and 4 K steps per split (odd and even:
-    the compiler unrolls the K loop by 2), two K splits for SPLITK variants."""
+    the compiler unrolls the K loop by 2), two K splits for SPLITK variants; then a workgroup
+    with no K step (K = 0, or a K split past the last step), whose epilogue waits alone for
+    the kernel arguments."""
     splits = 2 if v["SPLITK"] else 1
-    for steps in (3, 4):
-        K = 128 * steps * splits
+    cases = [(128 * steps * splits, splits) for steps in (3, 4)] + [(384, 4) if v["SPLITK"] else (0, 1)]
+    for K, splits in cases:
         a, sa = _mx(v["BM"] - 3, K, 8, v["A_FMT"])
         b, sb = _mx(max(32, v["BN"] - 32), K, 9, v["B_FMT"])
         kw = dict(a_format=v["A_FMT"], b_format=v["B_FMT"],
@@ -170,6 +172,11 @@ REDUNDANT = (
      "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
      "dead prefetch of step K/128 (all-zero loads); that LDS buffer is next read after the next tile's "
      "prologue barrier, which every wave reaches through an lgkmcnt(0) that retires these writes too"),
+    ("mx_gemm", tuple(f"A_FMTe2m1_BM64_BN64_B_FMTe2m1_NUM_BUFFERS2_OUT{o}_SPLITK0" for o in ("bf16", "f16")),
+     "s_waitcnt vmcnt(0) lgkmcnt(0)", "ds_read_b128",
+     "K-loop remainder step's barrier: its vmcnt(0) repeats the wait a few lines above, and the only LGKM "
+     "op that can be outstanding there is the out-pointer s_load, first used in the epilogue after the "
+     "step's own lgkmcnt(0)"),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
@@ -178,31 +185,32 @@ REDUNDANT = (
      "retired the split-K ds_read"),
 )
 MEMORY = re.compile(r"\s*(buffer_|global_|flat_|scratch_|ds_|s_load|s_buffer_load|s_store|s_atomic)")
-# the wait counters each class of memory instruction counts in (gfx9: LDS and scalar memory in
-# lgkmcnt, vector memory in vmcnt, flat in both)
-COUNTED = ((re.compile(r"\s*(ds_|s_load|s_buffer_load|s_store|s_atomic)"), {"lgkmcnt"}),
-           (re.compile(r"\s*(buffer_|global_|scratch_)"), {"vmcnt"}),
-           (re.compile(r"\s*flat_"), {"vmcnt", "lgkmcnt"}))
 BLOCK_END = re.compile(r"\s*(s_cbranch|s_branch|s_setpc|s_endpgm|\S+:)")
 COUNTERS = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
 
 
+# The memory instructions each wait counter counts (gfx9: stores count in vmcnt too).
+COUNTED = {"vmcnt": re.compile(r"\s*(buffer_|global_|flat_|scratch_)"),
+           "lgkmcnt": re.compile(r"\s*(ds_|flat_|s_load|s_buffer_load|s_store|s_atomic|s_sendmsg)"),
+           "expcnt": re.compile(r"\s*(buffer_store|buffer_atomic|global_store|global_atomic|flat_store|"
+                                r"flat_atomic|scratch_store|exp\b)")}
+
+
 def repeats_earlier_wait(lines, i):
     """Why deleting s_waitcnt line i is harmless when an at-least-as-strong s_waitcnt precedes it
-    in the same basic block with no memory instruction counted by its counters in between, weaker
-    waits allowed between (None otherwise)."""
+    in the same basic block and no instruction in between is counted by the counters line i
+    waits on (weaker waits allowed between); None otherwise."""
     want = dict((c, int(n)) for c, n in COUNTERS.findall(lines[i]))
     for j in range(i - 1, -1, -1):
         text = lines[j].split(";")[0]
         if not text.strip():
             continue
-        counted = next((cs for pattern, cs in COUNTED if pattern.match(text)), set())
-        if counted & set(want) or BLOCK_END.match(text) or not want:
+        if BLOCK_END.match(text) or not want or any(COUNTED[c].match(text) for c in want):
             return None
         if text.strip().startswith("s_waitcnt"):
             had = dict((c, int(n)) for c, n in COUNTERS.findall(text))
             if all(c in had and had[c] <= n for c, n in want.items()):
-                return f"repeats the wait at line {j + 1}; nothing it counts issued in between"
+                return f"repeats the wait at line {j + 1}; nothing it counts was issued in between"
             # a weaker wait in between retires nothing: keep looking for a stronger one
     return None
 
