@@ -47,35 +47,38 @@ def check_dense(M, N, K, device) -> str:
 
 
 # ---- peers (GPU only) ----
-def triton_dot_scaled():
-    """A plain Triton MXFP8 GEMM with tl.dot_scaled (the peer the kernels must beat)."""
+def triton_dot_scaled(a_fmt="e4m3", b_fmt="e4m3", tile=(16, 64, 256)):
+    """A plain Triton MX GEMM with tl.dot_scaled (the peer the kernels must beat): operands
+    [rows, K] (e2m1: [rows, K/2] packed along K), e8m0 1x32 scales, bf16 out; tile = (BM, BN, BK)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def kernel(a, sa, b, sb, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def kernel(a, sa, b, sb, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               A_FMT: tl.constexpr, B_FMT: tl.constexpr, A_PACK: tl.constexpr, B_PACK: tl.constexpr):
         pm, pn = tl.program_id(0), tl.program_id(1)
         rm = pm * BM + tl.arange(0, BM)
         rn = pn * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
+        ra = tl.arange(0, BK // A_PACK)
+        rb = tl.arange(0, BK // B_PACK)
         rs = tl.arange(0, BK // 32)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, K, BK):
-            x = tl.load(a + rm[:, None] * K + k + rk[None, :], mask=rm[:, None] < M, other=0)
+            x = tl.load(a + rm[:, None] * (K // A_PACK) + k // A_PACK + ra[None, :], mask=rm[:, None] < M, other=0)
             xs = tl.load(sa + rm[:, None] * (K // 32) + k // 32 + rs[None, :], mask=rm[:, None] < M, other=0)
-            y = tl.load(b + rn[None, :] * K + k + rk[:, None], mask=rn[None, :] < N, other=0)
+            y = tl.load(b + rn[None, :] * (K // B_PACK) + k // B_PACK + rb[:, None], mask=rn[None, :] < N, other=0)
             ys = tl.load(sb + rn[:, None] * (K // 32) + k // 32 + rs[None, :], mask=rn[:, None] < N, other=0)
-            acc = tl.dot_scaled(x, xs, "e4m3", y, ys, "e4m3", acc)
+            acc = tl.dot_scaled(x, xs, A_FMT, y, ys, B_FMT, acc)
         tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 
     def run(a, sa, b, sb, out):
-        M, K = a.shape
-        N = b.shape[0]
-        BM, BN, BK = 16, 64, 256
+        M, N, K = a.shape[0], b.shape[0], sa.shape[1] * 32
+        BM, BN, BK = tile
         kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](a.view(torch.uint8), sa.view(torch.uint8),
                                                          b.view(torch.uint8), sb.view(torch.uint8),
-                                                         out, M, N, K, BM, BN, BK)
+                                                         out, M, N, K, BM, BN, BK, a_fmt, b_fmt,
+                                                         2 if a_fmt == "e2m1" else 1, 2 if b_fmt == "e2m1" else 1)
     return run
 
 
@@ -125,6 +128,11 @@ def emulator_smoke() -> int:
     t0 = time.perf_counter()
     results = [("dense M=4 N=128 K=256", check_dense(4, 128, 256, 'cpu')),
                ("dense M=16 N=64 K=512", check_dense(16, 64, 512, 'cpu'))]
+    return report(results, t0)
+
+
+def report(results, t0) -> int:
+    """Prints (case, verdict) pairs and the time since t0; 1 if a verdict is not "ok"."""
     for case, verdict in results:
         print(f"{case} on the emulator: {verdict}")
     print(f"({time.perf_counter() - t0:.1f} s)")

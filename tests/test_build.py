@@ -68,8 +68,10 @@ def test_variant_becomes_a_define(scratch_kernels, tmp_path):
 def test_unknown_kernel_variant_and_arch_are_clear_errors():
     with pytest.raises(KeyError, match="unknown kernel 'nope'"):
         build.artifact("nope")
-    with pytest.raises(ValueError, match="has no variant"):
+    with pytest.raises(ValueError, match="has no gfx950 variant"):
         build.artifact("mxfp8_dequant", {"BOGUS": 1})
+    with pytest.raises(ValueError, match="has no gfx1250 variant"):   # per-arch variant grids
+        build.artifact("mx_gemm", registry.get("mx_gemm").variants[0], "gfx1250")
     registry.register(Kernel("only950", "hip", "csrc/kernels/mxfp8_dequant.hip", "mxfp8_dequant"))
     try:
         with pytest.raises(ValueError, match="not built for 'gfx1250'"):
@@ -88,7 +90,7 @@ def test_registry_rejects_duplicates_and_bad_language():
 def test_every_registered_kernel_builds_for_every_arch():
     arts = build.build(progress=False)
     want = {(n, registry.variant_id(v), a) for n, k in registry.KERNELS.items()
-            for a in k.archs for v in k.variants}
+            for a in k.archs for v in k.variants_for(a)}
     assert {(a.kernel, registry.variant_id(a.variant), a.arch) for a in arts} == want
 
 

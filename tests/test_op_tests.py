@@ -33,6 +33,12 @@ def test_moe_gemm2_a4w4_emulator_case_passes():
     assert "hip vs flydsl: bit-identical" in out, out
 
 
+def test_mx_gemm_emulator_cases_pass():
+    out = _run(ROOT / "op_tests" / "test_mx_gemm.py", "--emulator")
+    cases = [l for l in out.splitlines() if "on the emulator:" in l]
+    assert len(cases) == 3 and all(": ok: max 0 bf16 ulp" in l for l in cases), out
+
+
 CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "us", "source"]
 SHIPPED_CSV = ROOT / "python" / "mxgemm" / "configs" / "smallm_mxfp8_gfx950.csv"
 

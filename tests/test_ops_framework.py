@@ -9,7 +9,7 @@ from mxgemm.bench import dispatch_calls
 from mxgemm.ops._op import OPS
 
 PUBLIC = ("smallm_mxfp8_gemm", "moe_mxfp8_grouped_gemm", "moe_gemm2_a4w4", "mxfp8_dequantize",
-          "deep_gemm_fp8_grouped_gemm", "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k")
+          "deep_gemm_fp8_grouped_gemm", "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "mx_gemm")
 
 
 def test_every_public_op_is_a_framework_op_and_benchmarked():

@@ -118,6 +118,21 @@ def _deep_gemm_k(v, K):
     mxgemm.deep_gemm_fp8_grouped_gemm(*args, masked=bool(v["MASKED"]))
 
 
+def _mx_gemm(v):
+    """One workgroup with a partial row and column tile; 3 and 4 K steps per split (odd and even:
+    the compiler unrolls the K loop by 2), two K splits for SPLITK variants."""
+    splits = 2 if v["SPLITK"] else 1
+    for steps in (3, 4):
+        K = 128 * steps * splits
+        a, sa = _mx(v["BM"] - 3, K, 8, v["A_FMT"])
+        b, sb = _mx(max(32, v["BN"] - 32), K, 9, v["B_FMT"])
+        kw = dict(a_format=v["A_FMT"], b_format=v["B_FMT"],
+                  out_dtype={"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[v["OUT"]],
+                  config={"BM": v["BM"], "BN": v["BN"], "SPLITS": splits})
+        assert mxgemm.explain("mx_gemm", a, sa, b, sb, **kw).variant == v
+        mxgemm.mx_gemm(a, sa, b, sb, **kw)
+
+
 RUNNERS = {
     "mxfp8_dequant": _dequant("hip"), "mxfp8_dequant_flydsl": _dequant("flydsl"),
     "smallm_mxfp8_gemv": _smallm("smallm_mxfp8_gemv"), "smallm_mxfp8_mfma": _smallm("smallm_mxfp8_mfma"),
@@ -125,6 +140,7 @@ RUNNERS = {
     "moe_gemm2_a4w4": _a4w4("hip"), "moe_gemm2_a4w4_flydsl": _a4w4("flydsl"),
     "grouped_gemm_fp8": _grouped_fp8,
     "deep_gemm_fp8": _deep_gemm,
+    "mx_gemm": _mx_gemm,
 }
 
 # Deletions that raise no RaceError on any input: (kernel, variant ids or None for all, sync line,
@@ -162,7 +178,8 @@ COUNTERS = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
 
 def repeats_earlier_wait(lines, i):
     """Why deleting s_waitcnt line i is harmless when an at-least-as-strong s_waitcnt precedes it
-    in the same basic block with no memory instruction in between (None otherwise)."""
+    in the same basic block with no memory instruction in between, weaker waits allowed between
+    (None otherwise)."""
     want = dict((c, int(n)) for c, n in COUNTERS.findall(lines[i]))
     for j in range(i - 1, -1, -1):
         text = lines[j].split(";")[0]
@@ -174,7 +191,7 @@ def repeats_earlier_wait(lines, i):
             had = dict((c, int(n)) for c, n in COUNTERS.findall(text))
             if all(c in had and had[c] <= n for c, n in want.items()):
                 return f"repeats the wait at line {j + 1}; no load issued in between"
-            return None
+            # a weaker wait in between retires nothing: keep looking for a stronger one
     return None
 
 

@@ -4,6 +4,8 @@
   * against a plain float64 einsum of the dequantised operands, within the fp32
     summation error bound plus bf16 rounding.
 """
+from fractions import Fraction
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -89,6 +91,39 @@ def test_mx_gemm(a_fmt, b_fmt):
     exact = np.einsum("mk,nk->mn", av * ea, bv * eb)
     terms = np.einsum("mk,nk->mn", np.abs(av * ea), np.abs(bv * eb))
     assert_near_exact(R.mx_gemm_ref(a, sa, b, sb, a_fmt, b_fmt), exact, terms, K // 32, "vs float64")
+
+
+def f32_rne_of(x: Fraction) -> np.float32:
+    """The fp32 nearest to the rational x (ties to the even code), by exact comparison."""
+    f = f32(float(x))
+    cands = [np.nextafter(f, f32(-np.inf)), f, np.nextafter(f, f32(np.inf))]
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - x), int(np.array(c).view(np.uint32)) & 1))
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt,splits", [("e4m3", "e4m3", 1), ("e5m2", "e5m2", 2), ("e2m1", "e2m1", 3),
+                                                ("e4m3", "e2m1", 1)])
+def test_mx_gemm_mma_chunks(a_fmt, b_fmt, splits):
+    """chunk=128 (the scaled MMA): each 128-K step's scaled products summed as exact rationals
+    and rounded once to fp32; split partials from +0, then added in split order. Scales span
+    2^-37 .. 2^32 so that float64 chunk sums would round (the reference's exact path)."""
+    g, M, N, K = gen(9), 5, 7, 512
+    a, b = rand_codes((M, K), a_fmt, g), rand_codes((N, K), b_fmt, g)
+    sa, sb = rand_e8m0((M, K // 32), g, 90, 160), rand_e8m0((N, K // 32), g, 90, 160)
+    xa = [[Fraction(v) for v in row] for row in np_vals(a, a_fmt) * np.repeat(np_e8m0(sa), 32, 1)]
+    xb = [[Fraction(v) for v in row] for row in np_vals(b, b_fmt) * np.repeat(np_e8m0(sb), 32, 1)]
+    chunks = [[[f32_rne_of(sum(x * y for x, y in zip(ra[k:k + 128], rb[k:k + 128]))) for rb in xb] for ra in xa]
+              for k in range(0, K, 128)]
+    per = -(-len(chunks) // splits)
+    acc = np.zeros((M, N), f32)
+    for s0 in range(0, len(chunks), per):
+        part = np.zeros((M, N), f32)
+        for c in chunks[s0:s0 + per]:
+            part = (part + np.array(c, f32)).astype(f32)
+        acc = (acc + part).astype(f32)
+    got = R.mx_gemm_ref(a, sa, b, sb, a_fmt, b_fmt, out_dtype=torch.float32, chunk=R.MX_MMA_K, splits=splits)
+    assert_bitwise_equal(got, torch.from_numpy(acc), "fp32 accumulator")
+    assert_bitwise_equal(R.mx_gemm_ref(a, sa, b, sb, a_fmt, b_fmt, chunk=R.MX_MMA_K, splits=splits),
+                         to_bf16_torch(acc), "bf16 out")
 
 
 def test_mx_gemm_single_block_is_correctly_rounded():

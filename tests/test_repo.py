@@ -28,7 +28,9 @@ def test_demo_runs_and_matches_reference():
     p = subprocess.run([sys.executable, "-m", "mxgemm", "demo"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for what in ("compiler      gfx950", "backend", "smallm_mxfp8_gemv", "moe_gemm2_a4w4 hip vs flydsl: bit-identical",
-                 "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm"):
+                 "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm",
+                 "mx_gemm MXFP4 96x128x512 [64x64]: max 0 bf16 ulp vs reference (ok",
+                 "mx_gemm MXFP8 80x96x384 [64x64]: max 0 bf16 ulp vs reference (ok"):
         assert what in p.stdout, what
 
 

@@ -198,10 +198,21 @@ def test_fake_impl_gives_shape_without_running():
 # ------------------------------------------------------------------------------------------
 # Fallback (documented: dequantise + torch matmul) and explain
 # ------------------------------------------------------------------------------------------
-def test_out_of_envelope_runs_fallback_and_explain_says_so():
+def test_large_m_routes_to_mx_gemm_and_explain_says_so():
     g = torch.Generator().manual_seed(1)
     a, sa = mx_operand(65, 256, g, (0,))
     b, sb = mx_operand(64, 256, g, (0,))
+    plan = mxgemm.explain("smallm_mxfp8_gemm", a, sa, b, sb)
+    assert plan.kernel == "mx_gemm" and not plan.fallback
+    assert "routed to mx_gemm" in str(plan) and "M = 65" in str(plan)
+    got = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, fallback="error")
+    metrics.assert_bitwise_equal(got, reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K))
+
+
+def test_out_of_every_kernel_runs_fallback_and_explain_says_so():
+    g = torch.Generator().manual_seed(1)
+    a, sa = mx_operand(65, 160, g, (0,))           # M > 64 and K % 128 != 0: no kernel serves it
+    b, sb = mx_operand(64, 160, g, (0,))
     plan = mxgemm.explain("smallm_mxfp8_gemm", a, sa, b, sb)
     assert plan.fallback and "M = 65" in str(plan) and "fallback" in str(plan)
     got = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb)
@@ -329,7 +340,7 @@ def test_guard_same_device():
 
 
 def test_guard_m_range():
-    a, sa, b, sb = operands(65, 128, 256)
+    a, sa, b, sb = operands(65, 128, 160)          # K % 128 != 0: mx_gemm cannot take it either
     assert "M = 65" in _rejects("M-range", a, sa, b, sb, _out(65, 128), fallback="error")
     a, sa, b, sb = operands(17, 128, 256)
     assert "M = 17" in _rejects("M-range", a, sa, b, sb, _out(17, 128),

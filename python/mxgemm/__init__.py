@@ -14,6 +14,7 @@ from .ops import (  # noqa: E402,F401
     grouped_gemm_fp8_variable_k,
     moe_gemm2_a4w4,
     moe_mxfp8_grouped_gemm,
+    mx_gemm,
     mxfp8_dequantize,
     smallm_mxfp8_gemm,
 )

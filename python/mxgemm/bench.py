@@ -51,6 +51,8 @@ def dispatch_calls() -> dict:
         # a training step's MoE layer: 8 experts, 4096 routed rows
         "grouped_gemm_fp8_kernel": ((e4m3(4096, 2048), scale(), e4m3(8, 1024, 2048), scale(), lens), {}),
         "grouped_gemm_fp8_variable_k": ((e4m3(4096, 1024), scale(), e4m3(4096, 2048), scale(), lens), {}),
+        # prefill: 4096 tokens through a DeepSeek-V3 7168 -> 2112 projection, MXFP4 weights (A8W4)
+        "mx_gemm": ((e4m3(4096, 7168), u8(4096, 224), u8(2112, 3584), u8(2112, 224)), {"b_format": "e2m1"}),
     }
     out = {}
     for name, (args, kw) in calls.items():

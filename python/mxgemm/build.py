@@ -109,8 +109,9 @@ def _artifact(name, variant, arch):
     kernel = registry.get(name)
     if arch not in kernel.archs:
         raise ValueError(f"kernel {name!r} is not built for {arch!r} (archs: {kernel.archs})")
-    if variant not in kernel.variants:
-        raise ValueError(f"kernel {name!r} has no variant {variant}; registered: {list(kernel.variants)}")
+    if variant not in kernel.variants_for(arch):
+        raise ValueError(f"kernel {name!r} has no {arch} variant {variant}; registered: "
+                         f"{list(kernel.variants_for(arch))}")
     key = cache_key(kernel, variant, arch)
     asm_path, hsaco_path = _paths(kernel, variant, arch, key)
     art = Artifact(name, variant, arch, asm_path, hsaco_path, key)
@@ -144,7 +145,7 @@ def plan(kernels=None, archs=None, default_only=False):
         for arch in k.archs:
             if archs and arch not in archs:
                 continue
-            out.extend((n, v, arch) for v in k.variants)
+            out.extend((n, v, arch) for v in k.variants_for(arch))
     return out
 
 

@@ -18,7 +18,8 @@ import yaml
 #    of 8; at most 8 waves per SIMD; 800 SGPRs per SIMD in granules of 16; 160 KiB LDS per CU
 #    (4 SIMDs per CU).
 #  gfx1250 (wave32): 1024 VGPRs per lane per SIMD (granule 8 in wave32), 16 waves per SIMD,
-#    SGPRs not occupancy-limiting (gfx10+), LDS 320 KiB per WGP.
+#    SGPRs not occupancy-limiting (gfx10+), LDS 320 KiB per WGP (docs/gfx1250_isa.md §1).
+# lds_bytes is also the most one workgroup may allocate.
 ARCH_LIMITS = {
     "gfx950": dict(vgprs=512, vgpr_granule=8, max_waves=8, sgprs=800, sgpr_granule=16,
                    lds_bytes=160 * 1024, simds_per_cu=4, wave_size=64),
@@ -44,6 +45,7 @@ class KernelInfo:
     args: list = field(default_factory=list)            # metadata .args dicts
     histogram: Counter = field(default_factory=Counter)  # mnemonic -> count
     compiler_occupancy: int | None = None                 # clang's own "; Occupancy:" comment
+    workgroup_size: int | None = None                     # metadata .reqd_workgroup_size x, if given
 
     @property
     def spills(self) -> int:
@@ -54,8 +56,10 @@ class KernelInfo:
         """Registers allocated per lane: AGPRs start at accum_offset in gfx90a+'s unified file."""
         return self.accum_offset + self.agprs if self.agprs else self.vgprs
 
-    def occupancy(self, block_threads: int = 256) -> int:
-        """Waves per SIMD for workgroups of ``block_threads`` threads."""
+    def occupancy(self, block_threads: int | None = None) -> int:
+        """Waves per SIMD for workgroups of ``block_threads`` threads (default: the kernel's
+        required workgroup size, else 256)."""
+        block_threads = block_threads or self.workgroup_size or 256
         lim = ARCH_LIMITS[self.arch]
         g = lim["vgpr_granule"]
         waves = lim["max_waves"]
@@ -73,7 +77,7 @@ class KernelInfo:
         """Number of instructions whose mnemonic starts with ``prefix``."""
         return sum(n for m, n in self.histogram.items() if m.startswith(prefix))
 
-    def summary(self, block_threads: int = 256) -> str:
+    def summary(self, block_threads: int | None = None) -> str:
         return (f"{self.name} [{self.arch}] vgpr={self.vgprs} agpr={self.agprs} sgpr={self.sgprs} "
                 f"spills={self.spills} scratch={self.scratch_bytes}B lds={self.lds_bytes}B "
                 f"wave{self.wave_size} occupancy={self.occupancy(block_threads)} waves/SIMD "
@@ -162,6 +166,7 @@ def kernel_info(asm: str, name: str | None = None) -> KernelInfo:
         accum_offset=d.get("accum_offset", 0), args=list(k.get(".args", [])),
         histogram=histogram(asm, name),
         compiler_occupancy=int(occ.group(1)) if occ else None,
+        workgroup_size=(k.get(".reqd_workgroup_size") or [None])[0],
     )
 
 
@@ -192,6 +197,21 @@ def loop_bodies(asm: str, name: str) -> list[list[str]]:
     lines = [x.split(";")[0].strip() for x in asm.splitlines()]
     return [[lines[i] for i in r if lines[i] and not lines[i].endswith(":") and not lines[i].startswith(".")]
             for r in loops(asm, name)]
+
+
+def hot_loop(asm: str, name: str, marker: tuple = ("v_mfma", "v_wmma")) -> list[str]:
+    """Instruction lines of the kernel's main loop: the widest loop holding a matrix instruction
+    (a loop whose body branches has one back-edge per path; the widest range spans them all)."""
+    bodies = [l for l in loop_bodies(asm, name) if any(x.split()[0].startswith(marker) for x in l)]
+    if not bodies:
+        raise ValueError(f"{name}: no loop with a {'/'.join(marker)} instruction")
+    return max(bodies, key=len)
+
+
+def mnemonics(asm: str, name: str) -> list[str]:
+    """Sorted distinct mnemonics of kernel ``name``, both halves of a dual-issue (VOPD) line
+    ``v_dual_x ... :: v_dual_y ...`` included."""
+    return sorted({half.split()[0] for l in _body(asm, name) for half in l.split("::")})
 
 
 # ---- loop structure (HIP vs FlyDSL parity report of moe_gemm2_a4w4) ----

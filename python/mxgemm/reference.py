@@ -11,7 +11,11 @@ out_dtype=torch.float16), or the fp32 accumulator itself with out_dtype=torch.fl
 gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may differ from this by a
 few fp32 ulps of the accumulator, i.e. rarely by 1 bf16 ulp.
 """
+import math
+import struct
 from typing import Optional
+
+import numpy as np
 
 import torch
 
@@ -60,16 +64,76 @@ def _mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt) -> torch.Tensor:
                        lambda c, p: (p * (sa[:, c, None] * sb[None, :, c])).float())
 
 
+MX_MMA_K = 128   # K of one scaled 16x16x128 MMA: the mx_gemm kernel's exact-sum chunk
+_MBITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
+
+
+def _f32_of_exact_sum(terms) -> float:
+    """fp32 RNE of the exact sum of float64 terms: math.fsum rounds the sum correctly to float64
+    and gives the sign of what that rounding dropped; rounding to odd in float64 (53 >= 24 + 2
+    bits) then makes the one fp32 rounding correct."""
+    s = math.fsum(terms)
+    r = math.fsum(terms + [-s])
+    if r != 0 and math.isfinite(s) and int.from_bytes(struct.pack("<d", s), "little") & 1 == 0:
+        s = math.nextafter(s, math.copysign(math.inf, r))
+    return float(np.float32(s))
+
+
+def _lsb(v: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A power of two dividing every value (float64), never above the value's own last bit."""
+    e = torch.frexp(v.abs())[1].double()
+    return torch.where(v == 0, torch.full_like(e, math.inf), torch.exp2(e - 1 - _MBITS[fmt]))
+
+
+def _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk) -> list:
+    """fp32 [M, N] of each K chunk: the exact sum of its scaled products rounded once (RNE).
+
+    float64 sums are exact when every term is a multiple of a common quantum q and the sum of
+    magnitudes stays below 2^52 q; the elements where that bound fails (e.g. block scales far
+    apart within a chunk) are summed exactly by _f32_of_exact_sum."""
+    av, bv = mx_values(a, a_fmt).double(), mx_values(b, b_fmt).double()
+    sa = F.decode_e8m0(a_scale).double().repeat_interleave(MX_BLOCK, 1)
+    sb = F.decode_e8m0(b_scale).double().repeat_interleave(MX_BLOCK, 1)
+    xa, xb = av * sa, bv * sb                          # exact: power-of-two scaling
+    qa, qb = _lsb(av, a_fmt) * sa, _lsb(bv, b_fmt) * sb
+    out = []
+    for k in range(0, av.shape[1], chunk):
+        ka, kb = xa[:, k:k + chunk], xb[:, k:k + chunk]
+        p = ka @ kb.T
+        mag = ka.abs() @ kb.abs().T
+        q = qa[:, k:k + chunk].min(1).values[:, None] * qb[:, k:k + chunk].min(1).values[None, :]
+        r = p.float()
+        for i, j in (torch.isfinite(mag) & (mag >= q * 2.0 ** 52)).nonzero().tolist():
+            r[i, j] = _f32_of_exact_sum((ka[i] * kb[j]).tolist())   # products are exact in float64
+        out.append(r)
+    return out
+
+
 def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3",
-                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """gfx1250 MX-scale GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 K-block scales.
+                out_dtype: torch.dtype = torch.bfloat16, chunk: int = MX_BLOCK, splits: int = 1) -> torch.Tensor:
+    """MX-scale GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 K-block scales.
 
     a: [M, K] fp8 codes (float8 dtype or uint8) or [M, K/2] packed e2m1 (a_fmt="e2m1");
     a_scale: [M, K/32] uint8 e8m0; b: [N, K] / [N, K/2], b_scale: [N, K/32].
     FP8 x FP8: a_fmt, b_fmt in {e4m3, e5m2}; FP4 x FP4: both "e2m1"; A8W4: a_fmt e4m3, b_fmt e2m1.
+    chunk: K summed exactly (with every 32-block's scale) before one fp32 rounding: 32 (the
+    module model) or MX_MMA_K = 128 (one scaled 16x16x128 MMA: mxgemm.mx_gemm's numerics).
+    splits: the chunks are cut into `splits` contiguous ranges of ceil(chunks / splits) (the
+    split-K workgroups); each range is accumulated from +0, then the partials are added in
+    range order into +0 (fp32 atomics: any order gives the same bits for splits <= 2).
     Returns [M, N] out_dtype (bf16 RNE of the fp32 accumulator, or the accumulator itself).
     """
-    return _out(_mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt), out_dtype)
+    if chunk == MX_BLOCK and splits == 1:
+        return _out(_mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt), out_dtype)
+    parts = _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk)
+    per = -(-len(parts) // splits)
+    acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+    for s in range(0, len(parts), per):
+        partial = torch.zeros_like(acc)
+        for p in parts[s:s + per]:
+            partial = partial + p
+        acc = acc + partial
+    return _out(acc, out_dtype)
 
 
 def smallm_mxfp8_gemm_ref(a, a_scale, b, b_scale) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -38,6 +38,7 @@ class Kernel:
     symbol: str                     # kernel symbol inside the code object
     archs: tuple = ("gfx950",)
     variants: tuple = ({},)         # tuple of dicts of compile-time parameters
+    arch_variants: dict = field(default_factory=dict)   # arch -> its own variants, replacing `variants`
     default: bool = True            # built on install / by `python -m mxgemm build`
     doc: str = ""
     args: tuple = ()                # kernel arguments in order: names of the op's values
@@ -56,6 +57,10 @@ class Kernel:
         tile = self.tile(variant)
         g = tuple(-(-dims[d] // tile.get(d, 1)) for d in self.grid)
         return g + (1,) * (3 - len(g))
+
+    def variants_for(self, arch: str) -> tuple:
+        """The variants built for ``arch``."""
+        return self.arch_variants.get(arch, self.variants)
 
     def values(self, param: str) -> tuple:
         """Sorted values a variant parameter takes: values("BM") -> (16, 32)."""
@@ -197,3 +202,43 @@ register(Kernel(
     + variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
     doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))
+
+# --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---
+# One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
+# Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
+# f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
+# partials of grid-z K ranges with atomics (OUT=f32).
+_MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
+
+
+def _mx_variants(pairs, tiles, outs, splitk):
+    return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
+                 for fa, fb in pairs for bm, bn in tiles for o in outs)
+
+
+register(Kernel(
+    name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
+    archs=("gfx950", "gfx1250"),
+    args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
+    grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
+    variants=_mx_variants(_MX_PAIRS, ((64, 64),), ("bf16", "f16", "f32"), 0)
+    + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
+    + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
+    + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
+    + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0),
+    # gfx1250: compile + static ISA checks only (nothing runs it here). One variant per option value,
+    # kept small so the build and ISA tests stay quick; every variant also names the target options.
+    arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=out, SPLITK=sk, NUM_BUFFERS=nb,
+                                         B_STREAMING=bs, SCALE_PATH=sp, CLUSTER_M=cm, CLUSTER_N=cn, F4_WIDE=w)
+                                    for fa, fb, bm, bn, out, sk, nb, bs, sp, cm, cn, w in (
+        ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 1, 1, 0),
+        ("e2m1", "e2m1", 128, 128, "bf16", 0, 3, 0, "tdm", 1, 1, 1),
+        ("e4m3", "e2m1", 128, 128, "bf16", 0, 2, 0, "buffer_lds_stage", 1, 1, 0),
+        ("e4m3", "e4m3", 128, 128, "f32", 0, 4, 0, "buffer_lds_stage_ab_split", 1, 1, 0),
+        ("e4m3", "e4m3", 128, 128, "bf16", 0, 3, 1, "tdm", 1, 1, 0),
+        ("e2m1", "e2m1", 256, 128, "bf16", 0, 2, 1, "tdm", 1, 1, 0),
+        ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 2, 2, 0),
+        ("e4m3", "e2m1", 128, 128, "f16", 0, 3, 0, "buffer_lds_stage_ab_split", 1, 4, 0),
+        ("e4m3", "e4m3", 64, 64, "f32", 1, 2, 0, "tdm", 1, 1, 0)))},
+    doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP4, A8W4) with 1x32 e8m0 scales on the scaled 16x16x128 MMA; "
+        "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))

@@ -17,6 +17,7 @@ DEQUANT_HIP = "csrc/kernels/mxfp8_dequant.hip"
 DEQUANT_FLY = "flydsl_kernels/mxfp8_dequant.py"
 DEEP_GEMM = "flydsl_kernels/deep_gemm_fp8.py"
 GROUPED_FP8 = "flydsl_kernels/grouped_gemm_fp8.py"
+MX_GEMM = "flydsl_kernels/mx_gemm.py"
 VALU = "python/mxgemm/emu/valu.py"
 ATOMICS = "python/mxgemm/emu/float_atomics.py"
 
@@ -35,6 +36,7 @@ KERNEL_TESTS = {
     "mxfp8_dequant_flydsl": ("tests/test_mxfp8_dequantize.py",),
     "deep_gemm_fp8": ("tests/test_deep_gemm.py",),
     "grouped_gemm_fp8": ("tests/test_grouped_gemm_fp8.py",),
+    "mx_gemm": ("tests/test_mx_gemm.py",),
 }
 
 _TRUNC_BF16 = "__builtin_bit_cast(__bf16, (unsigned short)(__builtin_bit_cast(unsigned int, {x}) >> 16))"
@@ -161,6 +163,36 @@ CATALOGUE = (
         (GROUPED_FP8, "arith.subi(e, s),\n                  out_base, N, scale)",
          "arith.subi(arith.subi(e, s), b.c(1)),\n                  out_base, N, scale)"),),
         "variable-K wgrad drops each group's last contraction row"),
+    # ---- MX GEMM (FlyDSL)
+    Mutation("mx-gemm-drop-b-scale", ("mx_gemm",), (
+        (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale]",
+         "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, self.b.c(127), 0, a_scale]"),),
+        "the MMA gets scale 1.0 for B: weight scales ignored"),
+    Mutation("mx-gemm-swap-formats", ("mx_gemm",), (
+        (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale", "FMT_CODE[a_fmt], FMT_CODE[b_fmt], 0, b_scale"),),
+        "cbsz / blgp swapped: mixed-format operands (A8W4, e4m3 x e5m2) decoded in each other's format"),
+    Mutation("mx-gemm-scale-next-k-block", ("mx_gemm",), (
+        (MX_GEMM, "b.add(b.mul(r, kblocks), kb)", "b.add(b.mul(r, kblocks), b.add(kb, b.c(1)))"),),
+        "each lane loads the scale of the next 32-block (off by one in the K-block index)"),
+    Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
+        (MX_GEMM, "half), v))",
+         "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), v), arith.constant(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
+         "ir.DenseElementsAttr.get_splat(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), ir.IntegerAttr.get(b.i32, -65536)))))))"),),
+        "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
+    Mutation("mx-gemm-no-lds-swizzle-on-read", ("mx_gemm",), (
+        (MX_GEMM, "arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks)))", "b.add(g, b.c(4 * h))"),),
+        "fragments read LDS chunk g unswizzled: the DMA stored it at g ^ (row % chunks)"),
+    Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
+        (MX_GEMM, "slot = arith.remui(kt, b.c(num_buffers))", "slot = b.c(0)"),),
+        "one LDS stage: step kt+1's DMA overwrites the tile other waves are still reading"),
+    Mutation("mx-gemm-split-floor", ("mx_gemm",), (
+        (MX_GEMM, "per_split = arith.divui(b.add(steps, b.add(splits, b.c(-1))), splits)",
+         "per_split = arith.divui(steps, splits)"),),
+        "K steps per split rounded down: an uneven split-K drops its last steps"),
+    Mutation("mx-gemm-row-tail-unmasked", ("mx_gemm",), (
+        (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, m_left), b.cmp(\"slt\", col, n_left))",
+         "ok = b.cmp(\"slt\", col, n_left)"),),
+        "epilogue stores rows past M (into the next rows of out, or past its end)"),
     # ---- emulator semantics (kernel tests must pin them)
     Mutation("emu-v_add_f32-plus-1ulp", ALL, (
         (VALU, '"v_add_f32": ("f32", "f32 f32", lambda a, b: a + b),',

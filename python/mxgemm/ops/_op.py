@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import build, launcher, registry
+from .. import build, guards, launcher, registry
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Plan:
     args: dict = field(default_factory=dict)   # kernel scalar arguments by registry name
     out_shape: tuple = ()          # the output an out-less call allocates
     out_dtype: torch.dtype | None = None
+    zero_out: bool = False         # the kernel accumulates into out (e.g. split-K atomics): zero it first
 
     def __str__(self):
         if self.fallback:
@@ -60,6 +61,9 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
     arguments) on the backend for ``device``; GuardError [arch] if nothing can run it there."""
     k = registry.get(kernel)
     backend, arch = launcher.backend_for(device, k.archs)
+    if variant not in k.variants_for(arch):   # per-arch grids: the planner chose another arch's variant
+        guards.fail("arch", f"{kernel} has no {arch} variant {variant}; this op plans for "
+                            f"{', '.join(a for a in k.archs if variant in k.variants_for(a))}")
     return Plan(op, kernel, variant, backend, arch, k.launch_grid(variant, **dims), (k.threads, 1, 1),
                 reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
 
@@ -269,6 +273,8 @@ class Op:
         if p.fallback:
             self._fallback(x, p)
             return
+        if p.zero_out:
+            x.out.zero_()
         values = {**vars(x), **p.args}
         launcher.launch(build.artifact(p.kernel, p.variant, p.arch), p.grid, p.block,
                         [values[n] for n in registry.get(p.kernel).args], p.backend, writes=(x.out,))

@@ -3,8 +3,10 @@
 Kernels (registry): smallm_mxfp8_gemv and smallm_mxfp8_mfma (csrc/kernels/smallm_mxfp8.hip);
 their M envelopes and K alignments are registry facts. Kernel choice (``mxgemm.explain``
 prints it): a tuned CSV row for (arch, M, N, K) if one exists (exact M, else the nearest tuned
-M above with the same N, K), else the rule of ``heuristic_config``. Out-of-envelope calls run
-the fallback of ``ops/_mxfp8.py`` unless ``fallback="error"``. Malformed calls (dtype, shape,
+M above with the same N, K), else the rule of ``heuristic_config``. M above the small-M
+envelope runs the prefill kernel mx_gemm (ops/dense_mx.py) when it takes the shape (K % 128,
+N % 32); other out-of-envelope calls run the fallback of ``ops/_mxfp8.py`` unless
+``fallback="error"``. Malformed calls (dtype, shape,
 K % 32, contiguity, device) always raise, before any launch.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from .. import guards, registry
 from . import _mxfp8 as mx
+from . import dense_mx
 from ._op import Plan, op
 
 GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
@@ -145,6 +148,7 @@ def _plan(x) -> Plan:
     mx.check_out(x.out, (M, N), (torch.bfloat16,))
     device = guards.check_same_device(a=x.a, a_scale=x.a_scale, b=x.b, b_scale=x.b_scale, out=x.out)
     shape = dict(out_shape=(M, N), out_dtype=torch.bfloat16)
+    dims = dict(M=M, N=N, K=K)
     if M == 0 or N == 0:
         return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
     forced = parse_config(x.config)
@@ -158,16 +162,23 @@ def _plan(x) -> Plan:
         why = "config given by the caller"
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
+        if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
+            variant, splits, how = dense_mx.heuristic_config("e4m3", "e4m3", "bf16", M, N, K)
+            choice = (dense_mx.KERNEL.name, variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
+                      f"envelope [{_GEMV.m_range[0]}, {M_MAX}] ({how})")
+            dims["splits"] = splits
         if choice is None:
             if M > M_MAX:
-                return mx.envelope(x.fallback, name, "M-range", f"M = {M} is outside the small-M "
-                                   f"kernels' envelope [{_GEMV.m_range[0]}, {M_MAX}]", **shape)
+                return mx.envelope(x.fallback, name, "M-range", f"M = {M} is outside the small-M kernels' "
+                                   f"envelope [{_GEMV.m_range[0]}, {M_MAX}] and mx_gemm needs K % "
+                                   f"{dense_mx.KERNEL.k_align} == 0, N % {dense_mx.KERNEL.n_align} == 0 "
+                                   f"(K = {K}, N = {N})", **shape)
             return mx.envelope(x.fallback, name, f"K%{_MFMA.k_align}",
                                f"M = {M} > {_GEMV.m_range[1]} needs the MFMA kernel, which requires "
                                f"K % {_MFMA.k_align} == 0; K = {K}", **shape)
         kernel, variant, why = choice
     named = (("a", x.a), ("a_scale", x.a_scale), ("b", x.b), ("b_scale", x.b_scale), ("out", x.out))
-    return mx.kernel_or_fallback(x.fallback, name, named, kernel, variant, device, why, M=M, N=N, K=K, **shape)
+    return mx.kernel_or_fallback(x.fallback, name, named, kernel, variant, device, why, **dims, **shape)
 
 
 def _fallback(x, plan) -> None:
@@ -184,7 +195,8 @@ def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     b: [N, K] float8_e4m3fn (weights, K contiguous), b_scale: [N, K/32]
     out: optional [M, N] bf16 (contiguous), written in place and returned.
     config: force a kernel, e.g. {"kernel": "smallm_mxfp8_gemv", "M_TILE": 4, "N_SUB": 1}.
-    fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (M > 64,
-    K % 128 != 0 with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
-    Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0).
+    fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (K % 128 != 0
+    with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
+    Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0),
+    mx_gemm for M > 64 (K % 128 == 0, N % 32 == 0; bitwise mx_gemm_ref(chunk=128) on the emulator).
     """

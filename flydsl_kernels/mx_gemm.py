@@ -1,0 +1,609 @@
+"""MX GEMM for prefill: out[m, n] = sum_k A[m, k] B[n, k] with 1x32 e8m0 K-block scales (MXFP8,
+MXFP4, A8W4), one body for every target.
+
+Operands: a [M, K] (fp8 bytes, or e2m1 packed two per byte: [M, K/2], even k in the low
+nibble), b [N, K] likewise, a_scale [M, K/32] and b_scale [N, K/32] e8m0 bytes; out [M, N]
+bf16 / f16 / f32. A_FMT, B_FMT in {e4m3, e5m2, e2m1}.
+
+The seam. The body (`_body`) owns everything that does not depend on the target: the tiling
+(a BM x BN output tile per workgroup, 4 waves as 2 x 2, each wave (BM/2) x (BN/2) in 16 x 16
+tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring of
+NUM_BUFFERS stages, the K loop (wait for stage kt, read its fragments, issue stage kt+1, MMA)
+and the epilogue (masked stores, or fp32 atomics for split-K). A target object supplies the
+rest, chosen by `compile_for_build(arch, ...)` from TARGETS:
+  wave                     lanes per wave
+  stage_loads(...)         global -> LDS of one operand's K step (and its scale bytes)
+  stage_wait()             the wait + workgroup barrier that makes a stage visible
+  fragment(op, buf, r0)    LDS -> the MMA operand registers of rows r0 .. r0+15
+  scale_voffsets / mma     the scaled 16x16x128 MMA atom and where its scale bytes come from
+  acc_coords(lane)         (row, first column) of a lane's accumulator elements (consecutive)
+gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds memory chunk
+c ^ (r % chunks_per_row)), scale bytes by buffer loads into VGPRs one step ahead,
+v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
+out[m = l % 16][n = 4 (l / 16) + i], i < 4.
+gfx1250 (`Gfx1250`; compiled and statically checked only, docs/gfx1250_isa.md): wave32 (128
+threads), Tensor Data Mover tile loads (tensor_load_to_lds, one wave per tile, rows padded by 16
+bytes in LDS, rows past M / N land as zeros), scale words (four K-block bytes of a row) staged in
+LDS after the A and B tiles, v_wmma_scale_f32_16x16x128_f8f6f4 (or _32x16x128_f4 for fp4 x fp4)
+with src0 = B rows, src1 = A rows: lane l accumulates out[m = l % 16][n = 8 (l / 16) + i], i < 8.
+Its options (SCALE_PATH, B_STREAMING, CLUSTER_M / CLUSTER_N, F4_WIDE) are described at the
+class; NUM_BUFFERS 2..4 keeps NUM_BUFFERS-1 steps in flight. A cluster launch rounds the grid up
+to whole clusters.
+
+Numerics (mxgemm.reference.mx_gemm_ref with chunk=128 models it exactly): each MMA sums one
+128-wide K step (four scaled 32-blocks) exactly and rounds once to fp32, then adds it to the
+fp32 accumulator (one more RNE rounding); steps are added in increasing K from +0. The
+epilogue rounds to bf16 / f16 (RNE) or stores fp32. SPLITK=1: grid z cuts the K steps into
+`splits` contiguous ranges of ceil(steps / splits); each adds its fp32 partial into out (f32,
+zeroed by the caller) with buffer_atomic_add_f32: deterministic for splits <= 2 (fp32 addition
+commutes), otherwise arrival order decides the last roundings.
+
+Tails: rows past M, columns past N load as zero (voffset 0x80000000 is out of range) and are
+never stored; K % 128 == 0. 64-bit addressing: every buffer resource starts at the tile's
+first row (and the split's first K step), so a 32-bit voffset spans one tile: BM rows of a or
+a_scale, BN rows of b, BM rows of out.
+
+Kernel arguments: a, a_scale, b, b_scale, out (pointers), M, N, K, splits (int32).
+Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (4 * wave, 1, 1).
+Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK (0, 1; 1 needs
+OUT=f32), NUM_BUFFERS (2; gfx1250 2..4); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M,
+CLUSTER_N, F4_WIDE.
+"""
+from types import SimpleNamespace
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith, llvm, rocdl, scf, vector
+
+from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, loads_done_barrier
+
+BK = 128                           # K per step = the MMA's K
+SCALE_BLOCK = 32
+FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m1": 4}   # MMA cbsz / blgp
+TILES = (64, 128, 256)
+OUTS = ("bf16", "f16", "f32")
+NUM_RECORDS = 0x7FFFFFFF           # rebased resources: every valid voffset is below 2^31
+WAVES = 4                          # 2 x 2 per workgroup
+SCALE_PATHS = ("tdm", "buffer_lds_stage", "buffer_lds_stage_ab_split")   # gfx1250
+CLUSTER_BARRIER = -3               # s_barrier_signal / _wait id of the cluster barrier (docs/gfx1250_isa.md §5)
+
+
+class Operand:
+    """One operand tile in LDS: `rows` rows (BM for A, BN for B) of one K step each."""
+
+    def __init__(self, rows, fmt, lds_off, pad=0):
+        self.rows, self.fmt, self.lds_off = rows, fmt, lds_off
+        self.step_bytes = BK // 2 if fmt == "e2m1" else BK       # bytes of one row per K step
+        self.chunks = self.step_bytes // 16                       # 16-byte chunks per row
+        self.row_stride = self.step_bytes + pad                   # LDS bytes from row to row
+        self.lds_bytes = rows * self.row_stride
+
+
+class Gfx950:
+    """gfx950: wave64, buffer -> LDS DMA, v_mfma_scale_f32_16x16x128_f8f6f4."""
+    wave = 64
+    acc_width = 4                  # accumulator floats per lane per 16 x 16 tile
+    pad = 0                        # LDS bytes after each operand row
+    scales_in_lds = False          # scale bytes travel in VGPRs, one step ahead
+    b_tiles = 1                    # 16-column B tiles per MMA
+    cluster = None
+    buffer_flags = BUFFER_FLAGS
+
+    def __init__(self, b):
+        self.b = b
+        self.acc_t = b.v4f32
+
+    def threads(self):
+        return WAVES * self.wave
+
+    def dma_plan(self, op, tid, rows_left, row_bytes, base):
+        """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk).
+        Slot s = 4096 j + 16 tid: row s / row_step, LDS chunk c holds memory chunk c ^ (row % chunks)."""
+        b, t = self.b, self.threads()
+        plan = []
+        for j in range(op.lds_bytes // (16 * t)):
+            s = b.add(b.c(j * t), tid)
+            row = arith.divui(s, b.c(op.chunks))
+            chunk = arith.xori(arith.remui(s, b.c(op.chunks)), arith.remui(row, b.c(op.chunks)))
+            voff = b.sel(b.cmp("slt", row, rows_left), b.add(b.mul(row, row_bytes), b.mul(chunk, b.c(16))),
+                         b.c(INVALID_OFFSET))
+            wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(self.wave)))
+            plan.append((b.add(b.c(op.lds_off + j * t * 16), b.mul(wave, b.c(16 * self.wave))), voff))
+        return plan
+
+    def stage_loads(self, rsrc, plan, buf, kt, op):
+        b = self.b
+        for dst, voff in plan:
+            rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, b.mul(kt, b.c(op.step_bytes)),
+                                          b.c(0), aux=b.c_attr(0))
+
+    def stage_wait(self, depth):
+        loads_done_barrier()
+
+    def fragments_wait(self):
+        rocdl.s_waitcnt(WAIT_LGKMCNT0)
+
+    def drain(self):
+        """Nothing: the epilogue stores only registers."""
+
+    def scale_plan(self, stage, rows, lefts, kb, bases):
+        """voffset of this lane's scale byte (row, K block kb of the step) per 16-row tile."""
+        b, kblocks = self.b, stage.kblocks
+        return [b.sel(b.cmp("slt", r, left), b.add(b.mul(r, kblocks), kb), b.c(INVALID_OFFSET))
+                for r, left in zip(rows, lefts)]
+
+    def issue(self, stage, kt, live):
+        """Stage kt's operand tiles -> LDS and its scale bytes -> VGPRs (empty resources past the end)."""
+        b = self.b
+        sel = {k: llvm.select(live, v, stage.null) for k, v in stage.rs.items()}
+        buf = stage.buffer(kt)
+        self.stage_loads(sel["a"], stage.a_dma, buf, kt, stage.A)
+        self.stage_loads(sel["b"], stage.b_dma, buf, kt, stage.B)
+        soff = b.mul(kt, b.c(BK // SCALE_BLOCK))
+        return [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel[k], v, soff, aux=b.c_attr(0)))
+                for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:])) for v in voffs]
+
+    def fragment(self, op, buf, row):
+        """v8i32 MMA operand of LDS row `row` (this lane's): fp8 chunks g and g + 4 (bytes
+        16g.. and 64 + 16g..), fp4 chunk g (nibbles 32g..) in the low half, zeros above."""
+        b = self.b
+        lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
+        g = arith.divui(lane, b.c(16))
+        base = b.add(b.c(op.lds_off), b.mul(row, b.c(op.step_bytes)))
+        halves = range(2) if op.chunks == 8 else range(1)
+        parts = [llvm.load(b.v4i32, b.gep(buf, b.add(base, b.mul(
+            arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks))), b.c(16)))), alignment=16)
+            for h in halves]
+        if len(parts) == 1:
+            parts.append(arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, 0))))
+        return llvm.shufflevector(b.v8i32, parts[0], parts[1], list(range(8)))
+
+    def lane_rows(self):
+        """(row of the 16-row tile this lane feeds, K block of the 128-wide step whose scale it holds)."""
+        b = self.b
+        lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
+        return arith.remui(lane, b.c(16)), arith.divui(lane, b.c(16))
+
+    def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
+        return fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+            self.acc_t, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale])
+
+    def acc_coords(self):
+        """(row in the 16 x 16 tile, first of the 4 consecutive columns) of this lane's accumulator."""
+        b = self.b
+        lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
+        return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(4))
+
+
+class Piece:
+    """One 2-D tile a Tensor Data Mover load brings to LDS: `rows` rows of `inner` elements."""
+
+    def __init__(self, base, rows_left, stride, inner, rows, elem_bytes, step_bytes, lds_off, pad, mask):
+        self.base, self.rows_left, self.stride, self.inner, self.rows = base, rows_left, stride, inner, rows
+        self.elem_bytes, self.step_bytes, self.lds_off, self.pad, self.mask = elem_bytes, step_bytes, lds_off, pad, mask
+
+
+class Gfx1250:
+    """gfx1250: wave32, Tensor Data Mover -> LDS, v_wmma_scale_f32_16x16x128_f8f6f4.
+
+    Options: SCALE_PATH "tdm" (waves 0-3 load A, B, a_scale, b_scale tiles by TDM),
+    "buffer_lds_stage" (waves 0, 1 load A, B by TDM; every lane loads scale words with
+    buffer_load and stores them into the stage at the end of the step), "buffer_lds_stage_ab_split"
+    (scales as before; A and B split in row halves over waves 0-3); B_STREAMING (B fragments
+    read per 16-column tile between the WMMAs instead of all before them); CLUSTER_M x
+    CLUSTER_N workgroups share A (B) tiles by TDM multicast, with a cluster barrier per step;
+    F4_WIDE (fp4 x fp4) covers two B tiles per v_wmma_scale_f32_32x16x128_f4."""
+    wave = 32
+    acc_width = 8
+    pad = 16                       # TDM row padding: spreads rows over LDS banks (docs/gfx1250_isa.md §4)
+    scales_in_lds = True
+    # V# dword 3 on RDNA-style targets: bit 24 must be 1, OOB_SELECT (29:28) = 3 gives raw-buffer
+    # range checks against num_records (docs/gfx1250_isa.md §6)
+    buffer_flags = BUFFER_FLAGS | 1 << 24 | 3 << 28
+
+    def __init__(self, b, scale_path="tdm", cluster_m=1, cluster_n=1, f4_wide=0):
+        self.b, self.scale_path = b, scale_path
+        self.cluster = (cluster_m, cluster_n) if cluster_m * cluster_n > 1 else None
+        self.b_tiles = 2 if f4_wide else 1
+        self.acc_t = ir.VectorType.get([8 * self.b_tiles], b.f32)
+
+    def threads(self):
+        return WAVES * self.wave
+
+    def lane(self):
+        return arith.remui(fx.thread_idx.x.ir_value(), self.b.c(self.wave))
+
+    def lane_rows(self):
+        """(row of the 16-row tile this lane feeds, None: a lane holds all four K blocks' scales)."""
+        return arith.remui(self.lane(), self.b.c(16)), None
+
+    def masks(self):
+        """TDM multicast masks (A, B) of this workgroup: grid x walks N tiles, y M tiles, and the
+        cluster's flat index is x + y * CLUSTER_N (docs/gfx1250_isa.md §5)."""
+        if self.cluster is None:
+            return 0, 0
+        b, (cm, cn) = self.b, self.cluster
+        lx, ly = rocdl.cluster_workgroup_id_x(b.i32), rocdl.cluster_workgroup_id_y(b.i32)
+        a_mask = arith.shli(b.c((1 << cn) - 1), b.mul(ly, b.c(cn)))
+        b_mask = arith.shli(b.c(sum(1 << (y * cn) for y in range(cm))), lx)
+        return a_mask, b_mask
+
+    def dma_plan(self, op, tid, rows_left, row_bytes, base):
+        """The TDM pieces of one operand tile: the whole tile, or two row halves (ab_split)."""
+        mask = self.masks()[op.lds_off != 0]    # the stage holds A first (offset 0), then B
+        halves = 2 if self.scale_path == "buffer_lds_stage_ab_split" else 1
+        h_rows = op.rows // halves
+        b = self.b
+        return [Piece(b.gep(base, arith.extui(b.i64, b.mul(b.c(h * h_rows), row_bytes))),
+                      arith.subi(rows_left, b.c(h * h_rows)), row_bytes, op.step_bytes, h_rows, 1, op.step_bytes,
+                      op.lds_off + h * h_rows * op.row_stride, op.row_stride - op.step_bytes, mask)
+                for h in range(halves)]
+
+    def scale_plan(self, st, rows, lefts, kb, bases):
+        """TDM path: the a_scale / b_scale tile pieces (one i32 of four K-block bytes per row).
+        Buffer paths: the indices of the scale words (a rows, then b rows) this thread stages."""
+        b = self.b
+        if self.scale_path == "tdm":
+            a_mask, b_mask = self.masks()
+            words = arith.divui(st.kblocks, b.c(4))
+            return [Piece(bases[k], left, words, 1, op.rows, 4, 4, off, 0, mask)
+                    for k, left, op, off, mask in (("sa", st.m_left, st.A, st.sa_off, a_mask),
+                                                   ("sb", st.n_left, st.B, st.sb_off, b_mask))]
+        return [b.add(b.c(j * self.threads()), fx.thread_idx.x.ir_value())
+                for j in range((st.A.rows + st.B.rows) // self.threads())]
+
+    def tdm_load(self, piece, buf, kt, live):
+        """tensor_load_to_lds of one piece of step kt into stage `buf` (docs/gfx1250_isa.md §4)."""
+        b = self.b
+        gaddr = llvm.ptrtoint(b.i64, b.gep(piece.base, arith.extui(b.i64, b.mul(kt, b.c(piece.step_bytes)))))
+        lds = b.add(llvm.ptrtoint(b.i32, buf), b.c(piece.lds_off))
+        hi = arith.ori(arith.trunci(b.i32, arith.shrui(gaddr, b.c(32, b.i64))), b.c(-(1 << 31)))
+        g0 = vector.from_elements(b.v4i32, [arith.extui(b.i32, live), lds, arith.trunci(b.i32, gaddr), hi])
+        cfg = (piece.elem_bytes.bit_length() - 1) << 16
+        if piece.pad:
+            cfg |= (1 << 20) | ((piece.step_bytes // 4).bit_length() - 2) << 22 | (piece.pad // 4 - 1) << 25
+        dw0 = b.c(cfg) if isinstance(piece.mask, int) else arith.ori(b.c(cfg), piece.mask)
+        rows = arith.maxsi(piece.rows_left, b.c(0))   # rows at or past it land as zeros
+        inner = piece.inner
+        g1 = vector.from_elements(b.v8i32, [
+            dw0, b.c((inner & 0xFFFF) << 16),
+            arith.ori(b.c(inner >> 16), arith.shli(arith.andi(rows, b.c(0xFFFF)), b.c(16))),
+            arith.ori(arith.shrui(rows, b.c(16)), b.c(inner << 16)),
+            b.c(piece.rows), piece.stride, b.c(0), b.c(0)])
+        z4 = vector.from_elements(b.v4i32, [b.c(0)] * 4)
+        rocdl.tensor_load_to_lds(g0, g1, z4, z4, vector.from_elements(b.v8i32, [b.c(0)] * 8))
+
+    def issue(self, stage, kt, live):
+        """Each TDM piece of step kt by its own wave; scale words of the buffer paths into VGPRs
+        (returned: `commit` stores them into the stage once they have landed)."""
+        b, buf = self.b, stage.buffer(kt)
+        pieces = stage.a_dma[:1] + stage.b_dma[:1] + (stage.scales if self.scale_path == "tdm" else
+                                                      stage.a_dma[1:] + stage.b_dma[1:])
+        wave = rocdl.readfirstlane(b.i32, arith.divui(fx.thread_idx.x.ir_value(), b.c(self.wave)))
+        for w, piece in enumerate(pieces):
+            branch = scf.IfOp(b.cmp("eq", wave, b.c(w)), [], has_else=False)
+            with ir.InsertionPoint(branch.then_block):
+                self.tdm_load(piece, buf, kt, live)
+                scf.YieldOp([])
+        if self.scale_path == "tdm":
+            return []
+        words = []
+        for w in stage.scales:
+            is_a = b.cmp("slt", w, b.c(stage.A.rows))
+            row = b.sel(is_a, w, arith.subi(w, b.c(stage.A.rows)))
+            left = b.sel(is_a, stage.m_left, stage.n_left)
+            voff = b.sel(b.cmp("slt", row, left), b.mul(row, stage.kblocks), b.c(INVALID_OFFSET))
+            rsrc = llvm.select(live, llvm.select(is_a, stage.rs["sa"], stage.rs["sb"]), stage.null)
+            words.append(rocdl.raw_ptr_buffer_load(b.i32, rsrc, voff, b.mul(kt, b.c(4)), aux=b.c_attr(0)))
+        return words
+
+    def commit(self, stage, words, buf):
+        """Store the scale words of a buffer path into their stage (a, then b rows, 4 bytes each)."""
+        b = self.b
+        for w, v in zip(stage.scales, words):
+            llvm.store(v, b.gep(buf, b.add(b.c(stage.sa_off), b.mul(w, b.c(4)))), alignment=4)
+
+    def cluster_barrier(self):
+        """Every workgroup of the cluster is past this point: wave 0 signals, all waves wait."""
+        b = self.b
+        wave = rocdl.readfirstlane(b.i32, arith.divui(fx.thread_idx.x.ir_value(), b.c(self.wave)))
+        branch = scf.IfOp(b.cmp("eq", wave, b.c(0)), [], has_else=False)
+        with ir.InsertionPoint(branch.then_block):
+            rocdl.s_barrier_signal(CLUSTER_BARRIER)
+            scf.YieldOp([])
+        rocdl.s_barrier_wait(CLUSTER_BARRIER)
+
+    def stage_wait(self, depth):
+        """This wave's TDM loads of the step have landed (each wave issues one per step, `depth`
+        steps are in flight), every wave's are visible after the workgroup barrier; with
+        multicast, no workgroup of the cluster still reads the stage the next issue overwrites."""
+        rocdl.s_wait_tensorcnt(depth - 1)
+        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
+        rocdl.s_barrier()
+        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+        if self.cluster:
+            self.cluster_barrier()
+
+    def fragments_wait(self):
+        """LLVM waits (s_wait_dscnt) before the first use of each LDS read on its own."""
+
+    def drain(self):
+        """After the K loop: this wave's TDM loads (the disabled ones past the end too) are done;
+        with multicast, so are every peer's, which may write into this workgroup's LDS."""
+        rocdl.s_wait_tensorcnt(0)
+        if self.cluster:
+            rocdl.s_barrier()
+            self.cluster_barrier()
+
+    def scales(self, stage, buf, rows, op_off):
+        """This lane's scale word (four K-block bytes of its row) per 16-row tile."""
+        b = self.b
+        return [llvm.load(b.i32, b.gep(buf, b.add(b.c(op_off), b.mul(r, b.c(4)))), alignment=4) for r in rows]
+
+    def fragment(self, op, buf, row):
+        """v16i32 (fp8) / v8i32 (fp4) operand of LDS row `row`: the row's 16-byte chunks g, g + 2, ...
+        for lane group g (docs/gfx1250_isa.md §3.2)."""
+        b = self.b
+        g = arith.divui(self.lane(), b.c(16))
+        base = b.add(b.c(op.lds_off), b.add(b.mul(row, b.c(op.row_stride)), b.mul(g, b.c(16))))
+        parts = [llvm.load(b.v4i32, b.gep(buf, b.add(base, b.c(32 * s))), alignment=16) for s in range(op.chunks // 2)]
+        while len(parts) > 1:
+            n = ir.VectorType(parts[0].type).shape[0]
+            t = ir.VectorType.get([2 * n], b.i32)
+            parts = [llvm.shufflevector(t, parts[i], parts[i + 1], list(range(2 * n))) for i in range(0, len(parts), 2)]
+        return parts[0]
+
+    def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
+        """src0 = B rows (n), src1 = A rows (m): lane l accumulates out[l % 16][8 (l / 16) + i].
+        F4_WIDE (fp4 x fp4): src0 = two stacked B tiles (v_wmma_scale_f32_32x16x128_f4), whose
+        32-row scale operand is one row per lane: tile 0's word in lanes 0-15, tile 1's in 16-31
+        (docs/gfx1250_isa.md §3.5); the accumulator holds tile 0's 8 columns, then tile 1's."""
+        if self.b_tiles == 1:
+            return fx.rocdl.wmma_scale_f32_16x16x128_f8f6f4(self.acc_t, b_frag, a_frag, acc, b_scale, a_scale,
+                                                            fmtA=FMT_CODE[b_fmt], fmtB=FMT_CODE[a_fmt])
+        b = self.b
+        pair = llvm.shufflevector(ir.VectorType.get([16], b.i32), b_frag[0], b_frag[1], list(range(16)))
+        low = b.cmp("ult", self.lane(), b.c(16))
+        return fx.rocdl.wmma_scale_f32_32x16x128_f4(self.acc_t, pair, a_frag, acc, b.sel(low, b_scale[0], b_scale[1]),
+                                                    a_scale)
+
+    def acc_coords(self):
+        """(row in the 16 x 16 tile, first of the 8 consecutive columns) of this lane's accumulator."""
+        b = self.b
+        return arith.remui(self.lane(), b.c(16)), b.mul(arith.divui(self.lane(), b.c(16)), b.c(8))
+
+
+TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
+
+
+def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, scale_path="tdm", cluster_m=1,
+           cluster_n=1, f4_wide=0):
+    ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
+          and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1))
+    if arch == "gfx1250":
+        # buffer scale paths: every thread stages (BM + BN) / 128 scale words
+        ok = ok and 2 <= num_buffers <= 4 and scale_path in SCALE_PATHS and cluster_m * cluster_n <= 16 and (
+            scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
+            f4_wide in (0, 1) and (not f4_wide or a_fmt == b_fmt == "e2m1"))
+    else:
+        ok = ok and num_buffers == 2 and not b_streaming and (scale_path, cluster_m, cluster_n, f4_wide) == (
+            "tdm", 1, 1, 0)
+    if not ok:
+        raise ValueError(
+            f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
+            f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} SCALE_PATH={scale_path} CLUSTER_M={cluster_m} "
+            f"CLUSTER_N={cluster_n} F4_WIDE={f4_wide}: formats in {tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
+            f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no gfx1250 option; gfx1250: "
+            f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
+            f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
+
+
+def _rsrc(b, flags, base):
+    return rocdl.make_buffer_rsrc(b.rsrc_t, base, b.c(0, b.i16), b.c(NUM_RECORDS, b.i64), b.c(flags))
+
+
+def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
+    a_fmt, b_fmt, bm, bn, out_t, splitk, num_buffers, b_streaming = cfg
+    b = target.b
+    A = Operand(bm, a_fmt, 0, target.pad)
+    B = Operand(bn, b_fmt, A.lds_bytes, target.pad)
+    stage_bytes = stage_lds_bytes(target, A, B)
+    tid = fx.thread_idx.x.ir_value()
+    wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(target.wave)))
+    wm, wn = arith.shrui(wave, b.c(1)), arith.andi(wave, b.c(1))
+    n0 = b.mul(fx.block_idx.x.ir_value(), b.c(bn))
+    m0 = b.mul(fx.block_idx.y.ir_value(), b.c(bm))
+    steps = arith.divui(K, b.c(BK))
+    per_split = arith.divui(b.add(steps, b.add(splits, b.c(-1))), splits)
+    k_lo = arith.minui(b.mul(fx.block_idx.z.ir_value(), per_split), steps)
+    nsteps = arith.subi(arith.minui(b.add(k_lo, per_split), steps), k_lo)
+    kblocks = arith.divui(K, b.c(SCALE_BLOCK))
+
+    # Tile-rebased resources: row r of the tile at voffset r * row_bytes, K step kt at soffset.
+    bases = {}
+
+    def base(key, ptr, row0, row_bytes, k_off):
+        bases[key] = b.gep(ptr, arith.addi(arith.muli(b.u64(row0), b.u64(row_bytes)), b.u64(k_off)))
+        return bases[key]
+
+    a_row = b.mul(arith.divui(K, b.c(BK)), b.c(A.step_bytes))
+    b_row = b.mul(arith.divui(K, b.c(BK)), b.c(B.step_bytes))
+    flags = target.buffer_flags
+    rs = {"a": _rsrc(b, flags, base("a", a, m0, a_row, b.mul(k_lo, b.c(A.step_bytes)))),
+          "b": _rsrc(b, flags, base("b", bp, n0, b_row, b.mul(k_lo, b.c(B.step_bytes)))),
+          "sa": _rsrc(b, flags, base("sa", a_scale, m0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK)))),
+          "sb": _rsrc(b, flags, base("sb", b_scale, n0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))))}
+    null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
+                                  b.c(flags))
+    m_left, n_left = arith.subi(M, m0), arith.subi(N, n0)
+    stage = SimpleNamespace(A=A, B=B, rs=rs, null=null, m_left=m_left, n_left=n_left, kblocks=kblocks,
+                            sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * bm)
+    stage.a_dma = target.dma_plan(A, tid, m_left, a_row, bases["a"])
+    stage.b_dma = target.dma_plan(B, tid, n_left, b_row, bases["b"])
+
+    # This lane's fragment rows and scale sources per 16-row tile.
+    r16, kb = target.lane_rows()
+    a_rows = [b.add(b.mul(wm, b.c(bm // 2)), b.add(b.c(16 * i), r16)) for i in range(bm // 32)]
+    b_rows = [b.add(b.mul(wn, b.c(bn // 2)), b.add(b.c(16 * j), r16)) for j in range(bn // 32)]
+    stage.scales = target.scale_plan(stage, a_rows + b_rows, [m_left] * len(a_rows) + [n_left] * len(b_rows),
+                                     kb, bases)
+    mi, nj = len(a_rows), len(b_rows)
+    stage.mi = mi
+    depth = num_buffers - 1                # K steps in flight ahead of the one computed
+
+    def buffer(kt):
+        slot = arith.remui(kt, b.c(num_buffers))
+        return b.gep(lds, b.mul(slot, b.c(stage_bytes)))
+
+    stage.buffer = buffer
+
+    zero = b.splat(target.acc_t, 0.0)
+    if target.cluster:
+        target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
+    scales = target.issue(stage, b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
+    for s in range(1, depth):              # deeper rings: steps 1 .. depth-1 in flight too
+        target.commit(stage, scales, buffer(b.c(s - 1)))
+        scales = target.issue(stage, b.c(s), b.cmp("slt", b.c(s), nsteps))
+    if target.scales_in_lds:
+        target.commit(stage, scales, buffer(b.c(depth - 1)))
+        scales = []
+    idx = ir.IndexType.get()
+    g = target.b_tiles                     # B tiles (16 columns each) one MMA covers
+    na = mi * nj // g                      # accumulators: one per (A tile, group of g B tiles)
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
+                     [zero] * na + scales)
+    with ir.InsertionPoint(loop.body):
+        kt = arith.index_cast(b.i32, loop.induction_variable)
+        carried = list(loop.inner_iter_args)
+        acc, scales = carried[:na], carried[na:]
+        target.stage_wait(depth)
+        buf = buffer(kt)
+        if target.scales_in_lds:
+            scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
+        a_frag = [target.fragment(A, buf, r) for r in a_rows]
+        b_frag = None if b_streaming else [target.fragment(B, buf, r) for r in b_rows]
+        kn = b.add(kt, b.c(depth))
+        nxt = target.issue(stage, kn, b.cmp("slt", kn, nsteps))
+        target.fragments_wait()
+        def b_operand(frags, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
+            if g == 1:
+                return frags[j], scales[mi + j]
+            return [frags[j + t] for t in range(g)], scales[mi + j:mi + j + g]
+
+        if b_streaming:
+            # one B group at a time: the next group's LDS reads overlap this group's WMMAs
+            def group(j):
+                return {j + t: target.fragment(B, buf, b_rows[j + t]) for t in range(g)}
+
+            frags = group(0)
+            for j in range(0, nj, g):
+                cur, frags = frags, group(j + g) if j + g < nj else None
+                fx.rocdl.sched_barrier(0)
+                for i in range(mi):
+                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
+                                                        *b_operand(cur, j), b_fmt)
+                fx.rocdl.sched_barrier(0)
+        else:
+            for i in range(mi):
+                for j in range(0, nj, g):
+                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
+                                                        *b_operand(b_frag, j), b_fmt)
+        fx.rocdl.sched_barrier(0)
+        if target.scales_in_lds:
+            target.commit(stage, nxt, buffer(kn))
+            nxt = []
+        scf.YieldOp(acc + nxt)
+    acc = list(loop.results)[:na]
+    target.drain()
+
+    # Epilogue: each lane holds acc_width consecutive columns of one row per 16 x 16 tile.
+    esz = 4 if out_t == "f32" else 2
+    out_rs = _rsrc(b, flags, b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(m0), b.u64(N)), b.u64(n0)),
+                                            b.c(esz, b.i64))))
+    row_l, col_l = target.acc_coords()
+    half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(out_t)
+    width = target.acc_width
+    packed_t = ir.VectorType.get([width // 2], b.i32)
+    for i in range(mi):
+        row = b.add(b.mul(wm, b.c(bm // 2)), b.add(b.c(16 * i), row_l))
+        for j in range(nj):
+            col = b.add(b.mul(wn, b.c(bn // 2)), b.add(b.c(16 * j), col_l))
+            ok = arith.andi(b.cmp("slt", row, m_left), b.cmp("slt", col, n_left))
+            voff = b.sel(ok, b.mul(b.add(b.mul(row, N), col), b.c(esz)), b.c(INVALID_OFFSET))
+            v = acc[(i * nj + j) // g]
+            if g > 1:                      # this B tile's rows of the stacked accumulator
+                v = llvm.shufflevector(ir.VectorType.get([width], b.f32), v, v, list(range(width * (j % g),
+                                                                                          width * (j % g + 1))))
+            if splitk:
+                for e in range(width):
+                    x = llvm.extractelement(v, b.c(e))
+                    rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
+            elif half is None:
+                for q in range(width // 4):    # 16-byte stores
+                    part = v if width == 4 else llvm.shufflevector(b.v4f32, v, v, list(range(4 * q, 4 * q + 4)))
+                    rocdl.raw_ptr_buffer_store(part, out_rs, b.add(voff, b.c(16 * q)) if q else voff, b.c(0),
+                                               aux=b.c_attr(0))
+            else:
+                packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([width], half), v))
+                rocdl.raw_ptr_buffer_store(packed, out_rs, voff, b.c(0), aux=b.c_attr(0))
+
+
+def stage_lds_bytes(target, A, B):
+    """One ring stage: the A and B tiles, then (targets staging scales in LDS) one 4-byte word
+    of K-block scales per A row and per B row."""
+    return A.lds_bytes + B.lds_bytes + (4 * (A.rows + B.rows) if target.scales_in_lds else 0)
+
+
+def lds_bytes(arch, a_fmt, b_fmt, bm, bn, num_buffers):
+    target = TARGETS[arch]
+    return num_buffers * stage_lds_bytes(target, Operand(bm, a_fmt, 0, target.pad), Operand(bn, b_fmt, 0, target.pad))
+
+
+def build(symbol, arch, a_fmt="e4m3", b_fmt="e4m3", bm=128, bn=128, out="bf16", splitk=0, num_buffers=2,
+          b_streaming=0, **opts):
+    """The ``@flyc.jit`` launcher for one variant on ``arch`` (compile-only use; see compile_for_build).
+    ``opts``: the target's own options (gfx1250: scale_path, cluster_m, cluster_n)."""
+    _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, **opts)
+    target_cls = TARGETS[arch]
+    cfg = (a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming)
+    threads = WAVES * target_cls.wave
+    cluster = (opts.get("cluster_n", 1), opts.get("cluster_m", 1), 1)
+    clustered = cluster != (1, 1, 1)
+
+    @fx.struct
+    class SharedStorage:
+        buf: fx.Array[fx.Int8, lds_bytes(arch, a_fmt, b_fmt, bm, bn, num_buffers), 16]
+
+    @flyc.kernel(name=symbol)
+    def mx_gemm_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer, out: fx.Pointer,
+                       M: fx.Int32, N: fx.Int32, K: fx.Int32, splits: fx.Int32):
+        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
+        _body(target_cls(Builder(), **opts), cfg, *[fx.to_llvm_ptr(p) for p in (a, a_scale, b, b_scale, out)],
+              *[v.ir_value() for v in (M, N, K, splits)], fx.to_llvm_ptr(lds.buf.ptr))
+
+    @flyc.jit
+    def mx_gemm(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer, out: fx.Pointer,
+                M: fx.Int32, N: fx.Int32, K: fx.Int32, splits: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        # a cluster launch needs whole clusters: the grid rounds up (the extra tiles load zeros, store nothing)
+        gx, gy = (N + bn - 1) // bn, (M + bm - 1) // bm
+        if clustered:
+            gx, gy = (gx + cluster[0] - 1) // cluster[0] * cluster[0], (gy + cluster[1] - 1) // cluster[1] * cluster[1]
+        attrs = {"rocdl.cluster_dims": ",".join(map(str, cluster))} if clustered else None
+        mx_gemm_kernel(a, a_scale, b, b_scale, out, M, N, K, splits, value_attrs=attrs).launch(
+            grid=(gx, gy, splits), block=(threads, 1, 1), stream=stream, cluster=cluster if clustered else None)
+
+    return mx_gemm
+
+
+def compile_for_build(arch: str, symbol: str, A_FMT="e4m3", B_FMT="e4m3", BM=128, BN=128, OUT="bf16",  # noqa: N803
+                      SPLITK=0, NUM_BUFFERS=2, **target_opts):
+    """Trace + compile once for ``arch`` (also FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
+    ``target_opts``: the target's own variant keys (gfx1250: SCALE_PATH, B_STREAMING, CLUSTER_M,
+    CLUSTER_N). Null pointers and Python ints are compile placeholders: nothing touches a device."""
+    fn = build(symbol, arch, A_FMT, B_FMT, BM, BN, OUT, SPLITK, NUM_BUFFERS,
+               **{k.lower(): v for k, v in target_opts.items()})
+    p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
+    out_t = {"bf16": fx.BFloat16, "f16": fx.Float16, "f32": fx.Float32}[OUT]
+    flyc.compile(fn, p(fx.Uint8), p(fx.Uint8), p(fx.Uint8), p(fx.Uint8), p(out_t), BM, BN, BK, 1)
+    return fn

@@ -1,0 +1,160 @@
+"""mx_gemm: dense MX GEMM for prefill (MXFP8, MXFP4, A8W4) on the mx_gemm FlyDSL family.
+
+Kernel choice (``mxgemm.explain`` prints it): a caller's ``config`` (tile and split count),
+else the rule of ``heuristic_config``. Every malformed call raises GuardError before launch.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import guards, registry
+from ..quant import MX_BLOCK
+from ._op import Plan, kernel_plan, op
+
+KERNEL = registry.get("mx_gemm")
+NUM_CUS = 256                       # MI355X compute units: tiles are sized against this
+MAX_SPLITS = 8
+PAYLOAD = {"e4m3": (torch.float8_e4m3fn, torch.uint8), "e5m2": (torch.float8_e5m2, torch.uint8),
+           "e2m1": (torch.float4_e2m1fn_x2, torch.uint8)}
+SCALES = (torch.uint8, torch.float8_e8m0fnu)
+OUT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for v in KERNEL.variants}))
+
+
+def _variants(a_fmt, b_fmt, out, splitk):
+    return [v for v in KERNEL.variants
+            if (v["A_FMT"], v["B_FMT"], v["OUT"], v["SPLITK"]) == (a_fmt, b_fmt, out, splitk)]
+
+
+def _grid_size(v, M, N) -> int:
+    gx, gy, _ = KERNEL.launch_grid(v, M=M, N=N, splits=1)
+    return gx * gy
+
+
+def heuristic_config(a_fmt, b_fmt, out, M, N, K):
+    """(variant, splits, why). Rule (written before any hardware timing): the largest
+    registered tile (by area) that still gives >= NUM_CUS workgroups; when even the smallest
+    tile leaves half the CUs idle, f32 output has at least 8 K steps and a split-K variant
+    exists, 2 K splits (deterministic: two fp32 partials commute)."""
+    cands = sorted(_variants(a_fmt, b_fmt, out, 0), key=lambda v: v["BM"] * v["BN"])
+    full = [v for v in cands if _grid_size(v, M, N) >= NUM_CUS]
+    v = full[-1] if full else cands[0]
+    split = _variants(a_fmt, b_fmt, out, 1)
+    if split and _grid_size(cands[0], M, N) < NUM_CUS // 2 and K // KERNEL.k_align >= 8:
+        v = min(split, key=lambda s: s["BM"] * s["BN"])
+        return v, 2, "heuristic: few output tiles, 2-way split-K with fp32 atomics"
+    return v, 1, f"heuristic: largest tile with >= {NUM_CUS} workgroups" if full else \
+        "heuristic: smallest tile (fewer workgroups than CUs)"
+
+
+def parse_config(config) -> dict | None:
+    """{"BM": 64, "BN": 64, "SPLITS": 2} or "BM=64,BN=64,SPLITS=2" -> dict of ints (None if empty)."""
+    if config is None or config == "":
+        return None
+    if isinstance(config, str):
+        config = dict(p.split("=") for p in config.split(",") if p)
+    try:
+        return {k: int(v) for k, v in dict(config).items()}
+    except (TypeError, ValueError):
+        guards.fail("config", f"config must map BM, BN, SPLITS to integers; got {config!r}")
+
+
+def _config_str(config) -> str:
+    parsed = parse_config(config)
+    return "" if parsed is None else ",".join(f"{k}={v}" for k, v in sorted(parsed.items()))
+
+
+def _forced(cfg, a_fmt, b_fmt, out):
+    bad = set(cfg) - {"BM", "BN", "SPLITS"}
+    if bad:
+        guards.fail("config", f"unknown config keys {sorted(bad)}; allowed: BM, BN, SPLITS")
+    splits = cfg.get("SPLITS", 1)
+    if not 1 <= splits <= MAX_SPLITS:
+        guards.fail("config", f"SPLITS = {splits} must be in 1..{MAX_SPLITS}")
+    have = _variants(a_fmt, b_fmt, out, int(splits > 1))
+    match = [v for v in have if v["BM"] == cfg.get("BM", v["BM"]) and v["BN"] == cfg.get("BN", v["BN"])]
+    if not match:
+        tiles = sorted({(v["BM"], v["BN"]) for v in have})
+        guards.fail("config", f"no mx_gemm variant {a_fmt} x {b_fmt} -> {out} with SPLITS={splits} and tile "
+                              f"{cfg.get('BM')}x{cfg.get('BN')}; registered tiles: {tiles}"
+                              + ("" if have or splits == 1 else " (split-K needs out_dtype=torch.float32)"))
+    return match[0], splits
+
+
+def _operand(x, x_scale, fmt, name, K=None) -> int:
+    """Checks one operand and its scales; returns K (in elements)."""
+    guards.check_dtype(x, name, PAYLOAD[fmt])
+    guards.check_dtype(x_scale, f"{name}_scale", SCALES)
+    guards.check_shape(x, name, (None, None))
+    per_byte = 2 if fmt == "e2m1" else 1
+    k = x.shape[1] * per_byte
+    if K is not None and k != K:
+        guards.fail("shape", f"{name} has shape {list(x.shape)}: K = {k} ({fmt}), but a has K = {K}")
+    guards.check_multiple(k, "K", KERNEL.k_align, f"K%{KERNEL.k_align}")
+    guards.check_shape(x_scale, f"{name}_scale", (x.shape[0], k // MX_BLOCK))
+    guards.check_contiguous(x, name)
+    guards.check_contiguous(x_scale, f"{name}_scale")
+    return k
+
+
+def _plan(x) -> Plan:
+    name = "mx_gemm"
+    for n, f in (("a_format", x.a_format), ("b_format", x.b_format)):
+        if f not in PAYLOAD:
+            guards.fail("format", f"{n} = {f!r}; expected one of {tuple(PAYLOAD)}")
+    if (x.a_format, x.b_format) not in PAIRS:
+        guards.fail("format", f"a_format x b_format = {x.a_format} x {x.b_format} has no kernel; supported: "
+                              + ", ".join(f"{a} x {b}" for a, b in PAIRS))
+    if x.out_dtype not in OUT:
+        guards.fail("dtype", f"out_dtype = {x.out_dtype}; expected one of {tuple(OUT)}")
+    K = _operand(x.a, x.a_scale, x.a_format, "a")
+    _operand(x.b, x.b_scale, x.b_format, "b", K)
+    M, N = x.a.shape[0], x.b.shape[0]
+    guards.check_multiple(N, "N", KERNEL.n_align, f"N%{KERNEL.n_align}")
+    if x.out is not None:
+        guards.check_dtype(x.out, "out", x.out_dtype)
+        guards.check_shape(x.out, "out", (M, N))
+        guards.check_contiguous(x.out, "out")
+    device = guards.check_same_device(a=x.a, a_scale=x.a_scale, b=x.b, b_scale=x.b_scale, out=x.out)
+    out = OUT[x.out_dtype]
+    shape = dict(out_shape=(M, N), out_dtype=x.out_dtype)
+    if M == 0 or N == 0:
+        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+    cfg = parse_config(x.config)
+    if cfg is None:
+        variant, splits, why = heuristic_config(x.a_format, x.b_format, out, M, N, K)
+    else:
+        (variant, splits), why = _forced(cfg, x.a_format, x.b_format, out), "config given by the caller"
+    # The kernel rebases every buffer to its tile: a 32-bit voffset spans BM (BN) rows.
+    for n, rows, row_bytes in (("a", variant["BM"], x.a.shape[1]), ("b", variant["BN"], x.b.shape[1]),
+                               ("out", variant["BM"], N * x.out_dtype.itemsize)):
+        if rows * row_bytes >= guards.VOFFSET_LIMIT:
+            guards.fail("2GB-voffset", f"one {rows}-row tile of {n} spans {rows * row_bytes} bytes; the kernel's "
+                                       f"32-bit tile offsets need < {guards.VOFFSET_LIMIT}")
+    plan = kernel_plan(name, KERNEL.name, variant, device,
+                    f"{x.a_format} x {x.b_format} -> {out}, {variant['BM']}x{variant['BN']} tile, "
+                    f"{splits} K split{'s' if splits > 1 else ''} ({why})",
+                    M=M, N=N, K=K, splits=splits, **shape)
+    plan.zero_out = bool(variant["SPLITK"])
+    return plan
+
+
+@op(plan=_plan, alloc=torch.empty, convert={"config": _config_str})
+def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
+            a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: torch.dtype = torch.bfloat16,
+            out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
+    """MX GEMM: out[m, n] = sum_k A[m, k] * B[n, k] * 2^(a_scale[m, k/32] - 127) * 2^(b_scale[n, k/32] - 127).
+
+    a: [M, K] (a_format e4m3 / e5m2: that torch float8 dtype or uint8 codes) or [M, K/2]
+       (e2m1: packed two per byte, even k in the low nibble; uint8 or float4_e2m1fn_x2).
+    b: [N, K] / [N, K/2] likewise (weights, K contiguous, natural layout).
+    a_scale [M, K/32], b_scale [N, K/32]: e8m0 (uint8 or float8_e8m0fnu).
+    Format pairs: e4m3 x e4m3, e5m2 x e5m2, e4m3 x e5m2 (MXFP8), e2m1 x e2m1 (MXFP4), e4m3 x e2m1 (A8W4).
+    out_dtype bf16 / f16 (RNE of the fp32 accumulator) or f32; out: optional [M, N] of it.
+    Any M >= 1, N % 32 == 0, K % 128 == 0 (rows and columns past the tile edges are masked).
+    Numerics: each 128-wide K step is summed exactly and rounded once to fp32, then added to
+    the fp32 accumulator in K order (mxgemm.reference.mx_gemm_ref(chunk=128)).
+    config: {"BM": 64, "BN": 64, "SPLITS": 2} (or "BM=64,BN=64,SPLITS=2") forces a registered
+    tile and a K split; SPLITS > 1 needs out_dtype=torch.float32 (fp32 atomics into out, zeroed
+    first; bit-reproducible for SPLITS <= 2, arrival order decides the last bits above).
+    """

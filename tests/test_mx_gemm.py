@@ -1,0 +1,201 @@
+"""mx_gemm (FlyDSL family mx_gemm): MXFP8 / MXFP4 / A8W4 GEMM on the gfx950 emulator.
+
+Contract: bitwise. Every registered gfx950 variant runs through the public op on the emulator in
+race mode and must equal mxgemm.reference.mx_gemm_ref(chunk=128, splits=...) bit for bit: the
+scaled 16x16x128 MFMA sums its 128-wide K step exactly and rounds once to fp32 (the emulator's
+MFMA model), the kernel adds the steps into an fp32 accumulator from +0 in K order, and the
+reference models exactly that (its 128-K chunks are summed exactly, as rationals where float64
+would round). A kernel that rounded per 32-block, added steps in another order, converted bf16
+by truncation or mixed up a scale block would differ in the last bits of many elements, which
+a bitwise comparison catches. Split-K: two fp32 partials commute, so SPLITS=2 is bitwise in any
+workgroup order; more splits are bitwise for the emulator's linear order (partials added in
+split order, as the reference adds them).
+
+Shapes are kept small (one or two workgroups, two or three K steps) so the whole file stays a
+few tens of CPU seconds; they cover M, N, K at and off tile multiples and empty K splits.
+"""
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import build, formats, guards, isa, reference, registry
+from mxgemm.launcher import emulator_settings
+from mxgemm.ops import dense_mx
+
+KERNEL = registry.get("mx_gemm")
+OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+SENTINEL = -3.0
+
+
+def operand(rows, k, fmt, g, lo=117, hi=137):
+    """Random finite codes (fp8: N(0,1) x 2^[-4, 4] rounded to the format; fp4: every code,
+    packed) and e8m0 scales in [lo, hi)."""
+    if fmt == "e2m1":
+        c = torch.randint(0, 16, (rows, k), generator=g, dtype=torch.uint8)
+        x = formats.pack_fp4(c)
+    else:
+        v = torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-4, 5, (rows, k), generator=g).float())
+        x = formats.to_torch_fp8(formats.encode(v, fmt), fmt)
+    return x, torch.randint(lo, hi, (rows, k // 32), generator=g, dtype=torch.uint8)
+
+
+def run(v, M, N, K, seed=0, splits=1, out=None):
+    g = torch.Generator().manual_seed(seed)
+    a, sa = operand(M, K, v["A_FMT"], g)
+    b, sb = operand(N, K, v["B_FMT"], g)
+    kw = dict(a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=OUT[v["OUT"]],
+              config={"BM": v["BM"], "BN": v["BN"], "SPLITS": splits})
+    assert mxgemm.explain("mx_gemm", a, sa, b, sb, **kw).variant == v
+    got = mxgemm.mx_gemm(a, sa, b, sb, out=out, **kw)
+    ref = reference.mx_gemm_ref(a, sa, b, sb, v["A_FMT"], v["B_FMT"], OUT[v["OUT"]], chunk=reference.MX_MMA_K,
+                                splits=splits)
+    return got, ref
+
+
+def vid(v):
+    return registry.variant_id(v)
+
+
+# ---- every variant vs the reference ----
+@pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
+def test_variant_bitwise(v):
+    # a partial row tile and a partial column tile; 2 K steps (both LDS stages), or 3 steps
+    # in 2 uneven K splits
+    M, N = v["BM"] - 5, max(32, v["BN"] - 32)
+    splits = 2 if v["SPLITK"] else 1
+    got, ref = run(v, M, N, 128 * (2 + v["SPLITK"]), seed=1, splits=splits)
+    assert got.dtype == OUT[v["OUT"]] and got.shape == (M, N)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+MXFP8 = dict(A_FMT="e4m3", B_FMT="e4m3", NUM_BUFFERS=2, SPLITK=0)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 32, 128), (64, 64, 384), (65, 96, 128), (130, 160, 256)])
+def test_shapes_at_and_off_tile_multiples(M, N, K):
+    """64 x 64 tiles: one row, exact tiles, a one-row tail, several tiles in both directions."""
+    got, ref = run({**MXFP8, "BM": 64, "BN": 64, "OUT": "bf16"}, M, N, K, seed=2)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmts", [("e2m1", "e2m1"), ("e4m3", "e2m1")], ids=["mxfp4", "a8w4"])
+def test_fp4_tails_multi_tile(fmts):
+    v = dict(A_FMT=fmts[0], B_FMT=fmts[1], BM=64, BN=64, OUT="f32", SPLITK=0, NUM_BUFFERS=2)
+    got, ref = run(v, 67, 96, 384, seed=3)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("splits,K", [(3, 640), (4, 384)], ids=["uneven", "empty-split"])
+def test_split_k_in_split_order(splits, K):
+    """640 = 5 steps in splits of 2, 2, 1; 384 = 3 steps over 4 splits (the last has none)."""
+    v = dict(A_FMT="e4m3", B_FMT="e2m1", BM=64, BN=64, OUT="f32", SPLITK=1, NUM_BUFFERS=2)
+    got, ref = run(v, 40, 64, K, seed=4, splits=splits)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_two_splits_commute_in_any_workgroup_order():
+    v = dict(A_FMT="e5m2", B_FMT="e5m2", BM=64, BN=64, OUT="f32", SPLITK=1, NUM_BUFFERS=2)
+    with emulator_settings(wg_order="shuffled", seed=3):
+        got, ref = run(v, 64, 64, 768, seed=5, splits=2)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_split_k_zeroes_a_given_out():
+    v = dict(A_FMT="e4m3", B_FMT="e4m3", BM=64, BN=64, OUT="f32", SPLITK=1, NUM_BUFFERS=2)
+    out = torch.full((32, 32), SENTINEL)
+    got, ref = run(v, 32, 32, 256, seed=6, splits=2, out=out)
+    assert got is out
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_e8m0_dtypes_and_fp4_dtype_accepted():
+    g = torch.Generator().manual_seed(7)
+    a, sa = operand(16, 256, "e4m3", g)
+    b, sb = operand(32, 256, "e2m1", g)
+    got = mxgemm.mx_gemm(a, sa.view(torch.float8_e8m0fnu), b.view(torch.float4_e2m1fn_x2),
+                         sb.view(torch.float8_e8m0fnu), b_format="e2m1")
+    torch.testing.assert_close(got, reference.mx_gemm_ref(a, sa, b, sb, "e4m3", "e2m1", chunk=128),
+                               rtol=0, atol=0)
+
+
+def test_heuristic_tiles_and_split():
+    pick = dense_mx.heuristic_config
+    assert pick("e4m3", "e4m3", "bf16", 8192, 8192, 8192)[0]["BM"] == 256   # 32 x 64 tiles >= 256 CUs
+    assert pick("e4m3", "e4m3", "bf16", 2048, 2048, 4096)[0]["BM"] == 128
+    v, splits, _ = pick("e4m3", "e2m1", "f32", 64, 256, 4096)
+    assert v["SPLITK"] == 1 and splits == 2
+    assert pick("e4m3", "e2m1", "bf16", 64, 256, 4096)[1] == 1              # split-K only into f32
+
+
+# ---- guards: GuardError before any launch, out untouched ----
+def _call(**over):
+    g = torch.Generator().manual_seed(8)
+    a, sa = operand(8, 256, "e4m3", g)
+    b, sb = operand(64, 256, "e4m3", g)
+    args = dict(a=a, a_scale=sa, b=b, b_scale=sb, out=torch.full((8, 64), SENTINEL, dtype=torch.bfloat16))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,rule", [
+    (dict(a_format="e3m2"), "format"),
+    (dict(a_format="e2m1", b_format="e4m3"), "format"),
+    (dict(a=torch.zeros(8, 256, dtype=torch.float8_e5m2)), "dtype"),
+    (dict(a_scale=torch.zeros(8, 8, dtype=torch.int32)), "dtype"),
+    (dict(a=torch.zeros(8, 160, dtype=torch.uint8), a_scale=torch.zeros(8, 5, dtype=torch.uint8)), "K%128"),
+    (dict(b=torch.zeros(64, 128, dtype=torch.uint8)), "shape"),
+    (dict(b_scale=torch.zeros(64, 4, dtype=torch.uint8)), "shape"),
+    (dict(b=torch.zeros(48, 256, dtype=torch.uint8), b_scale=torch.zeros(48, 8, dtype=torch.uint8)), "N%32"),
+    (dict(out=torch.full((8, 64), SENTINEL, dtype=torch.float32)), "dtype"),
+    (dict(out=torch.full((64, 8), SENTINEL, dtype=torch.bfloat16).t()), "contiguity"),
+    (dict(out_dtype=torch.int32), "dtype"),
+    (dict(config={"BM": 32}), "config"),
+    (dict(config={"SPLITS": 2}), "config"),          # split-K needs f32 out
+    (dict(config={"SPLITS": 99}), "config"),
+])
+def test_guard(over, rule):
+    args = _call(**over)
+    out = args["out"]
+    before = out.clone()
+    kw = {k: args.pop(k) for k in list(args) if k not in ("a", "a_scale", "b", "b_scale")}
+    with pytest.raises(guards.GuardError) as e:
+        mxgemm.mx_gemm(args["a"], args["a_scale"], args["b"], args["b_scale"], **kw)
+    assert e.value.rule == rule, e.value
+    assert torch.equal(out, before)
+
+
+def test_guard_arch_non_gfx950_device():
+    dev = "meta"   # a device that is neither a gfx950 GPU nor the emulator's CPU
+    args = [t.to(dev) for t in (_call()[n] for n in ("a", "a_scale", "b", "b_scale"))]
+    with pytest.raises(guards.GuardError, match=r"\[arch\].*meta"):
+        mxgemm.mx_gemm(*args)
+
+
+def test_guard_tile_voffset():
+    # a 64-row tile of a K = 2^25 operand spans 2^31 bytes: the kernel's 32-bit tile offsets overflow
+    K = 2 ** 25
+    a = torch.empty(1, K, dtype=torch.float8_e4m3fn)
+    b = torch.empty(32, K, dtype=torch.float8_e4m3fn)
+    with pytest.raises(guards.GuardError, match=r"\[2GB-voffset\]"):
+        mxgemm.explain("mx_gemm", a, torch.empty(1, K // 32, dtype=torch.uint8), b,
+                       torch.empty(32, K // 32, dtype=torch.uint8))
+
+
+# ---- ISA ----
+@pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
+def test_isa(v):
+    art = build.artifact("mx_gemm", v)
+    info = art.isa()
+    print(f"\nmx_gemm [{vid(v)}]: {info.summary(256)}")
+    assert info.spills == 0 and info.scratch_bytes == 0
+    step = {fmt: 64 if fmt == "e2m1" else 128 for fmt in ("e4m3", "e5m2", "e2m1")}
+    assert info.lds_bytes == 2 * (v["BM"] * step[v["A_FMT"]] + v["BN"] * step[v["B_FMT"]]) <= 160 * 1024
+    assert info.occupancy(256) >= 1
+    loop = " ".join(" ".join(body) for body in isa.loop_bodies(art.asm, art.symbol))
+    # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave, one
+    # 16-byte buffer -> LDS DMA per 4 KiB of the stage, one scale byte per tile row of A and B
+    steps = loop.count("v_mfma_scale_f32_16x16x128_f8f6f4") // ((v["BM"] // 32) * (v["BN"] // 32))
+    assert steps >= 1 and loop.count("v_mfma_scale_f32_16x16x128_f8f6f4") == steps * (v["BM"] // 32) * (v["BN"] // 32)
+    assert loop.count("offen lds") == steps * (v["BM"] * step[v["A_FMT"]] + v["BN"] * step[v["B_FMT"]]) // 4096
+    assert loop.count("buffer_load_ubyte") == steps * (v["BM"] + v["BN"]) // 32
+    assert ("buffer_atomic_add_f32" in art.asm) == bool(v["SPLITK"])
