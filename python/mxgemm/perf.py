@@ -187,7 +187,7 @@ def _k_iter(kernel, v, tile_m, tile_n):
 
 
 def _waves(kernel, arch="gfx950"):
-    return -(-registry.get(kernel).threads // LIMITS[arch]["wave_size"])
+    return -(-registry.get(kernel).threads_for(arch) // LIMITS[arch]["wave_size"])
 
 
 def work_smallm(kernel, v, M, N, K):
@@ -439,8 +439,8 @@ def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     t_flops, t_mem = w.flops / peak, w.bytes / (lim["hbm_tbps"] * 1e12)
     t_roof = max(t_flops, t_mem)
 
-    waves_per_wg = _waves(case.kernel)
-    occ = info.occupancy(kern.threads)                            # waves per SIMD
+    waves_per_wg = _waves(case.kernel, arch)
+    occ = info.occupancy(kern.threads_for(arch))                  # waves per SIMD
     wgs_per_cu = max(1, occ * lim["simds_per_cu"] // waves_per_wg)
     slots = lim["cus"] * wgs_per_cu
     rounds = max(1, -(-w.live_wgs // slots))

@@ -138,6 +138,7 @@ class Emulator:
         import torch
         grid, block = _dim3(grid), _dim3(block)
         meta = prog.kernel_meta(kernel)
+        _check_block(meta, block)
         fns, instrs = prog.decoded(kernel)
         self.last_stats, counter = None, LaunchCounter(instrs)
         fns = counter.wrap(fns)
@@ -229,6 +230,19 @@ class Emulator:
             self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid)
             waves.append(w)
         run_workgroup(waves, fns, instrs, self.lockstep)
+
+
+def _check_block(meta, block):
+    """The runtime refuses a launch whose workgroup the kernel was not compiled for (its
+    metadata's .reqd_workgroup_size, .max_flat_workgroup_size): the code would run waves it has
+    no work for."""
+    n = block[0] * block[1] * block[2]
+    if meta.reqd_workgroup_size and block != meta.reqd_workgroup_size:
+        raise ValueError(f"kernel {meta.name!r} requires workgroup size {meta.reqd_workgroup_size}; "
+                         f"launched with block {block}")
+    if n > meta.max_flat_workgroup_size:
+        raise ValueError(f"kernel {meta.name!r} allows at most {meta.max_flat_workgroup_size} threads per "
+                         f"workgroup; launched with block {block} ({n} threads)")
 
 
 def _dim3(d):

@@ -1,0 +1,68 @@
+"""mx_gemm's gfx1250 variants executed on the gfx1250 emulator target in race mode.
+
+Contract: bitwise, as on gfx950 (tests/test_mx_gemm.py): each scaled WMMA sums its 128-wide K
+step exactly and rounds once to fp32, the steps add into an fp32 accumulator in K order, so
+mxgemm.reference.mx_gemm_ref(chunk=128) models the kernel exactly, and the gfx950 instance of
+the family (64 x 64 tiles, same formats and output) gives the same bits on the same inputs.
+Shapes: a partial row and column tile (TDM zero fill past M and N), NUM_BUFFERS + 1 K steps (the
+ring wraps and the last prefetches are predicated off), split-K in two uneven splits.
+Multicast variants (CLUSTER_M x CLUSTER_N > 1) need cluster launch, which the emulator does not
+model: they raise UnsupportedInstruction at the cluster barrier.
+"""
+import pytest
+import torch
+
+import mxgemm
+from mxgemm import build, launcher, reference, registry
+from mxgemm.emu import UnsupportedInstruction
+from test_mx_gemm import OUT, operand
+
+KERNEL = registry.get("mx_gemm")
+ARCH = "gfx1250"
+VARIANTS = KERNEL.variants_for(ARCH)
+CLUSTERED = [v for v in VARIANTS if v["CLUSTER_M"] * v["CLUSTER_N"] > 1]
+M, N = 67, 96
+
+
+def launch(v, a, sa, b, sb, K, splits, block=None):
+    out = torch.zeros(M, N, dtype=OUT[v["OUT"]])
+    vals = dict(a=a, a_scale=sa, b=b, b_scale=sb, out=out, M=M, N=N, K=K, splits=splits)
+    launcher.launch(build.artifact(KERNEL.name, v, ARCH), KERNEL.launch_grid(v, M=M, N=N, splits=splits),
+                    (block or KERNEL.threads_for(ARCH),), [vals[x] for x in KERNEL.args], "emu", writes=(out,))
+    return out
+
+
+def inputs(v, seed):
+    splits = 2 if v["SPLITK"] else 1
+    K = 128 * (v["NUM_BUFFERS"] + 1)
+    g = torch.Generator().manual_seed(seed)
+    a, sa = operand(M, K, v["A_FMT"], g)
+    b, sb = operand(N, K, v["B_FMT"], g)
+    return a, sa, b, sb, K, splits
+
+
+@pytest.mark.parametrize("v", [v for v in VARIANTS if v not in CLUSTERED], ids=registry.variant_id)
+def test_variant_bitwise_vs_reference_and_gfx950(v):
+    a, sa, b, sb, K, splits = inputs(v, seed=11)
+    got = launch(v, a, sa, b, sb, K, splits)
+    ref = reference.mx_gemm_ref(a, sa, b, sb, v["A_FMT"], v["B_FMT"], OUT[v["OUT"]], chunk=reference.MX_MMA_K,
+                                splits=splits)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    gfx950 = mxgemm.mx_gemm(a, sa, b, sb, a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=OUT[v["OUT"]],
+                            config={"BM": 64, "BN": 64, "SPLITS": splits})
+    assert torch.equal(got.view(torch.uint8), gfx950.view(torch.uint8))
+
+
+def test_launch_with_another_workgroup_size_is_refused():
+    """The kernel is compiled for 4 wave32 waves (metadata .reqd_workgroup_size 128); a launch
+    with gfx950's 256 threads would run 4 waves past the tile, whose scale words land on other
+    rows' LDS and past the allocation: the emulator refuses it as the runtime does."""
+    v = VARIANTS[0]
+    with pytest.raises(ValueError, match=r"requires workgroup size \(128, 1, 1\); launched with block \(256, 1, 1\)"):
+        launch(v, *inputs(v, seed=0), block=256)
+
+
+@pytest.mark.parametrize("v", CLUSTERED, ids=registry.variant_id)
+def test_multicast_variants_need_cluster_launch(v):
+    with pytest.raises(UnsupportedInstruction, match="clusters are not"):
+        launch(v, *inputs(v, seed=0))
