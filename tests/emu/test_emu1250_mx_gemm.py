@@ -24,11 +24,10 @@ CLUSTERED = [v for v in VARIANTS if v["CLUSTER_M"] * v["CLUSTER_N"] > 1]
 M, N = 67, 96
 
 
-def launch(v, a, sa, b, sb, K, splits, block=None):
+def launch(v, a, sa, b, sb, K, splits):
     out = torch.zeros(M, N, dtype=OUT[v["OUT"]])
-    vals = dict(a=a, a_scale=sa, b=b, b_scale=sb, out=out, M=M, N=N, K=K, splits=splits)
-    launcher.launch(build.artifact(KERNEL.name, v, ARCH), KERNEL.launch_grid(v, M=M, N=N, splits=splits),
-                    (block or KERNEL.threads_for(ARCH),), [vals[x] for x in KERNEL.args], "emu", writes=(out,))
+    launcher.launch_variant(KERNEL.name, v, ARCH, "emu", writes=(out,), a=a, a_scale=sa, b=b, b_scale=sb, out=out,
+                            M=M, N=N, K=K, splits=splits)
     return out
 
 
@@ -56,10 +55,14 @@ def test_variant_bitwise_vs_reference_and_gfx950(v):
 def test_launch_with_another_workgroup_size_is_refused():
     """The kernel is compiled for 4 wave32 waves (metadata .reqd_workgroup_size 128); a launch
     with gfx950's 256 threads would run 4 waves past the tile, whose scale words land on other
-    rows' LDS and past the allocation: the emulator refuses it as the runtime does."""
+    rows' LDS and past the allocation: the emulator refuses the launch."""
     v = VARIANTS[0]
+    a, sa, b, sb, K, splits = inputs(v, seed=0)
+    out = torch.zeros(M, N, dtype=OUT[v["OUT"]])
+    args = dict(a=a, a_scale=sa, b=b, b_scale=sb, out=out, M=M, N=N, K=K, splits=splits)
     with pytest.raises(ValueError, match=r"requires workgroup size \(128, 1, 1\); launched with block \(256, 1, 1\)"):
-        launch(v, *inputs(v, seed=0), block=256)
+        launcher.launch(build.artifact(KERNEL.name, v, ARCH), KERNEL.launch_grid(v, M=M, N=N, splits=splits), (256,),
+                        [args[x] for x in KERNEL.args], "emu")
 
 
 @pytest.mark.parametrize("v", CLUSTERED, ids=registry.variant_id)

@@ -233,9 +233,9 @@ class Emulator:
 
 
 def _check_block(meta, block):
-    """The runtime refuses a launch whose workgroup the kernel was not compiled for (its
-    metadata's .reqd_workgroup_size, .max_flat_workgroup_size): the code would run waves it has
-    no work for."""
+    """A launch with a workgroup the kernel was not compiled for is an error: above its
+    .max_flat_workgroup_size the runtime refuses it, and code compiled for a .reqd_workgroup_size
+    may assume it (e.g. wave ids past the tile index LDS past the kernel's allocation)."""
     n = block[0] * block[1] * block[2]
     if meta.reqd_workgroup_size and block != meta.reqd_workgroup_size:
         raise ValueError(f"kernel {meta.name!r} requires workgroup size {meta.reqd_workgroup_size}; "
