@@ -396,7 +396,7 @@ def preset_mx_gemm():
         for fmt in ("e4m3", "e2m1"):
             variant = {}
             if "mx_gemm" in registry.KERNELS:
-                from .ops.mx_gemm import heuristic_config
+                from .ops.dense_mx import heuristic_config
                 variant, splits, _ = heuristic_config(fmt, fmt, "bf16", s, s, s)
             cases.append(Case("mx_gemm", variant, dict(M=s, N=s, K=s, **({"splits": splits} if variant else {})),
                               f"MX GEMM {fmt} {s}^3", "not found", "FlyDSL gfx1250 MX GEMM (numbers not found)"))
