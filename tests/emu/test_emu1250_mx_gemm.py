@@ -5,7 +5,8 @@ step exactly and rounds once to fp32, the steps add into an fp32 accumulator in 
 mxgemm.reference.mx_gemm_ref(chunk=128) models the kernel exactly, and the gfx950 instance of
 the family (64 x 64 tiles, same formats and output) gives the same bits on the same inputs.
 Shapes: a partial row and column tile (TDM zero fill past M and N), NUM_BUFFERS + 1 K steps (the
-ring wraps and the last prefetches are predicated off), split-K in two uneven splits.
+ring wraps and the last prefetches are predicated off), split-K in two uneven splits. Race mode
+is shown to bite: deleting the ring's tensor wait or the workgroup barriers raises RaceError.
 Multicast variants (CLUSTER_M x CLUSTER_N > 1) need cluster launch, which the emulator does not
 model: they raise UnsupportedInstruction at the cluster barrier.
 """
@@ -14,7 +15,8 @@ import torch
 
 import mxgemm
 from mxgemm import build, launcher, reference, registry
-from mxgemm.emu import UnsupportedInstruction
+from mxgemm.emu import RaceError, UnsupportedInstruction
+from mxgemm.launcher import emulator_settings
 from test_mx_gemm import OUT, operand
 
 KERNEL = registry.get("mx_gemm")
@@ -50,6 +52,23 @@ def test_variant_bitwise_vs_reference_and_gfx950(v):
     gfx950 = mxgemm.mx_gemm(a, sa, b, sb, a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=OUT[v["OUT"]],
                             config={"BM": 64, "BN": 64, "SPLITS": splits})
     assert torch.equal(got.view(torch.uint8), gfx950.view(torch.uint8))
+
+
+@pytest.mark.parametrize("v", [VARIANTS[0], next(v for v in VARIANTS if v["SCALE_PATH"] == "buffer_lds_stage")],
+                         ids=lambda v: v["SCALE_PATH"])
+@pytest.mark.parametrize("sync", ["pipeline_wait", "barrier"])
+def test_deleted_sync_raises(v, sync):
+    """Race mode sees these kernels' synchronisation: without the ring's s_wait_tensorcnt
+    NUM_BUFFERS-2, or without the workgroup barriers, an LDS read races a TDM load or another
+    wave's scale-word store."""
+    what = {"pipeline_wait": {f"s_wait_tensorcnt {v['NUM_BUFFERS'] - 2:#x}"},
+            "barrier": {"s_barrier_signal -1", "s_barrier_wait -1"}}[sync]
+
+    def delete(asm):
+        return "\n".join("\t; deleted" if l.strip() in what else l for l in asm.splitlines()) + "\n"
+
+    with emulator_settings(asm_edit=delete), pytest.raises(RaceError, match="LDS race"):
+        launch(v, *inputs(v, seed=0))
 
 
 def test_launch_with_another_workgroup_size_is_refused():
