@@ -31,7 +31,7 @@ class Kernel:
 
     The launch grid is ``ceil(dims[d] / tile(variant)[d])`` for each name d in ``grid``
     (x, y, z; a name missing from the tile counts 1 per workgroup), where ``dims`` are the
-    problem sizes the op passes under those names."""
+    problem sizes the op passes under those names, rounded up to whole clusters (``cluster``)."""
     name: str                       # what it is: "smallm_mxfp8_gemv", not "k2"
     language: str                   # "hip" | "flydsl"
     source: str                     # path relative to source_root()
@@ -44,6 +44,7 @@ class Kernel:
     args: tuple = ()                # kernel arguments in order: names of the op's values
     grid: tuple = ()                # problem dims mapped to grid x, y, z
     tile: Callable[[dict], dict] = lambda variant: {}   # variant -> {dim: extent per workgroup}
+    cluster: Callable[[dict], tuple] = lambda variant: (1, 1, 1)   # variant -> workgroups per cluster (x, y, z)
     threads: int = 256              # workgroup size (x)
     arch_threads: dict = field(default_factory=dict)   # arch -> its own workgroup size, replacing `threads`
     k_align: int = 32               # K must be a multiple of this
@@ -57,7 +58,8 @@ class Kernel:
     def launch_grid(self, variant: dict, **dims) -> tuple:
         tile = self.tile(variant)
         g = tuple(-(-dims[d] // tile.get(d, 1)) for d in self.grid)
-        return g + (1,) * (3 - len(g))
+        # a cluster launch runs whole clusters: the grid rounds up (the kernel masks the extra tiles)
+        return tuple(-(-n // c) * c for n, c in zip(g + (1,) * (3 - len(g)), self.cluster(variant)))
 
     def variants_for(self, arch: str) -> tuple:
         """The variants built for ``arch``."""
@@ -226,6 +228,7 @@ register(Kernel(
     archs=("gfx950", "gfx1250"), arch_threads={"gfx1250": 128},    # 4 waves: wave64 on gfx950, wave32 on gfx1250
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
+    cluster=lambda v: (v.get("CLUSTER_N", 1), v.get("CLUSTER_M", 1), 1),
     variants=_mx_variants(_MX_PAIRS, ((64, 64),), ("bf16", "f16", "f32"), 0)
     + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
     + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
