@@ -4,9 +4,10 @@ Contract: bitwise, as on gfx950 (tests/test_mx_gemm.py): each scaled WMMA sums i
 step exactly and rounds once to fp32, the steps add into an fp32 accumulator in K order, so
 mxgemm.reference.mx_gemm_ref(chunk=128) models the kernel exactly, and the gfx950 instance of
 the family (64 x 64 tiles, same formats and output) gives the same bits on the same inputs.
-Shapes: a partial row and column tile (TDM zero fill past M and N), NUM_BUFFERS + 1 K steps (the
-ring wraps and the last prefetches are predicated off), split-K in two uneven splits. Race mode
-is shown to bite: deleting the ring's tensor wait or the workgroup barriers raises RaceError.
+Shapes: a partial row and column tile (TDM zero fill past M and N; multicast variants: a whole
+cluster of tiles, the last partial), NUM_BUFFERS + 1 K steps (the ring wraps and the last
+prefetches are predicated off), split-K in two uneven splits. Race mode is shown to bite:
+deleting the ring's tensor wait or the workgroup barriers raises RaceError.
 Multicast variants (CLUSTER_M x CLUSTER_N > 1) run as cluster launches (the grid rounded up to
 whole clusters): their TDM loads write every workgroup of the mask, the cluster barrier waits
 for every workgroup; a wrong multicast mask gives wrong tiles. Not caught: a missing cluster
@@ -25,10 +26,10 @@ from test_mx_gemm import OUT, operand
 KERNEL = registry.get("mx_gemm")
 ARCH = "gfx1250"
 VARIANTS = KERNEL.variants_for(ARCH)
-M, N = 67, 96
 
 
 def launch(v, a, sa, b, sb, K, splits):
+    M, N = a.shape[0], b.shape[0]
     out = torch.zeros(M, N, dtype=OUT[v["OUT"]])
     launcher.launch_variant(KERNEL.name, v, ARCH, "emu", writes=(out,), a=a, a_scale=sa, b=b, b_scale=sb, out=out,
                             M=M, N=N, K=K, splits=splits)
@@ -36,6 +37,9 @@ def launch(v, a, sa, b, sb, K, splits):
 
 
 def inputs(v, seed):
+    """A partial tile in both directions (67 x 96), or in the last workgroup of a whole cluster."""
+    M, N = (v["BM"] * v["CLUSTER_M"] - 5, v["BN"] * v["CLUSTER_N"] - 32) if v["CLUSTER_M"] * v["CLUSTER_N"] > 1 \
+        else (67, 96)
     splits = 2 if v["SPLITK"] else 1
     K = 128 * (v["NUM_BUFFERS"] + 1)
     g = torch.Generator().manual_seed(seed)
@@ -79,6 +83,7 @@ def test_launch_with_another_workgroup_size_is_refused():
     rows' LDS and past the allocation: the emulator refuses the launch."""
     v = VARIANTS[0]
     a, sa, b, sb, K, splits = inputs(v, seed=0)
+    M, N = a.shape[0], b.shape[0]
     out = torch.zeros(M, N, dtype=OUT[v["OUT"]])
     args = dict(a=a, a_scale=sa, b=b, b_scale=sb, out=out, M=M, N=N, K=K, splits=splits)
     with pytest.raises(ValueError, match=r"requires workgroup size \(128, 1, 1\); launched with block \(256, 1, 1\)"):
