@@ -11,12 +11,13 @@ One body, compile-time variants:
   UE8M0 0   fp32 scales (DeepGEMM's SM90 recipe), software promotion: each 128-K block is
             one MFMA with C = 0 (exact sum, one fp32 rounding, scales 1.0), then
             acc = acc + p * (sfa * sfb) (fp32 product, product, add: three RNE roundings).
-  UE8M0 1   e8m0 scale bytes (uint8): the hardware scales of v_mfma_scale_f32_16x16x128_f8f6f4
-            (the row's sfa byte for each of the four 32-K blocks, sfb byte likewise), the MFMA
-            accumulating straight into acc.
+  UE8M0 1   e8m0 scale bytes: the hardware scales of v_mfma_scale_f32_16x16x128_f8f6f4 (each
+            lane loads its row's sfa byte and its column's sfb byte for the four 32-K blocks),
+            the MFMA accumulating straight into acc. sfb may vary per row of b (DeepGEMM's
+            packed (1, 1, 128) recipe) or per 128 rows.
   OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
   BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
-            tiles. BN divides 128, so one sfb value covers the workgroup per K block.
+            tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
 
 Per K block of 128: A (BM x 128 bytes) goes to LDS by 16-byte buffer->LDS DMA (LDS chunk
 c of row r holds memory chunk c ^ (r & 7)), double-buffered; B comes from global straight
@@ -26,14 +27,19 @@ columns of one output row. Epilogue (CShuffle): the tile, converted, goes throug
 written as 16-byte row chunks (rows out of the group get an out-of-range offset: the store is
 dropped).
 
-Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups, sfa_sg,
-sfa_sm, sfa_sk (int32). rows = M (contiguous) or G*M_max (masked); m_max is read only when
-MASKED. sfa is addressed by element strides (group, row in group, K block): sfa[g, m, kb] at
-g*sfa_sg + m*sfa_sm + kb*sfa_sk (contiguous: g = 0, m = the row), so both the row-major
-[.., M, K/128] scales and DeepGEMM's MN-major (transposed) ones are read in place. sfb is
-row-major [G, ceil(N/128), K/128]. Byte offsets are 32-bit buffer offsets: a (rows*K), one
-group of b (N*K), d (rows*N*2) and every sfa offset must stay below 2^31 (the caller's guard). K % 128 == 0,
-N % BN == 0. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
+Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups (int32),
+then the scales' byte strides (int32): sfa_sg, sfa_sm, sfa_sk4, sfa_sk1, sfb_sg, sfb_sn,
+sfb_sk4, sfb_sk1, sfb_shift. rows = M (contiguous) or G*M_max (masked); m_max is read only
+when MASKED. The scale of (group g, row m, K block kb) is the element at byte
+    sfa: g*sfa_sg + m*sfa_sm + (kb/4)*sfa_sk4 + (kb%4)*sfa_sk1   (contiguous: g = 0, m = the row)
+    sfb: g*sfb_sg + (n >> sfb_shift)*sfb_sn + (kb/4)*sfb_sk4 + (kb%4)*sfb_sk1
+so row-major and MN-major scales, and UE8M0 bytes packed four to an int32 (byte kb%4 of word
+kb/4), are all read in place; sfb_shift is 7 for one scale per 128 rows of b, 0 for one per
+row (UE8M0 only: the fp32 path loads one sfb per workgroup). Byte offsets are 32-bit buffer
+offsets: a (rows*K), one group of b (N*K), d (rows*N*2) and every scale offset must stay below
+2^31 (the caller's guard). N % BN == 0; K % 16 == 0: a partial last K block loads its 16-byte
+chunks past K out of range (zeros, docs/buffer_oob.md) instead of from the next row, so its
+sum is that of the K it has. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
 m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
 """
 import flydsl.compiler as flyc
@@ -55,8 +61,8 @@ def _check(bm, bn, masked, ue8m0, out):
                          f"BM, BN in {TILES}; MASKED, UE8M0 in (0, 1); OUT bf16 or f16")
 
 
-def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_strides, lds):
-    sfa_sg, sfa_sm, sfa_sk = sfa_strides
+def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_st, sfb_st, lds):
+    sfa_sg, sfa_sm = sfa_st[:2]
     B = Builder()
     by = fx.block_idx.y.ir_value()
     if masked:
@@ -66,7 +72,7 @@ def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_m
         limit = B.gload(B.i32, layout, B.mul(group, B.c(4)), 4)
         row_base = B.add(B.mul(group, m_max), m_in_group)
         run = B.cmp("slt", m_in_group, limit)
-        sfa_tile = B.add(B.mul(group, sfa_sg), B.mul(m_in_group, sfa_sm))  # scale element of the tile's row 0
+        sfa_tile = B.add(B.mul(group, sfa_sg), B.mul(m_in_group, sfa_sm))  # byte of the scales of the tile's row 0
 
         def row_ok(rl):
             return B.cmp("slt", B.add(m_in_group, rl), limit)
@@ -84,42 +90,51 @@ def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_m
     if_run = scf.IfOp(run, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
         _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
-                   sfa_tile, sfa_sm, sfa_sk)
+                   sfa_tile, sfa_st, sfb_st)
         scf.YieldOp([])
 
 
 def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
-               sfa_tile, sfa_sm, sfa_sk):
+               sfa_tile, sfa_st, sfb_st):
     wm_rows, wn_cols = bm // 2, bn // 2
     m_tiles, n_tiles = wm_rows // 16, wn_cols // 16
     dmas = bm * (BLOCK_K // 16) // THREADS          # 16-byte A chunks per thread per K block
     buf_bytes = bm * BLOCK_K
-    esz = 1 if ue8m0 else 4                          # scale element bytes
+    sfa_sm, sfa_sk4, sfa_sk1 = sfa_st[1:]
+    sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift = sfb_st
     tid = fx.thread_idx.x.ir_value()
     lane = arith.remui(tid, B.c(64))
     wave = rocdl.readfirstlane(B.i32, arith.divui(tid, B.c(64)))
     g, r16 = arith.divui(lane, B.c(16)), arith.remui(lane, B.c(16))
     wm, wn = arith.shrui(wave, B.c(1)), arith.andi(wave, B.c(1))
     n0 = B.mul(fx.block_idx.x.ir_value(), B.c(bn))
-    kb = arith.divui(k, B.c(BLOCK_K))
+    kb = arith.divui(B.add(k, B.c(BLOCK_K - 1)), B.c(BLOCK_K))   # K blocks, the last one possibly partial
+    last = arith.subi(kb, B.c(1))
+    tail = arith.subi(k, B.mul(last, B.c(BLOCK_K)))               # bytes of K in the last block
+
+    def last_block(offsets, in_block):
+        """The offsets for the last K block: 16-byte chunks at or past its end made out of range
+        (loads of 0) instead of reading on into the next row."""
+        return [B.sel(B.cmp("ult", c, tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]
 
     a_rsrc = B.rsrc(a, B.mul(rows, k))
-    # sfa is strided (row-major or MN-major): the range check only has to reject INVALID_OFFSET.
+    # The scales are strided: their range checks only have to reject INVALID_OFFSET.
     sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))
     b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(group), B.u64(B.mul(n, k)))), B.mul(n, k))
-    sfb_row = B.gep(sfb, B.mul(B.add(B.mul(group, arith.divui(B.add(n, B.c(BLOCK_K - 1)), B.c(BLOCK_K))), arith.divui(n0, B.c(BLOCK_K))),
-                               B.mul(kb, B.c(esz))))
+    sfb_group = B.mul(group, sfb_sg)
     d_rsrc = B.rsrc(d, B.mul(B.mul(rows, n), B.c(2)))
     null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
 
     # A DMA: thread slot s = j*256 + tid fills LDS bytes 16s.., i.e. row s/8, memory chunk (s%8) ^ (row&7).
-    dma_voff = []
+    dma_voff, dma_chunk = [], []
     for j in range(dmas):
         s = B.add(B.c(j * THREADS), tid)
         rl = arith.divui(s, B.c(8))
         chunk = arith.xori(arith.remui(s, B.c(8)), arith.andi(rl, B.c(7)))
         dma_voff.append(B.sel(row_ok(rl), B.add(B.mul(B.add(row_base, rl), k), B.mul(chunk, B.c(16))),
                               B.c(INVALID_OFFSET)))
+        dma_chunk.append(B.mul(chunk, B.c(16)))
+    dma_voff_last = last_block(dma_voff, dma_chunk)
 
     # This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets.
     a_lds_off, sfa_voff = [], []
@@ -128,32 +143,46 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         a_lds_off.append([B.add(B.mul(rl, B.c(BLOCK_K)),
                                 B.mul(arith.xori(B.add(g, B.c(4 * h)), arith.andi(rl, B.c(7))), B.c(16)))
                           for h in range(2)])
-        sfa_voff.append(B.sel(row_ok(rl), B.mul(B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(esz)),
-                              B.c(INVALID_OFFSET)))
-    b_voff = [B.add(B.mul(B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))), k),
-                    B.mul(g, B.c(16))) for nt in range(n_tiles)]
+        sfa_voff.append(B.sel(row_ok(rl), B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(INVALID_OFFSET)))
+    # This lane's columns (MFMA src0 rows) of each n-tile: offsets into b and, per lane for
+    # UE8M0 (the scaled MFMA takes row n's scale from lane n), into sfb.
+    cols = [B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))) for nt in range(n_tiles)]
+    b_voff = [[B.add(B.add(B.mul(c, k), B.mul(g, B.c(16))), B.c(64 * h)) for h in range(2)] for c in cols]
+    b_voff_last = [last_block(halves, [B.add(B.mul(g, B.c(16)), B.c(64 * h)) for h in range(2)]) for halves in b_voff]
+    if ue8m0:
+        sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
+        sfb_voff = [B.add(sfb_group, B.mul(arith.shrui(c, sfb_shift), sfb_sn)) for c in cols]
+    else:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
+        sfb_row = B.gep(sfb, B.add(sfb_group, B.mul(arith.shrui(n0, sfb_shift), sfb_sn)))
     scale_t = B.i8 if ue8m0 else B.f32
 
+    def k_block(kt, sk4, sk1):
+        """Byte offset of K block kt in a scale tensor."""
+        return B.add(B.mul(arith.shrui(kt, B.c(2)), sk4), B.mul(arith.andi(kt, B.c(3)), sk1))
+
     def load_step(kt, live):
-        """B halves [n-tile][2], sfa [m-tile], sfb of K block kt (zeros / block 0 when not live)."""
+        """B halves [n-tile][2], sfa [m-tile], sfb ([n-tile] for UE8M0, else [the workgroup's])
+        of K block kt (zeros / block 0 when not live)."""
         br, sr = llvm.select(live, b_rsrc, null_rsrc), llvm.select(live, sfa_rsrc, null_rsrc)
-        soff = B.mul(kt, B.c(BLOCK_K))
-        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.add(b_voff[nt], B.c(64 * h)), soff, aux=B.c_attr(0))
+        soff, is_last = B.mul(kt, B.c(BLOCK_K)), B.cmp("eq", kt, last)
+        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, b_voff_last[nt][h], b_voff[nt][h]), soff,
+                                         aux=B.c_attr(0))
                for h in range(2)] for nt in range(n_tiles)]
-        sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], B.mul(kt, B.mul(sfa_sk, B.c(esz))),
-                                        aux=B.c_attr(0))
+        sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
               for mt in range(m_tiles)]
-        sb = B.gload(scale_t, sfb_row, B.mul(B.sel(live, kt, B.c(0)), B.c(esz)), esz)
         if ue8m0:
-            sa, sb = [arith.extui(B.i32, x) for x in sa], arith.extui(B.i32, sb)
-        return bw, sa, sb
+            sbr, sbk = llvm.select(live, sfb_rsrc, null_rsrc), k_block(kt, sfb_sk4, sfb_sk1)
+            sb = [rocdl.raw_ptr_buffer_load(B.i8, sbr, v, sbk, aux=B.c_attr(0)) for v in sfb_voff]
+            return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb]
+        return bw, sa, [B.gload(B.f32, sfb_row, k_block(B.sel(live, kt, B.c(0)), sfb_sk4, sfb_sk1), 4)]
 
     def dma_step(kt, live):
         lds_buf = B.gep(lds, B.mul(arith.andi(kt, B.c(1)), B.c(buf_bytes)))
         rs = llvm.select(live, a_rsrc, null_rsrc)
         for j in range(dmas):
             dst = B.gep(lds_buf, B.add(B.c(j * THREADS * 16), B.mul(wave, B.c(1024))))
-            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), dma_voff[j], B.mul(kt, B.c(BLOCK_K)), B.c(0),
+            voff = B.sel(B.cmp("eq", kt, last), dma_voff_last[j], dma_voff[j])
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, B.mul(kt, B.c(BLOCK_K)), B.c(0),
                                           aux=B.c_attr(0))
 
     def cat(halves):
@@ -172,12 +201,12 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         bw, sa, sb = cur
         acc = [list(x) for x in acc]
         if not ue8m0:
-            promote = [B.splat_value(B.v4f32, arith.mulf(sa[mt], sb)) for mt in range(m_tiles)]
+            promote = [B.splat_value(B.v4f32, arith.mulf(sa[mt], sb[0])) for mt in range(m_tiles)]
         for mt in range(m_tiles):
             for nt in range(n_tiles):
                 if ue8m0:
                     acc[nt][mt] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                        B.v4f32, [cat(bw[nt]), af[mt], acc[nt][mt], 0, 0, 0, sb, 0, sa[mt]])
+                        B.v4f32, [cat(bw[nt]), af[mt], acc[nt][mt], 0, 0, 0, sb[nt], 0, sa[mt]])
                 else:
                     p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
                         B.v4f32, [cat(bw[nt]), af[mt], zero_acc, 0, 0, 0, one, 0, one])
@@ -187,7 +216,7 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
 
     def flat(acc, regs):
         bw, sa, sb = regs
-        return [x for col in acc for x in col] + [h for pair in bw for h in pair] + list(sa) + [sb]
+        return [x for col in acc for x in col] + [h for pair in bw for h in pair] + list(sa) + list(sb)
 
     def unflat(vals):
         vals = list(vals)
@@ -195,7 +224,7 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         o = n_tiles * m_tiles
         bw = [vals[o + 2 * i:o + 2 * i + 2] for i in range(n_tiles)]
         o += 2 * n_tiles
-        return acc, (bw, vals[o:o + m_tiles], vals[o + m_tiles])
+        return acc, (bw, vals[o:o + m_tiles], vals[o + m_tiles:])
 
     true = B.c(1, B.i1)
     regs = load_step(B.c(0), true)
@@ -251,18 +280,23 @@ def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     @flyc.kernel(name=symbol)
     def deep_gemm_fp8_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                              layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
-                             groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32):
+                             groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk4: fx.Int32,
+                             sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32, sfb_sk4: fx.Int32,
+                             sfb_sk1: fx.Int32, sfb_shift: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
         _body(bm, bn, masked, ue8m0, out, *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
               *[v.ir_value() for v in (rows, n, k, m_max, groups)],
-              [v.ir_value() for v in (sfa_sg, sfa_sm, sfa_sk)], fx.to_llvm_ptr(lds.buf.ptr))
+              [v.ir_value() for v in (sfa_sg, sfa_sm, sfa_sk4, sfa_sk1)],
+              [v.ir_value() for v in (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
     def deep_gemm_fp8(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                       layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
-                      groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk: fx.Int32, m_tiles: fx.Int32,
-                      stream: fx.Stream = fx.Stream(None)):
-        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_sg, sfa_sm, sfa_sk).launch(
+                      groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk4: fx.Int32, sfa_sk1: fx.Int32,
+                      sfb_sg: fx.Int32, sfb_sn: fx.Int32, sfb_sk4: fx.Int32, sfb_sk1: fx.Int32, sfb_shift: fx.Int32,
+                      m_tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_sg, sfa_sm, sfa_sk4,
+                             sfa_sk1, sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift).launch(
             grid=(n // bn, m_tiles, 1), block=(THREADS, 1, 1), stream=stream)
 
     return deep_gemm_fp8
@@ -276,5 +310,5 @@ def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, UE8M0=0,
     u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
     sf = u8 if UE8M0 else f32
     flyc.compile(fn, p(u8), p(sf), p(u8), p(sf), p(fx.BFloat16 if OUT == "bf16" else fx.Float16), p(i32),
-                 BM, BN, BLOCK_K, BM, 1, BM, 1, 1, 1)
+                 BM, BN, BLOCK_K, BM, 1, BM, 1, 4, 1, 4, 1, 4, 1, 7, 1)
     return fn

@@ -48,7 +48,8 @@ Kernel arguments (no hidden ones):
   G, M, N, K, group_m, grid                   int32  (NT/NN: M = sum_m; TN: K = sum_k)
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
-Variant keys: LAYOUT, FMT (both operands), OUT (bf16 / f16), BM, BN (64, 128, 256).
+Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
+source, so e4m3 x e5m2 mixes are the same body), OUT (bf16 / f16), BM, BN (64, 128, 256).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -160,7 +161,7 @@ class _Operand:
 def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, out_base, out_ld, scale):
     """One BM x BN output tile. *_base: 64-bit tile bases; *_rows: existing rows of each
     operand tile; c_len: contraction length; out_ld: output row stride in elements."""
-    bm, bn, fmt, out_t = cfg
+    bm, bn, (fmt_a, fmt_b), out_t = cfg
     A, B = ops
     tid = fx.thread_idx.x.ir_value()
     lane = arith.remui(tid, b.c(64))
@@ -201,7 +202,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         for i in range(mi_n):
             for j in range(nj_n):
                 acc[i * nj_n + j] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                    b.v4f32, [b_ops[j], a_ops[i], acc[i * nj_n + j], FMT_CODE[fmt], FMT_CODE[fmt], 0, zero_scale,
+                    b.v4f32, [b_ops[j], a_ops[i], acc[i * nj_n + j], FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale,
                               0, zero_scale])
         stage(nxt, regs)
         b.barrier()
@@ -309,15 +310,16 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
         scf.YieldOp([])
 
 
-def build(symbol: str, layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
+def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64):
     """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
-    if layout not in LAYOUTS or fmt not in FMT_CODE or out not in ("bf16", "f16") or bm not in (64, 128, 256) \
-            or bn not in (64, 128, 256):
-        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} OUT={out} BM={bm} BN={bn}: LAYOUT in {LAYOUTS}, "
-                         f"FMT in {tuple(FMT_CODE)}, OUT in (bf16, f16), BM and BN in (64, 128, 256)")
+    if layout not in LAYOUTS or fmt not in FMT_CODE or fmt_b not in FMT_CODE or out not in ("bf16", "f16") \
+            or bm not in (64, 128, 256) or bn not in (64, 128, 256):
+        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn}: LAYOUT in "
+                         f"{LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)}, OUT in (bf16, f16), BM and BN in "
+                         f"(64, 128, 256)")
     ka, kb = K_MAJOR[layout]
     lds_bytes = 2 * sum((n if k else BK) * ((BK if k else n) + PAD) for n, k in ((bm, ka), (bn, kb)))
-    cfg = (bm, bn, fmt, out)
+    cfg = (bm, bn, (fmt, fmt_b), out)
 
     @fx.struct
     class SharedStorage:
@@ -341,10 +343,11 @@ def build(symbol: str, layout="NT", fmt="e4m3", out="bf16", bm=64, bn=64):
     return grouped_gemm_fp8
 
 
-def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", OUT="bf16", BM=64, BN=64):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,  # noqa: N803
+                      BN=64):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(symbol, LAYOUT, FMT, OUT, BM, BN)
+    fn = build(symbol, LAYOUT, FMT, FMT_B, OUT, BM, BN)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     flyc.compile(fn, p(fx.Uint8), p(fx.Float32), p(fx.Uint8), p(fx.Float32), p(fx.Int64),
                  p(fx.BFloat16 if OUT == "bf16" else fx.Float16), 1, 64, 64, 128, 1, 1)

@@ -123,20 +123,20 @@ def hardware_dense(Ms, N, K):
                   f"{nbytes / us / 1e6:>7.2f}  {note}", flush=True)
 
 
-def emulator_smoke() -> int:
-    """The small emulator cases; 1 (the exit status) if any is outside the op's promise."""
+def report(cases, where="emulator") -> int:
+    """Run thunks {case: () -> verdict}, print "<case> on the <where>: <verdict>" and the time;
+    1 (the exit status) if any verdict is not "ok..." (outside the op's promise)."""
     t0 = time.perf_counter()
-    results = [("dense M=4 N=128 K=256", check_dense(4, 128, 256, 'cpu')),
-               ("dense M=16 N=64 K=512", check_dense(16, 64, 512, 'cpu'))]
-    return report(results, t0)
-
-
-def report(results, t0) -> int:
-    """Prints (case, verdict) pairs and the time since t0; 1 if a verdict is not "ok"."""
-    for case, verdict in results:
-        print(f"{case} on the emulator: {verdict}")
+    verdicts = [(case, run()) for case, run in cases.items()]
+    for case, verdict in verdicts:
+        print(f"{case} on the {where}: {verdict}")
     print(f"({time.perf_counter() - t0:.1f} s)")
-    return int(any(not verdict.startswith("ok") for _, verdict in results))
+    return int(any(not verdict.startswith("ok") for _, verdict in verdicts))
+
+
+def emulator_smoke() -> int:
+    return report({"dense M=4 N=128 K=256": lambda: check_dense(4, 128, 256, "cpu"),
+                   "dense M=16 N=64 K=512": lambda: check_dense(16, 64, 512, "cpu")})
 
 
 def main(argv=None):

@@ -14,7 +14,6 @@ buildable config, so measured rows can replace these.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 
@@ -22,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from mxgemm import registry  # noqa: E402
+from mxgemm import registry, tuned  # noqa: E402
 from mxgemm.ops import smallm_mxfp8 as op  # noqa: E402
 
 # (N, K) of decode-time linear layers: Llama-3-70B at TP8 (qkv, o, gate_up, down), Llama-3-8B
@@ -91,14 +90,6 @@ def measured_rows(shapes):
     return rows
 
 
-def write_csv(rows, path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heuristic", action="store_true", help="write rule-based rows (no GPU needed)")
@@ -107,7 +98,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else default_shapes()
     rows = heuristic_rows(shapes) if args.heuristic else measured_rows(shapes)
-    write_csv(rows, args.out)
+    tuned.write_rows(rows, args.out, FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
 
 

@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 
+import mxgemm
 import mxgemm.deep_gemm as deep_gemm
 from mxgemm import build, formats, guards, reference, registry
 from mxgemm.deep_gemm import utils
@@ -96,13 +97,16 @@ def e8m0_codes(sf: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x, w, ue8m0):
-    """DeepGEMM's test inputs: per-token A [.., K], per-block B [G, N, K]."""
-    a, sfa = utils.per_token_cast_to_fp8(x.view(-1, x.shape[-1]), ue8m0)
-    bs = [utils.per_block_cast_to_fp8(wg, ue8m0) for wg in w]
+    """DeepGEMM's test inputs: per-token A [.., K], per-block B [G, N, K] (K % 128 != 0: cast
+    with K zero-padded to a whole block, as a partial block's amax is that of its elements)."""
+    k = x.shape[-1]
+    pad = lambda t: torch.nn.functional.pad(t, (0, deep_gemm.align(k, 128) - k))  # noqa: E731
+    a, sfa = utils.per_token_cast_to_fp8(pad(x).view(-1, deep_gemm.align(k, 128)), ue8m0)
+    bs = [utils.per_block_cast_to_fp8(wg, ue8m0) for wg in pad(w)]
     b, sfb = torch.stack([q for q, _ in bs]), torch.stack([s for _, s in bs])
     if ue8m0:
         sfa, sfb = e8m0_codes(sfa), e8m0_codes(sfb)
-    return a.view(*x.shape), sfa.view(*x.shape[:-1], -1), b, sfb
+    return a[:, :k].contiguous().view(*x.shape), sfa.view(*x.shape[:-1], -1), b[..., :k].contiguous(), sfb
 
 
 def mn_major(sf: torch.Tensor) -> torch.Tensor:
@@ -114,16 +118,22 @@ def mn_major(sf: torch.Tensor) -> torch.Tensor:
     return storage[..., :m].transpose(-1, -2)
 
 
+def tile(variant) -> str:
+    return f"{variant['BM']}x{variant['BN']}"
+
+
 def run_contiguous(variant, a, sfa, b, sfb, d, m_indices):
-    call = ((a, sfa), (b, sfb), d, m_indices)
-    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call).variant == {**variant, "MASKED": 0}
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*call)
+    call, kw = ((a, sfa), (b, sfb), d, m_indices), {"config": tile(variant)}
+    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, **kw).variant == \
+        {**variant, "MASKED": 0}
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*call, **kw)
 
 
 def run_masked(variant, a, sfa, b, sfb, d, masked_m, expected_m):
-    call = ((a, sfa), (b, sfb), d, masked_m, expected_m)
-    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, *call).variant == {**variant, "MASKED": 1}
-    deep_gemm.m_grouped_fp8_gemm_nt_masked(*call)
+    call, kw = ((a, sfa), (b, sfb), d, masked_m, expected_m), {"config": tile(variant)}
+    assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, *call, **kw).variant == \
+        {**variant, "MASKED": 1}
+    deep_gemm.m_grouped_fp8_gemm_nt_masked(*call, **kw)
 
 
 def contiguous_case(group_rows, n, k, seed):
@@ -152,13 +162,13 @@ def _check(d, ref, written, fp32_product, name):
     assert diff < 1e-3, f"{name}: calc_diff {diff}"
 
 
-# (variant, group row counts, N): every small variant on 4 groups with an empty one and
-# unaligned sizes; 1 and 8 groups on one variant; the production 128 x 128 tile once.
 # (variant, group row counts, N, activation-scale layout): every small variant on 4 groups with an
-# empty one and unaligned sizes; 1 and 8 groups and MN-major scales on some; the 128 x 128 tile once.
+# empty one and unaligned sizes; 1 and 8 groups and MN-major scales on some; the 128 x 128 and
+# 128 x 64 tiles once each.
 CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row") for v in SMALL] + [
     (SMALL[0], [45], 32, "mn"), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn"),
-    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row")]
+    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row"),
+    (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row")]
 
 
 @pytest.mark.parametrize("variant,group_rows,n,sfa_layout", CONTIGUOUS,
@@ -173,6 +183,37 @@ def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout):
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out)
     fp32_product = torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}")
+
+
+PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336)]
+
+
+@pytest.mark.parametrize("variant,masked,k", PARTIAL_K,
+                         ids=[f"{registry.variant_id(v)}-{'masked' if m else 'contiguous'}-K{k}"
+                              for v, m, k in PARTIAL_K])
+def test_partial_last_k_block_matches_reference(variant, masked, k):
+    """K % 128 != 0 (K % 16 == 0): the last K block holds K % 128 elements, scales ceil(K/128)."""
+    ue8m0, out, n = variant["UE8M0"], OUT_DTYPE[variant["OUT"]], variant["BN"] * 2
+    g = torch.Generator().manual_seed(k)
+    if masked:
+        x, w = torch.randn(3, 40, k, generator=g), torch.randn(3, n, k, generator=g)
+        masked_m = torch.tensor([40, 0, 23], dtype=torch.int32)
+        written = torch.arange(40)[None, :] < masked_m[:, None]
+    else:
+        x, w, m_indices = contiguous_case([100, 0, 37], n=n, k=k, seed=k)
+        written = m_indices >= 0
+    a, sfa, b, sfb = quantize(x, w, ue8m0)
+    assert sfa.shape[-1] == sfb.shape[-1] == -(-k // 128)
+    d = torch.full((*x.shape[:-1], n), SENTINEL, dtype=out)
+    if masked:
+        run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)
+        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out), \
+            torch.einsum("gmk,gnk->gmn", x, w)
+    else:
+        run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
+        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out), \
+            torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
+    _check(d, ref, written, product, f"K={k} {variant}")
 
 
 MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn")]
@@ -194,9 +235,74 @@ def test_masked_matches_reference(variant, sfa_layout):
     _check(d, ref, written, torch.einsum("gmk,gnk->gmn", x, w), f"masked {variant}")
 
 
+# ---- UE8M0 scales packed four to an int32 (DeepGEMM's SM100 layout) ----
+def test_packed_ue8m0_layout():
+    """Byte i of int32 word j of row m is the e8m0 code of K block 4j + i (missing blocks 0);
+    MN-major: rows unit-stride, columns padded to 4 elements, groups one after another."""
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(100, 150, (2, 5, 6), generator=g)
+    sf = torch.pow(2.0, codes - 127.0)
+    packed = deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf)
+    assert packed.dtype == torch.int32 and packed.shape == (2, 5, 2) and packed.stride() == (16, 1, 8)
+    for gi in range(2):
+        for m in range(5):
+            for j in range(2):
+                want = sum(int(codes[gi, m, 4 * j + i]) << (8 * i) for i in range(4) if 4 * j + i < 6)
+                assert int(packed[gi, m, j]) & 0xFFFFFFFF == want
+    assert deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf[0]).stride() == (1, 8)
+
+
+def unpack_ue8m0(packed: torch.Tensor, k_blocks: int) -> torch.Tensor:
+    """int32 [.., R, ceil(K/512)] -> uint8 codes [.., R, K/128] (little-endian bytes of each word)."""
+    return torch.empty(packed.shape, dtype=packed.dtype).copy_(packed).view(torch.uint8)[..., :k_blocks]
+
+
+@pytest.mark.parametrize("masked", [0, 1])
+def test_packed_ue8m0_scales_bit_exact_vs_bytes(masked):
+    """The same e8m0 scales as bytes or packed give bit-identical d (sfb broadcast to every row
+    of its 128-row block, as DeepGEMM does for the packed recipe); sfb that really differs per
+    row of b (recipe (1, 1, 128)) matches the reference. K = 5 blocks: a half-filled last word."""
+    variant = dict(BM=32, BN=32, UE8M0=1, OUT="bf16")
+    G, n, k = 3, 64, 640
+    g = torch.Generator().manual_seed(9)
+    if masked:
+        x, masked_m = torch.randn(G, 40, k, generator=g), torch.tensor([40, 0, 23], dtype=torch.int32)
+        run = lambda sfa, sfb, d: run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)  # noqa: E731
+        ref = lambda sfa, sfb: reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m)  # noqa: E731
+        written = torch.arange(40)[None, :] < masked_m[:, None]
+    else:
+        x, w, m_indices = contiguous_case([50, 0, 20], n=n, k=k, seed=9)
+        run = lambda sfa, sfb, d: run_contiguous(variant, a, sfa, b, sfb, d, m_indices)  # noqa: E731
+        ref = lambda sfa, sfb: reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices)  # noqa: E731
+        written = m_indices >= 0
+    a, sfa, b, sfb = quantize(x, torch.randn(G, n, k, generator=g), True)
+    pack = lambda codes: _pack(formats.decode_e8m0(codes))  # noqa: E731
+    sfa_p, sfb_rows = pack(sfa), sfb.repeat_interleave(128, dim=1)[:, :n]
+    assert torch.equal(unpack_ue8m0(sfa_p, 5), sfa)
+
+    d_bytes, d_packed = (torch.full((*x.shape[:-1], n), SENTINEL, dtype=torch.bfloat16) for _ in range(2))
+    run(sfa, sfb, d_bytes)
+    run(sfa_p, pack(sfb_rows), d_packed)
+    assert torch.equal(d_packed.view(torch.int16), d_bytes.view(torch.int16))
+
+    sfb_rows = (sfb_rows.int() + torch.randint(-3, 4, sfb_rows.shape, generator=g)).to(torch.uint8)
+    d = torch.full_like(d_bytes, SENTINEL)
+    run(sfa_p, pack(sfb_rows), d)
+    assert torch.equal(d[written].view(torch.int16), ref(sfa, sfb_rows)[written].view(torch.int16))
+    assert bool((d[~written] == SENTINEL).all())
+    assert not torch.equal(d, d_bytes)  # the per-row scales took effect
+
+
 # ---- a user script written against DeepGEMM (only the import changed) ----
-@pytest.mark.parametrize("use_ue8m0", [False, True])
-def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
+def sm100_packed(x_fp8, y_fp8, n):
+    """What DeepGEMM does to UE8M0 scales on SM100 (and a user may pass instead of fp32): pack
+    sfa; sfb too, after giving each row of b its 128-row block's scale (recipe (1, 1, 128))."""
+    pack = deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor
+    return (x_fp8[0], pack(x_fp8[1])), (y_fp8[0], pack(y_fp8[1].repeat_interleave(128, dim=-2)[..., :n, :]))
+
+
+@pytest.mark.parametrize("use_ue8m0,packed", [(False, False), (True, False), (True, True)])
+def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0, packed):
     from mxgemm.deep_gemm.utils import calc_diff, per_block_cast_to_fp8, per_token_cast_to_fp8
     torch.manual_seed(11)
     num_groups, n, k, m_per_group = 3, 64, 384, [90, 128, 7]
@@ -216,11 +322,12 @@ def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
     for i in range(num_groups):
         y_fp8[0][i], y_fp8[1][i] = per_block_cast_to_fp8(y[i], use_ue8m0=use_ue8m0)
     out = torch.full((m, n), SENTINEL, dtype=torch.bfloat16)
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(x_fp8, y_fp8, out, m_indices, disable_ue8m0_cast=not use_ue8m0)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*(sm100_packed(x_fp8, y_fp8, n) if packed else (x_fp8, y_fp8)), out,
+                                               m_indices, disable_ue8m0_cast=not use_ue8m0)
     ref_out = torch.einsum("mk,mnk->mn", x.float(), y[m_indices.clamp(min=0).long()].float())
     real = m_indices >= 0
     diff = calc_diff(out[real], ref_out[real]).item()
-    print(f"\ncontiguous use_ue8m0={use_ue8m0}: calc_diff {diff:.2e}")
+    print(f"\ncontiguous use_ue8m0={use_ue8m0} packed={packed}: calc_diff {diff:.2e}")
     assert diff < 1e-3
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(x_fp8[0], x_fp8[1], *y_fp8, m_indices, torch.bfloat16)
     assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
@@ -233,11 +340,12 @@ def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0):
     a, sa = per_token_cast_to_fp8(x.view(-1, k), use_ue8m0=use_ue8m0)
     x_fp8 = (a.view(num_groups, m_max, k), sa.view(num_groups, m_max, -1))
     out = torch.full((num_groups, m_max, n), SENTINEL, dtype=torch.bfloat16)
-    deep_gemm.m_grouped_fp8_gemm_nt_masked(x_fp8, y_fp8, out, masked_m, expected_m=16)
+    deep_gemm.m_grouped_fp8_gemm_nt_masked(*(sm100_packed(x_fp8, y_fp8, n) if packed else (x_fp8, y_fp8)), out,
+                                           masked_m, expected_m=16)
     ref_out = torch.einsum("gmk,gnk->gmn", x.float(), y.float())
     real = torch.arange(m_max)[None, :] < masked_m[:, None]
     diff = calc_diff(out[real], ref_out[real]).item()
-    print(f"masked use_ue8m0={use_ue8m0}: calc_diff {diff:.2e}")
+    print(f"masked use_ue8m0={use_ue8m0} packed={packed}: calc_diff {diff:.2e}")
     assert diff < 1e-3
     ref = reference.m_grouped_fp8_gemm_nt_masked_ref(*x_fp8, *y_fp8, masked_m, torch.bfloat16)
     assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
@@ -271,8 +379,8 @@ def _bad_group_alignment(t):
 
 
 GUARDS = [  # (name, masked, edit of the valid inputs, rule, message fragment)
-    ("K%128", 0, lambda t: _valid(k=192),
-     "K%128", "K = 192 must be a multiple of 128"),
+    ("K%16", 0, lambda t: _valid(k=200),
+     "K%16", "K = 200 must be a multiple of 16"),
     ("N-alignment", 0, lambda t: {**t, "b": t["b"][:, :48].contiguous(), "d": t["d"][:, :48].contiguous()},
      "N%32", "N = 48 must be a multiple of 32"),
     ("m_indices-length", 0, lambda t: {**t, "layout": t["layout"][:-1]}, "shape", "m_indices has shape [255]"),
@@ -297,7 +405,18 @@ GUARDS = [  # (name, masked, edit of the valid inputs, rule, message fragment)
     ("b-contiguity", 0, lambda t: {**t, "b": t["b"].transpose(1, 2).contiguous().transpose(1, 2)}, "contiguity",
      "b must be contiguous"),
     ("device", 0, lambda t: {**t, "layout": t["layout"].to("meta")}, "device", "m_indices=meta"),
+    ("packed-sfb-per-block", 0, lambda t: {**t, "sfa": _pack(t["sfa"]), "sfb": _pack(t["sfb"])}, "shape",
+     "sfb has shape [2, 1, 1]; expected [2, 64, 1]"),
+    ("packed-sfa-k-blocks", 1, lambda t: {**t, "sfa": _pack(t["sfa"]).expand(2, 40, 2),
+                                          "sfb": _pack(t["sfb"].repeat_interleave(64, 1))}, "shape",
+     "sfa has shape [2, 40, 2]; expected [2, 40, 1]"),
+    ("packed-sfb-layout", 0, lambda t: {**t, "sfa": _pack(t["sfa"]), "sfb": torch.zeros(2, 1, 72, dtype=torch.int32)
+                                        [..., :64].transpose(1, 2)}, "layout", "sfb has strides (72, 1, 72)"),
 ]
+
+
+def _pack(sf):
+    return deep_gemm.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf)
 
 
 @pytest.mark.parametrize("name,masked,edit,rule,text", GUARDS, ids=[g[0] for g in GUARDS])
@@ -314,6 +433,8 @@ def test_recipe_pair_and_expected_m_guards():
     t = _valid()
     with pytest.raises(guards.GuardError, match=r"\[recipe\] recipe = \(1, 1, 128\)"):
         _call(t, False, recipe=(1, 1, 128))
+    with pytest.raises(guards.GuardError, match=r"\[recipe\] recipe = \(1, 128, 128\): with sfb of dtype torch.int32"):
+        _call({**t, "sfb": _pack(t["sfb"].repeat_interleave(64, 1))}, False, recipe=(1, 128, 128))
     with pytest.raises(guards.GuardError, match=r"\[args\] a must be a \(fp8 tensor, scales\) pair"):
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(t["a"], (t["b"], t["sfb"]), t["d"], t["layout"])
     t = _valid(masked=True)
@@ -336,15 +457,41 @@ def test_arch_guard(monkeypatch):
 
 def test_explain_covers_both_ops():
     t = _valid()
-    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, (t["a"], t["sfa"]), (t["b"], t["sfb"]),
-                          t["d"], t["layout"])
+    call = ((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"])
+    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, config="32x32")
     assert p.kernel == KERNEL and p.variant == dict(BM=32, BN=32, MASKED=0, UE8M0=0, OUT="bf16")
-    assert "contiguous layout, fp32 scales" in str(p) and p.grid == (2, 8, 1)
+    assert "contiguous layout, fp32 scales" in str(p) and "config given by the caller" in str(p)
+    assert p.grid == (2, 8, 1)
     t = _valid(masked=True, n=128)
     p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, (t["a"], t["sfa"]), (t["b"], t["sfb"]),
-                          t["d"], t["layout"], 16)
+                          t["d"], t["layout"], 16, config={"BM": 128, "BN": 128})
     assert p.variant == dict(BM=128, BN=128, MASKED=1, UE8M0=0, OUT="bf16") and p.grid == (1, 2, 1)
     assert "masked layout" in str(p)
+
+
+def test_default_tile_heuristic():
+    """Deterministic default: the largest tile whose grid fills the MI355X's 256 CUs, else the
+    one with the most workgroups; 32 x 32 only when no larger tile divides N; 128 x 64 is bf16 only."""
+    def plan(rows, n, out=torch.bfloat16, masked=False):
+        G, k = 8, 256
+        a = torch.empty(G, rows, k) if masked else torch.empty(rows, k)
+        args = (a.to(torch.float8_e4m3fn), torch.empty(*a.shape[:-1], 2), torch.empty(G, n, k).to(torch.float8_e4m3fn),
+                torch.empty(G, -(-n // 128), 2), torch.zeros(G if masked else rows, dtype=torch.int32),
+                torch.empty(*a.shape[:-1], n, dtype=out))
+        p = mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=masked)
+        return f"{p.variant['BM']}x{p.variant['BN']}", p.grid
+    # DeepSeek-V3, 8 groups padded to 128 rows: N = 7168 fills the GPU with 128 x 128 tiles at 64
+    # rows per group; N = 2048 needs 128 x 64 tiles until 256 rows per group
+    assert plan(8 * 128, 7168) == ("128x128", (56, 8, 1))
+    assert plan(8 * 128, 2048) == ("128x64", (32, 8, 1))
+    assert plan(8 * 256, 2048) == ("128x128", (16, 16, 1))
+    assert plan(64, 2048, masked=True) == ("128x64", (32, 8, 1))
+    assert plan(8 * 128, 2048, out=torch.float16) == ("128x128", (16, 8, 1))   # no f16 128 x 64
+    assert plan(8 * 128, 96) == ("32x32", (3, 32, 1))
+    with pytest.raises(guards.GuardError, match=r"\[config\] tile 128x64 is not a registered tile dividing N = 96"):
+        t = _valid(n=96)
+        mxgemm.explain("deep_gemm_fp8_grouped_gemm", *(t[k] for k in ("a", "sfa", "b", "sfb", "layout", "d")),
+                       config="128x64")
 
 
 # ---- code objects ----

@@ -1,6 +1,7 @@
 """grouped_gemm_fp8 kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN.
 
-Spec: every layout x format (e4m3, e5m2) x output (bf16, fp16) is bit-identical to
+Spec: every layout x format (e4m3, e5m2; mixed a / b formats of the hybrid backward) x output (bf16, fp16)
+is bit-identical to
 mxgemm.reference (grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref model the kernel's
 order: one exact fp32-rounded sum per 128-wide contraction chunk, chunks added in order, times
 fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 2, 3, 8}, uneven groups with an empty one,
@@ -34,17 +35,25 @@ def tile_bound(layout, lens, m, n, bm, bn):
     return (ceil_div(sum(lens), bm) + len(lens)) * ceil_div(n, bn)
 
 
+def formats(fmt):
+    """(a's, b's) format of a case's "e4m3", "e5m2" or mixed "e4m3/e5m2" (a / b)."""
+    fa, _, fb = fmt.partition("/")
+    return fa, fb or fa
+
+
 def make_case(layout, fmt, lens, n, k, seed=0):
     """fp8 operands + fp32 scales; NT/NN: a [sum_m, k], b [G, n, k] / [G, k, n], out [sum_m, n];
     TN: a [sum_k, n] (out rows), b [sum_k, k] (out columns), out [G, n, k]."""
     g = torch.Generator().manual_seed(seed)
-    q = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fmt])  # noqa: E731
+    fa, fb = formats(fmt)
+    qa = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fa])  # noqa: E731
+    qb = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fb])  # noqa: E731
     s = sum(lens)
     offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
     if layout == "TN":
-        a, b = q(s, n), q(s, k)
+        a, b = qa(s, n), qb(s, k)
     else:
-        a, b = q(s, k), (q(len(lens), n, k) if layout == "NT" else q(len(lens), k, n))
+        a, b = qa(s, k), (qb(len(lens), n, k) if layout == "NT" else qb(len(lens), k, n))
     scales = torch.rand(2, generator=g) + 0.25
     return dict(a=a, b=b, a_scale=scales[:1].clone(), b_scale=scales[1:].clone(), group_offs=offs, lens=lens)
 
@@ -78,7 +87,8 @@ def run(variant, c, grid=None, group_m=2, wg_order="linear"):
 
 
 def small(layout, fmt, out):
-    return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT=fmt, OUT=out, BM=64, BN=64)
+    fa, fb = formats(fmt)
+    return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT=fa, FMT_B=fb, OUT=out, BM=64, BN=64)
 
 
 # (layout, fmt, out, group sizes, N, K, grid, group_m, workgroup order); for TN the group sizes
@@ -93,6 +103,10 @@ CASES = [
     ("TN", "e4m3", "f16", [0, 9], 16, 64, None, 2, "linear"),
     ("NT", "e4m3", "bf16", [5, 0, 0, 70, 1, 0, 33, 16], 64, 128, 5, 2, "shuffled"),
     ("TN", "e5m2", "bf16", [5, 0, 0, 130, 1, 0, 33, 16], 32, 48, 7, 1, "shuffled"),
+    # mixed formats (hybrid training's backward: e5m2 gradients x e4m3 activations / weights)
+    ("NN", "e5m2/e4m3", "bf16", [3, 70, 0], 96, 48, 3, 2, "shuffled"),
+    ("TN", "e5m2/e4m3", "bf16", [130, 0, 57], 48, 80, None, 1, "linear"),
+    ("TN", "e4m3/e5m2", "bf16", [200], 80, 112, 2, 2, "shuffled"),
 ]
 
 
@@ -118,7 +132,8 @@ def test_persistent_grid_equals_one_tile_per_workgroup():
     metrics.assert_bitwise_equal(run(variant, c, grid=1), run(variant, c), "grid 1 vs full")
 
 
-ISA_VARIANTS = [v for v in registry.get(KERNEL).variants if v["FMT"] == "e4m3" and v["OUT"] == "bf16"]
+ISA_VARIANTS = [v for v in registry.get(KERNEL).variants
+                if v["FMT"] == v["FMT_B"] == "e4m3" and v["OUT"] == "bf16"]
 
 
 @pytest.mark.parametrize("variant", [v for v in ISA_VARIANTS if v["BM"] > 64], ids=registry.variant_id)

@@ -3,7 +3,10 @@ shipped tuned-config CSV (heuristic or measured) is a valid, buildable config th
 import csv
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import torch
 
 from mxgemm import registry
 
@@ -26,6 +29,12 @@ def test_moe_mxfp8_emulator_case_passes():
     out = _run(ROOT / "op_tests" / "test_moe_mxfp8.py", "--emulator")
     cases = [l for l in out.splitlines() if "on the emulator:" in l]
     assert len(cases) == 1 and ": ok:" in cases[0], out
+
+
+def test_deep_gemm_emulator_cases_pass():
+    out = _run(ROOT / "op_tests" / "test_deep_gemm.py", "--emulator")  # contiguous fp32, masked packed UE8M0
+    cases = [l for l in out.splitlines() if "on the emulator:" in l]
+    assert len(cases) == 2 and all(": ok: 0 of " in l for l in cases), out
 
 
 def test_moe_gemm2_a4w4_emulator_case_passes():
@@ -116,3 +125,64 @@ def test_config_csv_check_rejects_broken_rows(tmp_path):
         "line 6: source 'measured' with us '' (measured rows carry their time)"]
     (tmp_path / "renamed.csv").write_text(SHIPPED_CSV.read_text().replace("SPLIT_K", "SPLITK", 1))
     assert csv_problems(tmp_path / "renamed.csv")[0].startswith("header ")
+
+
+def test_grouped_gemm_fp8_emulator_cases_pass():
+    out = _run(ROOT / "op_tests" / "test_grouped_gemm_fp8.py", "--emulator")
+    cases = [l for l in out.splitlines() if "on the emulator:" in l]
+    assert len(cases) == 3 and all(": ok: bit-exact" in l for l in cases), out
+    assert {l.split()[0] for l in cases} == {"NT", "NN", "TN"}, out
+
+
+def _grouped_config_problems(rows) -> list[str]:
+    """Why rows of a grouped_gemm_fp8 tuned table are unusable: duplicates, unregistered tiles, values."""
+    from mxgemm.ops import grouped_fp8 as op
+    bad, seen = [], set()
+    for n, r in enumerate(rows, 2):
+        key = op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
+        cfg = {k: int(r[k]) for k in op.CONFIG}
+        if key in seen:
+            bad.append(f"line {n}: duplicate problem {key}")
+        seen.add(key)
+        if op._variant(r["layout"], torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16, cfg) is None:
+            bad.append(f"line {n}: no registered {r['layout']} e4m3 -> bf16 tile {cfg['BM']} x {cfg['BN']}")
+        if cfg["GROUP_M"] not in op.GROUP_MS or cfg["PERSISTENT"] not in op.PERSISTENT:
+            bad.append(f"line {n}: GROUP_M {cfg['GROUP_M']} / PERSISTENT {cfg['PERSISTENT']}")
+        if (r["source"] == "heuristic") != (r["us"] == ""):
+            bad.append(f"line {n}: source {r['source']!r} with us {r['us']!r}")
+    return bad
+
+
+def _planner_takes(rows, table):
+    from mxgemm.ops import grouped_fp8 as op
+    e4m3 = torch.empty(0, dtype=torch.float8_e4m3fn)
+    call = types.SimpleNamespace(config="", a=e4m3, b=e4m3, out_dtype=torch.bfloat16)
+    for r in rows:
+        key = op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
+        _, cfg, why = op.choose_config(call, *key, table=table)
+        assert cfg == {k: int(r[k]) for k in op.CONFIG} and why == f"tuned table row (source={r['source']})", r
+
+
+def test_grouped_gemm_fp8_tuner_dry_run_writes_a_table_the_planner_reads(tmp_path):
+    from mxgemm import tuned
+    from mxgemm.ops import grouped_fp8 as op
+    out = _run(ROOT / "op_tests" / "tune_grouped_gemm_fp8.py", "--emulator", "--out", tmp_path / "t.csv")
+    assert "every candidate bit-exact vs reference" in out, out
+    header, rows = csv_rows(tmp_path / "t.csv")
+    assert header == [*op.KEY, *op.CONFIG, "us", "source"] and [r["layout"] for r in rows] == ["NT", "NN", "TN"]
+    assert _grouped_config_problems(rows) == [] and all(r["source"] == "emulator" for r in rows)
+    _planner_takes(rows, op.tuned_table(str(tmp_path / "t.csv")))
+    assert tuned.read_rows(tmp_path / "none.csv") == []
+
+
+def test_shipped_grouped_gemm_fp8_table_rows_are_taken_by_the_planner():
+    from mxgemm.ops import grouped_fp8 as op
+    header, rows = csv_rows(op.CONFIG_CSV)
+    assert header == [*op.KEY, *op.CONFIG, "us", "source"] and rows
+    assert _grouped_config_problems(rows) == []
+    _planner_takes(rows, op.tuned_table())
+    broken = [{**rows[0], "BM": "128", "BN": "64"}, rows[0], {**rows[1], "source": "measured"}]
+    assert _grouped_config_problems(broken) == [
+        f"line 2: no registered {rows[0]['layout']} e4m3 -> bf16 tile 128 x 64",
+        f"line 3: duplicate problem {op.problem_key(rows[0]['layout'], *(int(rows[0][k]) for k in op.KEY[1:]))}",
+        "line 4: source 'measured' with us ''"]

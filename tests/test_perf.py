@@ -34,7 +34,7 @@ HAND = [
     ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32, K=512),
      2 * 32 * 32 * 512, 32 * 512 + 32 * 512 + 32 * 4 * 4 + 4 * 4 + 2 * 32 * 32, (1, 1, 1), 4 * 2),
     # grouped fp8 forward: 2 groups of 64 rows, tile bound (ceil(128 / 64) + 2) x 1; 64x64 tiles step K by 256
-    ("grouped_gemm_fp8", {"LAYOUT": "NT", "FMT": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64},
+    ("grouped_gemm_fp8", {"LAYOUT": "NT", "FMT": "e4m3", "FMT_B": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64},
      dict(groups=2, m=64, N=64, K=512), 2 * 2 * 64 * 64 * 512, 2 * 64 * 512 + 2 * 64 * 512 + 2 * 2 * 64 * 64,
      (4, 1, 1), 2 * 4 * 2),
     # dequant 8 x 1024: e4m3 in, 32 scales a row, fp32 out; one workgroup per 1024 elements
@@ -68,7 +68,7 @@ def test_roofline_and_mfma_cycles_by_hand():
 
 
 # ---- the hot loop against the emulator's counters ----
-_NT64 = {"FMT": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64}
+_NT64 = {"FMT": "e4m3", "FMT_B": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64}
 # (kernel, variant, fixed shape, the dimension the hot loop runs over, two values of it)
 LOOPS = [
     ("smallm_mxfp8_gemv", {"M_TILE": 2, "N_SUB": 1}, dict(M=2, N=16), "K", (1024, 2048)),

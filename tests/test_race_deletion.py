@@ -75,27 +75,36 @@ def _a4w4(backend):
     return run
 
 
-def _grouped_fp8(v):  # sizes that make the op pick variant v; two groups, a persistent grid of 1
-    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[v["FMT"]]
-    q = lambda *s: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(dtype)  # noqa: E731
+def _grouped_fp8(v):
+    """TN: sizes that make the op pick variant v, one K step + a 2-row tail, then a short group.
+    NT / NN (variant forced by config, a persistent grid of 1): nine groups, so the group scans
+    run the compiler's 8- and 4-unrolled bodies and their remainders, of sizes bm + 2, 0 x 7 and
+    bm - 2 (a partial second row tile); K = three steps, so the K loop runs its 2-unrolled body
+    and its remainder step."""
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(fp8[v[f]])
+              for f in ("FMT", "FMT_B"))
     bm, bn, one = v["BM"], v["BN"], torch.ones(1)
     kw = dict(out_dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
-    if v["LAYOUT"] == "TN":  # one K step + a 2-row tail, then a short group
+    if v["LAYOUT"] == "TN":
         lens = torch.tensor([130, 3])
-        args, op = (q(133, bm), one, q(133, bn), one, lens), "grouped_gemm_fp8_variable_k"
-    else:  # groups of bm + 2 and bm - 2 rows: a partial second row tile; K = two steps
-        lens, trans_b = torch.tensor([bm + 2, bm - 2]), v["LAYOUT"] == "NT"
-        args, op = (q(2 * bm, 256), one, q(2, bn, 256) if trans_b else q(2, 256, bn), one, lens), \
+        args, op = (qa(133, bm), one, qb(133, bn), one, lens), "grouped_gemm_fp8_variable_k"
+    else:
+        lens, trans_b, K = torch.tensor([bm + 2] + [0] * 7 + [bm - 2]), v["LAYOUT"] == "NT", 384
+        args, op = (qa(2 * bm, K), one, qb(9, bn, K) if trans_b else qb(9, K, bn), one, lens), \
             "grouped_gemm_fp8_kernel"
-        kw.update(trans_b=trans_b, num_cu=1)
+        kw.update(trans_b=trans_b, num_cu=1, config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
     assert mxgemm.explain(op, *args, **kw).variant == v
     getattr(mxgemm, op)(*args, **kw)
+
+
 def _deep_gemm(v):
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows), K = 6 and 7 blocks (the compiler unrolls the K loop: both
-    leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA of the last
-    step lands in LDS buffer 0, where the epilogue's C tile goes)."""
-    for K in (768, 896):
+    each group padded to 128 rows), K = 1, 6 and 7 blocks, the 7th partial (the compiler unrolls
+    the K loop: 6 and 7 leave remainder steps for unroll factors 2 and 4; with 6 the dead
+    prefetch DMA of the last step lands in LDS buffer 0, where the epilogue's C tile goes; 1
+    takes the path that skips the unrolled loop)."""
+    for K in (128, 768, 848):
         _deep_gemm_k(v, K)
 
 
@@ -113,9 +122,10 @@ def _deep_gemm_k(v, K):
     sf = (lambda *s: torch.randint(120, 134, s, generator=g, dtype=torch.uint8)) if v["UE8M0"] else \
         (lambda *s: torch.rand(*s, generator=g) + 0.5)
     out = torch.zeros(*rows, N, dtype=torch.bfloat16 if v["OUT"] == "bf16" else torch.float16)
-    args = (a, sf(*rows, K // 128), b, sf(G, -(-N // 128), K // 128), layout, out)
-    assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=bool(v["MASKED"])).variant == v
-    mxgemm.deep_gemm_fp8_grouped_gemm(*args, masked=bool(v["MASKED"]))
+    args = (a, sf(*rows, -(-K // 128)), b, sf(G, -(-N // 128), -(-K // 128)), layout, out)
+    kw = dict(masked=bool(v["MASKED"]), config=f"{v['BM']}x{v['BN']}")
+    assert mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, **kw).variant == v
+    mxgemm.deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
 def _mx_gemm(v):
@@ -148,8 +158,6 @@ RUNNERS = {
 # (checked with an s_trap in its place).
 _WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by thread o and written by "
                "the 16 lanes of its own wave: no LDS data crosses waves")
-_LDS_READS_RETIRED = ("the K step's explicit wait for its LDS tile reads: the compiler already retired them "
-                      "(lgkmcnt(0) before the MFMA that reads them) and the DMA issued since counts in vmcnt")
 REDUNDANT = (
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
@@ -157,13 +165,11 @@ REDUNDANT = (
     ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
      "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
      "runs whenever the second does (a block's real rows precede its padding)"),
-    *(("deep_gemm_fp8", None, "s_waitcnt lgkmcnt(0)", mem, _LDS_READS_RETIRED)
-      for mem in ("buffer_load_dwordx4", "ds_write_b64")),
-    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "buffer_load_dwordx4",
-     "K-loop remainder head: the compiler's vmcnt(0) for the scale bytes is followed by the step's own "
-     "vmcnt(0) before its barrier with no memory instruction in between"),
-    ("deep_gemm_fp8", None, "s_waitcnt vmcnt(0)", "ds_read_b128",
-     "C-tile barrier: no load was issued since the epilogue entry's vmcnt(0) (only the tile's ds_write)"),
+    ("grouped_gemm_fp8", tuple(registry.variant_id(v) for v in registry.get("grouped_gemm_fp8").variants
+                               if v["BM"] == 64 and v["LAYOUT"] != "TN"), "s_waitcnt lgkmcnt(0)", None,
+     "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
+     "dead prefetch of step K/128 (all-zero loads); that LDS buffer is next read after the next tile's "
+     "prologue barrier, which every wave reaches through an lgkmcnt(0) that retires these writes too"),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
@@ -172,25 +178,31 @@ REDUNDANT = (
      "retired the split-K ds_read"),
 )
 MEMORY = re.compile(r"\s*(buffer_|global_|flat_|scratch_|ds_|s_load|s_buffer_load|s_store|s_atomic)")
+# the wait counters each class of memory instruction counts in (gfx9: LDS and scalar memory in
+# lgkmcnt, vector memory in vmcnt, flat in both)
+COUNTED = ((re.compile(r"\s*(ds_|s_load|s_buffer_load|s_store|s_atomic)"), {"lgkmcnt"}),
+           (re.compile(r"\s*(buffer_|global_|scratch_)"), {"vmcnt"}),
+           (re.compile(r"\s*flat_"), {"vmcnt", "lgkmcnt"}))
 BLOCK_END = re.compile(r"\s*(s_cbranch|s_branch|s_setpc|s_endpgm|\S+:)")
 COUNTERS = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
 
 
 def repeats_earlier_wait(lines, i):
     """Why deleting s_waitcnt line i is harmless when an at-least-as-strong s_waitcnt precedes it
-    in the same basic block with no memory instruction in between, weaker waits allowed between
-    (None otherwise)."""
+    in the same basic block with no memory instruction counted by its counters in between, weaker
+    waits allowed between (None otherwise)."""
     want = dict((c, int(n)) for c, n in COUNTERS.findall(lines[i]))
     for j in range(i - 1, -1, -1):
         text = lines[j].split(";")[0]
         if not text.strip():
             continue
-        if MEMORY.match(text) or BLOCK_END.match(text) or not want:
+        counted = next((cs for pattern, cs in COUNTED if pattern.match(text)), set())
+        if counted & set(want) or BLOCK_END.match(text) or not want:
             return None
         if text.strip().startswith("s_waitcnt"):
             had = dict((c, int(n)) for c, n in COUNTERS.findall(text))
             if all(c in had and had[c] <= n for c, n in want.items()):
-                return f"repeats the wait at line {j + 1}; no load issued in between"
+                return f"repeats the wait at line {j + 1}; nothing it counts issued in between"
             # a weaker wait in between retires nothing: keep looking for a stronger one
     return None
 

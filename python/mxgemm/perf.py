@@ -354,10 +354,11 @@ def preset_moe_mxfp8():
 
 
 def _grouped_variant(layout, m, N):
-    from .ops.grouped_fp8 import _tiles
-    bm, bn = _tiles(m, N, torch.bfloat16)
-    return registry.find_variant(registry.get("grouped_gemm_fp8"), LAYOUT=layout, FMT="e4m3", OUT="bf16",
-                                 BM=bm, BN=bn)
+    """The planner's untuned tile for m rows per group (NT / NN) or m output rows (TN)."""
+    from .ops.grouped_fp8 import heuristic_config
+    cfg = heuristic_config(layout, 1, m, N)
+    return registry.find_variant(registry.get("grouped_gemm_fp8"), LAYOUT=layout, FMT="e4m3", FMT_B="e4m3",
+                                 OUT="bf16", BM=cfg["BM"], BN=cfg["BN"])
 
 
 def preset_grouped_fp8():

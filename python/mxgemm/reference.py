@@ -1,11 +1,13 @@
 """Reference ops: the ground truth every kernel test compares against (pure torch, CPU).
 
 Accumulation model (all ops): the reduction dimension is cut into chunks (32 for MX
-scales, 128 for DeepGEMM block scales and for tensorwise FP8). Each chunk's dot product
+scales, 128 for mx_gemm's scaled 16x16x128 MMA steps, for DeepGEMM block scales and for
+tensorwise FP8). Each chunk's dot product
 of the decoded, unscaled elements is computed exactly (float64 holds it exactly: every
 e4m3*e4m3 or fp4 product has <= 8 significant bits and a chunk spans < 2^45; for e5m2
-operands it is exact unless one chunk spans more than 2^53), then scaled and rounded to
-fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
+operands it is exact unless one chunk spans more than 2^53; mx_gemm's 128-K chunks, whose
+four 32-blocks carry their own scales, are summed exactly whatever the span), then scaled
+and rounded to fp32 once, and the fp32 chunk partials are added one by one in increasing chunk order
 into an fp32 accumulator starting at +0. The output is bf16_rne(accumulator) (fp16 RNE for
 out_dtype=torch.float16), or the fp32 accumulator itself with out_dtype=torch.float32 (MoE
 gemm2 is bf16 by definition). A kernel whose MFMA sums in another order may differ from this by a
@@ -244,14 +246,17 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
 
 # ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----
 def _blockscale(a, sa, b, sb) -> torch.Tensor:
-    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [N/128, K/128] -> fp32 [M, N].
+    """a [M, K] e4m3 with sa [M, K/128], b [N, K] with sb [ceil(N/128), K/128] (or [N, K/128]:
+    one scale per row of b) -> fp32 [M, N].
 
     fp32 scales (software promotion): acc += fp32(chunk sum) * fp32(sa * sb), every operation
     an fp32 RNE rounding. e8m0 scales (uint8 codes, hardware-scaled MFMA): the power-of-two
     scales apply to the exact chunk sum before its one rounding, acc += fp32(sum * sa * sb)."""
     e8m0 = sa.dtype == torch.uint8
     sa = _fp32_scale(sa)
-    sbn = _fp32_scale(sb).repeat_interleave(FP8_BLOCK, 0)[:b.shape[0]]  # [N, K/128]
+    sbn = _fp32_scale(sb)
+    if sbn.shape[0] != b.shape[0]:
+        sbn = sbn.repeat_interleave(FP8_BLOCK, 0)[:b.shape[0]]  # [N, K/128]
     if e8m0:
         sa, sbn = sa.double(), sbn.double()
         combine = lambda c, p: (p * (sa[:, c, None] * sbn[None, :, c])).float()  # noqa: E731
@@ -263,7 +268,8 @@ def _blockscale(a, sa, b, sb) -> torch.Tensor:
 def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
                                          out_dtype=torch.bfloat16) -> torch.Tensor:
     """DeepGEMM m_grouped_fp8_gemm_nt_contiguous: a [M, K] e4m3, a_scale [M, ceil(K/128)]
-    (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)],
+    (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)] (or
+    [G, N, ceil(K/128)]: per row of b),
     grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> [M, N] out_dtype
     (bf16, f16 or the fp32 accumulator)."""
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)

@@ -185,29 +185,45 @@ register(Kernel(
 register(Kernel(
     name="deep_gemm_fp8", language="flydsl", source="flydsl_kernels/deep_gemm_fp8.py",
     symbol="deep_gemm_fp8",
-    # layout: m_indices (contiguous) or masked_m (masked); sfa_s*: sfa's element strides
-    # (group, row, K block); m_tiles: BM-row tiles over all groups
+    # layout: m_indices (contiguous) or masked_m (masked); sfa_* / sfb_*: the scales' byte strides
+    # (group, row, 4 K blocks, K block in 4; rows of b >> sfb_shift); m_tiles: BM-row tiles over all groups
     args=("a", "sfa", "b", "sfb", "out", "layout", "rows", "N", "K", "m_max", "groups",
-          "sfa_sg", "sfa_sm", "sfa_sk"),
-    grid=("N", "m_tiles"), tile=lambda v: {"N": v["BN"]}, k_align=128, n_align=32,
+          "sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1", "sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1", "sfb_shift"),
+    grid=("N", "m_tiles"), tile=lambda v: {"N": v["BN"]}, k_align=16, n_align=32,
+    # tiles (the op's config space): 128 x 128, 128 x 64 for grids too small to fill the GPU with
+    # 128 x 128 (bf16, DeepGEMM's output), 32 x 32 for N % 64 != 0 (and fast emulator tests)
     variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    + variant_grid(BM=(128,), BN=(64,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
     + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16")),
-    doc="e4m3 x e4m3 grouped GEMM with 1x128 / 128x128 block scales (fp32 or e8m0), DeepGEMM's "
-        "contiguous (m_indices) and masked (masked_m) layouts; bf16/f16 out; K % 128, N % BN"))
+    doc="e4m3 x e4m3 grouped GEMM with 1x128 / 128x128 (or per-row 1x128) block scales: fp32, or "
+        "e8m0 bytes, packed or not; DeepGEMM's contiguous (m_indices) and masked (masked_m) layouts; "
+        "bf16/f16 out; K % 16, N % BN"))
 # --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
-# bf16 variants (256 x 256 needs more than 512 registers per lane and spills).
-_GROUPED_FP8_LAYOUTS = dict(LAYOUT=("NT", "NN", "TN"), FMT=("e4m3", "e5m2"))
+# bf16 variants (256 x 256 needs more than 512 registers per lane and spills). FMT / FMT_B: the
+# formats of a / b. Mixed pairs only where hybrid training (e4m3 activations and weights, e5m2
+# gradients) has them: the backward's dgrad (e5m2 grad_out x e4m3 weights) and wgrads.
+_GROUPED_FP8_SAME = tuple(dict(FMT=f, FMT_B=f) for f in ("e4m3", "e5m2"))
+_GROUPED_FP8_HYBRID = (dict(LAYOUT="NN", FMT="e5m2", FMT_B="e4m3"), dict(LAYOUT="TN", FMT="e5m2", FMT_B="e4m3"),
+                       dict(LAYOUT="TN", FMT="e4m3", FMT_B="e5m2"))
+
+
+def _grouped_fp8_variants(**params):
+    same = tuple(dict(v, **f) for f in _GROUPED_FP8_SAME for v in variant_grid(LAYOUT=("NT", "NN", "TN"), **params))
+    return same + tuple(dict(v, **h) for h in _GROUPED_FP8_HYBRID for v in variant_grid(**params)
+                        if v["OUT"] == "bf16" and v["BM"] in (64, 256))
+
+
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
     symbol="grouped_gemm_fp8",
     args=("a", "a_scale", "b", "b_scale", "group_offs", "out", "G", "M", "N", "K", "group_m", "grid"),
     # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
     grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
-    variants=variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16", "f16"), BM=(64,), BN=(64,))
-    + variant_grid(**_GROUPED_FP8_LAYOUTS, OUT=("bf16",), BM=(128, 256), BN=(128,)),
-    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
+    variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
+    + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,)),
+    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2 or mixed, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))
 
 # --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---

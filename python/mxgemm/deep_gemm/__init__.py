@@ -6,19 +6,28 @@ docstring gives layouts and numerics), the layout helpers DeepGEMM users call wh
 grouped inputs, and ``mxgemm.deep_gemm.utils`` (DeepGEMM's casts and ``calc_diff``).
 
 Scales: fp32 sfa/sfb (DeepGEMM's SM90 recipe) are applied exactly per 128-K block in fp32 and
-never cast, so ``disable_ue8m0_cast`` changes nothing; e8m0 bytes (uint8 / float8_e8m0fnu, the
-SM100 recipe's values unpacked) go to the scaled MFMA's hardware scales. ``compiled_dims`` and
-``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing here. Rows of no
-group (m_indices == -1, rows >= masked_m) are left untouched.
+never cast, so ``disable_ue8m0_cast`` changes nothing; UE8M0 scales go to the scaled MFMA's
+hardware scales, either as bytes (uint8 / float8_e8m0fnu, sfb per 128 rows of b) or packed as
+DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j is K block
+4j + i), MN-major, sfa [.., M, ceil(K/512)] and sfb [G, N, ceil(K/512)] with one scale per row
+of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them.
+``compiled_dims`` and ``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing
+here; ``config`` (mxgemm's, after DeepGEMM's arguments) picks the tile (``choose_tile`` in
+ops/deep_gemm.py). Rows of no group (m_indices == -1, rows >= masked_m) are left untouched.
 
-Not covered (no kernel here for them): DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16
-ones), the K-grouped weight-gradient GEMMs, the attention-logit kernels, scales packed four
-UE8M0 bytes to an int32 (pass them unpacked as uint8), its SM-count and layout-transform
-utilities, and an N that is not a multiple of 32.
+Not covered: DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16 ones) and NN grouped
+forms, its K-grouped weight-gradient GEMMs, the FP4 and attention-logit kernels (no kernel here
+for them: mxgemm's tensorwise FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), the psum
+layout and ``use_psum_layout``, SM-count settings (``set_num_sms``: CUDA-specific, the grid
+here is fixed by the tile), ``set_mk_alignment_for_contiguous_layout`` (the alignment is the
+kernel's 128), ``transform_sf_into_required_layout`` (scales are taken in the layouts above),
+K % 16 != 0 and N % 32 != 0 (the kernel's load-chunk and tile rules: see the op's docstring).
 """
+import torch
+
 from .. import guards
 from ..ops._op import OPS
-from ..ops.deep_gemm import M_ALIGN, deep_gemm_fp8_grouped_gemm
+from ..ops.deep_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
 from .utils import align, ceil_div
 
 # Rows of each group in the contiguous layout are padded to a multiple of this (padding rows
@@ -35,43 +44,64 @@ def get_mk_alignment_for_contiguous_layout() -> int:
 get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 
 
+def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
+    """The same scales [G?, MN, C] in DeepGEMM's MN-major TMA-aligned layout: MN unit-stride,
+    each column padded to a multiple of 4 elements."""
+    mn, c = sf.shape[-2:]
+    storage = sf.new_zeros(*sf.shape[:-2], c, align(mn, 4))
+    storage[..., :mn] = sf.transpose(-1, -2)
+    return storage[..., :mn].transpose(-1, -2)
 
-def _flat(a, b, d, layout, recipe, masked: bool):
+
+def get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor) -> torch.Tensor:
+    """fp32 scales [G?, MN, K/128] -> UE8M0 codes (the fp32 exponent field: exact for powers of
+    two) packed four to an int32 along K, byte i of word j holding K block 4j + i (missing
+    blocks 0), in the MN-major TMA-aligned layout: int32 [G?, MN, ceil(K/512)]."""
+    if sf.dtype != torch.float32:
+        guards.fail("dtype", f"sf has dtype {sf.dtype}; expected torch.float32")
+    codes = ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    kb = sf.shape[-1]
+    codes = torch.nn.functional.pad(codes, (0, align(kb, 4) - kb))
+    return get_mn_major_tma_aligned_tensor(codes.contiguous().view(PACKED))
+
+
+def _flat(a, b, d, layout, recipe, masked: bool, config):
     """DeepGEMM's (tensor, scales) pairs -> the op's flat arguments."""
     for name, pair in (("a", a), ("b", b)):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             guards.fail("args", f"{name} must be a (fp8 tensor, scales) pair as in DeepGEMM; got {type(pair).__name__}")
-    if recipe is not None and tuple(recipe) != (1, 128, 128):
-        guards.fail("recipe", f"recipe = {tuple(recipe)}: only DeepGEMM's (1, 128, 128) block scaling is supported")
-    return (a[0], a[1], b[0], b[1], layout, d), {"masked": masked}
+    want = (1, 1, 128) if b[1].dtype == PACKED else (1, 128, 128)  # DeepGEMM's default for this sfb
+    if recipe is not None and tuple(recipe) != want:
+        guards.fail("recipe", f"recipe = {tuple(recipe)}: with sfb of dtype {b[1].dtype} the block scaling is {want}")
+    return (a[0], a[1], b[0], b[1], layout, d), {"masked": masked, "config": config}
 
 
-def _contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
-    return _flat(a, b, d, m_indices, recipe, False)
+def _contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, config=""):
+    return _flat(a, b, d, m_indices, recipe, False, config)
 
 
-def _masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
+def _masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, config=""):
     if not isinstance(expected_m, int) or expected_m < 0:
         guards.fail("expected_m", f"expected_m must be a non-negative int (a hint); got {expected_m!r}")
-    return _flat(a, b, d, masked_m, recipe, True)
+    return _flat(a, b, d, masked_m, recipe, True, config)
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk",
-                                     disable_ue8m0_cast=False) -> None:
+                                     disable_ue8m0_cast=False, config="") -> None:
     """d[m] = a[m] . b[m_indices[m]]^T with block scales. a = (e4m3 [M, K], sfa [M, K/128]),
     b = (e4m3 [G, N, K], sfb [G, N/128, K/128]), d [M, N] bf16/f16 written in place,
     m_indices int32 [M] (-1: padding, d's row untouched; each group padded to
     get_mk_alignment_for_contiguous_layout() rows)."""
-    args, kw = _contiguous(a, b, d, m_indices, recipe, compiled_dims, disable_ue8m0_cast)
+    args, kw = _contiguous(a, b, d, m_indices, recipe, compiled_dims, disable_ue8m0_cast, config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk",
-                                 disable_ue8m0_cast=False) -> None:
+                                 disable_ue8m0_cast=False, config="") -> None:
     """d[g, m] = a[g, m] . b[g]^T for m < masked_m[g] with block scales. a = (e4m3 [G, M_max, K],
     sfa [G, M_max, K/128]), b as contiguous, d [G, M_max, N] written in place (rows >= masked_m[g]
     untouched), masked_m int32 [G]."""
-    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, compiled_dims, disable_ue8m0_cast)
+    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, compiled_dims, disable_ue8m0_cast, config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
@@ -85,5 +115,6 @@ def explain(fn, *args, **kw):
 
 
 __all__ = ["align", "ceil_div", "explain", "get_mk_alignment_for_contiguous_layout",
-           "get_m_alignment_for_contiguous_layout", "m_grouped_fp8_gemm_nt_contiguous",
+           "get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+           "get_mn_major_tma_aligned_tensor", "m_grouped_fp8_gemm_nt_contiguous",
            "m_grouped_fp8_gemm_nt_masked"]

@@ -129,8 +129,8 @@ CATALOGUE = (
         "FlyDSL dequant ignores the scale"),
     # ---- DeepGEMM-compatible FP8 grouped GEMM (FlyDSL)
     Mutation("deep-gemm-drop-sfb", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "arith.mulf(sa[mt], sb)", "sa[mt]"),
-        (DEEP_GEMM, "acc[nt][mt], 0, 0, 0, sb, 0, sa[mt]]", "acc[nt][mt], 0, 0, 0, one, 0, sa[mt]]")),
+        (DEEP_GEMM, "arith.mulf(sa[mt], sb[0])", "sa[mt]"),
+        (DEEP_GEMM, "acc[nt][mt], 0, 0, 0, sb[nt], 0, sa[mt]]", "acc[nt][mt], 0, 0, 0, one, 0, sa[mt]]")),
         "weight scales ignored: fp32 promotion by sfa alone, hardware e8m0 scale 1.0 for B"),
     Mutation("deep-gemm-bf16-truncate", ("deep_gemm_fp8",), (
         (DEEP_GEMM, "packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))",
@@ -141,9 +141,16 @@ CATALOGUE = (
          "else arith.truncf(out_t, acc[nt][mt]))"),),
         "bf16 output conversion truncates the fp32 bits instead of RNE"),
     Mutation("deep-gemm-sfa-next-k-block", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "sfa_voff[mt], B.mul(kt, B.mul(sfa_sk, B.c(esz)))",
-         "sfa_voff[mt], B.mul(B.add(kt, B.c(1)), B.mul(sfa_sk, B.c(esz)))"),),
+        (DEEP_GEMM, "sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1)",
+         "sfa_voff[mt], k_block(B.add(kt, B.c(1)), sfa_sk4, sfa_sk1)"),),
         "activation scale of the next 128-K block (off by one in the K-block scale index)"),
+    Mutation("deep-gemm-sfb-per-block-only", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "B.mul(arith.shrui(c, sfb_shift), sfb_sn)", "B.mul(arith.shrui(c, B.c(7)), sfb_sn)"),),
+        "UE8M0 weight scales always read per 128 rows of b: per-row (packed recipe) scales ignored"),
+    Mutation("deep-gemm-partial-k-block-unmasked", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]',
+         "return list(offsets)"),),
+        "a partial last K block reads on into the next row instead of zeros past K"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))",
@@ -155,6 +162,9 @@ CATALOGUE = (
          "acc[i * nj_n + j], splat)), arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat("
          "b.v4i32, ir.IntegerAttr.get(b.i32, -65536))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
+    Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a]", "FMT_CODE[fmt_a], FMT_CODE[fmt_b]"),),
+        "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
          "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),

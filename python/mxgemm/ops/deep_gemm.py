@@ -11,29 +11,75 @@ from ._op import Plan, kernel_plan, op
 _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
 M_ALIGN = 128                      # row alignment of each group in the contiguous layout
-_E8M0 = (torch.uint8, torch.float8_e8m0fnu)
+# UE8M0 scales: one byte per scale, or DeepGEMM's SM100 packing of four to an int32 (byte i of
+# word j = K block 4j + i, little-endian; sfb then holds one scale per row of b)
+PACKED = torch.int32
+_E8M0 = (torch.uint8, torch.float8_e8m0fnu, PACKED)
 
 
-def _tile(N: int) -> int:
-    """The production 128 x 128 tile when N allows it, else the registered 32 x 32 one."""
-    return max(bn for bn in _KERNEL.values("BN") if N % bn == 0)
+NUM_CU = 256                       # compute units of an MI355X: the grid the default tile aims to fill
+SMALL_TILE = (32, 32)              # for N % 64 != 0 only (and the emulator tests)
 
 
-def sfa_strides(sfa: torch.Tensor, name: str = "sfa") -> tuple:
-    """(group, row, K-block) element strides of the activation scales: row-major (contiguous) or
-    DeepGEMM's MN-major TMA-aligned layout (rows unit-stride, each K block's column padded to
-    4 elements). Any other layout is refused: the plan cache keys on contiguity, not strides."""
-    m, kb = sfa.shape[-2:]
-    if sfa.is_contiguous():
-        st = sfa.stride()
+def parse_config(config) -> tuple | None:
+    """A tile given as "BMxBN" or {"BM": .., "BN": ..} -> (BM, BN); "" / None -> None."""
+    if not config:
+        return None
+    if isinstance(config, dict):
+        return int(config["BM"]), int(config["BN"])
+    bm, sep, bn = str(config).partition("x")
+    if not (sep and bm.isdigit() and bn.isdigit()):
+        guards.fail("config", f"config = {config!r}; expected a tile \"BMxBN\" such as \"128x64\"")
+    return int(bm), int(bn)
+
+
+def _config_str(config) -> str:
+    tile = parse_config(config)
+    return f"{tile[0]}x{tile[1]}" if tile else ""
+
+
+def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
+    """(BM, BN, why): the caller's config, else the deterministic default over the registered
+    tiles (``tiles``, for this call's layout, scales and output) with N % BN == 0: the 32 x 32
+    tile only when no larger one divides N; else the largest tile whose grid has at least NUM_CU
+    workgroups; else (a grid too small for the GPU) the tile with the most workgroups.
+    ``m_tiles(BM)``: row tiles of the call."""
+    fits = [t for t in tiles if N % t[1] == 0]
+    forced = parse_config(config)
+    if forced is not None:
+        if forced not in fits:
+            guards.fail("config", f"tile {forced[0]}x{forced[1]} is not a registered tile dividing N = {N} for "
+                                  f"this layout, scale and output type; registered: {sorted(set(tiles))}")
+        return (*forced, "config given by the caller")
+    big = sorted((t for t in fits if t != SMALL_TILE), key=lambda t: -t[0] * t[1])
+    if not big:
+        return (*SMALL_TILE, f"no larger registered tile divides N = {N}")
+    grid = {t: m_tiles(t[0]) * (N // t[1]) for t in big}
+    full = [t for t in big if grid[t] >= NUM_CU]
+    if full:
+        return (*full[0], f"largest tile whose grid ({grid[full[0]]} workgroups) fills {NUM_CU} CUs")
+    best = max(big, key=lambda t: (grid[t], t[0] * t[1]))
+    return (*best, f"no tile's grid fills {NUM_CU} CUs: the most workgroups ({grid[best]})")
+
+
+def scale_strides(sf: torch.Tensor, name: str) -> tuple:
+    """Byte strides (group, row, 4 K blocks, K block within 4) of scales [G?, rows, columns]:
+    row-major (contiguous) or DeepGEMM's MN-major TMA-aligned layout (rows unit-stride, each
+    column padded to 4 elements). Any other layout is refused: the plan cache keys on
+    contiguity, not strides."""
+    m, cols = sf.shape[-2:]
+    if sf.is_contiguous():
+        st = sf.stride()
     else:
         col = -(-m // 4) * 4
-        want = ((kb * col,) if sfa.dim() == 3 else ()) + (1, col)
-        if sfa.stride() != want:
-            guards.fail("layout", f"{name} has strides {sfa.stride()} for shape {list(sfa.shape)}; expected "
+        want = ((cols * col,) if sf.dim() == 3 else ()) + (1, col)
+        if sf.stride() != want:
+            guards.fail("layout", f"{name} has strides {sf.stride()} for shape {list(sf.shape)}; expected "
                                   f"row-major (contiguous) or MN-major with strides {want}")
         st = want
-    return st if sfa.dim() == 3 else (0, *st)
+    sg, sm, sk = (st if sf.dim() == 3 else (0, *st))
+    e = sf.element_size()
+    return (sg * e, sm * e, sk * e, 1) if sf.dtype == PACKED else (sg * e, sm * e, 4 * sk * e, sk * e)
 
 
 def _plan(x) -> Plan:
@@ -46,7 +92,7 @@ def _plan(x) -> Plan:
     guards.check_dtype(out, "d", (torch.bfloat16, torch.float16))
     name = "masked_m" if masked else "m_indices"
     guards.check_dtype(x.layout, name, torch.int32)
-    for n, t in (("a", a), ("b", b), ("sfb", x.sfb), ("d", out), (name, x.layout)):
+    for n, t in (("a", a), ("b", b), ("d", out), (name, x.layout)):
         guards.check_contiguous(t, n)
     device = guards.check_same_device(a=a, sfa=x.sfa, b=b, sfb=x.sfb, d=out, **{name: x.layout})
 
@@ -59,9 +105,11 @@ def _plan(x) -> Plan:
     guards.check_shape(a, "a", (*lead, K))
     rows_shape = a.shape[:-1]
     guards.check_shape(out, "d", (*rows_shape, N))
-    guards.check_shape(x.sfa, "sfa", (*rows_shape, K // BLOCK))
-    guards.check_shape(x.sfb, "sfb", (G, -(-N // BLOCK), K // BLOCK))
-    sg, sm, sk = sfa_strides(x.sfa)
+    k_blocks, packed_cols = -(-K // BLOCK), -(-K // (4 * BLOCK))
+    guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else k_blocks))
+    sfb_packed = x.sfb.dtype == PACKED  # one scale per row of b, as DeepGEMM's packed recipe (1, 1, 128)
+    guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), k_blocks))
+    sfa_st, sfb_st = scale_strides(x.sfa, "sfa"), scale_strides(x.sfb, "sfb")
     if masked:
         m_max = a.shape[1]
         guards.check_shape(x.layout, "masked_m", (G,))
@@ -70,21 +118,24 @@ def _plan(x) -> Plan:
         guards.check_shape(x.layout, "m_indices", (a.shape[0],))
         guards.check_multiple(a.shape[0], "M (rows of a)", M_ALIGN, f"M%{M_ALIGN}")
     rows = a.shape[0] * (a.shape[1] if masked else 1)
-    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b), ("sfa", x.sfa)):
+    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b), ("sfa", x.sfa), ("sfb", x.sfb)):
         guards.check_voffset(t, n)
 
-    bm = bn = _tile(N)
-    variant = registry.find_variant(_KERNEL, BM=bm, BN=bn, MASKED=int(masked), UE8M0=int(ue8m0),
-                                    OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
-    m_tiles = G * -(-m_max // bm) if masked else -(-rows // bm)
     if rows == 0 or N == 0 or G == 0:
         return Plan("deep_gemm_fp8_grouped_gemm", None, backend="none", reason="empty problem: nothing to launch")
-    scales = "e8m0 scales on the scaled MFMA" if ue8m0 else "fp32 scales, exact per-128-K promotion"
+    family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
+    row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))  # noqa: E731
+    tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants if {k: v[k] for k in family} == family]
+    bm, bn, why = choose_tile(N, row_tiles, tiles, x.config)
+    variant = registry.find_variant(_KERNEL, BM=bm, BN=bn, **family)
+    scales = (f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
+              if ue8m0 else "fp32 scales, exact per-128-K promotion")
     return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,
-                       f"{'masked' if masked else 'contiguous'} layout, {scales}, {bm}x{bn} tile "
-                       f"(largest registered tile dividing N = {N})",
-                       N=N, K=K, m_tiles=m_tiles, rows=rows, m_max=m_max, groups=G,
-                       sfa_sg=sg, sfa_sm=sm, sfa_sk=sk)
+                       f"{'masked' if masked else 'contiguous'} layout, {scales}, {bm}x{bn} tile ({why})",
+                       N=N, K=K, m_tiles=row_tiles(bm), rows=rows, m_max=m_max, groups=G,
+                       **dict(zip(("sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1"), sfa_st)),
+                       **dict(zip(("sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1"), sfb_st)),
+                       sfb_shift=0 if sfb_packed else 7)
 
 
 def _check_layout(x, plan) -> None:
@@ -113,21 +164,31 @@ def _check_layout(x, plan) -> None:
                                        "(pad every group to get_mk_alignment_for_contiguous_layout())")
 
 
-@op(plan=_plan, check_data=_check_layout)
+@op(plan=_plan, check_data=_check_layout, convert={"config": _config_str})
 def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
-                               layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False) -> torch.Tensor:
+                               layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False,
+                               config: str = "") -> torch.Tensor:
     """Grouped FP8 GEMM, NT, with DeepGEMM's block scales, written into ``out`` (DeepGEMM's d):
-        out[m, n] = sum over 128-K blocks kb of sfa[m, kb] * sfb[g, n // 128, kb] * (a[m, kb] . b[g, n, kb])
-    with g the group of row m.
+        out[m, n] = sum over 128-K blocks kb of sfa[m, kb] * sfb[g, n, kb] * (a[m, kb] . b[g, n, kb])
+    with g the group of row m (sfb[g, n, kb]: the scale of n's 128-row block, or of row n).
 
     Contiguous (masked=False): a [M, K] e4m3, layout = m_indices int32 [M] (group of each row, -1
     for padding; each 128-row block holds one group's rows then only padding), out [M, N].
     Masked (masked=True): a [G, M_max, K], layout = masked_m int32 [G] (valid rows per group,
     0..M_max), out [G, M_max, N].
-    b [G, N, K] e4m3. sfa [.., M, K/128] and sfb [G, ceil(N/128), K/128]: fp32 (each 128-K
-    block's fp32 partial sum promoted exactly: acc += p * (sfa * sfb)) or e8m0 bytes (uint8 /
-    float8_e8m0fnu, hardware scales of the scaled MFMA). sfa row-major or MN-major
-    (TMA-aligned: rows unit-stride, columns padded to 4). out bf16 or f16 (RNE).
-    K % 128 == 0, N % 32 == 0 (the 128x128 tile when N % 128 == 0). Rows of no group
-    (m_indices -1, rows >= masked_m) are not written.
+    b [G, N, K] e4m3. Scales, all row-major or MN-major (TMA-aligned: rows unit-stride, columns
+    padded to 4 elements), K/128 rounded up:
+      fp32: sfa [.., M, K/128], sfb [G, ceil(N/128), K/128]; each 128-K block's fp32 partial sum
+        promoted exactly: acc += p * (sfa * sfb).
+      UE8M0 (hardware scales of the scaled MFMA), bytes (uint8 / float8_e8m0fnu) with the fp32
+        shapes, or DeepGEMM's packing of four to an int32 along K (byte i of word j = K block
+        4j + i): sfa [.., M, ceil(K/512)], sfb [G, N, ceil(K/512)] (one scale per row of b).
+    out bf16 or f16 (RNE). Rows of no group (m_indices -1, rows >= masked_m) are not written.
+    config: the tile "BMxBN" (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
+    choose_tile. N % 32 == 0 (N % BN).
+    K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales
+    still ceil(K/128) per row) loads its 16-byte chunks past K as zeros, so the kernel needs K in
+    whole chunks. DeepGEMM's M-grouped API likewise sizes scales with ceil(K/128) and does not
+    assert K % 128 (its TMA loads zero-fill); its K-grouped GEMMs and its casts
+    (per_token_cast_to_fp8) require K % 128.
     """

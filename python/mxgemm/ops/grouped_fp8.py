@@ -1,14 +1,23 @@
 """Tensorwise FP8 grouped GEMM for MoE training: forward / dgrad (groups along the rows of a)
 and variable-K wgrad (groups along the contraction), one FlyDSL kernel family
 (flydsl_kernels/grouped_gemm_fp8.py; bit-exact model: mxgemm.reference.grouped_gemm_fp8_ref /
-grouped_gemm_fp8_variable_k_ref)."""
+grouped_gemm_fp8_variable_k_ref).
+
+Config space (every config gives the same bits; they differ in speed only): the tile BM x BN (a
+registered variant), GROUP_M (row tiles per band of the tile order sharing a B column tile) and
+PERSISTENT (0: one workgroup per possible tile; p > 0: a persistent grid of p workgroups per CU,
+each looping over tiles). A call's config (``mxgemm.explain`` prints it): the caller's
+``config``, else the tuned table row of its problem (python/mxgemm/configs/, written by
+op_tests/tune_grouped_gemm_fp8.py), else ``heuristic_config``. ``num_cu`` always caps the grid.
+"""
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
 
-from .. import guards, quant, registry
+from .. import guards, quant, registry, tuned
 from ._op import Plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
@@ -17,7 +26,13 @@ _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _MAX_ROWS = 1 << 31       # row counts and group offsets are i32 inside the kernel
 _VOFFSET_ROWS = 256       # a tile's 32-bit buffer offsets span up to max(BM, BN, 128) row strides
-GROUP_M = 2               # forward / dgrad tile order: bands of 2 row tiles share a B column tile
+ARCH, = _FACTS.archs         # the one arch the tuned table is for
+NUM_CUS = 256                 # MI355X compute units: persistent grids are sized against this
+CONFIG_CSV = tuned.table_path(_KERNEL, ARCH)
+KEY = ("layout", "G", "M", "N", "K")             # a tuned problem (see problem_key)
+CONFIG = ("BM", "BN", "GROUP_M", "PERSISTENT")   # a config
+GROUP_MS = (1, 2, 4, 8)
+PERSISTENT = (0, 1, 2)
 
 
 def group_offsets(x) -> torch.Tensor:
@@ -29,8 +44,7 @@ def group_offsets(x) -> torch.Tensor:
 def _check_operands(x, names_2d, b_dim):
     fmt_dtypes = tuple(_FMT)
     guards.check_dtype(x.a, "a", fmt_dtypes)
-    if x.b.dtype != x.a.dtype:
-        guards.fail("dtype", f"b has dtype {x.b.dtype} but a has {x.a.dtype}: both operands share one fp8 format")
+    guards.check_dtype(x.b, "b", fmt_dtypes)
     for n in ("a_scale", "b_scale"):
         t = getattr(x, n)
         guards.check_dtype(t, n, torch.float32)
@@ -72,15 +86,107 @@ def _check_sizes(rows, rows_name, strides):
                                        f"< 2^31 bytes (one tile's buffer offsets)")
 
 
-def _tiles(rows_per_tile_dim, cols, out_dtype):
-    """(BM, BN): 64 x 64 for fp16 output and small problems, else the largest tile the sizes fill."""
-    if out_dtype == torch.float16 or cols < 128 or rows_per_tile_dim < 128:
-        return 64, 64
-    return (256, 128) if rows_per_tile_dim >= 256 else (128, 128)
+def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16) -> dict:
+    """The rule used without a tuned row (written before any hardware timing): 64 x 64 tiles for
+    fp16 output (its only registered tile) or when the output columns or the rows per group
+    (M / G; the wgrad's M) are under 128; else 256 x 128 once they reach 256 (fewer B re-reads
+    per row), else 128 x 128. GROUP_M = 2: a band of two row tiles re-reads each B column tile
+    from L2. Not persistent: one workgroup per possible tile, so no workgroup runs two tiles
+    in a row on a GPU with idle CUs."""
+    rows = M if layout == "TN" else M // max(G, 1)
+    if out_dtype == torch.float16 or N < 128 or rows < 128:
+        bm, bn = 64, 64
+    else:
+        bm, bn = (256, 128) if rows >= 256 else (128, 128)
+    return dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0)
 
 
-def _variant(layout, x, bm, bn):
-    return registry.find_variant(_FACTS, LAYOUT=layout, FMT=_FMT[x.a.dtype], OUT=_OUT[x.out_dtype], BM=bm, BN=bn)
+def problem_key(layout: str, G: int, M: int, N: int, K: int) -> tuple:
+    """The tuned table's key: M = rows of a (sum_m) for NT / NN, the output rows for TN, where
+    K = sum_k; N the output columns. Problems differing only in their split share a row."""
+    return layout, G, M, N, K
+
+
+@functools.lru_cache(maxsize=4)
+def tuned_table(path=None) -> dict:
+    """{problem_key: (config, source)} of the tuned table (default CONFIG_CSV). Read once."""
+    return {problem_key(r["layout"], *(int(r[k]) for k in KEY[1:])): ({k: int(r[k]) for k in CONFIG}, r["source"])
+            for r in tuned.read_rows(path or CONFIG_CSV)}
+
+
+def _variant(layout, a_dtype, b_dtype, out_dtype, cfg):
+    """The registered variant of a config, or None."""
+    want = dict(LAYOUT=layout, FMT=_FMT[a_dtype], FMT_B=_FMT[b_dtype], OUT=_OUT[out_dtype], BM=cfg["BM"],
+                BN=cfg["BN"])
+    return want if want in _FACTS.variants else None
+
+
+def parse_config(config) -> dict | None:
+    """A caller's config, {"BM": 128, "BN": 128, "GROUP_M": 4, "PERSISTENT": 1} or
+    "BM=128,BN=128,GROUP_M=4,PERSISTENT=1" (all four), as a dict; None for ""."""
+    if config is None or config == "":
+        return None
+    if isinstance(config, str):
+        try:
+            config = {k: int(v) for k, v in (p.split("=") for p in config.split(","))}
+        except ValueError:
+            guards.fail("config", f"config {config!r}: expected 'BM=..,BN=..,GROUP_M=..,PERSISTENT=..'")
+    if sorted(config) != sorted(CONFIG):
+        guards.fail("config", f"config {config} must give exactly {', '.join(CONFIG)}")
+    cfg = {k: int(config[k]) for k in CONFIG}
+    if cfg["GROUP_M"] not in GROUP_MS or cfg["PERSISTENT"] not in PERSISTENT:
+        guards.fail("config", f"config {cfg}: GROUP_M in {GROUP_MS}, PERSISTENT in {PERSISTENT}")
+    return cfg
+
+
+def _registered_tiles(layout, x) -> list:
+    """(BM, BN) of the variants registered for the call's layout, formats and output, smallest first."""
+    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if _variant(layout, x.a.dtype, x.b.dtype,
+                                                                           x.out_dtype, v)}, key=lambda t: t[0] * t[1])
+
+
+def _tiles_str(tiles) -> str:
+    return ", ".join(f"{bm} x {bn}" for bm, bn in tiles) or "none"
+
+
+def _config_str(config) -> str:
+    cfg = parse_config(config)
+    return "" if cfg is None else ",".join(f"{k}={cfg[k]}" for k in CONFIG)
+
+
+def choose_config(x, layout, G, M, N, K, table=None):
+    """(registered variant, config, why) for a call: the caller's config, else the tuned row of its
+    problem if its tile is registered for the call's formats, else the heuristic."""
+    forced = parse_config(x.config)
+    if forced is not None:
+        variant = _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, forced)
+        if variant is None:
+            guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
+                                  f"{_OUT[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
+                                  f"registered tiles: {_tiles_str(_registered_tiles(layout, x))}")
+        return variant, forced, "config given by the caller"
+    row = (tuned_table() if table is None else table).get(problem_key(layout, G, M, N, K))
+    if row is not None and _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]) is not None:
+        return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]), row[0], \
+            f"tuned table row (source={row[1]})"
+    cfg = heuristic_config(layout, G, M, N, x.out_dtype)
+    fit = [t for t in _registered_tiles(layout, x) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
+    if not fit:
+        guards.fail("dtype", f"no {layout} variant for a {x.a.dtype} x b {x.b.dtype} -> {x.out_dtype}: mixed "
+                             "formats are registered for hybrid training's backward only (NN e5m2 x e4m3, TN "
+                             "e5m2 x e4m3 and e4m3 x e5m2), bf16 out")
+    cfg = dict(cfg, BM=fit[-1][0], BN=fit[-1][1])   # mixed formats have fewer tiles: the largest not above the rule's
+    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg), cfg, "heuristic"
+
+
+def _grid(cfg, tiles, num_cu):
+    """Workgroups: one per possible tile, or a persistent grid (PERSISTENT per CU, or num_cu)."""
+    if num_cu is not None:
+        return min(tiles, num_cu), f"persistent grid of {min(tiles, num_cu)} workgroups (num_cu)"
+    if cfg["PERSISTENT"]:
+        g = min(tiles, NUM_CUS * cfg["PERSISTENT"])
+        return g, f"persistent grid of {g} workgroups ({cfg['PERSISTENT']} per CU)"
+    return tiles, f"{tiles} workgroups (one per possible tile)"
 
 
 def _plan_rows(x) -> Plan:
@@ -108,15 +214,14 @@ def _plan_rows(x) -> Plan:
     if sum_m == 0 or N == 0:
         return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
     layout = "NT" if x.trans_b else "NN"
-    bm, bn = _tiles(sum_m // max(G, 1), N, x.out_dtype)
+    variant, cfg, source = choose_config(x, layout, G, sum_m, N, K)
+    bm, bn = cfg["BM"], cfg["BN"]
     # tiles without reading group_lens on the host: sum_g ceil(len_g / BM) <= ceil(sum_m / BM) + G
-    bound = (-(-sum_m // bm) + G) * -(-N // bn)
-    grid = bound if x.num_cu is None else min(bound, x.num_cu)
+    grid, grid_why = _grid(cfg, (-(-sum_m // bm) + G) * -(-N // bn), x.num_cu)
     why = (f"{'forward (NT)' if x.trans_b else 'dgrad (NN)'}, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
-           + (f"persistent grid of {grid} workgroups (num_cu)" if x.num_cu is not None
-              else f"{grid} workgroups (one per possible tile; the kernel's group scan drops the excess)"))
-    return kernel_plan(name, _KERNEL, _variant(layout, x, bm, bn), device, why, **shape,
-                       grid=grid, G=G, M=sum_m, N=N, K=K, group_m=GROUP_M)
+           f"GROUP_M={cfg['GROUP_M']}, {grid_why}; config: {source}")
+    return kernel_plan(name, _KERNEL, variant, device, why, **shape,
+                       grid=grid, G=G, M=sum_m, N=N, K=K, group_m=cfg["GROUP_M"])
 
 
 def _plan_variable_k(x) -> Plan:
@@ -134,11 +239,13 @@ def _plan_variable_k(x) -> Plan:
     shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
     if G * M * N == 0:
         return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
-    bm, bn = _tiles(M, N, x.out_dtype)
-    grid = G * -(-M // bm) * -(-N // bn)
-    return kernel_plan(name, _KERNEL, _variant("TN", x, bm, bn), device,
-                       f"variable-K wgrad (TN), {bm} x {bn} tiles, {grid} workgroups (G x tiles of [M, N])",
-                       **shape, grid=grid, G=G, M=M, N=N, K=sum_k, group_m=GROUP_M)
+    variant, cfg, source = choose_config(x, "TN", G, M, N, sum_k)
+    bm, bn = cfg["BM"], cfg["BN"]
+    grid, grid_why = _grid(cfg, G * -(-M // bm) * -(-N // bn), None)
+    return kernel_plan(name, _KERNEL, variant, device,
+                       f"variable-K wgrad (TN), {bm} x {bn} tiles (G x tiles of [M, N]), GROUP_M={cfg['GROUP_M']}, "
+                       f"{grid_why}; config: {source}", **shape, grid=grid, G=G, M=M, N=N, K=sum_k,
+                       group_m=cfg["GROUP_M"])
 
 
 def _check_groups(x, plan) -> None:
@@ -157,58 +264,68 @@ def _check_groups(x, plan) -> None:
                                   f"(0 then the running sum of group_lens)")
 
 
-@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets})
+@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
+    convert={"config": _config_str})
 def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                             group_lens: torch.Tensor, group_offs: torch.Tensor | None = None, trans_b: bool = True,
                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
     """Grouped GEMM with tensorwise FP8 operands, groups along the rows of ``a`` (MoE forward
     and dgrad): for g < G and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
         out[r, :] = rne(fp32(a_scale * b_scale) * a[r, :] . B_g)   with fp32 accumulation,
     B_g = b[g]^T (trans_b, b [G, N, K]: forward) or b[g] (b [G, K, N]: dgrad).
 
-    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same dtype; a_scale, b_scale: one fp32
+    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same, or mixed as hybrid training's dgrad
+    has it (a e5m2 gradients x b e4m3 weights, NN, bf16 out); a_scale, b_scale: one fp32
     each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to
     sum_m); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
     K % 16 == 0, N % 16 == 0. out_dtype: torch.bfloat16 or torch.float16; out: optional
     [sum_m, N] of that dtype. num_cu: cap the grid at this many workgroups (persistent: each
-    loops over tiles); None launches one workgroup per possible tile.
+    loops over tiles); None leaves the grid to the config. config: force one (parse_config);
+    default: the tuned table row of the problem, else heuristic_config (module docstring).
     Group sizes are checked against sum_m on CPU tensors (on a GPU only under MXGEMM_VALIDATE=1).
     """
 
 
-@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets})
+@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
+    convert={"config": _config_str})
 def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                 group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                                 out_dtype: torch.dtype = torch.bfloat16, *,
-                                out: torch.Tensor | None = None) -> torch.Tensor:
+                                out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
     """Grouped GEMM with tensorwise FP8 operands, groups along the contraction (MoE wgrad):
         out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
     fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
 
-    a: [sum_k, M], b: [sum_k, N], one fp8 dtype (float8_e4m3fn or float8_e5m2); a_scale,
+    a: [sum_k, M], b: [sum_k, N], float8_e4m3fn or float8_e5m2 (one format, or e4m3 with e5m2
+    in either order with bf16 out: hybrid training's wgrad); a_scale,
     b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
     (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
-    (torch.bfloat16 or torch.float16).
+    (torch.bfloat16 or torch.float16). config: as for grouped_gemm_fp8_kernel.
     """
+
+
+FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}  # (a and b, grad_out)
 
 
 class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
     """Forward NT/NN on tensorwise-quantised a and b; backward quantises grad_out the same way
-    and runs dgrad (the other b layout) and the variable-K wgrad."""
+    (in the gradient format: e5m2 for "hybrid") and runs dgrad (the other b layout) and the
+    variable-K wgrad."""
 
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt):
-        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fmt) for t in (a, b))
+        fwd_fmt, ctx.grad_fmt = FORMATS[fmt]
+        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fwd_fmt) for t in (a, b))
         ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
-        ctx.trans_b, ctx.fmt, ctx.num_cu, ctx.out_dtype = trans_b, fmt, num_cu, out_dtype
+        ctx.trans_b, ctx.num_cu, ctx.out_dtype = trans_b, num_cu, out_dtype
         ctx.dtypes = a.dtype, b.dtype
         return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu)
 
     @staticmethod
     def backward(ctx, grad_out):
         aq, sa, bq, sb, lens, offs = ctx.saved_tensors
-        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.fmt)
+        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.grad_fmt)
         grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu)
         grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.out_dtype) if ctx.trans_b
                   else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.out_dtype))
@@ -222,8 +339,9 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
 
     a, b: bf16, fp16 or fp32 (one dtype), quantised on every call with one scale per tensor
-    (mxgemm.quant.tensorwise_cast_to_fp8, ``format`` "e4m3" or "e5m2"); out_dtype: bf16 or
-    fp16, default a.dtype. The backward quantises grad_out the same way and runs
+    (mxgemm.quant.tensorwise_cast_to_fp8) in ``format``: "e4m3", "e5m2", or "hybrid" (a and b
+    in e4m3, grad_out in e5m2: its wider range for gradients); out_dtype: bf16 or fp16, default
+    a.dtype. The backward quantises grad_out and runs
     grouped_gemm_fp8_kernel (grad_a) and grouped_gemm_fp8_variable_k (grad_b), each computed in
     out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu as in
     grouped_gemm_fp8_kernel."""
@@ -234,8 +352,8 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     if out_dtype not in _OUT:
         guards.fail("dtype", f"out_dtype is {out_dtype} (a's dtype when None); expected torch.bfloat16 or "
                              "torch.float16")
-    if format not in ("e4m3", "e5m2"):
-        guards.fail("format", f"format = {format!r}; expected 'e4m3' or 'e5m2'")
+    if format not in FORMATS:
+        guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
         group_offs = group_offsets(types.SimpleNamespace(group_lens=group_lens))
     return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format)

@@ -11,13 +11,11 @@ K % 32, contiguity, device) always raise, before any launch.
 """
 from __future__ import annotations
 
-import csv
 import functools
-from pathlib import Path
 
 import torch
 
-from .. import guards, registry
+from .. import guards, registry, tuned
 from . import _mxfp8 as mx
 from . import dense_mx
 from ._op import Plan, op
@@ -26,7 +24,7 @@ GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
 _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
 ARCH, = set(_GEMV.archs) | set(_MFMA.archs)   # the family's one arch: the CSV is tuned for it
 NUM_CUS = 256                 # MI355X compute units: the heuristic sizes grids against this
-CONFIG_CSV = Path(__file__).resolve().parent.parent / "configs" / f"smallm_mxfp8_{ARCH}.csv"
+CONFIG_CSV = tuned.table_path("smallm_mxfp8", ARCH)
 CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K")   # variant columns of the CSV (blank = unused)
 M_MAX = max(_GEMV.m_range[1], _MFMA.m_range[1])
 
@@ -81,13 +79,9 @@ def _variant_of(kernel: str, row: dict) -> dict:
 def tuned_table() -> dict:
     """CSV rows keyed (arch, N, K) -> sorted list of (M, kernel, variant, source). Read once."""
     table: dict = {}
-    if not CONFIG_CSV.exists():
-        return table
-    with open(CONFIG_CSV, newline="") as f:
-        for row in csv.DictReader(f):
-            key = (row["arch"], int(row["N"]), int(row["K"]))
-            table.setdefault(key, []).append(
-                (int(row["M"]), row["kernel"], _variant_of(row["kernel"], row), row["source"]))
+    for row in tuned.read_rows(CONFIG_CSV):
+        key = (row["arch"], int(row["N"]), int(row["K"]))
+        table.setdefault(key, []).append((int(row["M"]), row["kernel"], _variant_of(row["kernel"], row), row["source"]))
     for rows in table.values():
         rows.sort(key=lambda r: r[0])
     return table

@@ -1,0 +1,31 @@
+"""Tuned-config tables: python/mxgemm/configs/<op>_<arch>.csv, one row per tuned problem with the
+config a planner should use, its time (us) and its source: "measured" (an op_tests/tune_*.py
+script timed every candidate on the GPU) or "heuristic" (the planner's own rule, written without
+a GPU). Planners read them (exact or nearest problem, their rule otherwise); tuners write them."""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def table_path(op: str, arch: str) -> Path:
+    return CONFIG_DIR / f"{op}_{arch}.csv"
+
+
+def read_rows(path) -> list[dict]:
+    """The table's rows as dicts of strings ([] when there is no table)."""
+    if not Path(path).exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_rows(rows, path, fields) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)

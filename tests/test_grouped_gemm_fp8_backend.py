@@ -1,0 +1,80 @@
+"""mxgemm.primus_turbo.GroupedGemmFP8Backend, specified as a Primus-Turbo dispatcher uses it:
+every call passes the same keyword set; can_handle answers True or False without raising;
+execute on a call it handles returns the reference result (bit-exact), forward NT, dgrad NN and
+the variable-K wgrad with and without trans_c."""
+import enum
+
+import pytest
+import torch
+
+from mxgemm import guards, metrics, reference
+from mxgemm.primus_turbo import GroupedGemmFP8Backend as Backend
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+Granularity = enum.Enum("ScalingGranularity", "TENSORWISE ROWWISE BLOCKWISE MX_BLOCKWISE")  # the dispatcher's names
+LENS = [24, 0, 40]
+OFFS = torch.tensor([0, 24, 24, 64])
+
+
+def fp8(*shape, seed, dtype=E4M3):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2).to(dtype)
+
+
+def call(a, b, trans_a=False, trans_b=True, **over):
+    kw = dict(a=a, b=b, a_scales=torch.tensor(0.5), b_scales=torch.tensor([1.5]),
+              group_lens=torch.tensor(LENS), group_offs=OFFS.clone(), trans_a=trans_a, trans_b=trans_b,
+              out_dtype=torch.bfloat16, granularity=Granularity.TENSORWISE, num_cu=None,
+              maybe_pre_sync=False)   # keys a dispatcher adds for other backends are ignored
+    return {**kw, **over}
+
+
+FWD = call(fp8(64, 128, seed=1), fp8(3, 32, 128, seed=2))
+DGRAD = call(fp8(64, 32, seed=3), fp8(3, 32, 128, seed=2), trans_b=False, num_cu=2)
+WGRAD = call(fp8(64, 32, seed=3), fp8(64, 48, seed=1), trans_a=True, trans_b=False, trans_c=False)
+
+
+@pytest.mark.parametrize("kw,want", [
+    (FWD, lambda k: reference.grouped_gemm_fp8_ref(k["a"], k["a_scales"], k["b"], k["b_scales"], OFFS)),
+    (DGRAD, lambda k: reference.grouped_gemm_fp8_ref(k["a"], k["a_scales"], k["b"], k["b_scales"], OFFS,
+                                                     trans_b=False)),
+    (WGRAD, lambda k: reference.grouped_gemm_fp8_variable_k_ref(k["a"], k["a_scales"], k["b"], k["b_scales"], OFFS)),
+    ({**WGRAD, "trans_c": True},
+     lambda k: reference.grouped_gemm_fp8_variable_k_ref(k["b"], k["b_scales"], k["a"], k["a_scales"], OFFS)),
+    ({**DGRAD, "a": fp8(64, 32, seed=3, dtype=E5M2)},   # hybrid: e5m2 grad_out x e4m3 weights
+     lambda k: reference.grouped_gemm_fp8_ref(k["a"], k["a_scales"], k["b"], k["b_scales"], OFFS, trans_b=False)),
+], ids=["fwd-NT", "dgrad-NN", "wgrad-TN", "wgrad-TN-trans_c", "dgrad-NN-hybrid"])
+def test_handled_calls_execute_bit_exact(kw, want):
+    assert Backend.can_handle(**kw) is True
+    out = Backend.execute(**kw)
+    ref = want(kw)
+    assert out.shape == ref.shape and ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(out, ref, "backend execute")
+
+
+def test_granularity_accepts_the_name_in_any_case():
+    assert Backend.can_handle(**{**FWD, "granularity": "tensorwise"})
+
+
+REFUSED = [
+    ("rowwise", {**FWD, "granularity": Granularity.ROWWISE}),
+    ("blockwise", {**FWD, "granularity": Granularity.BLOCKWISE}),
+    ("mx-blockwise", {**FWD, "granularity": Granularity.MX_BLOCKWISE}),
+    ("rowwise-scales", {**FWD, "a_scales": torch.ones(64)}),
+    ("trans_a-3d-b", {**FWD, "trans_a": True}),
+    ("wgrad-not-trans_a", {**WGRAD, "trans_a": False}),
+    ("wgrad-trans_b", {**WGRAD, "trans_b": True}),
+    ("hybrid-forward", {**FWD, "b": fp8(3, 32, 128, seed=2, dtype=E5M2)}),   # mixed only in the backward
+    ("bf16-operands", {**FWD, "a": FWD["a"].bfloat16(), "b": FWD["b"].bfloat16()}),
+    ("fp32-out", {**FWD, "out_dtype": torch.float32}),
+    ("k-mismatch", {**FWD, "b": fp8(3, 32, 96, seed=2)}),
+    ("n-align", {**FWD, "b": fp8(3, 40, 128, seed=2)}),
+    ("group-count", {**FWD, "b": fp8(2, 32, 128, seed=2)}),
+    ("meta-device", {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in FWD.items()}),
+]
+
+
+@pytest.mark.parametrize("name,kw", REFUSED, ids=[r[0] for r in REFUSED])
+def test_refused_calls_answer_false_and_execute_raises_guard_error(name, kw):
+    assert Backend.can_handle(**kw) is False
+    with pytest.raises(guards.GuardError):
+        Backend.execute(**kw)
