@@ -21,7 +21,7 @@ gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds
 c ^ (r % chunks_per_row)), scale bytes by buffer loads into VGPRs one step ahead,
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
 out[m = l % 16][n = 4 (l / 16) + i], i < 4.
-gfx1250 (`Gfx1250`; compiled and statically checked only, docs/gfx1250_isa.md): wave32 (128
+gfx1250 (`Gfx1250`; run on the gfx1250 emulator, docs/gfx1250_isa.md): wave32 (128
 threads), Tensor Data Mover tile loads (tensor_load_to_lds, one wave per tile, rows padded by 16
 bytes in LDS, rows past M / N land as zeros), scale words (four K-block bytes of a row) staged in
 LDS after the A and B tiles, v_wmma_scale_f32_16x16x128_f8f6f4 (or _32x16x128_f4 for fp4 x fp4)

@@ -94,6 +94,14 @@ def test_every_registered_kernel_builds_for_every_arch():
     assert {(a.kernel, registry.variant_id(a.variant), a.arch) for a in arts} == want
 
 
+def test_registry_workgroup_size_is_the_one_each_artefact_requires():
+    """The launch block comes from the registry (threads_for); the runtime and the emulator
+    refuse any other size than a kernel's .reqd_workgroup_size."""
+    wrong = {(a.kernel, a.arch, a.isa().workgroup_size) for a in build.build(progress=False)
+             if a.isa().workgroup_size not in (None, registry.get(a.kernel).threads_for(a.arch))}
+    assert not wrong
+
+
 def test_cmake_kernel_list_is_the_registry():
     path = registry.source_root() / "csrc" / "kernels.cmake"
     assert path.read_text() == build.cmake_list(), (

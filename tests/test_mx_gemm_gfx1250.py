@@ -1,5 +1,6 @@
 """mx_gemm on gfx1250: every registered gfx1250 variant compiles, and its assembly shows what the
-variant promises (docs/gfx1250_isa.md). Nothing runs gfx1250 code here: these are static checks.
+variant promises (docs/gfx1250_isa.md). These are static checks; tests/emu/test_emu1250_mx_gemm.py
+runs the variants on the gfx1250 emulator.
 
 Per variant: wave32; zero spills and scratch; LDS within gfx1250's 320 KiB and equal to the
 documented ring (NUM_BUFFERS stages of A and B rows padded by 16 bytes plus one scale word per

@@ -31,7 +31,8 @@ def test_demo_runs_and_matches_reference():
                  "mxfp8_dequantize[flydsl] 8x64: bit-exact", "moe_mxfp8_grouped_gemm",
                  "grouped_gemm_fp8 e4m3 G=3",
                  "mx_gemm MXFP4 96x128x512 [64x64]: max 0 bf16 ulp vs reference (ok",
-                 "mx_gemm MXFP8 80x96x384 [64x64]: max 0 bf16 ulp vs reference (ok"):
+                 "mx_gemm MXFP8 80x96x384 [64x64]: max 0 bf16 ulp vs reference (ok",
+                 "mx_gemm gfx1250 MXFP8 80x96x384 [128x128, scales by tdm] on the gfx1250 emulator: bit-exact"):
         assert what in p.stdout, what
 
 

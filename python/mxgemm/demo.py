@@ -132,12 +132,31 @@ def _mx_gemm_demo() -> list[str]:
     return lines
 
 
+def _mx_gemm_gfx1250_demo() -> str:
+    """One MXFP8 mx_gemm built for gfx1250 (scaled WMMA, Tensor Data Mover) on the gfx1250
+    emulator target vs the reference (bitwise: the same 128-K MMA order as gfx950)."""
+    from . import launcher, quant, reference, registry
+    v = registry.get("mx_gemm").variants_for("gfx1250")[0]
+    g = torch.Generator().manual_seed(0)
+    M, N, K = 80, 96, 384
+    a, sa = quant.quantize_mx(torch.randn(M, K, generator=g), v["A_FMT"])
+    b, sb = quant.quantize_mx(torch.randn(N, K, generator=g), v["B_FMT"])
+    out = torch.zeros(M, N, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    launcher.launch_variant("mx_gemm", v, "gfx1250", "emu", writes=(out,), a=a, a_scale=sa, b=b, b_scale=sb, out=out,
+                            M=M, N=N, K=K, splits=1)
+    dt = time.perf_counter() - t0
+    same = torch.equal(out, reference.mx_gemm_ref(a, sa, b, sb, v["A_FMT"], v["B_FMT"], chunk=reference.MX_MMA_K))
+    return (f"mx_gemm gfx1250 MXFP8 {M}x{N}x{K} [{v['BM']}x{v['BN']}, scales by {v['SCALE_PATH']}] on the gfx1250 "
+            f"emulator: {'bit-exact' if same else 'MISMATCH'} vs reference ({dt:.2f} s)")
+
+
 def run_demos() -> int:
     from .launcher import default_backend
     print(f"running demos on backend: {default_backend()}")
     failures = 0
     demos = [lambda: _dequant_demo("hip"), lambda: _dequant_demo("flydsl"), _moe_gemm2_demo, _smallm_demo,
-             _grouped_fp8_demo, _mx_gemm_demo]
+             _grouped_fp8_demo, _mx_gemm_demo, _mx_gemm_gfx1250_demo]
     for d in demos:
         try:
             out = d()

@@ -211,7 +211,7 @@ def hot_loop(asm: str, name: str, marker: tuple = ("v_mfma", "v_wmma")) -> list[
 def mnemonics(asm: str, name: str) -> list[str]:
     """Sorted distinct mnemonics of kernel ``name``, both halves of a dual-issue (VOPD) line
     ``v_dual_x ... :: v_dual_y ...`` included."""
-    return sorted({half.split()[0] for l in _body(asm, name) for half in l.split("::")})
+    return sorted({half.split()[0] for l in body(asm, name) for half in l.split("::")})
 
 
 # ---- loop structure (HIP vs FlyDSL parity report of moe_gemm2_a4w4) ----

@@ -122,6 +122,15 @@ def launch(art, grid, block, args, backend: str, writes=(), dynamic_lds: int = 0
                           dynamic_lds, torch.cuda.current_stream(dev).cuda_stream)
 
 
+def launch_variant(kernel: str, variant: dict, arch: str, backend: str, writes=(), **values) -> None:
+    """Run registered ``kernel``'s ``variant`` built for ``arch``, without an op's plan: grid and
+    workgroup size from the registry, ``values`` = its kernel arguments and grid dims by name."""
+    from . import build, registry
+    k = registry.get(kernel)
+    launch(build.artifact(kernel, variant, arch), k.launch_grid(variant, **values), (k.threads_for(arch),),
+           [values[a] for a in k.args], backend, writes=writes)
+
+
 _PROGRAMS: dict = {}
 
 

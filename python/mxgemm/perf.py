@@ -187,7 +187,7 @@ def _k_iter(kernel, v, tile_m, tile_n):
 
 
 def _waves(kernel, arch="gfx950"):
-    return -(-registry.get(kernel).threads // LIMITS[arch]["wave_size"])
+    return -(-registry.get(kernel).threads_for(arch) // LIMITS[arch]["wave_size"])
 
 
 def work_smallm(kernel, v, M, N, K):
@@ -397,7 +397,7 @@ def preset_mx_gemm():
         for fmt in ("e4m3", "e2m1"):
             variant = {}
             if "mx_gemm" in registry.KERNELS:
-                from .ops.mx_gemm import heuristic_config
+                from .ops.dense_mx import heuristic_config
                 variant, splits, _ = heuristic_config(fmt, fmt, "bf16", s, s, s)
             cases.append(Case("mx_gemm", variant, dict(M=s, N=s, K=s, **({"splits": splits} if variant else {})),
                               f"MX GEMM {fmt} {s}^3", "not found", "FlyDSL gfx1250 MX GEMM (numbers not found)"))
@@ -440,8 +440,8 @@ def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     t_flops, t_mem = w.flops / peak, w.bytes / (lim["hbm_tbps"] * 1e12)
     t_roof = max(t_flops, t_mem)
 
-    waves_per_wg = _waves(case.kernel)
-    occ = info.occupancy(kern.threads)                            # waves per SIMD
+    waves_per_wg = _waves(case.kernel, arch)
+    occ = info.occupancy(kern.threads_for(arch))                  # waves per SIMD
     wgs_per_cu = max(1, occ * lim["simds_per_cu"] // waves_per_wg)
     slots = lim["cus"] * wgs_per_cu
     rounds = max(1, -(-w.live_wgs // slots))

@@ -31,7 +31,7 @@ class Kernel:
 
     The launch grid is ``ceil(dims[d] / tile(variant)[d])`` for each name d in ``grid``
     (x, y, z; a name missing from the tile counts 1 per workgroup), where ``dims`` are the
-    problem sizes the op passes under those names."""
+    problem sizes the op passes under those names, rounded up to whole clusters (``cluster``)."""
     name: str                       # what it is: "smallm_mxfp8_gemv", not "k2"
     language: str                   # "hip" | "flydsl"
     source: str                     # path relative to source_root()
@@ -44,7 +44,9 @@ class Kernel:
     args: tuple = ()                # kernel arguments in order: names of the op's values
     grid: tuple = ()                # problem dims mapped to grid x, y, z
     tile: Callable[[dict], dict] = lambda variant: {}   # variant -> {dim: extent per workgroup}
+    cluster: Callable[[dict], tuple] = lambda variant: (1, 1, 1)   # variant -> workgroups per cluster (x, y, z)
     threads: int = 256              # workgroup size (x)
+    arch_threads: dict = field(default_factory=dict)   # arch -> its own workgroup size, replacing `threads`
     k_align: int = 32               # K must be a multiple of this
     n_align: int = 1                # N must be a multiple of this
     m_range: tuple | None = None    # (lo, hi) rows of A the kernel serves, None: any
@@ -56,11 +58,16 @@ class Kernel:
     def launch_grid(self, variant: dict, **dims) -> tuple:
         tile = self.tile(variant)
         g = tuple(-(-dims[d] // tile.get(d, 1)) for d in self.grid)
-        return g + (1,) * (3 - len(g))
+        # a cluster launch runs whole clusters: the grid rounds up (the kernel masks the extra tiles)
+        return tuple(-(-n // c) * c for n, c in zip(g + (1,) * (3 - len(g)), self.cluster(variant)))
 
     def variants_for(self, arch: str) -> tuple:
         """The variants built for ``arch``."""
         return self.arch_variants.get(arch, self.variants)
+
+    def threads_for(self, arch: str) -> int:
+        """The workgroup size (x) of the ``arch`` build."""
+        return self.arch_threads.get(arch, self.threads)
 
     def values(self, param: str) -> tuple:
         """Sorted values a variant parameter takes: values("BM") -> (16, 32)."""
@@ -234,16 +241,17 @@ def _mx_variants(pairs, tiles, outs, splitk):
 
 register(Kernel(
     name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
-    archs=("gfx950", "gfx1250"),
+    archs=("gfx950", "gfx1250"), arch_threads={"gfx1250": 128},    # 4 waves: wave64 on gfx950, wave32 on gfx1250
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
+    cluster=lambda v: (v.get("CLUSTER_N", 1), v.get("CLUSTER_M", 1), 1),
     variants=_mx_variants(_MX_PAIRS, ((64, 64),), ("bf16", "f16", "f32"), 0)
     + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
     + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
     + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
     + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0),
-    # gfx1250: compile + static ISA checks only (nothing runs it here). One variant per option value,
-    # kept small so the build and ISA tests stay quick; every variant also names the target options.
+    # gfx1250: one variant per option value, kept small so the build, ISA and emulator tests stay
+    # quick; every variant also names the target options.
     arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=out, SPLITK=sk, NUM_BUFFERS=nb,
                                          B_STREAMING=bs, SCALE_PATH=sp, CLUSTER_M=cm, CLUSTER_N=cn, F4_WIDE=w)
                                     for fa, fb, bm, bn, out, sk, nb, bs, sp, cm, cn, w in (

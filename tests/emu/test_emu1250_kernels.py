@@ -3,7 +3,7 @@ artefact has a handler, and the sample kernels run bit-exact against an ml_dtype
 import pytest
 import torch
 
-from mxgemm import build, launcher, registry
+from mxgemm import build, launcher
 from mxgemm.emu import Emulator
 
 ARCH = "gfx1250"
@@ -22,16 +22,13 @@ def test_registry_kernels_fully_supported():
 @pytest.mark.parametrize("kernel", ["mxfp8_dequant", "mxfp8_dequant_flydsl"])
 def test_dequant_is_bit_exact(kernel):
     from test_mxfp8_dequantize import SCALES, assert_same_bits, reference
-    art, = build.build(kernels=[kernel], archs=(ARCH,), progress=False)
-    k = registry.get(kernel)
     K = 256                     # every code in each row, one edge scale per row, plus a partial workgroup
     x = (torch.arange(len(SCALES) * K) % 256).to(torch.uint8).reshape(-1, K)
     scale = torch.tensor(SCALES, dtype=torch.uint8)[:, None].repeat(1, K // 32)
     out = torch.full(x.shape, 7.0)
     M = x.shape[0]
-    vals = dict(x=x, scale=scale, out=out, M=M, K=K)
-    launcher.launch(art, k.launch_grid({}, elements=M * K), (k.threads,), [vals[a] for a in k.args], "emu",
-                    writes=(out,))
+    launcher.launch_variant(kernel, {}, ARCH, "emu", writes=(out,), x=x, scale=scale, out=out, M=M, K=K,
+                            elements=M * K)
     assert_same_bits(out, reference(x, scale))
 
 

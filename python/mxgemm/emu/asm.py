@@ -36,6 +36,9 @@ class KernelMeta:
     sgpr_count: int
     wavefront_size: int
     directives: dict = field(default_factory=dict)
+    max_flat_workgroup_size: int = 1024
+    reqd_workgroup_size: tuple | None = None     # (x, y, z) the kernel was compiled for, if it says
+    cluster_dims: tuple | None = None            # (x, y, z) workgroups per cluster of a cluster launch
 
     def d(self, key, default=0):
         return self.directives.get(key, default)
@@ -78,7 +81,9 @@ def parse(text: str, sgprs: dict):
             name, args, k.get(".kernarg_segment_size", dv.get("kernarg_size", 0)),
             k.get(".group_segment_fixed_size", dv.get("group_segment_fixed_size", 0)),
             k.get(".vgpr_count", 0), k.get(".agpr_count", 0), k.get(".sgpr_count", 0),
-            k.get(".wavefront_size", 64), dv)
+            k.get(".wavefront_size", 64), dv, k.get(".max_flat_workgroup_size", 1024),
+            tuple(k[".reqd_workgroup_size"]) if k.get(".reqd_workgroup_size") else None,
+            tuple(k[".cluster_dims"]) if k.get(".cluster_dims") else None)
     for name, dv in directives.items():   # kernel descriptor without metadata
         if name not in metas:
             metas[name] = KernelMeta(name, [], dv.get("kernarg_size", 0), dv.get("group_segment_fixed_size", 0),

@@ -146,18 +146,35 @@ for _a in ("load", "store"):
     handler(f"s_wait_{_a}cnt_dscnt")(lambda ins, a=_a: salu.wait_closure(_waits(ins, [a, "ds"])))
 
 
-def _workgroup_barrier(ins):
-    """Only the workgroup barrier (id -1) is modelled: cluster (-3) and named barriers raise."""
-    if not ins.ops or ins.ops[0].kind != "const" or ins.ops[0].value != -1:
-        raise UnsupportedInstruction(f"barrier {ins.ops[0].text if ins.ops else '?'} (only the workgroup "
-                                     f"barrier -1 is modelled; clusters are not): {ins.where()}")
+WORKGROUP_BARRIER, CLUSTER_BARRIER = -1, -3
+
+
+def _barrier_id(ins):
+    """The workgroup barrier (-1) and, in cluster launches, the cluster barrier (-3) are
+    modelled; named barriers raise."""
+    bid = ins.ops[0].value if ins.ops and ins.ops[0].kind == "const" else None
+    if bid not in (WORKGROUP_BARRIER, CLUSTER_BARRIER):
+        raise UnsupportedInstruction(f"barrier {ins.ops[0].text if ins.ops else '?'} (only the workgroup barrier -1 "
+                                     f"and the cluster barrier -3 are modelled): {ins.where()}")
+    return bid
+
+
+def _cluster_of(w, ins):
+    if w.wg.cluster is None:
+        raise UnsupportedInstruction(f"cluster barrier in a launch without clusters (no .cluster_dims): "
+                                     f"{ins.where()}")
 
 
 @handler("s_barrier_signal")
 def _barrier_signal(ins):
     """Arrive at the workgroup barrier (s_barrier_wait then waits for the others); LDS writes
-    not yet retired by s_wait_dscnt are not guaranteed visible after it (race.at_barrier)."""
-    _workgroup_barrier(ins)
+    not yet retired by s_wait_dscnt are not guaranteed visible after it (race.at_barrier).
+    -3: this workgroup arrives at the cluster barrier (one wave signals for it)."""
+    if _barrier_id(ins) == CLUSTER_BARRIER:
+        def run_cluster(w):
+            _cluster_of(w, ins)
+            w.wg.cluster_signals += w.k
+        return run_cluster
 
     def run(w):
         if w.signaled:
@@ -170,10 +187,14 @@ def _barrier_signal(ins):
 
 @handler("s_barrier_wait")
 def _barrier_wait(ins):
-    _workgroup_barrier(ins)
+    """-1: wait for the workgroup's waves; -3: for every workgroup of the cluster (wave.run_cluster)."""
+    cluster = _barrier_id(ins) == CLUSTER_BARRIER
 
     def run(w):
-        if not w.signaled:
+        if cluster:
+            _cluster_of(w, ins)
+            w.cluster_wait = True
+        elif not w.signaled:
             raise RaceError("s_barrier_wait without s_barrier_signal: the workgroup barrier would never complete")
         w.signaled = False
         if w.race:

@@ -12,7 +12,7 @@ from . import gfx950, gfx1250
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
 from .memory import Memory, SparseBuffer
 from .stats import LaunchCounter, select_workgroups
-from .wave import Wave, Workgroup, run_workgroup
+from .wave import Wave, Workgroup, run_cluster
 
 TARGETS = {t.arch: t for t in (gfx950.TARGET, gfx1250.TARGET)}
 
@@ -138,6 +138,7 @@ class Emulator:
         import torch
         grid, block = _dim3(grid), _dim3(block)
         meta = prog.kernel_meta(kernel)
+        _check_block(meta, block)
         fns, instrs = prog.decoded(kernel)
         self.last_stats, counter = None, LaunchCounter(instrs)
         fns = counter.wrap(fns)
@@ -161,18 +162,26 @@ class Emulator:
         T = prog.target
         if lds_bytes > T.lds_bytes:
             raise EmulatorFault(f"kernel {kernel!r} needs {lds_bytes} bytes of LDS; {T.arch} has {T.lds_bytes}")
+        cdims = meta.cluster_dims if meta.cluster_dims and meta.cluster_dims != (1, 1, 1) else None
+        if cdims and (any(g % c for g, c in zip(grid, cdims)) or workgroups is not None):
+            raise ValueError(f"kernel {kernel!r} runs in clusters of {cdims} workgroups: the grid {grid} must be "
+                             f"whole clusters (and runs whole)")
+        units = cdims or (1, 1, 1)     # workgroups run together: a cluster, or one workgroup
         order = select_workgroups(grid, workgroups) if workgroups is not None else \
-            [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+            [(x, y, z) for z in range(0, grid[2], units[2]) for y in range(0, grid[1], units[1])
+             for x in range(0, grid[0], units[0])]
         if self.wg_order == "shuffled":
             np.random.default_rng(self.seed).shuffle(order)
         ctx = (meta, fns, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
         with np.errstate(all="ignore"):  # GPUs raise no FP exceptions: inf/NaN results are data
-            for wgid in order:
-                self._run_workgroup(prog, kernel, ctx, wgid)
+            for first in order:
+                self._run_cluster(prog, kernel, ctx, first, cdims)
         self._keep = (karg, packet)
-        self.last_stats = counter.stats(len(order), len(order) * -(-block[0] * block[1] * block[2] // T.wave))
+        nwg = len(order) * units[0] * units[1] * units[2]
+        self.last_stats = counter.stats(nwg, nwg * -(-block[0] * block[1] * block[2] // T.wave))
 
-    def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid):
+    def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster=None):
+        """cluster: (cluster id, this workgroup's position in it) of a cluster launch."""
         d = meta.d
         s = 0
         user = []
@@ -197,8 +206,10 @@ class Emulator:
             user += [int(x) for x in kb]
         s = d("user_sgpr_count", len(user))
         w.S[:len(user)] = user
-        if w.T.ttmp_ids:   # architected SGPRs: x in ttmp9, y | z << 16 in ttmp7; no cluster (ttmp6 = 0)
-            w.S[w.T.sgprs["ttmp9"][0]], w.S[w.T.sgprs["ttmp7"][0]] = wgid[0], wgid[1] | wgid[2] << 16
+        if w.T.ttmp_ids:   # architected SGPRs: x in ttmp9, y | z << 16 in ttmp7 (docs/gfx1250_emulator.md §1)
+            ids, local = cluster or (wgid, (0, 0, 0))     # a cluster launch: the cluster's id, position in ttmp6
+            w.S[w.T.sgprs["ttmp9"][0]], w.S[w.T.sgprs["ttmp7"][0]] = ids[0], ids[1] | ids[2] << 16
+            w.S[w.T.sgprs["ttmp6"][0]] = local[0] | local[1] << 4 | local[2] << 8
         for axis, key in enumerate(("x", "y", "z")):
             if not w.T.ttmp_ids and d(f"system_sgpr_workgroup_id_{key}", 1 if key == "x" else 0):
                 w.S[s] = wgid[axis]
@@ -216,19 +227,44 @@ class Emulator:
         w.V[:, 0] = (tx | ((ty << 10) if comp >= 1 else 0) | ((tz << 20) if comp >= 2 else 0)).astype(u32)
         w.set_exec((1 << min(n, nthreads - wid * n)) - 1)
 
-    def _run_workgroup(self, prog, kernel, ctx, wgid):
+    def _run_cluster(self, prog, kernel, ctx, first, cdims):
+        """Run the cluster whose first workgroup is ``first`` (cdims None: that one workgroup)."""
         meta, fns, instrs, block, grid, karg_ptr, pkt_ptr, lds_bytes = ctx
         nthreads = block[0] * block[1] * block[2]
         nv = 512 if meta.agpr_count or meta.d("accum_offset", 0) else max(8, ((meta.vgpr_count + 7) // 8) * 8)
         nv = max(nv, meta.d("next_free_vgpr", 0) + 2)
         nwaves = -(-nthreads // prog.target.wave)
-        wg = Workgroup(lds_bytes, prog.race, nwaves, prog.target.wave, nv + (nv & 1))
-        waves = []
-        for wid in range(nwaves):
-            w = Wave(self, prog, kernel, wg, wid)
-            self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid)
-            waves.append(w)
-        run_workgroup(waves, fns, instrs, self.lockstep)
+        members = [(0, 0, 0)] if cdims is None else \
+            [(x, y, z) for z in range(cdims[2]) for y in range(cdims[1]) for x in range(cdims[0])]  # flat id order
+        groups, wgs = [], []
+        for local in members:
+            wgid = tuple(f + l for f, l in zip(first, local))
+            cluster = None if cdims is None else (tuple(f // c for f, c in zip(first, cdims)), local)
+            wg = Workgroup(lds_bytes, prog.race, nwaves, prog.target.wave, nv + (nv & 1))
+            waves = []
+            for wid in range(nwaves):
+                w = Wave(self, prog, kernel, wg, wid)
+                self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster)
+                waves.append(w)
+            groups.append(waves)
+            wgs.append(wg)
+        if cdims is not None:
+            for wg in wgs:
+                wg.cluster = wgs
+        run_cluster(groups, fns, instrs, self.lockstep)
+
+
+def _check_block(meta, block):
+    """A launch with a workgroup the kernel was not compiled for is an error: above its
+    .max_flat_workgroup_size the runtime refuses it, and code compiled for a .reqd_workgroup_size
+    may assume it (e.g. wave ids past the tile index LDS past the kernel's allocation)."""
+    n = block[0] * block[1] * block[2]
+    if meta.reqd_workgroup_size and block != meta.reqd_workgroup_size:
+        raise ValueError(f"kernel {meta.name!r} requires workgroup size {meta.reqd_workgroup_size}; "
+                         f"launched with block {block}")
+    if n > meta.max_flat_workgroup_size:
+        raise ValueError(f"kernel {meta.name!r} allows at most {meta.max_flat_workgroup_size} threads per "
+                         f"workgroup; launched with block {block} ({n} threads)")
 
 
 def _dim3(d):

@@ -49,6 +49,17 @@ def _lds_span(w, la, size):
     return (la[:, None] + np.arange(size)).ravel()
 
 
+def _multicast_peers(w, mask, store):
+    """Workgroups of the cluster (flat ids = mask bits) whose LDS a load writes; None: this one."""
+    if not mask:
+        return None
+    cluster = w.wg.cluster
+    if cluster is None or store or mask >> len(cluster):
+        raise UnsupportedInstruction(f"tensor multicast mask {mask:#x} outside a cluster launch of that size "
+                                     f"(or on a store)")
+    return [cluster[i] for i in range(len(cluster)) if mask >> i & 1]
+
+
 def _build(ins):
     if len(ins.ops) > 2:
         raise UnsupportedInstruction(f"3-D+ or gather tensor descriptors (groups 2, 3): {ins.where()}")
@@ -61,8 +72,9 @@ def _build(ins):
         if not f["valid"]:     # predicated off: moves nothing but still counts on TENSORcnt
             race.track_load(w, ins, "tensor", (), "store")
             return
-        if f["gather"] or f["iterate"] or f["tile2"] > 1 or f["mcast"] & ~1:
-            raise UnsupportedInstruction(f"tensor descriptor with gather/iterate/3-D tile/multicast: {f}")
+        if f["gather"] or f["iterate"] or f["tile2"] > 1:
+            raise UnsupportedInstruction(f"tensor descriptor with gather/iterate/3-D tile: {f}")
+        peers = _multicast_peers(w, f["mcast"], store)
         g, ok, la = tile_addresses(f)
         size = f["size"]
         by = _lds_span(w, la, size)
@@ -74,9 +86,13 @@ def _build(ins):
             race.track_load(w, ins, "tensor", (), "store")
             return
         data = np.where(ok[:, None], w.emu.mem.load(g, ok, size), 0)     # out of the tensor: 0
-        if w.race:
-            race.lds_check(w, d, True, inflight=True)
-        w.wg.lds[by] = data.ravel()
+        if peers is None or w.wg in peers:
+            if w.race:
+                race.lds_check(w, d, True, inflight=True)
+            w.wg.lds[by] = data.ravel()
+        for p in peers or ():
+            if p is not w.wg:      # the same bytes into a peer's LDS (not race-tracked there)
+                p.lds[by] = data.ravel()
         race.track_load(w, ins, "tensor", (), "async", lds=d)
     return run
 

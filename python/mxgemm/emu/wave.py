@@ -10,13 +10,14 @@ memory (ordered only by atomics). A lockstep unit splits back into single waves 
 instruction it cannot run in lockstep (``Split``): one whose per-wave scalar results differ
 (a lane mask in VCC, v_readfirstlane), an instruction marked per-wave (atomics, whose order
 is observable, and cross-lane ops), or any error (re-run per wave for an exact report).
-Waves re-merge at the next barrier."""
+Waves re-merge at the next barrier. A cluster launch (gfx1250) runs its workgroups in turn, each
+up to its next cluster barrier, which every workgroup then passes together (``run_cluster``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from . import race
-from .isa import EmulatorError, EmulatorFault, Split, u16, u32, u64
+from .isa import EmulatorError, EmulatorFault, RaceError, Split, u16, u32, u64
 from .regs import mask_of
 
 
@@ -28,6 +29,8 @@ class Workgroup:
         self.lw = None
         self.V = np.zeros((nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
         self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
+        self.cluster = None  # cluster launch: the cluster's workgroups by flat id (this one included)
+        self.cluster_signals = 0   # s_barrier_signal -3 of its waves since the last cluster barrier
         if race:
             nd = (lds_bytes + 3) // 4     # last writer / reader stamps, initially epoch -1
             self.lw = np.full(nd, -1, np.int64)
@@ -58,6 +61,7 @@ class Wave:
         self.pend, self.qs = {}, [[] for _ in T.counters]
         self.exec = 0
         self.signaled = False     # split barriers (gfx12): s_barrier_signal issued, s_barrier_wait not yet
+        self.cluster_wait = False  # stopped at the cluster barrier (s_barrier_wait -3)
         self.set_exec(0)
 
     def set_exec(self, x):
@@ -91,7 +95,7 @@ class Wave:
 
     # -- lockstep units
     def _state(self):
-        return self.pc, self.scc, self.exec, self.signaled, self.S
+        return self.pc, self.scc, self.exec, self.signaled, self.cluster_wait, self.S
 
     def split(self):
         """The k single waves of this unit (their VGPRs are views of the same rows)."""
@@ -99,6 +103,7 @@ class Wave:
         for i in range(self.k):
             w = Wave(self.emu, self.prog, self.kernel, self.wg, self.wid + i)
             w.pc, w.scc, w.stop, w.done, w.signaled = self.pc, self.scc, self.stop, self.done, self.signaled
+            w.cluster_wait = self.cluster_wait
             w.S = list(self.S)
             w.set_exec(self.exec)
             w.pend, w.qs = dict(self.pend), [list(q) for q in self.qs]
@@ -122,7 +127,7 @@ def _merge(run):
         return run[0]
     a = run[0]
     w = Wave(a.emu, a.prog, a.kernel, a.wg, a.wid, sum(u.k for u in run))
-    w.pc, w.scc, w.S, w.signaled = a.pc, a.scc, list(a.S), a.signaled
+    w.pc, w.scc, w.S, w.signaled, w.cluster_wait = a.pc, a.scc, list(a.S), a.signaled, a.cluster_wait
     w.set_exec(a.exec)
     recs = {}
     w.qs = []
@@ -153,27 +158,55 @@ def _merge_all(units):
     return out
 
 
-def run_workgroup(waves, fns, instrs, lockstep=True):
-    """Run the waves of one workgroup to completion."""
-    wg = waves[0].wg
-    units = _merge_all(waves) if lockstep else waves
-    while units:
-        stopped = []
-        todo = list(units)
-        while todo:
-            u = todo.pop(0)
-            try:
-                run_wave(u, fns, instrs)
-            except Split:
-                todo[:0] = u.split()
-                continue
-            stopped.append(u)
-        units = [u for u in stopped if not u.done]
-        for u in units:
-            u.stop = False
-        race.next_epoch(wg)
-        if lockstep:
-            units = _merge_all(units)
+def _run_to_stop(units, fns, instrs):
+    """Run each unit until it stops (barrier or end); the units still running after."""
+    stopped = []
+    todo = list(units)
+    while todo:
+        u = todo.pop(0)
+        try:
+            run_wave(u, fns, instrs)
+        except Split:
+            todo[:0] = u.split()
+            continue
+        stopped.append(u)
+    return [u for u in stopped if not u.done]
+
+
+def _release(units, lockstep):
+    for u in units:
+        u.stop = u.cluster_wait = False
+    race.next_epoch(units[0].wg)
+    return _merge_all(units) if lockstep else units
+
+
+def run_cluster(groups, fns, instrs, lockstep=True):
+    """Run the waves of a cluster's workgroups (one list per workgroup; one workgroup outside
+    cluster launches) to completion. Each workgroup runs through its own barriers up to the
+    cluster barrier (s_barrier_wait -3) or its end; the cluster barrier completes when every
+    workgroup has reached it and one of its waves has signalled it (s_barrier_signal -3)."""
+    units = [_merge_all(ws) if lockstep else ws for ws in groups]
+    while any(units):
+        for i, us in enumerate(units):
+            while us and not us[0].cluster_wait:
+                wg = us[0].wg
+                us = _run_to_stop(us, fns, instrs)
+                if len({u.cluster_wait for u in us}) > 1:
+                    raise RaceError("waves of a workgroup stopped at different barriers (cluster and workgroup)")
+                if not us:
+                    race.next_epoch(wg)
+                elif not us[0].cluster_wait:
+                    us = _release(us, lockstep)
+            units[i] = us
+        if not any(units):
+            break
+        for us, ws in zip(units, groups):
+            if not us or not ws[0].wg.cluster_signals:
+                raise RaceError(f"cluster barrier never completes: workgroup {groups.index(ws)} of the cluster "
+                                f"{'ended' if not us else 'waits without signalling it'}")
+        for i, us in enumerate(units):
+            us[0].wg.cluster_signals = 0
+            units[i] = _release(us, lockstep)
 
 
 def run_wave(w, fns, instrs):
