@@ -119,7 +119,8 @@ def test_e8m0_dtypes_and_fp4_dtype_accepted():
 
 
 def test_heuristic_tiles_and_split():
-    pick = dense_mx.heuristic_config
+    def pick(*a):
+        return dense_mx.heuristic_config("gfx950", *a)
     assert pick("e4m3", "e4m3", "bf16", 8192, 8192, 8192)[0]["BM"] == 256   # 32 x 64 tiles >= 256 CUs
     assert pick("e4m3", "e4m3", "bf16", 2048, 2048, 4096)[0]["BM"] == 128
     v, splits, _ = pick("e4m3", "e2m1", "f32", 64, 256, 4096)

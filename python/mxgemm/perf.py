@@ -390,16 +390,13 @@ def preset_deep_gemm():
 
 
 def preset_mx_gemm():
-    """MX GEMM (prefill) at 1024^3 and 8192^3, MXFP8 and MXFP4, with the op's own tile choice once
-    the kernel is registered (until then ``modelled_cases`` notes each case as skipped)."""
+    """MX GEMM (prefill) at 1024^3 and 8192^3, MXFP8 and MXFP4, with the op's own gfx950 tile choice."""
+    from .ops.dense_mx import heuristic_config
     cases = []
     for s in (1024, 8192):
         for fmt in ("e4m3", "e2m1"):
-            variant = {}
-            if "mx_gemm" in registry.KERNELS:
-                from .ops.dense_mx import heuristic_config
-                variant, splits, _ = heuristic_config(fmt, fmt, "bf16", s, s, s)
-            cases.append(Case("mx_gemm", variant, dict(M=s, N=s, K=s, **({"splits": splits} if variant else {})),
+            variant, splits, _ = heuristic_config("gfx950", fmt, fmt, "bf16", s, s, s)
+            cases.append(Case("mx_gemm", variant, dict(M=s, N=s, K=s, splits=splits),
                               f"MX GEMM {fmt} {s}^3", "not found", "FlyDSL gfx1250 MX GEMM (numbers not found)"))
     return cases
 

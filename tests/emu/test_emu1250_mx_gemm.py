@@ -100,3 +100,30 @@ def test_cluster_barrier_needs_every_workgroup_to_signal():
 
     with emulator_settings(asm_edit=delete), pytest.raises(RaceError, match="cluster barrier never completes"):
         launch(v, *inputs(v, seed=0))
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt,out", [("e4m3", "e4m3", "bf16"), ("e4m3", "e2m1", "bf16"),
+                                             ("e2m1", "e2m1", "bf16")])
+def test_op_plans_and_runs_gfx1250_variants(monkeypatch, a_fmt, b_fmt, out):
+    """mxgemm.mx_gemm on the gfx1250 emulator (MXGEMM_EMU_ARCH): the planner chooses among the
+    gfx1250 variants (the first registered of the chosen tile: no cluster variant) and the op
+    returns the reference's bits; a format pair with no gfx1250 variant is a GuardError [arch]."""
+    monkeypatch.setattr(launcher, "EMU_ARCH", ARCH)
+    mxgemm.mx_gemm.clear_plans()
+    g = torch.Generator().manual_seed(5)
+    M, N, K = 70, 96, 256
+    a, sa = operand(M, K, a_fmt, g)
+    b, sb = operand(N, K, b_fmt, g)
+    kw = dict(a_format=a_fmt, b_format=b_fmt, out_dtype=OUT[out])
+    plan = mxgemm.explain("mx_gemm", a, sa, b, sb, **kw)
+    assert plan.arch == ARCH and plan.variant in VARIANTS and plan.block == (128, 1, 1)
+    assert plan.variant["CLUSTER_M"] * plan.variant["CLUSTER_N"] == 1
+    got = mxgemm.mx_gemm(a, sa, b, sb, **kw)
+    ref = reference.mx_gemm_ref(a, sa, b, sb, a_fmt, b_fmt, OUT[out], chunk=reference.MX_MMA_K)
+    assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8))
+    mxgemm.mx_gemm.clear_plans()
+    if out == "bf16" and a_fmt == b_fmt == "e4m3":
+        from mxgemm.guards import GuardError
+        (c, sc), (d, sd) = operand(M, K, "e5m2", g), operand(N, K, "e5m2", g)
+        with pytest.raises(GuardError, match=r"\[arch\] no gfx1250 mx_gemm variant for e5m2 x e5m2 -> bf16"):
+            mxgemm.mx_gemm(c, sc, d, sd, a_format="e5m2", b_format="e5m2")

@@ -1,13 +1,17 @@
 """mx_gemm: dense MX GEMM for prefill (MXFP8, MXFP4, A8W4) on the mx_gemm FlyDSL family.
 
-Kernel choice (``mxgemm.explain`` prints it): a caller's ``config`` (tile and split count),
-else the rule of ``heuristic_config``. Every malformed call raises GuardError before launch.
+Kernel choice (``mxgemm.explain`` prints it): among the variants registered for the arch the
+call runs on (gfx950, or gfx1250: a GPU of that arch, or MXGEMM_EMU_ARCH on the emulator), a
+caller's ``config`` (tile and split count), else the rule of ``heuristic_config``; of several
+variants with the same tile, the first registered (so no cluster-multicast variant, which a
+HIP launch cannot start, is chosen automatically). Every malformed call raises GuardError
+before launch.
 """
 from __future__ import annotations
 
 import torch
 
-from .. import guards, registry
+from .. import guards, launcher, registry
 from ..quant import MX_BLOCK
 from ._op import Plan, kernel_plan, op
 
@@ -18,11 +22,11 @@ PAYLOAD = {"e4m3": (torch.float8_e4m3fn, torch.uint8), "e5m2": (torch.float8_e5m
            "e2m1": (torch.float4_e2m1fn_x2, torch.uint8)}
 SCALES = (torch.uint8, torch.float8_e8m0fnu)
 OUT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for v in KERNEL.variants}))
+PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for a in KERNEL.archs for v in KERNEL.variants_for(a)}))
 
 
-def _variants(a_fmt, b_fmt, out, splitk):
-    return [v for v in KERNEL.variants
+def _variants(arch, a_fmt, b_fmt, out, splitk):
+    return [v for v in KERNEL.variants_for(arch)
             if (v["A_FMT"], v["B_FMT"], v["OUT"], v["SPLITK"]) == (a_fmt, b_fmt, out, splitk)]
 
 
@@ -31,18 +35,23 @@ def _grid_size(v, M, N) -> int:
     return gx * gy
 
 
-def heuristic_config(a_fmt, b_fmt, out, M, N, K):
-    """(variant, splits, why). Rule (written before any hardware timing): the largest
+def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
+    """(variant, splits, why) on ``arch``. Rule (written before any hardware timing): the largest
     registered tile (by area) that still gives >= NUM_CUS workgroups; when even the smallest
     tile leaves half the CUs idle, f32 output has at least 8 K steps and a split-K variant
     exists, 2 K splits (deterministic: two fp32 partials commute)."""
-    cands = sorted(_variants(a_fmt, b_fmt, out, 0), key=lambda v: v["BM"] * v["BN"])
-    full = [v for v in cands if _grid_size(v, M, N) >= NUM_CUS]
-    v = full[-1] if full else cands[0]
-    split = _variants(a_fmt, b_fmt, out, 1)
-    if split and _grid_size(cands[0], M, N) < NUM_CUS // 2 and K // KERNEL.k_align >= 8:
+    cands = sorted(_variants(arch, a_fmt, b_fmt, out, 0), key=lambda v: v["BM"] * v["BN"])   # stable: first registered
+    split = _variants(arch, a_fmt, b_fmt, out, 1)
+    if not cands and not split:
+        have = sorted({(v["A_FMT"], v["B_FMT"], v["OUT"]) for v in KERNEL.variants_for(arch)})
+        guards.fail("arch", f"no {arch} mx_gemm variant for {a_fmt} x {b_fmt} -> {out}; {arch} has: "
+                            + ", ".join(f"{a} x {b} -> {o}" for a, b, o in have))
+    if split and (not cands or _grid_size(cands[0], M, N) < NUM_CUS // 2 and K // KERNEL.k_align >= 8):
         v = min(split, key=lambda s: s["BM"] * s["BN"])
         return v, 2, "heuristic: few output tiles, 2-way split-K with fp32 atomics"
+    full = [v for v in cands if _grid_size(v, M, N) >= NUM_CUS]
+    largest = [v for v in full if v["BM"] * v["BN"] == full[-1]["BM"] * full[-1]["BN"]] if full else []
+    v = largest[0] if full else cands[0]
     return v, 1, f"heuristic: largest tile with >= {NUM_CUS} workgroups" if full else \
         "heuristic: smallest tile (fewer workgroups than CUs)"
 
@@ -64,18 +73,18 @@ def _config_str(config) -> str:
     return "" if parsed is None else ",".join(f"{k}={v}" for k, v in sorted(parsed.items()))
 
 
-def _forced(cfg, a_fmt, b_fmt, out):
+def _forced(cfg, arch, a_fmt, b_fmt, out):
     bad = set(cfg) - {"BM", "BN", "SPLITS"}
     if bad:
         guards.fail("config", f"unknown config keys {sorted(bad)}; allowed: BM, BN, SPLITS")
     splits = cfg.get("SPLITS", 1)
     if not 1 <= splits <= MAX_SPLITS:
         guards.fail("config", f"SPLITS = {splits} must be in 1..{MAX_SPLITS}")
-    have = _variants(a_fmt, b_fmt, out, int(splits > 1))
+    have = _variants(arch, a_fmt, b_fmt, out, int(splits > 1))
     match = [v for v in have if v["BM"] == cfg.get("BM", v["BM"]) and v["BN"] == cfg.get("BN", v["BN"])]
     if not match:
         tiles = sorted({(v["BM"], v["BN"]) for v in have})
-        guards.fail("config", f"no mx_gemm variant {a_fmt} x {b_fmt} -> {out} with SPLITS={splits} and tile "
+        guards.fail("config", f"no {arch} mx_gemm variant {a_fmt} x {b_fmt} -> {out} with SPLITS={splits} and tile "
                               f"{cfg.get('BM')}x{cfg.get('BN')}; registered tiles: {tiles}"
                               + ("" if have or splits == 1 else " (split-K needs out_dtype=torch.float32)"))
     return match[0], splits
@@ -120,11 +129,12 @@ def _plan(x) -> Plan:
     shape = dict(out_shape=(M, N), out_dtype=x.out_dtype)
     if M == 0 or N == 0:
         return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+    arch = launcher.backend_for(device, KERNEL.archs)[1]
     cfg = parse_config(x.config)
     if cfg is None:
-        variant, splits, why = heuristic_config(x.a_format, x.b_format, out, M, N, K)
+        variant, splits, why = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K)
     else:
-        (variant, splits), why = _forced(cfg, x.a_format, x.b_format, out), "config given by the caller"
+        (variant, splits), why = _forced(cfg, arch, x.a_format, x.b_format, out), "config given by the caller"
     # The kernel rebases every buffer to its tile: a 32-bit voffset spans BM (BN) rows.
     for n, rows, row_bytes in (("a", variant["BM"], x.a.shape[1]), ("b", variant["BN"], x.b.shape[1]),
                                ("out", variant["BM"], N * x.out_dtype.itemsize)):

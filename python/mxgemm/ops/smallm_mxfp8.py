@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from .. import guards, registry, tuned
+from .. import guards, launcher, registry, tuned
 from . import _mxfp8 as mx
 from . import dense_mx
 from ._op import Plan, op
@@ -157,7 +157,8 @@ def _plan(x) -> Plan:
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
         if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
-            variant, splits, how = dense_mx.heuristic_config("e4m3", "e4m3", "bf16", M, N, K)
+            variant, splits, how = dense_mx.heuristic_config(launcher.backend_for(device, dense_mx.KERNEL.archs)[1],
+                                                             "e4m3", "e4m3", "bf16", M, N, K)
             choice = (dense_mx.KERNEL.name, variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
                       f"envelope [{_GEMV.m_range[0]}, {M_MAX}] ({how})")
             dims["splits"] = splits
