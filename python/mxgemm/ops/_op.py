@@ -99,14 +99,15 @@ def _key_function(types_):
 RECENT_PLANS = 8
 
 
-def _recent_functions(types_, recent: list):
-    """(lookup(flat), guard_args(flat)) of the fast path. Reading shape, dtype, device and
+def _plan_function(types_, recent: list, miss):
+    """plan(flat) of an op: the fast path, else ``miss(flat, others, tensors)``. Reading shape, dtype, device and
     contiguity from Python costs ~0.6 us per tensor, too much for a 9-tensor MoE call, so the
     last few plans each carry torch's C++ tensor guard (dynamo's TensorGuards: type, dispatch
     keys, dtype, device, requires_grad, sizes, strides), which checks a whole call at ~0.15 us
-    per tensor. ``lookup`` returns the plan of the first recent entry whose non-tensor
+    per tensor. ``plan`` returns the plan of the first recent entry whose non-tensor
     arguments (and which optional tensors are absent) are equal and whose guard passes over
-    the present tensors, else None."""
+    the present tensors. Generated once per op as straight-line code: the op's cached path is
+    this one call."""
     others, present, optional = [], [], []
     for i, t in enumerate(types_):
         if t == "Tensor":
@@ -118,14 +119,12 @@ def _recent_functions(types_, recent: list):
             others.append(f"t{i}")
     tensors = f"({''.join(present)})" + "".join(optional)
     names = ", ".join(f"t{i}" for i in range(len(types_)))
-    scope: dict = {"recent": recent}
-    unpack = f"    {names}, = flat\n    o, ts = ({', '.join(others)},), {tensors}\n"
-    exec(f"def guard_args(flat):\n{unpack}    return o, ts\n"
-         f"def lookup(flat):\n{unpack}"
-         f"    for guard, go, plan in recent:\n"
-         f"        if go == o and guard.check(*ts):\n            return plan\n"
-         f"    return None\n", scope)
-    return scope["lookup"], scope["guard_args"]
+    scope: dict = {"recent": recent, "miss": miss}
+    exec(f"def plan(flat):\n    {names}, = flat\n    o, ts = ({', '.join(others)},), {tensors}\n"
+         f"    for guard, go, p in recent:\n"
+         f"        if go == o and guard.check(*ts):\n            return p\n"
+         f"    return miss(flat, o, ts)\n", scope)
+    return scope["plan"]
 
 
 def _tensor_guard(tensors):
@@ -155,7 +154,9 @@ class Op:
         self.tensors = tuple(i for i, t in enumerate(types_) if t.startswith("Tensor"))
         self._key = _key_function(types_)
         self._recent: list = []
-        self._lookup_recent, self._guard_args = _recent_functions(types_, self._recent)
+        # plan(flat): the memoised plan of a call given one value per parameter (out may be
+        # None): a recent plan whose guard passes, else the plan cache, else the planner
+        self.plan = _plan_function(types_, self._recent, self._plan_miss)
         self._plan_fn, self._fallback, self._alloc = plan, fallback, alloc
         self._convert = convert or {}
         self._fill = fill or {}
@@ -215,17 +216,11 @@ class Op:
         return self.plan(self.flatten(args, kw))
 
     # -- planning
-    def plan(self, flat) -> Plan:
-        """The memoised plan of a call given one value per parameter (out may be None): a
-        recent plan whose guard passes, else the plan cache, else the planner."""
-        p = self._lookup_recent(flat)
-        if p is not None:
-            return p
+    def _plan_miss(self, flat, others, tensors) -> Plan:
         key = self._key(flat)
         p = self._plans.get(key)
         if p is None:
             p = self._plans[key] = self._plan_fn(self.namespace(flat))
-        others, tensors = self._guard_args(flat)
         guard = _tensor_guard(tensors)
         if guard is not None:
             self._recent.insert(0, (guard, others, p))
