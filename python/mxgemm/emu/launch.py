@@ -172,7 +172,7 @@ class Emulator:
              for x in range(0, grid[0], units[0])]
         if self.wg_order == "shuffled":
             np.random.default_rng(self.seed).shuffle(order)
-        ctx = (meta, fns, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
+        ctx = (meta, fns, counter.execs, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
         with np.errstate(all="ignore"):  # GPUs raise no FP exceptions: inf/NaN results are data
             for first in order:
                 self._run_cluster(prog, kernel, ctx, first, cdims)
@@ -229,7 +229,7 @@ class Emulator:
 
     def _run_cluster(self, prog, kernel, ctx, first, cdims):
         """Run the cluster whose first workgroup is ``first`` (cdims None: that one workgroup)."""
-        meta, fns, instrs, block, grid, karg_ptr, pkt_ptr, lds_bytes = ctx
+        meta, fns, execs, instrs, block, grid, karg_ptr, pkt_ptr, lds_bytes = ctx
         nthreads = block[0] * block[1] * block[2]
         nv = 512 if meta.agpr_count or meta.d("accum_offset", 0) else max(8, ((meta.vgpr_count + 7) // 8) * 8)
         nv = max(nv, meta.d("next_free_vgpr", 0) + 2)
@@ -251,7 +251,7 @@ class Emulator:
         if cdims is not None:
             for wg in wgs:
                 wg.cluster = wgs
-        run_cluster(groups, fns, instrs, self.lockstep)
+        run_cluster(groups, fns, execs, instrs, self.lockstep)
 
 
 def _check_block(meta, block):

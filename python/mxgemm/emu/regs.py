@@ -5,6 +5,8 @@ SGPRs and constants are numpy scalars that broadcast against them. Every accesso
 in race mode, that no outstanding load still owns the register."""
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from . import race
@@ -135,11 +137,11 @@ def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         if ty in _W64:
             if r % 2:
                 raise UnsupportedInstruction(f"odd 64-bit VGPR tuple {op.text}")
-            put = _col_setter(lambda w: w.V64, r >> 1, u64)
+            put = _col_setter(attrgetter("V64"), r >> 1, u64)
         elif ty in _W16:
-            put = _col_setter(lambda w: w.V16, 2 * r + (1 if hi else 0), u16)
+            put = _col_setter(attrgetter("V16"), 2 * r + (1 if hi else 0), u16)
         else:
-            put = _col_setter(lambda w: w.V, r, u32)
+            put = _col_setter(attrgetter("V"), r, u32)
     elif op.kind == "s":
         put = sdst(ins, i, 64 if ty in _W64 else 32)
         return put

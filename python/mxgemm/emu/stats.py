@@ -65,7 +65,7 @@ def classify(base: str, to_lds: bool = False):
 
 
 class LaunchCounter:
-    """Tallies of one kernel's instructions; ``wrap(fns)`` returns counting closures."""
+    """Tallies of one kernel's instructions; ``wrap(fns)`` returns lane-counting closures."""
 
     def __init__(self, instrs):
         self.cls = [classify(i.base, bool(i.mods.get("lds"))) for i in instrs]
@@ -74,23 +74,18 @@ class LaunchCounter:
         self.lanes = [0] * len(instrs)
 
     def wrap(self, fns):
-        execs, lanes = self.execs, self.lanes
+        """fns with the lane-counting ones wrapped; run_wave counts ``execs`` itself."""
+        lanes = self.lanes
 
         # a lockstep unit (w.k waves, one EXEC) counts k wave-instructions; counted after fn
         # returns, since a unit that splits re-runs the instruction wave by wave
-        def counted(pc, fn, with_lanes):
-            if with_lanes:
-                def run(w):
-                    n = w.exec.bit_count()
-                    fn(w)
-                    execs[pc] += w.k
-                    lanes[pc] += n * w.k
-            else:
-                def run(w):
-                    fn(w)
-                    execs[pc] += w.k
+        def counted(pc, fn):
+            def run(w):
+                n = w.exec.bit_count()
+                fn(w)
+                lanes[pc] += n * w.k
             return run
-        return [counted(pc, fn, self.cls[pc][1] > 0) for pc, fn in enumerate(fns)]
+        return [counted(pc, fn) if self.cls[pc][1] > 0 else fn for pc, fn in enumerate(fns)]
 
     def stats(self, workgroups: int, waves: int) -> dict:
         """Counts by class; MFMA also by mnemonic and by shape; memory classes also in bytes

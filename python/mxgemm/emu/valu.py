@@ -20,14 +20,18 @@ def _bits_u32(x, ty):
 
 # ---------------------------------------------------------------------------- exact fused FMA
 
+_HALF_MASK, _HALF = u64(0x1FFFFFFF), u64(0x10000000)   # low f64 bits of an f32 halfway point
+_U31, _U63 = u32(31), u32(63)   # shift-count masks, built once (a numpy scalar per call costs)
+
+
 def fma32(a, b, c):
     """Correctly rounded f32 fma: a*b is exact in f64; the f64 sum p + c can only round wrongly
     to f32 (double rounding) when it lands exactly on an f32 halfway point, so only then is
     the TwoSum error used to break the tie (f32-subnormal results excepted)."""
     p = np.multiply(a, b, dtype=f64)
     s = np.add(p, c, dtype=f64)
-    sb = np.asarray(s).view(u64)
-    mid = (sb & u64(0x1FFFFFFF)) == u64(0x10000000)
+    sb = s.view(u64) if s.__class__ is np.ndarray else np.asarray(s).view(u64)
+    mid = (sb & _HALF_MASK) == _HALF
     if np.count_nonzero(mid):   # cheaper than .any()
         c64 = np.asarray(c, f64)
         bb = s - p
@@ -40,7 +44,8 @@ def fma32(a, b, c):
 # name: (dst type, src types, fn). fn takes typed numpy values.
 
 def _sh(t):
-    return lambda a, b: b << (a & t(31))
+    m = t(31)
+    return lambda a, b: b << (a & m)
 
 
 def _sel_nan(f):
@@ -233,12 +238,12 @@ _OPS = {
     "v_mul_i32_i24": ("u32", "u32 u32", lambda a, b: (_i24(a) * _i24(b)).astype(u32)),
     "v_mad_u32_u24": ("u32", "u32 u32 u32", lambda a, b, c: _u24(a) * _u24(b) + c),
     "v_mad_i32_i24": ("u32", "u32 u32 u32", lambda a, b, c: (_i24(a) * _i24(b) + c).astype(u32)),
-    "v_lshlrev_b32": ("u32", "u32 u32", lambda a, b: b << (a & u32(31))),
-    "v_lshrrev_b32": ("u32", "u32 u32", lambda a, b: b >> (a & u32(31))),
-    "v_ashrrev_i32": ("i32", "u32 i32", lambda a, b: b >> (a & u32(31)).astype(i32)),
-    "v_lshlrev_b64": ("u64", "u32 u64", lambda a, b: b << (a & u32(63)).astype(u64)),
-    "v_lshrrev_b64": ("u64", "u32 u64", lambda a, b: b >> (a & u32(63)).astype(u64)),
-    "v_ashrrev_i64": ("i64", "u32 i64", lambda a, b: b >> (a & u32(63)).astype(i64)),
+    "v_lshlrev_b32": ("u32", "u32 u32", lambda a, b: b << (a & _U31)),
+    "v_lshrrev_b32": ("u32", "u32 u32", lambda a, b: b >> (a & _U31)),
+    "v_ashrrev_i32": ("i32", "u32 i32", lambda a, b: b >> (a & _U31).astype(i32)),
+    "v_lshlrev_b64": ("u64", "u32 u64", lambda a, b: b << (a & _U63).astype(u64)),
+    "v_lshrrev_b64": ("u64", "u32 u64", lambda a, b: b >> (a & _U63).astype(u64)),
+    "v_ashrrev_i64": ("i64", "u32 i64", lambda a, b: b >> (a & _U63).astype(i64)),
     "v_lshl_add_u64": ("u64", "u64 u32 u64", lambda a, s, c: (a << (s & u32(7)).astype(u64)) + c),
     "v_and_b32": ("u32", "u32 u32", lambda a, b: a & b), "v_or_b32": ("u32", "u32 u32", lambda a, b: a | b),
     "v_xor_b32": ("u32", "u32 u32", lambda a, b: a ^ b),
@@ -251,13 +256,13 @@ _OPS = {
     "v_med3_i32": ("i32", "i32 i32 i32", _med3), "v_med3_u32": ("u32", "u32 u32 u32", _med3),
     "v_bfe_u32": ("u32", "u32 u32 u32", _bfe_u), "v_bfe_i32": ("i32", "u32 u32 u32", _bfe_i),
     "v_bfi_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a & b) | (~a & c)),
-    "v_bfm_b32": ("u32", "u32 u32", lambda a, b: ((u32(1) << (a & u32(31))) - u32(1)) << (b & u32(31))),
+    "v_bfm_b32": ("u32", "u32 u32", lambda a, b: ((u32(1) << (a & _U31)) - u32(1)) << (b & _U31)),
     "v_alignbit_b32": ("u32", "u32 u32 u32", _alignbit),
     "v_alignbyte_b32": ("u32", "u32 u32 u32", lambda a, b, c: _alignbit(a, b, (np.asarray(c, u32) & u32(3)) * u32(8))),
     "v_perm_b32": ("u32", "u32 u32 u32", _perm),
-    "v_lshl_add_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & u32(31))) + c),
-    "v_add_lshl_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a + b) << (c & u32(31))),
-    "v_lshl_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & u32(31))) | c),
+    "v_lshl_add_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & _U31)) + c),
+    "v_add_lshl_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a + b) << (c & _U31)),
+    "v_lshl_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & _U31)) | c),
     "v_and_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a & b) | c),
     "v_or3_b32": ("u32", "u32 u32 u32", lambda a, b, c: a | b | c),
     "v_xad_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a ^ b) + c),

@@ -158,14 +158,14 @@ def _merge_all(units):
     return out
 
 
-def _run_to_stop(units, fns, instrs):
+def _run_to_stop(units, fns, execs, instrs):
     """Run each unit until it stops (barrier or end); the units still running after."""
     stopped = []
     todo = list(units)
     while todo:
         u = todo.pop(0)
         try:
-            run_wave(u, fns, instrs)
+            run_wave(u, fns, execs, instrs)
         except Split:
             todo[:0] = u.split()
             continue
@@ -180,7 +180,7 @@ def _release(units, lockstep):
     return _merge_all(units) if lockstep else units
 
 
-def run_cluster(groups, fns, instrs, lockstep=True):
+def run_cluster(groups, fns, execs, instrs, lockstep=True):
     """Run the waves of a cluster's workgroups (one list per workgroup; one workgroup outside
     cluster launches) to completion. Each workgroup runs through its own barriers up to the
     cluster barrier (s_barrier_wait -3) or its end; the cluster barrier completes when every
@@ -190,7 +190,7 @@ def run_cluster(groups, fns, instrs, lockstep=True):
         for i, us in enumerate(units):
             while us and not us[0].cluster_wait:
                 wg = us[0].wg
-                us = _run_to_stop(us, fns, instrs)
+                us = _run_to_stop(us, fns, execs, instrs)
                 if len({u.cluster_wait for u in us}) > 1:
                     raise RaceError("waves of a workgroup stopped at different barriers (cluster and workgroup)")
                 if not us:
@@ -209,16 +209,17 @@ def run_cluster(groups, fns, instrs, lockstep=True):
             units[i] = _release(us, lockstep)
 
 
-def run_wave(w, fns, instrs):
+def run_wave(w, fns, execs, instrs):
     """Run w until it stops (barrier or end); errors get the kernel, line and text. A lockstep
     unit raises Split (pc at the instruction) when it must continue as single waves."""
-    n = 0
+    n, k = 0, w.k
     pc = w.pc
     try:
         while not w.stop:
             pc = w.pc
             w.pc = pc + 1
             fns[pc](w)
+            execs[pc] += k      # per-instruction count of Emulator.last_stats
             n += 1
     except IndexError:
         if w.pc > len(fns):
