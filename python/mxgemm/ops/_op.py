@@ -10,10 +10,10 @@ The framework makes the torch.library custom op ``mxgemm::my_gemm`` (and ``my_ge
 mutating ``out``, when ``out`` is optional), whose fake impl runs the same planner so guards
 fire under tracing; memoises plans (the last few behind torch's C++ tensor guard, the rest on
 a key of what guards read of each tensor: shape, dtype, device, contiguity, and the other
-arguments); and launches the plan's
-kernel with its arguments taken by name (registry ``Kernel.args``) from the call's values and
-``plan.args``. The planner sees the call as a namespace (``x.a``, ``x.out``) and returns a Plan
-after running its guards, which raise GuardError before anything runs.
+arguments); and launches the plan's kernel with its arguments taken by name (registry
+``Kernel.args``) from the call's values and ``plan.args``. The planner sees the call as a
+namespace (``x.a``, ``x.out``) and returns a Plan after running its guards, which raise
+GuardError before anything runs.
 """
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ RECENT_PLANS = 8
 
 
 def _plan_function(types_, recent: list, miss):
-    """plan(flat) of an op: the fast path, else ``miss(flat, others, tensors)``. Reading shape, dtype, device and
-    contiguity from Python costs ~0.6 us per tensor, too much for a 9-tensor MoE call, so the
-    last few plans each carry torch's C++ tensor guard (dynamo's TensorGuards: type, dispatch
-    keys, dtype, device, requires_grad, sizes, strides), which checks a whole call at ~0.15 us
-    per tensor. ``plan`` returns the plan of the first recent entry whose non-tensor
+    """plan(flat) of an op: the fast path, else ``miss(flat, others, tensors)``. Reading shape,
+    dtype, device and contiguity from Python costs ~0.6 us per tensor, too much for a 9-tensor
+    MoE call, so the last few plans each carry torch's C++ tensor guard (dynamo's TensorGuards:
+    type, dispatch keys, dtype, device, requires_grad, sizes, strides), which checks a whole
+    call at ~0.15 us per tensor. ``plan`` returns the plan of the first recent entry whose non-tensor
     arguments (and which optional tensors are absent) are equal and whose guard passes over
     the present tensors. Generated once per op as straight-line code: the op's cached path is
     this one call."""
