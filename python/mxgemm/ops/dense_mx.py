@@ -50,8 +50,7 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
         v = min(split, key=lambda s: s["BM"] * s["BN"])
         return v, 2, "heuristic: few output tiles, 2-way split-K with fp32 atomics"
     full = [v for v in cands if _grid_size(v, M, N) >= NUM_CUS]
-    largest = [v for v in full if v["BM"] * v["BN"] == full[-1]["BM"] * full[-1]["BN"]] if full else []
-    v = largest[0] if full else cands[0]
+    v = next(c for c in full if c["BM"] * c["BN"] == full[-1]["BM"] * full[-1]["BN"]) if full else cands[0]
     return v, 1, f"heuristic: largest tile with >= {NUM_CUS} workgroups" if full else \
         "heuristic: smallest tile (fewer workgroups than CUs)"
 
