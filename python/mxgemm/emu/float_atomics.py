@@ -116,7 +116,7 @@ def _build_buffer(ins):
         nrec = w.S[rs + 2]
         rel = voff(w).astype(np.uint64) + np.uint64(off)
         ok = w.mask & (rel + np.uint64(4) <= np.uint64(nrec))
-        addr = np.uint64(base) + np.uint64(int(soff(w)) & 0xFFFFFFFF) + rel
+        addr = np.uint64(base) + np.asarray(soff(w)).astype(np.uint64) + rel
         old = w.emu.mem.atomic(addr, ok, np.uint32, make(data(w)))
         done(w, np.where(ok, old, 0).astype(np.uint32))
     return run

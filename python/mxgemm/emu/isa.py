@@ -40,24 +40,64 @@ class Split(Exception):
     wave by wave (see wave.py)."""
 
 
+class PerWave:
+    """An SGPR (or SCC) value that differs between the waves of a lockstep unit (e.g. the
+    workgroup id in a unit spanning workgroups): v, one Python int per wave. Getters that
+    know it broadcast it to lanes; any other use (arithmetic, int(), truth, formatting)
+    raises Split, so an instruction that does not know it runs wave by wave; compare values
+    with PerWave.same."""
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = tuple(v)
+
+    @staticmethod
+    def of(vals):
+        """vals, one per wave: a PerWave, or the int when every wave agrees."""
+        v0 = vals[0]
+        return v0 if vals.count(v0) == len(vals) else PerWave(vals)
+
+    def __eq__(self, other):
+        if other.__class__ is not PerWave:
+            raise Split()
+        return other.v == self.v
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = None
+
+    @staticmethod
+    def same(x, y):
+        """Whether scalar values x and y (ints or PerWave) are the same, without raising."""
+        return x.__class__ is y.__class__ and x == y
+
+    def _split(self, *args):
+        raise Split()
+
+    for _m in ("int index bool float format array add radd sub rsub mul rmul floordiv rfloordiv mod rmod "
+               "and rand or ror xor rxor lshift rlshift rshift rrshift neg pos invert abs lt le gt ge").split():
+        locals()[f"__{_m}__"] = _split
+    del _m
+
+
 # ---------------------------------------------------------------------------- registry
 
 class HandlerTable(dict):
     """mnemonic -> builder of one instruction set."""
 
-    def register(self, *mnemonics, per_wave=False):
+    def register(self, *mnemonics, per_wave=False, scalar=False):
         """Decorator registering a builder for one or more mnemonics (encoding suffixes
         _e32/_e64/_sdwa/_dpp are stripped before lookup, so register the bare name).
         per_wave: the instructions never run in lockstep across waves (e.g. atomics, whose
-        order between waves is observable)."""
+        order between waves is observable). scalar: they read and write only SGPRs and SCC
+        (a lockstep unit whose waves hold different SGPR values runs them once per wave)."""
         def deco(fn):
-            b = fn
-            if per_wave:
-                def b(ins):
-                    ins.per_wave = True
-                    return fn(ins)
+            def b(ins):
+                ins.per_wave, ins.scalar = per_wave, scalar
+                return fn(ins)
             for m in mnemonics:
-                self[m] = b
+                self[m] = b if per_wave or scalar else fn
             return fn
         return deco
 
@@ -190,7 +230,7 @@ class Instr:
     line (1-based line in the .s text), text, kernel (name), and prog (the Program,
     e.g. prog.accum_offset)."""
     __slots__ = ("mnemonic", "base", "enc", "ops", "mods", "line", "text", "kernel", "prog", "index",
-                 "target", "per_wave")
+                 "target", "per_wave", "scalar")
 
     def __init__(self, mnemonic, ops, mods, line, text, kernel):
         self.mnemonic, self.ops, self.mods, self.line, self.text, self.kernel = (
@@ -201,6 +241,7 @@ class Instr:
         self.index = 0
         self.target = None
         self.per_wave = False     # set by a builder whose closure needs single waves (wave.py)
+        self.scalar = False       # set by a builder of a scalar-only instruction (wave.scalar_per_wave)
 
     def where(self):
         return f"kernel {self.kernel!r}, line {self.line}: {self.text.strip()}"

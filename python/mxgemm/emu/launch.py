@@ -12,9 +12,10 @@ from . import gfx950, gfx1250
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
 from .memory import Memory, SparseBuffer
 from .stats import LaunchCounter, select_workgroups
-from .wave import Wave, Workgroup, run_cluster
+from .wave import Wave, Workgroups, run_cluster
 
 TARGETS = {t.arch: t for t in (gfx950.TARGET, gfx1250.TARGET)}
+BATCH_WAVES = 64    # waves of the workgroups run together as one batch (lockstep units may span them)
 
 
 class Program:
@@ -173,9 +174,11 @@ class Emulator:
         if self.wg_order == "shuffled":
             np.random.default_rng(self.seed).shuffle(order)
         ctx = (meta, fns, counter.execs, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
+        nwaves = -(-block[0] * block[1] * block[2] // T.wave)
+        batch = 1 if cdims or not self.lockstep else max(1, BATCH_WAVES // nwaves)
         with np.errstate(all="ignore"):  # GPUs raise no FP exceptions: inf/NaN results are data
-            for first in order:
-                self._run_cluster(prog, kernel, ctx, first, cdims)
+            for i in range(0, len(order), batch):
+                self._run_cluster(prog, kernel, ctx, order[i:i + batch], cdims)
         self._keep = (karg, packet)
         nwg = len(order) * units[0] * units[1] * units[2]
         self.last_stats = counter.stats(nwg, nwg * -(-block[0] * block[1] * block[2] // T.wave))
@@ -227,25 +230,30 @@ class Emulator:
         w.V[:, 0] = (tx | ((ty << 10) if comp >= 1 else 0) | ((tz << 20) if comp >= 2 else 0)).astype(u32)
         w.set_exec((1 << min(n, nthreads - wid * n)) - 1)
 
-    def _run_cluster(self, prog, kernel, ctx, first, cdims):
-        """Run the cluster whose first workgroup is ``first`` (cdims None: that one workgroup)."""
+    def _run_cluster(self, prog, kernel, ctx, firsts, cdims):
+        """Run the batch of workgroups ``firsts`` together, or (cdims) the one cluster whose
+        first workgroup is firsts[0]."""
         meta, fns, execs, instrs, block, grid, karg_ptr, pkt_ptr, lds_bytes = ctx
         nthreads = block[0] * block[1] * block[2]
         nv = 512 if meta.agpr_count or meta.d("accum_offset", 0) else max(8, ((meta.vgpr_count + 7) // 8) * 8)
         nv = max(nv, meta.d("next_free_vgpr", 0) + 2)
         nwaves = -(-nthreads // prog.target.wave)
-        members = [(0, 0, 0)] if cdims is None else \
-            [(x, y, z) for z in range(cdims[2]) for y in range(cdims[1]) for x in range(cdims[0])]  # flat id order
+        if cdims is None:
+            batches = [(firsts, None)]
+        else:
+            first = firsts[0]
+            cid = tuple(f // c for f, c in zip(first, cdims))
+            members = [(x, y, z) for z in range(cdims[2]) for y in range(cdims[1]) for x in range(cdims[0])]
+            batches = [([tuple(f + l for f, l in zip(first, local))], (cid, local)) for local in members]
         groups, wgs = [], []
-        for local in members:
-            wgid = tuple(f + l for f, l in zip(first, local))
-            cluster = None if cdims is None else (tuple(f // c for f, c in zip(first, cdims)), local)
-            wg = Workgroup(lds_bytes, prog.race, nwaves, prog.target.wave, nv + (nv & 1))
+        for ids, cluster in batches:
+            wg = Workgroups(lds_bytes, prog.race, nwaves, prog.target.wave, nv + (nv & 1), ids)
             waves = []
-            for wid in range(nwaves):
-                w = Wave(self, prog, kernel, wg, wid)
-                self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster)
-                waves.append(w)
+            for b, wgid in enumerate(ids):
+                for wid in range(nwaves):
+                    w = Wave(self, prog, kernel, wg, b * nwaves + wid)
+                    self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster)
+                    waves.append(w)
             groups.append(waves)
             wgs.append(wg)
         if cdims is not None:

@@ -11,14 +11,15 @@ AR = [np.arange(n, dtype=np.int64) for n in range(65)]   # byte offsets 0..n-1 o
 
 
 def addresses(w, addr, nbytes, wrap=False):
-    """Bounds-checked int64 LDS byte addresses (inactive lanes -> 0); wrap: 32-bit address
-    math, applied only when some address is out of range (in-range ones are unchanged by it)."""
+    """Bounds-checked int64 byte addresses into the batch's LDS (inactive lanes -> their
+    region's start) of workgroup LDS addresses addr; wrap: 32-bit address math, applied only
+    when some address is out of range (in-range ones are unchanged by it)."""
     a = addr if isinstance(addr, np.ndarray) and addr.dtype == np.int64 else np.asarray(addr).astype(np.int64)
-    lim = w.wg.lds.size
+    lim = w.wg.lds_size
     if w.full:
         f = a.ravel()
         if f[f.argmin()] >= 0 and f[f.argmax()] + nbytes <= lim:   # argmin/argmax: cheaper than min/max
-            return a
+            return _in_batch(w, a)
         if wrap:
             return addresses(w, a & 0xFFFFFFFF, nbytes)
         bad = (a < 0) | (a + nbytes > lim)
@@ -31,7 +32,15 @@ def addresses(w, addr, nbytes, wrap=False):
         j = int(np.argmax(bad))
         raise EmulatorFault(f"LDS access outside the {lim}-byte allocation: {w.lane_name(j // (a.size // w.n))}, "
                             f"address {int(a.ravel()[j]):#x}")
-    return np.where(m, a, 0)
+    return _in_batch(w, np.where(m, a, 0))
+
+
+def _in_batch(w, a):
+    """Workgroup LDS addresses a [n] or [n, k] as addresses into the batch's LDS."""
+    b = w.lds_base
+    if b.__class__ is int:
+        return a + b if b else a
+    return a + (b if a.ndim == 1 else b[:, None])
 
 
 def _dwords(w, a, nbytes):

@@ -185,6 +185,7 @@ def _error(w, d, bad, write, X):
         what = "direct-to-LDS data not yet retired by its counter wait (s_waitcnt vmcnt / s_wait_tensorcnt) + barrier"
     else:
         other = (k if k >= EK else int(g.lr[j])) & WMASK
-        what = (f"{'written' if write else 'read'} here while wave {other if other != SEVERAL else '(several)'} "
+        what = (f"{'written' if write else 'read'} here while wave {other % g.nwaves if other != SEVERAL else '(several)'} "
                 f"accesses it without an s_barrier (and s_waitcnt) in between")
-    raise RaceError(f"LDS race at byte {j * 4:#x} (wave {me}): {what}")
+    where = f"wave {me}" if len(g.ids) == 1 else g.where(me)
+    raise RaceError(f"LDS race at byte {j * 4 % max(g.lds_size, 4):#x} ({where}): {what}")

@@ -10,7 +10,7 @@ from operator import attrgetter
 import numpy as np
 
 from . import race
-from .isa import Instr, Split, UnsupportedInstruction, const_bits, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from .isa import Instr, PerWave, Split, UnsupportedInstruction, const_bits, f16, f32, f64, i16, i32, i64, u16, u32, u64
 from .race import SKEY
 
 _W64 = {"b64": u64, "u64": u64, "i64": i64, "f64": f64}
@@ -73,14 +73,13 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
     elif k == "s":
         r = op.index
         if ty in _W64:
-            t = _W64[ty]
-            get = lambda w: u64(w.S[r] | (w.S[r + 1] << 32)).view(t)  # noqa: E731
+            t, c, f = _W64[ty], u64, lambda s: s(r) | (s(r + 1) << 32)
         elif ty in _W16:
-            t, sh = _W16[ty], 16 if hi else 0
-            get = lambda w: u16((w.S[r] >> sh) & 0xFFFF).view(t)  # noqa: E731
+            t, c, sh = _W16[ty], u16, 16 if hi else 0
+            f = lambda s: (s(r) >> sh) & 0xFFFF  # noqa: E731
         else:
-            t = _W32[ty]
-            get = lambda w: u32(w.S[r]).view(t)  # noqa: E731
+            t, c, f = _W32[ty], u32, None
+        get = _sgpr_getter(r, f, c, t)
     elif k == "scc":
         get = lambda w: u32(w.scc)  # noqa: E731
     elif k in ("const", "fconst"):
@@ -103,6 +102,32 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
                 x = np.abs(x)
             return -x if ng else x
     return read_checked(ins, i, get)
+
+
+def _sgpr_getter(r, f, c, t):
+    """Getter of f(s) (s: register number -> value; None: the value of s<r>) as numpy type c
+    viewed as t: a scalar, or one value per lane when the waves of a lockstep unit hold
+    different values (PerWave)."""
+    direct = f is None
+    f = f or (lambda s: s(r))
+
+    def per_lane(w):
+        S = w.S
+        vals = [f(lambda j: x.v[i] if (x := S[j]).__class__ is PerWave else x) for i in range(w.k)]
+        return np.repeat(np.array(vals, c), w.T.wave).view(t)
+
+    def get(w):
+        try:
+            return c(w.S[r]).view(t)
+        except Split:
+            return per_lane(w)
+
+    def get_f(w):
+        try:
+            return c(f(w.S.__getitem__)).view(t)
+        except Split:
+            return per_lane(w)
+    return get if direct else get_f
 
 
 def _as(val, t):
@@ -163,7 +188,8 @@ def _checked(put, keys, ins):
 
 
 def sdst(ins: Instr, i: int, bits: int = 32):
-    """Setter (w, python int) for a scalar destination (exec writes refresh the lane mask)."""
+    """Setter (w, python int or PerWave) for a scalar destination (exec writes refresh the
+    lane mask; EXEC is one value per lockstep unit, so a PerWave write to it splits the unit)."""
     op = ins.ops[i]
     r = op.index
     if r == ins.prog.target.null:
@@ -171,13 +197,24 @@ def sdst(ins: Instr, i: int, bits: int = 32):
     keys = reg_keys(ins, i) if ins.prog.race else ()
     EXEC = ins.prog.target.exec
     touches_exec = r <= EXEC + 1 and r + op.count > EXEC
-    if bits == 64 or op.count == 2:
+    nregs = 2 if bits == 64 or op.count == 2 else 1
+
+    def put_per_wave(w, val):
+        if touches_exec:
+            raise Split()
+        for j in range(nregs):
+            w.S[r + j] = PerWave.of([(x >> 32 * j) & 0xFFFFFFFF for x in val.v])
+    if nregs == 2:
         def put(w, val):
+            if val.__class__ is PerWave:
+                return put_per_wave(w, val)
             val = int(val)
             w.S[r] = val & 0xFFFFFFFF
             w.S[r + 1] = (val >> 32) & 0xFFFFFFFF
     else:
         def put(w, val):
+            if val.__class__ is PerWave:
+                return put_per_wave(w, val)
             w.S[r] = int(val) & 0xFFFFFFFF
     if touches_exec:
         inner = put
@@ -237,26 +274,26 @@ def lanes_of(w, x: int):
     return m if w.k == 1 else np.tile(m, w.k)
 
 
-def wave_bits(w, b) -> int:
-    """Per-wave lane mask of bool [w.n]; raises Split when the waves of a unit disagree."""
+def wave_bits(w, b):
+    """Per-wave lane mask of bool [w.n]: an int, or a PerWave when the waves of a unit disagree."""
     x = bits_of(b)
     if w.k == 1:
         return x
     wl = w.T.wave
     x0 = x & w.T.full
     if x != x0 * (((1 << (wl * w.k)) - 1) // w.T.full):   # x0 repeated k times
-        raise Split()
+        return PerWave([(x >> (wl * i)) & w.T.full for i in range(w.k)])
     return x0
 
 
 def wave_value(w, x, lane):
-    """Python int of per-lane value x (array or scalar) in lane `lane` of each wave; raises
-    Split when the waves of a unit disagree."""
+    """Python int of per-lane value x (array or scalar) in lane `lane` of each wave, or a
+    PerWave when the waves of a unit disagree."""
     if np.ndim(x) == 0:
         return int(x)
     if w.k == 1:
         return int(x[lane])
     v = x[lane::w.T.wave]
     if np.count_nonzero(v != v[0]):
-        raise Split()
+        return PerWave(v.tolist())
     return int(v[0])

@@ -139,11 +139,11 @@ def _binop(ins, f, bits_a, bits_b, bits_d, scc_in=False):
 
 
 for _n, _f in _BIN32.items():
-    handler(_n)(lambda ins, f=_f: _binop(ins, f, 32, 32, 32))
+    handler(_n, scalar=True)(lambda ins, f=_f: _binop(ins, f, 32, 32, 32))
 for _n, _f in _BIN64.items():
-    handler(_n)(lambda ins, f=_f: _binop(ins, f, 64, 64, 64))
+    handler(_n, scalar=True)(lambda ins, f=_f: _binop(ins, f, 64, 64, 64))
 for _n, _f in _SHIFT64.items():
-    handler(_n)(lambda ins, f=_f: _binop(ins, f, 64, 32, 64))
+    handler(_n, scalar=True)(lambda ins, f=_f: _binop(ins, f, 64, 32, 64))
 
 
 def _unop(ins, bs, bd, f, nz):
@@ -158,10 +158,10 @@ def _unop(ins, bs, bd, f, nz):
 
 
 for _n, (_bs, _bd, _f, _z) in _UN.items():
-    handler(_n)(lambda ins, bs=_bs, bd=_bd, f=_f, z=_z: _unop(ins, bs, bd, f, z))
+    handler(_n, scalar=True)(lambda ins, bs=_bs, bd=_bd, f=_f, z=_z: _unop(ins, bs, bd, f, z))
 
 
-@handler("s_cmov_b32", "s_cmov_b64")
+@handler("s_cmov_b32", "s_cmov_b64", scalar=True)
 def _cmov(ins):
     bits = 64 if ins.base.endswith("64") else 32
     a, d = sget(ins, 1, bits), R.sdst(ins, 0, bits)
@@ -204,8 +204,8 @@ def _cmp(ins, f, bits, signed):
 
 for _c, _f in _CMP.items():
     for _t in ("i32", "u32"):
-        handler(f"s_cmp_{_c}_{_t}")(lambda ins, f=_f, t=_t: _cmp(ins, f, 32, t == "i32"))
-    handler(f"s_cmp_{_c}_u64")(lambda ins, f=_f: _cmp(ins, f, 64, False))
+        handler(f"s_cmp_{_c}_{_t}", scalar=True)(lambda ins, f=_f, t=_t: _cmp(ins, f, 32, t == "i32"))
+    handler(f"s_cmp_{_c}_u64", scalar=True)(lambda ins, f=_f: _cmp(ins, f, 64, False))
 
 
 def _cmpk(ins, f, signed):
@@ -220,11 +220,11 @@ def _cmpk(ins, f, signed):
 
 
 for _c, _f in _CMP.items():
-    handler(f"s_cmpk_{_c}_i32")(lambda ins, f=_f: _cmpk(ins, f, True))
-    handler(f"s_cmpk_{_c}_u32")(lambda ins, f=_f: _cmpk(ins, f, False))
+    handler(f"s_cmpk_{_c}_i32", scalar=True)(lambda ins, f=_f: _cmpk(ins, f, True))
+    handler(f"s_cmpk_{_c}_u32", scalar=True)(lambda ins, f=_f: _cmpk(ins, f, False))
 
 
-@handler("s_bitcmp0_b32", "s_bitcmp1_b32", "s_bitcmp0_b64", "s_bitcmp1_b64")
+@handler("s_bitcmp0_b32", "s_bitcmp1_b32", "s_bitcmp0_b64", "s_bitcmp1_b64", scalar=True)
 def _bitcmp(ins):
     bits = 64 if ins.base.endswith("64") else 32
     a, b = sget(ins, 0, bits), sget(ins, 1)
@@ -235,7 +235,7 @@ def _bitcmp(ins):
     return run
 
 
-@handler("s_bitset0_b32", "s_bitset1_b32", "s_bitset0_b64", "s_bitset1_b64")
+@handler("s_bitset0_b32", "s_bitset1_b32", "s_bitset0_b64", "s_bitset1_b64", scalar=True)
 def _bitset(ins):
     bits = 64 if ins.base.endswith("64") else 32
     d, dget, b = R.sdst(ins, 0, bits), sget(ins, 0, bits), sget(ins, 1)
@@ -247,7 +247,7 @@ def _bitset(ins):
     return run
 
 
-@handler("s_movk_i32", "s_cmovk_i32", "s_addk_i32", "s_mulk_i32")
+@handler("s_movk_i32", "s_cmovk_i32", "s_addk_i32", "s_mulk_i32", scalar=True)
 def _simm16(ins):
     k = sx(ins.ops[1].value & 0xFFFF, 16)
     d, cur = R.sdst(ins, 0), sget(ins, 0)

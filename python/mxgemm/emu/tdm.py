@@ -43,10 +43,11 @@ def tile_addresses(f):
 
 
 def _lds_span(w, la, size):
-    if la.size and (la.min() < 0 or la.max() + size > w.wg.lds.size):
-        raise EmulatorFault(f"tensor tile outside the {w.wg.lds.size}-byte LDS allocation: bytes "
+    """Batch LDS byte addresses of the tile (w is a single wave: tensor ops are per wave)."""
+    if la.size and (la.min() < 0 or la.max() + size > w.wg.lds_size):
+        raise EmulatorFault(f"tensor tile outside the {w.wg.lds_size}-byte LDS allocation: bytes "
                             f"{int(la.min()):#x}..{int(la.max()) + size:#x}")
-    return (la[:, None] + np.arange(size)).ravel()
+    return (la[:, None] + np.arange(w.lds_base, w.lds_base + size)).ravel()
 
 
 def _multicast_peers(w, mask, store):

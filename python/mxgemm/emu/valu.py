@@ -535,7 +535,13 @@ def _swap(ins):
 def _lanebits(ins, i):
     """Getter of a lane-mask operand (SGPR pair / vcc / constant) as bool [w.n]."""
     g = R.src(ins, i, "u64")
-    return lambda w: R.lanes_of(w, int(g(w)))
+
+    def get(w):
+        x = g(w)
+        if x.ndim == 0:
+            return R.lanes_of(w, int(x))
+        return ((x >> w.lane.astype(u64)) & u64(1)).astype(bool)   # per-wave masks (PerWave SGPRs)
+    return get
 
 
 def _sdst_bits(ins, i):
@@ -682,7 +688,7 @@ def _readlane(ins):
     a, l, put = R.src(ins, 1, "u32"), R.src(ins, 2, "u32"), R.sdst(ins, 0)
 
     def run(w):
-        put(w, R.wave_value(w, np.asarray(a(w)), int(l(w)) % w.T.wave))
+        put(w, R.wave_value(w, np.asarray(a(w)), R.wave_value(w, l(w), 0) % w.T.wave))
     return run
 
 
@@ -692,7 +698,8 @@ def _writelane(ins):
     r = R.vidx(ins, ins.ops[0])
 
     def run(w):   # ignores EXEC; the lane of every wave of a lockstep unit
-        w.V[int(l(w)) % w.T.wave::w.T.wave, r] = a(w)
+        x = a(w)
+        w.V[R.wave_value(w, l(w), 0) % w.T.wave::w.T.wave, r] = x if x.ndim == 0 else x[::w.T.wave]
     return run
 
 

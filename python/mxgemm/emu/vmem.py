@@ -200,7 +200,7 @@ def _buffer_addr(ins, vi, ri, oi, size):
         if add_tid:
             index = index + w.lane.astype(u64)
         off = voff + u64(inst)
-        addr = u64(base) + u64(int(so(w))) + off + u64(stride) * index
+        addr = u64(base) + np.asarray(so(w)).astype(u64) + off + u64(stride) * index
         if idxen or add_tid:
             ok = np.broadcast_to((index < u64(nrec))[:, None], (w.n, ndw))
         else:
@@ -332,7 +332,7 @@ def _priv_offsets(ins, vi, si):
         if v is not None:
             o = o + np.asarray(v(w)).astype(np.int64)
         if s is not None:
-            o = o + int(s(w))
+            o = o + np.asarray(s(w)).astype(np.int64)
         return o, w.private(size)
     return get
 

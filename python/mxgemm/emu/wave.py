@@ -1,43 +1,63 @@
 """Waves, workgroups and their scheduling.
 
 The reference order is: each wave runs until it reaches s_barrier (or s_endpgm), wave after
-wave in id order; then the barrier epoch advances. To go faster, consecutive waves of a
-workgroup whose state other than VGPRs is identical (pc, SGPRs, SCC, EXEC, outstanding loads)
-run in lockstep as one ``Wave`` of k waves (n = k * wave size lanes, wave-major). This gives
-the same results as the reference order because, within an epoch, waves of one workgroup
-only interact through LDS (race-checked: a correct kernel has no conflicting accesses) and
-memory (ordered only by atomics). A lockstep unit splits back into single waves before an
-instruction it cannot run in lockstep (``Split``): one whose per-wave scalar results differ
-(a lane mask in VCC, v_readfirstlane), an instruction marked per-wave (atomics, whose order
-is observable, and cross-lane ops), or any error (re-run per wave for an exact report).
-Waves re-merge at the next barrier. A cluster launch (gfx1250) runs its workgroups in turn, each
-up to its next cluster barrier, which every workgroup then passes together (``run_cluster``)."""
+wave in id order; then the barrier epoch advances. To go faster, consecutive waves whose state
+other than VGPRs is identical (pc, SCC, EXEC, outstanding loads; SGPRs may differ) run in
+lockstep as one ``Wave`` of k waves (n = k * wave size lanes, wave-major). Several workgroups
+run as one batch (``Workgroups``: one LDS region each, batch-wide wave ids), so a unit may span
+workgroups; an SGPR whose value differs between its waves (the workgroup id, and what scalar
+code derives from it) is held as ``PerWave``. This gives the same results as the reference
+order because, within an epoch, waves only interact through LDS (race-checked: a correct
+kernel has no conflicting accesses; workgroups never share it) and memory (ordered only by
+atomics). Every wave passes one barrier per release, so each workgroup's epochs count its own
+barriers. A scalar-only instruction (``ins.scalar``) that meets a PerWave value runs once per
+wave (``scalar_per_wave``). A unit splits, into one unit per workgroup and then into single
+waves, before an instruction it cannot run in lockstep (``Split``): one whose per-wave results
+it cannot hold (a lane mask in VCC that differs, a branch on SCC that differs), an instruction
+marked per-wave (atomics, whose order is observable, and cross-lane ops), or any error (re-run
+per wave for an exact report). Waves re-merge at the next barrier. A cluster launch (gfx1250)
+runs its workgroups in turn, each up to its next cluster barrier, which every workgroup then
+passes together (``run_cluster``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from . import race
-from .isa import EmulatorError, EmulatorFault, RaceError, Split, u16, u32, u64
+from .isa import EmulatorError, EmulatorFault, PerWave, RaceError, Split, u16, u32, u64
 from .regs import mask_of
 
 
-class Workgroup:
-    def __init__(self, lds_bytes, race, nwaves, lanes, nvgpr):
-        self.lds = np.zeros((lds_bytes + 3) & ~3, np.uint8)
+class Workgroups:
+    """A batch of workgroups that run together: per workgroup an LDS region of ``lds_size``
+    bytes and ``nwaves`` waves; wave ids count across the batch (race stamps hold them, so a
+    batch has fewer than race.WMASK waves). ids: the workgroup ids, in batch order."""
+
+    def __init__(self, lds_bytes, race, nwaves, lanes, nvgpr, ids=((0, 0, 0),)):
+        self.ids, self.nwaves = list(ids), nwaves
+        self.lds_size = (lds_bytes + 3) & ~3
+        self.lds = np.zeros(self.lds_size * len(self.ids), np.uint8)
         self.lds32 = self.lds.view(np.uint32)
         self.epoch = 0
         self.lw = None
-        self.V = np.zeros((nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
+        self.V = np.zeros((len(self.ids) * nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
         self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
         self.cluster = None  # cluster launch: the cluster's workgroups by flat id (this one included)
         self.cluster_signals = 0   # s_barrier_signal -3 of its waves since the last cluster barrier
+        self.perwave_splits = 0    # splits of units spanning workgroups or holding PerWave values
         if race:
-            nd = (lds_bytes + 3) // 4     # last writer / reader stamps, initially epoch -1
+            nd = self.lds.size // 4     # last writer / reader stamps, initially epoch -1
             self.lw = np.full(nd, -1, np.int64)
             self.lr = np.full(nd, -1, np.int64)
             self.wtop = -1        # no stamp in lw exceeds it
             self.reads = []       # race.lds_check: reads of this epoch whose stamps are not yet in lr
             self.scratch = np.zeros(nd, np.int64)   # race.lds_check of lockstep units
+
+    def where(self, wid):
+        """'workgroup (x, y, z), wave w' of batch wave id wid."""
+        return f"workgroup {self.ids[wid // self.nwaves]}, wave {wid % self.nwaves}"
+
+
+PERWAVE_SPLITS = 4    # past this many, a batch merges only waves whose scalar state is identical
 
 
 class Wave:
@@ -51,6 +71,11 @@ class Wave:
         self.T = T = prog.target
         self.n = n = k * T.wave
         self.V = wg.V[wid * T.wave:wid * T.wave + n]
+        first, last = wid // wg.nwaves, (wid + k - 1) // wg.nwaves
+        self.spans = first != last     # waves of several workgroups
+        # byte offset of each lane's LDS region: an int, or int64 [n] for a unit spanning workgroups
+        self.lds_base = first * wg.lds_size if not self.spans else \
+            np.repeat((wid + np.arange(k)) // wg.nwaves * wg.lds_size, T.wave)
         self.V16, self.V64 = self.V.view(u16), self.V.view(u64)
         self.lane = T.lane if k == 1 else np.tile(T.lane, k)
         self.S = [0] * 256
@@ -95,20 +120,42 @@ class Wave:
 
     # -- lockstep units
     def _state(self):
-        return self.pc, self.scc, self.exec, self.signaled, self.cluster_wait, self.S
+        return self.pc, self.exec, self.signaled, self.cluster_wait
 
     def split(self):
-        """The k single waves of this unit (their VGPRs are views of the same rows)."""
+        """This unit as one unit per workgroup if it spans several, else as its k single
+        waves (their VGPRs are views of the same rows; PerWave SGPRs take their waves' values)."""
+        pw = [j for j, x in enumerate(self.S) if x.__class__ is PerWave]
+        if pw or self.spans or self.scc.__class__ is PerWave:
+            self.wg.perwave_splits += 1
+        if self.spans:
+            nw = self.wg.nwaves
+            cuts = [self.wid] + list(range((self.wid // nw + 1) * nw, self.wid + self.k, nw)) + [self.wid + self.k]
+        else:
+            cuts = list(range(self.wid, self.wid + self.k + 1))
         out = []
-        for i in range(self.k):
-            w = Wave(self.emu, self.prog, self.kernel, self.wg, self.wid + i)
-            w.pc, w.scc, w.stop, w.done, w.signaled = self.pc, self.scc, self.stop, self.done, self.signaled
+        for a, b in zip(cuts, cuts[1:]):
+            w = Wave(self.emu, self.prog, self.kernel, self.wg, a, b - a)
+            w.pc, w.stop, w.done, w.signaled = self.pc, self.stop, self.done, self.signaled
             w.cluster_wait = self.cluster_wait
+            lo, hi = a - self.wid, b - self.wid
+            w.scc = _slice(self.scc, lo, hi)
             w.S = list(self.S)
+            for j in pw:
+                w.S[j] = _slice(self.S[j], lo, hi)
             w.set_exec(self.exec)
             w.pend, w.qs = dict(self.pend), [list(q) for q in self.qs]
             out.append(w)
         return out
+
+
+def _slice(x, lo, hi):
+    """Scalar value x of a unit as seen by its waves lo..hi-1."""
+    return x if x.__class__ is not PerWave else PerWave.of(list(x.v[lo:hi]))
+
+
+def _per_wave_values(x, k):
+    return list(x.v) if x.__class__ is PerWave else [x] * k
 
 
 def _queue_sig(w):
@@ -117,8 +164,18 @@ def _queue_sig(w):
 
 
 def _mergeable(a, b):
-    return (b.wid == a.wid + a.k and not a.done and not b.done and a._state() == b._state()
-            and _queue_sig(a) == _queue_sig(b))
+    """b continues unit a: same state but SGPRs and SCC, which may differ (held as PerWave)
+    until units holding PerWave values have split PERWAVE_SPLITS times in the batch."""
+    if b.wid != a.wid + a.k or a.done or b.done or a._state() != b._state() or _queue_sig(a) != _queue_sig(b):
+        return False
+    return a.wg.perwave_splits < PERWAVE_SPLITS or (PerWave.same(a.scc, b.scc) and _same_sgprs(a.S, b.S))
+
+
+def _same_sgprs(a, b):
+    try:
+        return a == b
+    except Split:        # an int against a PerWave
+        return False
 
 
 def _merge(run):
@@ -127,7 +184,11 @@ def _merge(run):
         return run[0]
     a = run[0]
     w = Wave(a.emu, a.prog, a.kernel, a.wg, a.wid, sum(u.k for u in run))
-    w.pc, w.scc, w.S, w.signaled, w.cluster_wait = a.pc, a.scc, list(a.S), a.signaled, a.cluster_wait
+    w.pc, w.S, w.signaled, w.cluster_wait = a.pc, list(a.S), a.signaled, a.cluster_wait
+    for j in {j for u in run[1:] if not _same_sgprs(u.S, a.S) for j, (x, y) in enumerate(zip(a.S, u.S))
+              if not PerWave.same(x, y)}:
+        w.S[j] = PerWave.of([v for u in run for v in _per_wave_values(u.S[j], u.k)])
+    w.scc = PerWave.of([v for u in run for v in _per_wave_values(u.scc, u.k)])
     w.set_exec(a.exec)
     recs = {}
     w.qs = []
@@ -211,14 +272,19 @@ def run_cluster(groups, fns, execs, instrs, lockstep=True):
 
 def run_wave(w, fns, execs, instrs):
     """Run w until it stops (barrier or end); errors get the kernel, line and text. A lockstep
-    unit raises Split (pc at the instruction) when it must continue as single waves."""
+    unit raises Split (pc at the instruction) when it must continue as smaller units."""
     n, k = 0, w.k
     pc = w.pc
     try:
         while not w.stop:
             pc = w.pc
             w.pc = pc + 1
-            fns[pc](w)
+            try:
+                fns[pc](w)
+            except Split:
+                if k == 1 or not instrs[pc].scalar:
+                    raise
+                scalar_per_wave(w, fns[pc], instrs[pc])
             execs[pc] += k      # per-instruction count of Emulator.last_stats
             n += 1
     except IndexError:
@@ -241,3 +307,32 @@ def run_wave(w, fns, execs, instrs):
         raise
     finally:
         w.emu.wave_instructions += n * w.k
+
+
+class _ScalarView:
+    """One wave of a lockstep unit as a scalar-only instruction sees it (scalar_per_wave)."""
+    __slots__ = ("S", "scc", "pend", "race", "T", "k")
+
+    def set_exec(self, x):     # EXEC is one value per unit
+        raise Split()
+
+
+def scalar_per_wave(w, fn, ins):
+    """Run scalar-only instruction fn once per wave of unit w (some SGPR or SCC it reads is
+    PerWave) and keep each written SGPR and SCC as one value or a PerWave. Raises Split, w
+    unchanged, if fn needs more than the unit's scalar state."""
+    pw = [j for j, x in enumerate(w.S) if x.__class__ is PerWave]
+    views = []
+    for i in range(w.k):
+        v = _ScalarView()
+        views.append(v)
+        v.S = list(w.S)
+        for j in pw:
+            v.S[j] = w.S[j].v[i]
+        v.scc = w.scc.v[i] if w.scc.__class__ is PerWave else w.scc
+        v.pend, v.race, v.T, v.k = w.pend, w.race, w.T, 1
+        fn(v)
+    for op in ins.ops:
+        for j in range(op.index, op.index + op.count) if op.kind == "s" else ():
+            w.S[j] = PerWave.of([v.S[j] for v in views])
+    w.scc = PerWave.of([v.scc for v in views])
