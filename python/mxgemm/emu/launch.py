@@ -16,6 +16,7 @@ from .wave import Wave, Workgroups, run_cluster
 
 TARGETS = {t.arch: t for t in (gfx950.TARGET, gfx1250.TARGET)}
 BATCH_WAVES = 64    # waves of the workgroups run together as one batch (lockstep units may span them)
+GLOBAL_ATOMICS = ("global_atomic", "buffer_atomic", "flat_atomic")
 
 
 class Program:
@@ -175,7 +176,10 @@ class Emulator:
             np.random.default_rng(self.seed).shuffle(order)
         ctx = (meta, fns, counter.execs, instrs, block, grid, karg.ctypes.data, packet.ctypes.data, lds_bytes)
         nwaves = -(-block[0] * block[1] * block[2] // T.wave)
-        batch = 1 if cdims or not self.lockstep else max(1, BATCH_WAVES // nwaves)
+        # Workgroups observe each other's order only through global atomics: a kernel with them
+        # runs its workgroups one by one, in launch order (a batch would order them by progress).
+        ordered = cdims or not self.lockstep or any(i.base.startswith(GLOBAL_ATOMICS) for i in instrs)
+        batch = 1 if ordered else max(1, BATCH_WAVES // nwaves)
         with np.errstate(all="ignore"):  # GPUs raise no FP exceptions: inf/NaN results are data
             for i in range(0, len(order), batch):
                 self._run_cluster(prog, kernel, ctx, order[i:i + batch], cdims)

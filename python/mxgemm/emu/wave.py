@@ -185,8 +185,10 @@ def _merge(run):
     a = run[0]
     w = Wave(a.emu, a.prog, a.kernel, a.wg, a.wid, sum(u.k for u in run))
     w.pc, w.S, w.signaled, w.cluster_wait = a.pc, list(a.S), a.signaled, a.cluster_wait
-    for j in {j for u in run[1:] if not _same_sgprs(u.S, a.S) for j, (x, y) in enumerate(zip(a.S, u.S))
-              if not PerWave.same(x, y)}:
+    rebuild = {j for j, x in enumerate(a.S) if x.__class__ is PerWave}
+    rebuild.update(j for u in run[1:] if not _same_sgprs(u.S, a.S) for j, (x, y) in enumerate(zip(a.S, u.S))
+                   if not PerWave.same(x, y))
+    for j in rebuild:
         w.S[j] = PerWave.of([v for u in run for v in _per_wave_values(u.S[j], u.k)])
     w.scc = PerWave.of([v for u in run for v in _per_wave_values(u.scc, u.k)])
     w.set_exec(a.exec)
