@@ -231,7 +231,7 @@ class Emulator:
         tx, ty, tz = t % block[0], (t // block[0]) % block[1], t // (block[0] * block[1])
         comp = d("system_vgpr_workitem_id")
         # gfx90a+ pack the work-item ids into v0: x | y << 10 | z << 20
-        w.V[:, 0] = (tx | ((ty << 10) if comp >= 1 else 0) | ((tz << 20) if comp >= 2 else 0)).astype(u32)
+        w.V[0] = (tx | ((ty << 10) if comp >= 1 else 0) | ((tz << 20) if comp >= 2 else 0)).astype(u32)
         w.set_exec((1 << min(n, nthreads - wid * n)) - 1)
 
     def _run_cluster(self, prog, kernel, ctx, firsts, cdims):

@@ -245,7 +245,7 @@ def mnemonic_formats(mnemonic: str):
 # ---- emulator handlers (MFMA operand layouts are wave64) -----------------------------------
 
 def _full_writer(ins, i):
-    """MFMA destinations ignore EXEC (ISA §7.1): write every lane."""
+    """Setter of uint32 [nregs, w.n]: MFMA destinations ignore EXEC (ISA §7.1): write every lane."""
     op = ins.ops[i]
     r, n = R.vidx(ins, op), op.count
     keys = R.reg_keys(ins, i) if ins.prog.race else ()
@@ -253,14 +253,14 @@ def _full_writer(ins, i):
     def put(w, val):
         if keys and w.pend:
             race.check_pending(w, keys, ins, "overwrites")
-        w.V[:, r:r + n] = val
+        w.V[r:r + n] = val
     return put
 
 
 def _vec_reader(ins, i, nregs):
     """w -> uint32 [nregs, w.n] of operand i (constants broadcast, e.g. a literal 0 C)."""
-    get = R.src_vec(ins, i)
-    return lambda w: np.broadcast_to(get(w).T, (nregs, w.n)) if ins.ops[i].count < nregs else get(w).T[:nregs]
+    get = R.src_rows(ins, i)
+    return lambda w: np.broadcast_to(get(w), (nregs, w.n)) if ins.ops[i].count < nregs else get(w)[:nregs]
 
 
 def _build_mfma(ins):
@@ -290,12 +290,12 @@ def _build_mfma(ins):
         def run(w):
             a, b, c, sa, sb = read_a(w), read_b(w), read_c(w), read_sa(w)[0], read_sb(w)[0]
             write_d(w, np.concatenate([mfma(m, n, k, fa, fb, a[:, s], b[:, s], c[:, s], sa[s], opa, sb[s], opb,
-                                            neg_c=neg_c) for s in _waves(w)], axis=1).T)
+                                            neg_c=neg_c) for s in _waves(w)], axis=1))
     else:
         def run(w):
             a, b, c = read_a(w), read_b(w), read_c(w)
             write_d(w, np.concatenate([mfma(m, n, k, fa, fb, a[:, s], b[:, s], c[:, s], neg_c=neg_c)
-                                       for s in _waves(w)], axis=1).T)
+                                       for s in _waves(w)], axis=1))
     return run
 
 

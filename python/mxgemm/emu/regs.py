@@ -5,7 +5,6 @@ SGPRs and constants are numpy scalars that broadcast against them. Every accesso
 in race mode, that no outstanding load still owns the register."""
 from __future__ import annotations
 
-from operator import attrgetter
 
 import numpy as np
 
@@ -58,18 +57,17 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         r = vidx(ins, op)
         if ty in _W64:
             t = _W64[ty]
-            if r % 2 == 0:
-                h = r >> 1
-                get = (lambda w: w.V64[:, h]) if t is u64 else (lambda w: w.V64[:, h].view(t))
-            else:
-                def get(w):
-                    return (w.V[:, r].astype(u64) | (w.V[:, r + 1].astype(u64) << u64(32))).view(t)
+
+            def get(w):     # registers r (low half) and r + 1 interleaved into 64-bit lanes
+                x = np.empty((w.n, 2), u32)
+                x[:, 0], x[:, 1] = w.V[r], w.V[r + 1]
+                return x.view(t)[:, 0]
         elif ty in _W16:
-            t, c = _W16[ty], 2 * r + (1 if hi else 0)
-            get = lambda w: w.V16[:, c].view(t)  # noqa: E731
+            t, h = _W16[ty], 1 if hi else 0
+            get = lambda w: w.V16[r, h::2].view(t)  # noqa: E731
         else:
             t = _W32[ty]
-            get = (lambda w: w.V[:, r]) if t is u32 else (lambda w: w.V[:, r].view(t))
+            get = (lambda w: w.V[r]) if t is u32 else (lambda w: w.V[r].view(t))
     elif k == "s":
         r = op.index
         if ty in _W64:
@@ -141,15 +139,28 @@ def _as(val, t):
     return np.array(val).astype(t)
 
 
-def _col_setter(view, c, t):
-    """Setter of column c of a register-file view (V, V16 or V64), EXEC-masked."""
+def _row_setter(row, t):
+    """Setter of a register's lanes, row(w) (a row of V or V16), as dtype t, EXEC-masked."""
     def put(w, val):
         if val.__class__ is not np.ndarray or val.dtype != t:
             val = _as(val, t)
         if w.full:
-            view(w)[:, c] = val
+            row(w)[...] = val
         else:
-            np.copyto(view(w)[:, c], val, where=w.mask)
+            np.copyto(row(w), val, where=w.mask)
+    return put
+
+
+def _pair_setter(r):
+    """Setter of 64-bit lane values into registers r (low half) and r + 1, EXEC-masked."""
+    def put(w, val):
+        x = np.broadcast_to(_as(val, u64), (w.n,))
+        halves = (x & u64(0xFFFFFFFF)).astype(u32), (x >> u64(32)).astype(u32)
+        if w.full:
+            w.V[r], w.V[r + 1] = halves
+        else:
+            np.copyto(w.V[r], halves[0], where=w.mask)
+            np.copyto(w.V[r + 1], halves[1], where=w.mask)
     return put
 
 
@@ -162,11 +173,12 @@ def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         if ty in _W64:
             if r % 2:
                 raise UnsupportedInstruction(f"odd 64-bit VGPR tuple {op.text}")
-            put = _col_setter(attrgetter("V64"), r >> 1, u64)
+            put = _pair_setter(r)
         elif ty in _W16:
-            put = _col_setter(attrgetter("V16"), 2 * r + (1 if hi else 0), u16)
+            h = 1 if hi else 0
+            put = _row_setter(lambda w: w.V16[r, h::2], u16)
         else:
-            put = _col_setter(attrgetter("V"), r, u32)
+            put = _row_setter(lambda w: w.V[r], u32)
     elif op.kind == "s":
         put = sdst(ins, i, 64 if ty in _W64 else 32)
         return put
@@ -230,7 +242,7 @@ def src_vec(ins: Instr, i: int):
     op = ins.ops[i]
     if op.kind in ("v", "a"):
         r, n = vidx(ins, op), op.count
-        get = lambda w: w.V[:, r:r + n].copy()  # noqa: E731
+        get = lambda w: w.V[r:r + n].T.copy()  # noqa: E731
     elif op.kind == "s":
         r, n = op.index, op.count
         get = lambda w: np.broadcast_to(np.array(w.S[r:r + n], u32), (w.n, n)).copy()  # noqa: E731
@@ -240,7 +252,19 @@ def src_vec(ins: Instr, i: int):
     return read_checked(ins, i, get)
 
 
+def src_rows(ins: Instr, i: int):
+    """Getter w -> uint32 [count, w.n] of a register tuple, one row per register (a view of
+    the register file: use it before writing), or broadcast constant/SGPRs."""
+    op = ins.ops[i]
+    if op.kind in ("v", "a"):
+        r, n = vidx(ins, op), op.count
+        return read_checked(ins, i, lambda w: w.V[r:r + n])
+    get = src_vec(ins, i)
+    return lambda w: get(w).T
+
+
 def dst_vec(ins: Instr, i: int):
+    """Setter (w, uint32 [w.n, count]) of a register tuple, EXEC-masked."""
     op = ins.ops[i]
     r, n = vidx(ins, op), op.count
     keys = reg_keys(ins, i) if ins.prog.race else ()
@@ -249,9 +273,9 @@ def dst_vec(ins: Instr, i: int):
         if keys and not w.pend.keys().isdisjoint(keys):
             race.check_pending(w, keys, ins, "overwrites")
         if w.full:
-            w.V[:, r:r + n] = val
+            w.V[r:r + n] = val.T
         else:
-            np.copyto(w.V[:, r:r + n], val, where=w.mask[:, None])
+            np.copyto(w.V[r:r + n], val.T, where=w.mask)
     return put
 
 

@@ -699,7 +699,7 @@ def _writelane(ins):
 
     def run(w):   # ignores EXEC; the lane of every wave of a lockstep unit
         x = a(w)
-        w.V[R.wave_value(w, l(w), 0) % w.T.wave::w.T.wave, r] = x if x.ndim == 0 else x[::w.T.wave]
+        w.V[r, R.wave_value(w, l(w), 0) % w.T.wave::w.T.wave] = x if x.ndim == 0 else x[::w.T.wave]
     return run
 
 

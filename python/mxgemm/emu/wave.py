@@ -39,7 +39,7 @@ class Workgroups:
         self.lds32 = self.lds.view(np.uint32)
         self.epoch = 0
         self.lw = None
-        self.V = np.zeros((len(self.ids) * nwaves * lanes, nvgpr), u32)    # every wave's VGPRs; waves hold views
+        self.V = np.zeros((nvgpr, len(self.ids) * nwaves * lanes), u32)    # every wave's VGPRs; waves hold views
         self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
         self.cluster = None  # cluster launch: the cluster's workgroups by flat id (this one included)
         self.cluster_signals = 0   # s_barrier_signal -3 of its waves since the last cluster barrier
@@ -61,8 +61,8 @@ PERWAVE_SPLITS = 4    # past this many, a batch merges only waves whose scalar s
 
 
 class Wave:
-    """k consecutive waves (k = 1: one wave) of a workgroup: V (uint32 [n, nvgpr], lane-major;
-    VGPRs then AGPRs), S (list of Python ints in the target's scalar numbering, shared by the
+    """k consecutive waves (k = 1: one wave) of a batch: V (uint32 [nvgpr, n], register-major,
+    so a register's lanes are contiguous however many waves the unit has; VGPRs then AGPRs), S (list of Python ints in the target's scalar numbering, shared by the
     k waves), scc, exec (the per-wave int) with mask (bool [n]) and full (EXEC all ones), pc,
     and the race-tracking queues. lane: lane index within its wave [n]; wid: first wave id."""
 
@@ -70,13 +70,13 @@ class Wave:
         self.emu, self.prog, self.kernel, self.wg, self.wid, self.k = emu, prog, kernel, wg, wid, k
         self.T = T = prog.target
         self.n = n = k * T.wave
-        self.V = wg.V[wid * T.wave:wid * T.wave + n]
+        self.V = wg.V[:, wid * T.wave:wid * T.wave + n]
         first, last = wid // wg.nwaves, (wid + k - 1) // wg.nwaves
         self.spans = first != last     # waves of several workgroups
         # byte offset of each lane's LDS region: an int, or int64 [n] for a unit spanning workgroups
         self.lds_base = first * wg.lds_size if not self.spans else \
             np.repeat((wid + np.arange(k)) // wg.nwaves * wg.lds_size, T.wave)
-        self.V16, self.V64 = self.V.view(u16), self.V.view(u64)
+        self.V16 = self.V.view(u16)     # [nvgpr, 2n]: the low and high halves of lane l at 2l, 2l + 1
         self.lane = T.lane if k == 1 else np.tile(T.lane, k)
         self.S = [0] * 256
         self.scc = 0
@@ -106,7 +106,7 @@ class Wave:
         workgroup's, so they survive lockstep splits and merges)."""
         wg, wl = self.wg, self.T.wave
         if wg.priv is None:
-            wg.priv = np.zeros((wg.V.shape[0], nbytes), np.uint8)
+            wg.priv = np.zeros((wg.V.shape[1], nbytes), np.uint8)
         return wg.priv[self.wid * wl:self.wid * wl + self.n]
 
     def lane_wids(self):

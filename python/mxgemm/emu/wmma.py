@@ -130,12 +130,12 @@ def _build(ins):
         def run(w):
             a, b, c, sa, sb = read_a(w), read_b(w), read_c(w), read_sa(w), read_sb(w)
             write_d(w, np.concatenate([wmma(m, k, fa, fb, a[:, s], b[:, s], c[:, s], sa[:, s], sb[:, s], sel_a, sel_b,
-                                            block, neg, abs_c) for s in _waves(w)], axis=1).T)
+                                            block, neg, abs_c) for s in _waves(w)], axis=1))
     else:
         def run(w):
             a, b, c = read_a(w), read_b(w), read_c(w)
             write_d(w, np.concatenate([wmma(m, k, fa, fb, a[:, s], b[:, s], c[:, s], neg=neg, abs_c=abs_c)
-                                       for s in _waves(w)], axis=1).T)
+                                       for s in _waves(w)], axis=1))
     return run
 
 
