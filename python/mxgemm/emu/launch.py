@@ -103,6 +103,7 @@ class Emulator:
         self.arch, self.race, self.wg_order, self.seed, self.lockstep = arch, race_check, wg_order, seed, lockstep
         self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
+        self.widest_unit = 0     # most waves one lockstep unit ran in the last launch
         self.mem = None
         self.last_stats = None      # counters of the last launch (see emu.stats)
 
@@ -143,6 +144,7 @@ class Emulator:
         _check_block(meta, block)
         fns, instrs = prog.decoded(kernel)
         self.last_stats, counter = None, LaunchCounter(instrs)
+        self.widest_unit = 0
         fns = counter.wrap(fns)
         mem = self.mem = Memory()
         for b in buffers:
@@ -186,6 +188,7 @@ class Emulator:
         self._keep = (karg, packet)
         nwg = len(order) * units[0] * units[1] * units[2]
         self.last_stats = counter.stats(nwg, nwg * -(-block[0] * block[1] * block[2] // T.wave))
+        self.last_stats["widest_unit"] = self.widest_unit
 
     def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster=None):
         """cluster: (cluster id, this workgroup's position in it) of a cluster launch."""

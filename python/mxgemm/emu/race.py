@@ -187,5 +187,4 @@ def _error(w, d, bad, write, X):
         other = (k if k >= EK else int(g.lr[j])) & WMASK
         what = (f"{'written' if write else 'read'} here while wave {other % g.nwaves if other != SEVERAL else '(several)'} "
                 f"accesses it without an s_barrier (and s_waitcnt) in between")
-    where = f"wave {me}" if len(g.ids) == 1 else g.where(me)
-    raise RaceError(f"LDS race at byte {j * 4 % max(g.lds_size, 4):#x} ({where}): {what}")
+    raise RaceError(f"LDS race at byte {j * 4 % max(g.lds_size, 4):#x} ({g.where(me)}): {what}")

@@ -309,6 +309,8 @@ def run_wave(w, fns, execs, instrs):
         raise
     finally:
         w.emu.wave_instructions += n * w.k
+        if n and k > w.emu.widest_unit:
+            w.emu.widest_unit = k
 
 
 class _ScalarView:
