@@ -35,7 +35,7 @@ each time a wave issues the instruction::
     @handler("v_mfma_f32_16x16x128_f8f6f4")        # bare names: _e32/_e64/_sdwa/_dpp stripped
     def _build(ins: Instr):
         dst, a, b, c = ins.ops                      # Operand: kind 'v'|'a'|'s'|'const'|..., index, count
-        read_a = R.src_vec(ins, 1)                  # w -> uint32 [w.n, count] (lane-major copy)
+        read_a = R.src_vec(ins, 1)                  # w -> uint32 [w.n, count] (a lane-major copy)
         read_c = R.src_vec(ins, 3)
         write_d = R.dst_vec(ins, 0)                 # (w, uint32 [w.n, count]) -> None, EXEC-masked
         cbsz = ins.mods.get("cbsz", 0)              # modifiers: flags -> True, key:val -> int/list
@@ -53,16 +53,25 @@ Operand access helpers in ``regs`` (all build closures once; all do race checks)
                        ``src(ins, i, "f16", hi=True)`` reads the high half.
   dst(ins, i, ty)      (w, value) -> None; bit-casts value of type ty into the register(s),
                        only lanes in EXEC.  ``dst(ins, i, "b16", hi=True)`` writes a half.
-  sdst(ins, i, bits)   (w, Python int) -> None for scalar destinations (EXEC writes update the mask).
-  src_vec / dst_vec    whole register tuples as uint32 [w.n, n] (VGPR/AGPR/SGPR/constant).
+                       An SGPR that is PerWave (below) reads as one value per lane.
+  sdst(ins, i, bits)   (w, Python int or PerWave) -> None for scalar destinations (EXEC writes
+                       update the mask).
+  src_vec / dst_vec    whole register tuples as uint32 [w.n, n] (VGPR/AGPR/SGPR/constant);
+  src_rows             the same as rows, uint32 [n, w.n] (a view of the register file).
   read_checked(ins, i, get)  wraps a custom getter of operand i with the race check.
   mask_of(x, n) / bits_of(b) convert lane masks between ints and bool arrays.
-Wave state (``wave.Wave``; a lockstep unit of k waves is one Wave with n = k * T.wave lanes,
-wave-major): T (the target), k, n (lanes), lane (lane index within its wave [n]), V (uint32 [n, nvgpr] unified
-VGPR+AGPR file, lane-major; AGPR a[i] is column prog.meta.accum_offset + i), S (list of Python
-ints in the target's numbering: T.vcc, T.m0, T.exec), scc, exec (int), mask (bool [n], EXEC),
-full (EXEC all ones), wg (workgroup: .lds uint8 array), private(nbytes) (the lanes' private
-segments, uint8 [n, nbytes]), emu, prog, kernel.
+Wave state (``wave.Wave``; a lockstep unit of k waves, possibly of several workgroups of a
+batch, is one Wave with n = k * T.wave lanes, wave-major): T (the target), k, n (lanes), lane
+(lane index within its wave [n]), V (uint32 [nvgpr, n] unified VGPR+AGPR file, register-major;
+AGPR a[i] is row prog.meta.accum_offset + i), S (list in the target's numbering: T.vcc, T.m0,
+T.exec; each a Python int, or an ``isa.PerWave`` when the unit's waves differ -- any arithmetic
+on it raises ``Split``, so a handler that does not expect one runs wave by wave), scc (int or
+PerWave), exec (int), mask (bool [n], EXEC), full (EXEC all ones), wg (the batch: .lds uint8
+array, one .lds_size region per workgroup), lds_base (the unit's region offset: an int, or per
+lane), private(nbytes) (the lanes' private segments, uint8 [n, nbytes]), emu, prog, kernel.
+Register ``scalar=True`` for a builder whose closure reads and writes only SGPRs and SCC: a
+unit holding PerWave values then runs it once per wave; ``per_wave=True`` for one that must
+never run in lockstep.
 Memory: ``w.emu.mem.load(addr u64[n], mask, nbytes) -> uint8 [n, nbytes]``, ``.store(addr, mask,
 data)``, ``.atomic(addr, mask, dtype, fn)`` (lane-ordered read-modify-write, fn(old, lane_index)
 -> new, returns old values); LDS via ``lds.load(w, addr int[n], nbytes)`` / ``lds.store(w, addr,

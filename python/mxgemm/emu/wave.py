@@ -320,6 +320,9 @@ class _ScalarView:
     def set_exec(self, x):     # EXEC is one value per unit
         raise Split()
 
+    def __getattr__(self, name):   # any other wave state: the instruction is not scalar-only after all
+        raise Split()
+
 
 def scalar_per_wave(w, fn, ins):
     """Run scalar-only instruction fn once per wave of unit w (some SGPR or SCC it reads is
