@@ -115,6 +115,30 @@ def test_exact_fallback_wide_range():
     assert_same(d, model((m, n, k), "e5m2", "e5m2", a, b, c))
 
 
+def test_fsum_rounding_equals_the_integer_path():
+    """round_exact_sums_f32 (fsum, then one fp32 rounding unless the float64 sum is an fp32
+    midpoint or outside fp32's normal range) against the integer path, row by row, on rows
+    built to hit its cases: exact fp32 midpoints with and without a tiny term deciding the
+    side, cancellation to zero and to subnormals, overflow, and wide random dyadic terms."""
+    rng = np.random.default_rng(9)
+    one, lsb = 1.0, 2.0 ** -23
+    rows = [[one, lsb / 2], [one, lsb / 2, 2.0 ** -80], [one, lsb / 2, -2.0 ** -80], [one + lsb, lsb / 2],
+            [3.0, -3.0], [2.0 ** -140, 2.0 ** -141, -2.0 ** -149], [2.0 ** -149, -2.0 ** -151],
+            [2.0 ** 127, 2.0 ** 127], [3.4e38, 3.4e38, -3.4e38], [1e308, 1e308, -1e308],
+            [2.0 ** 100, 1.0, -2.0 ** 100, 2.0 ** -30]]
+    for _ in range(400):
+        n = int(rng.integers(1, 40))
+        mant = rng.integers(-255, 256, n).astype(np.float64)
+        exp = rng.integers(-160, 140, n) if rng.random() < 0.5 else rng.integers(-30, 30, n)
+        rows.append(list(np.ldexp(mant, exp)))
+    width = max(map(len, rows))
+    table = np.array([r + [0.0] * (width - len(r)) for r in rows])
+    got = matrix.round_exact_sums_f32(table)
+    want = np.array([matrix.round_exact_sum_f32(r) for r in table], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert got[0] == np.float32(1.0) and got[1] == np.float32(1.0 + lsb) and got[2] == np.float32(1.0)
+
+
 def test_opsel_byte_decoding():
     """clang 22 prints opselA=2, opselB=3 as op_sel:[0,1,0] op_sel_hi:[1,1,0] (docs/gfx950_isa.md §1.5)."""
     assert matrix.opsel_byte([0, 1, 0], [1, 1, 0], 0) == 2

@@ -134,9 +134,36 @@ def _dot_scaled(a, la, b, lb, sa, sb, block: int) -> np.ndarray:
         q = (qa[:, None, :] * qb[None, :, :] * s).min(axis=2)
         risky = np.isfinite(mag) & (mag > 0) & ~(mag < np.ldexp(q, 52))
         out = total.astype(np.float32)
-    for i, j in zip(*np.nonzero(risky)):
-        terms = (ab[i] * bb[:, :, j].reshape(nb, block)) * s[i, j][:, None]
-        out[i, j] = round_exact_sum_f32(terms.ravel())
+    i, j = np.nonzero(risky)
+    if i.size:
+        terms = (ab[i] * bb.transpose(2, 0, 1)[j]) * s[i, j][:, :, None]     # [risky, nb, block]
+        out[i, j] = round_exact_sums_f32(terms.reshape(i.size, -1))
+    return out
+
+
+_F32_MID_BITS, _F32_MID = np.uint64(0x1FFFFFFF), np.uint64(0x10000000)   # float64 bits below fp32's lsb
+
+
+def round_exact_sums_f32(rows) -> np.ndarray:
+    """fp32 RNE of the exact sum of each row of finite float64 terms. math.fsum gives the exact
+    sum rounded once to float64; rounding that to fp32 gives the fp32 rounding of the exact sum
+    unless it lies exactly on an fp32 midpoint (which side the exact sum lies on is lost) or
+    outside fp32's normal range (other midpoint positions, overflow): those rows take the
+    integer path."""
+    out = np.empty(len(rows), np.float32)
+    sums = np.empty(len(rows))
+    for r, row in enumerate(rows.tolist()):
+        try:
+            sums[r] = math.fsum(row)
+        except OverflowError:
+            sums[r] = math.inf
+    mag = np.abs(sums)
+    exact = ((sums.view(np.uint64) & _F32_MID_BITS) == _F32_MID) | ~((mag >= 2.0 ** -126) & (mag < 2.0 ** 127))
+    exact &= sums != 0.0         # an exact zero sum is +0
+    out[:] = sums
+    out[sums == 0.0] = 0.0
+    for r in np.nonzero(exact)[0]:
+        out[r] = round_exact_sum_f32(rows[r])
     return out
 
 
