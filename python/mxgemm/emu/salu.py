@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import race, regs as R
-from .isa import EmulatorFault, UnsupportedInstruction, const_bits, handler, u32, u64
+from .isa import EmulatorFault, PerWave, Split, UnsupportedInstruction, const_bits, handler, u32, u64
+from .wave import scalar_views
 
 MASK32, MASK64 = 0xFFFFFFFF, (1 << 64) - 1
 
@@ -186,9 +187,9 @@ def _saveexec(ins, f, wrexec):
 
 
 for _k, _f in _SAVEEXEC.items():
-    handler(f"s_{_k}_saveexec_b64")(lambda ins, f=_f: _saveexec(ins, f, False))
-handler("s_andn1_wrexec_b64")(lambda ins: _saveexec(ins, _SAVEEXEC["andn1"], True))
-handler("s_andn2_wrexec_b64")(lambda ins: _saveexec(ins, _SAVEEXEC["andn2"], True))
+    handler(f"s_{_k}_saveexec_b64", scalar=True)(lambda ins, f=_f: _saveexec(ins, f, False))
+handler("s_andn1_wrexec_b64", scalar=True)(lambda ins: _saveexec(ins, _SAVEEXEC["andn1"], True))
+handler("s_andn2_wrexec_b64", scalar=True)(lambda ins: _saveexec(ins, _SAVEEXEC["andn2"], True))
 
 
 def _cmp(ins, f, bits, signed):
@@ -395,18 +396,24 @@ def _sload(ins):
     off = _smem_offset(ins, 2)
     keys = R.reg_keys(ins, 0)
 
-    def run(w):
-        b = base(w)
-        o = off(w)
+    def load(w, b, o):
         if buf:   # V# (the target's layout); out-of-range dwords read 0
             vbase, _, nrec, _, _ = w.T.vsharp(b)
             addr = vbase + (o & ~3)
             vals = w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32) if o < nrec else \
                 np.zeros(n, u32)
-            vals = [int(v) if o + 4 * j < nrec else 0 for j, v in enumerate(vals)]
-        else:
-            addr = ((b[0] | (b[1] << 32)) + o) & ~3 & MASK64
-            vals = w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32).tolist()
+            return [int(v) if o + 4 * j < nrec else 0 for j, v in enumerate(vals)]
+        addr = ((b[0] | (b[1] << 32)) + o) & ~3 & MASK64
+        return w.emu.mem.load(np.array([addr], u64), _ONE, 4 * n)[0].view(u32).tolist()
+
+    def run(w):
+        try:
+            vals = load(w, base(w), off(w))
+        except Split:      # an address SGPR differs between the waves of the unit: one load per wave
+            if w.k == 1:
+                raise
+            per = [load(w, base(v), off(v)) for v in scalar_views(w)]
+            vals = [PerWave.of([p[j] for p in per]) for j in range(n)]
         if w.race and w.pend:
             race.check_pending(w, keys, ins, "overwrites")
         w.S[r:r + n] = vals

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import re
 
+import numpy as np
+
 # bytes per lane of a memory mnemonic's size suffix (first match in the mnemonic wins)
 _VMEM_BYTES = (("dwordx4", 16), ("dwordx3", 12), ("dwordx2", 8), ("_x2", 8), ("f64", 8), ("dword", 4),
                ("short", 2), ("byte", 1))
@@ -81,9 +83,9 @@ class LaunchCounter:
         # returns, since a unit that splits re-runs the instruction wave by wave
         def counted(pc, fn):
             def run(w):
-                n = w.exec.bit_count()
+                n = w.exec.bit_count() * w.k if w.exec.__class__ is int else int(np.count_nonzero(w.mask))
                 fn(w)
-                lanes[pc] += n * w.k
+                lanes[pc] += n
             return run
         return [counted(pc, fn) if self.cls[pc][1] > 0 else fn for pc, fn in enumerate(fns)]
 

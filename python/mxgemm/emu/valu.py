@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import regs as R
-from .isa import UnsupportedInstruction, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from .isa import PerWave, UnsupportedInstruction, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
 
 _LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)   # v_mbcnt_lo: lanes below l
 _HI_MASKS = np.array([((1 << (l - 32)) - 1) << 32 if l > 32 else 0 for l in range(64)], u64)
@@ -678,8 +678,12 @@ def _readfirstlane(ins):
     a, put = R.src(ins, 1, "u32"), R.sdst(ins, 0)
 
     def run(w):
-        lane = (w.exec & -w.exec).bit_length() - 1 if w.exec else 0
-        put(w, R.wave_value(w, np.asarray(a(w)), lane))
+        x, e = np.asarray(a(w)), w.exec
+        if e.__class__ is int:
+            put(w, R.wave_value(w, x, (e & -e).bit_length() - 1 if e else 0))
+        else:        # EXEC differs between the waves of the unit: each wave's first active lane
+            wl = w.T.wave
+            put(w, PerWave.of([int(x[i * wl + ((v & -v).bit_length() - 1 if v else 0)]) for i, v in enumerate(e.v)]))
     return run
 
 

@@ -6,7 +6,7 @@ import re
 import numpy as np
 
 from . import lds, race, regs as R
-from .isa import SHARED_BASE, EmulatorFault, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
+from .isa import SHARED_BASE, EmulatorFault, PerWave, Split, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
 
 # suffix -> (bytes, sign-extend, d16 half: None | 0 lo | 1 hi)
 _SIZES = {"ubyte": (1, False, None), "sbyte": (1, True, None), "ushort": (2, False, None),
@@ -193,7 +193,7 @@ def _buffer_addr(ins, vi, ri, oi, size):
     vsharp = ins.prog.target.vsharp
 
     def get(w):
-        base, stride, nrec, add_tid, swz = vsharp(base_regs := rs(w))
+        base, stride, nrec, add_tid, swz = _resource(w, vsharp, rs(w))
         v = vv(w) if vv is not None else np.zeros((w.n, 2), u32)
         index = v[:, 0].astype(u64) if idxen else np.zeros(w.n, u64)
         voff = (v[:, 1 if idxen else 0].astype(u64)) if offen else np.zeros(w.n, u64)
@@ -201,13 +201,26 @@ def _buffer_addr(ins, vi, ri, oi, size):
             index = index + w.lane.astype(u64)
         off = voff + u64(inst)
         addr = u64(base) + np.asarray(so(w)).astype(u64) + off + u64(stride) * index
+        nrec = u64(nrec) if nrec.__class__ is int else nrec[:, None]
         if idxen or add_tid:
-            ok = np.broadcast_to((index < u64(nrec))[:, None], (w.n, ndw))
+            ok = np.broadcast_to(index[:, None] < nrec, (w.n, ndw))
         else:
-            ok = (off[:, None] + steps[None, :]) < u64(nrec)
-        del base_regs
+            ok = (off[:, None] + steps[None, :]) < nrec
         return addr, ok
     return get
+
+
+def _resource(w, vsharp, regs):
+    """vsharp of four SGPR values; when some are PerWave, base, stride and num_records per lane
+    (uint64 [n]) -- the flags must agree between the waves."""
+    try:
+        return vsharp(regs)
+    except Split:
+        per = [vsharp([x.v[i] if x.__class__ is PerWave else x for x in regs]) for i in range(w.k)]
+        if any(p[3:] != per[0][3:] for p in per):
+            raise
+        lanes = [np.repeat(np.array([p[j] for p in per], u64), w.T.wave) for j in range(3)]
+        return (*lanes, *per[0][3:])
 
 
 def _buffer_read(w, ao, size):
@@ -302,7 +315,9 @@ def _to_lds(ins, addr, size, signed):
     def run(w):
         data = _buffer_read(w, addr(w), size)
         data = _narrow(_widen(data, size, signed), max(size, 4))
-        to = (w.S[w.T.m0] & 0x3FFFC) + inst + w.lane * per
+        m0 = w.S[w.T.m0]          # each wave's LDS base (PerWave: one per wave of the unit)
+        m0 = m0 & 0x3FFFC if m0.__class__ is int else np.repeat(np.array(m0.v, np.int64) & 0x3FFFC, w.T.wave)
+        to = m0 + inst + w.lane * per
         d = lds.store(w, to, data, inflight=w.race)
         race.track_load(w, ins, "vm", (), "async", lds=d)
     return run

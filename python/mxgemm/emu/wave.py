@@ -90,7 +90,16 @@ class Wave:
         self.set_exec(0)
 
     def set_exec(self, x):
+        """EXEC := x, an int or a PerWave (then mask is the waves' masks in turn)."""
         T = self.T
+        if x.__class__ is PerWave:
+            x = PerWave.of([v & T.full for v in x.v])
+            if x.__class__ is PerWave:
+                self.exec, self.full = x, False
+                self.S[T.exec] = PerWave.of([v & 0xFFFFFFFF for v in x.v])
+                self.S[T.exec + 1] = PerWave.of([v >> 32 for v in x.v])
+                self.mask = np.concatenate([mask_of(v, T.wave) for v in x.v])
+                return
         x &= T.full
         self.exec = x
         self.S[T.exec], self.S[T.exec + 1] = x & 0xFFFFFFFF, x >> 32
@@ -120,13 +129,13 @@ class Wave:
 
     # -- lockstep units
     def _state(self):
-        return self.pc, self.exec, self.signaled, self.cluster_wait
+        return self.pc, self.signaled, self.cluster_wait
 
     def split(self):
         """This unit as one unit per workgroup if it spans several, else as its k single
         waves (their VGPRs are views of the same rows; PerWave SGPRs take their waves' values)."""
         pw = [j for j, x in enumerate(self.S) if x.__class__ is PerWave]
-        if pw or self.spans or self.scc.__class__ is PerWave:
+        if pw or self.spans or self.scc.__class__ is PerWave or self.exec.__class__ is PerWave:
             self.wg.perwave_splits += 1
         if self.spans:
             nw = self.wg.nwaves
@@ -143,7 +152,7 @@ class Wave:
             w.S = list(self.S)
             for j in pw:
                 w.S[j] = _slice(self.S[j], lo, hi)
-            w.set_exec(self.exec)
+            w.set_exec(_slice(self.exec, lo, hi))
             w.pend, w.qs = dict(self.pend), [list(q) for q in self.qs]
             out.append(w)
         return out
@@ -164,11 +173,12 @@ def _queue_sig(w):
 
 
 def _mergeable(a, b):
-    """b continues unit a: same state but SGPRs and SCC, which may differ (held as PerWave)
-    until units holding PerWave values have split PERWAVE_SPLITS times in the batch."""
+    """b continues unit a: same state but SGPRs, SCC and EXEC, which may differ (held as
+    PerWave) until units holding PerWave values have split PERWAVE_SPLITS times in the batch."""
     if b.wid != a.wid + a.k or a.done or b.done or a._state() != b._state() or _queue_sig(a) != _queue_sig(b):
         return False
-    return a.wg.perwave_splits < PERWAVE_SPLITS or (PerWave.same(a.scc, b.scc) and _same_sgprs(a.S, b.S))
+    return a.wg.perwave_splits < PERWAVE_SPLITS or (PerWave.same(a.scc, b.scc) and PerWave.same(a.exec, b.exec)
+                                                    and _same_sgprs(a.S, b.S))
 
 
 def _same_sgprs(a, b):
@@ -191,7 +201,7 @@ def _merge(run):
     for j in rebuild:
         w.S[j] = PerWave.of([v for u in run for v in _per_wave_values(u.S[j], u.k)])
     w.scc = PerWave.of([v for u in run for v in _per_wave_values(u.scc, u.k)])
-    w.set_exec(a.exec)
+    w.set_exec(PerWave.of([v for u in run for v in _per_wave_values(u.exec, u.k)]))
     recs = {}
     w.qs = []
     for i in range(len(a.qs)):
@@ -315,19 +325,19 @@ def run_wave(w, fns, execs, instrs):
 
 class _ScalarView:
     """One wave of a lockstep unit as a scalar-only instruction sees it (scalar_per_wave)."""
-    __slots__ = ("S", "scc", "pend", "race", "T", "k")
+    __slots__ = ("S", "scc", "exec", "pend", "race", "T", "k")
 
-    def set_exec(self, x):     # EXEC is one value per unit
-        raise Split()
+    def set_exec(self, x):
+        x &= self.T.full
+        self.exec = x
+        self.S[self.T.exec], self.S[self.T.exec + 1] = x & 0xFFFFFFFF, x >> 32
 
     def __getattr__(self, name):   # any other wave state: the instruction is not scalar-only after all
         raise Split()
 
 
-def scalar_per_wave(w, fn, ins):
-    """Run scalar-only instruction fn once per wave of unit w (some SGPR or SCC it reads is
-    PerWave) and keep each written SGPR and SCC as one value or a PerWave. Raises Split, w
-    unchanged, if fn needs more than the unit's scalar state."""
+def scalar_views(w):
+    """The scalar state of each wave of unit w, as copies (_ScalarView)."""
     pw = [j for j, x in enumerate(w.S) if x.__class__ is PerWave]
     views = []
     for i in range(w.k):
@@ -337,9 +347,22 @@ def scalar_per_wave(w, fn, ins):
         for j in pw:
             v.S[j] = w.S[j].v[i]
         v.scc = w.scc.v[i] if w.scc.__class__ is PerWave else w.scc
+        v.exec = w.exec.v[i] if w.exec.__class__ is PerWave else w.exec
         v.pend, v.race, v.T, v.k = w.pend, w.race, w.T, 1
+    return views
+
+
+def scalar_per_wave(w, fn, ins):
+    """Run scalar-only instruction fn once per wave of unit w (some SGPR, SCC or EXEC it reads
+    is PerWave) and keep each written SGPR, SCC and EXEC as one value or a PerWave. Raises
+    Split, w unchanged, if fn needs more than the unit's scalar state."""
+    views = scalar_views(w)
+    for v in views:
         fn(v)
     for op in ins.ops:
         for j in range(op.index, op.index + op.count) if op.kind == "s" else ():
             w.S[j] = PerWave.of([v.S[j] for v in views])
     w.scc = PerWave.of([v.scc for v in views])
+    execs = PerWave.of([v.exec for v in views])
+    if not PerWave.same(execs, w.exec):
+        w.set_exec(execs)
