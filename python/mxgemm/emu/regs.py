@@ -50,26 +50,31 @@ def read_checked(ins, i, get):
     return checked
 
 
+def _col_getter(ins, keys, view, c, t, what="reads"):
+    """Getter of column c of a register-file view as dtype t (None: the view's own), with the
+    race check folded in (keys: the operand's registers, () without race checking; what:
+    "reads" or "overwrites")."""
+    def get(w):
+        if keys and not w.pend.keys().isdisjoint(keys):   # C-level test; details only on a hit
+            race.check_pending(w, keys, ins, what)
+        x = view(w)[:, c]
+        return x if t is None else x.view(t)
+    return get
+
+
 def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
-    """Getter w -> per-lane value of operand i as numpy type ty (array [w.n] or scalar)."""
+    """Getter w -> per-lane value of operand i as numpy type ty (array [w.n], numpy scalar (SGPR)
+    or 0-d array (constant: ufuncs take those faster than scalars))."""
     op = ins.ops[i]
     k = op.kind
     if k in ("v", "a"):
         r = vidx(ins, op)
-        if ty in _W64:
+        if ty in _W64 and r % 2:
             t = _W64[ty]
-            if r % 2 == 0:
-                h = r >> 1
-                get = (lambda w: w.V64[:, h]) if t is u64 else (lambda w: w.V64[:, h].view(t))
-            else:
-                def get(w):
-                    return (w.V[:, r].astype(u64) | (w.V[:, r + 1].astype(u64) << u64(32))).view(t)
-        elif ty in _W16:
-            t, c = _W16[ty], 2 * r + (1 if hi else 0)
-            get = lambda w: w.V16[:, c].view(t)  # noqa: E731
+            get = read_checked(ins, i, lambda w: (w.V[:, r].astype(u64) | (w.V[:, r + 1].astype(u64) << u64(32))).view(t))
         else:
-            t = _W32[ty]
-            get = (lambda w: w.V[:, r]) if t is u32 else (lambda w: w.V[:, r].view(t))
+            keys, view, c, _, t = _vcol(ins, i, ty, hi)
+            get = _col_getter(ins, keys, view, c, t)
     elif k == "s":
         r = op.index
         if ty in _W64:
@@ -85,12 +90,12 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         get = lambda w: u32(w.scc)  # noqa: E731
     elif k in ("const", "fconst"):
         if ty in _W64:
-            c = u64(const_bits(op, ty if ty != "u64" else "b64")).view(_W64[ty])
+            c = np.array(const_bits(op, ty if ty != "u64" else "b64"), u64).view(_W64[ty])
         elif ty in _W16:
             bits = const_bits(op, ty)
-            c = u16((bits >> 16 if hi and op.kind == "const" and bits > 0xFFFF else bits) & 0xFFFF).view(_W16[ty])
+            c = np.array((bits >> 16 if hi and op.kind == "const" and bits > 0xFFFF else bits) & 0xFFFF, u16).view(_W16[ty])
         else:
-            c = u32(const_bits(op, ty)).view(_W32[ty])
+            c = np.array(const_bits(op, ty), u32).view(_W32[ty])
         get = lambda w: c  # noqa: E731
     else:
         raise UnsupportedInstruction(f"operand {op.text!r} not readable as {ty}")
@@ -102,7 +107,7 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
             if ab:
                 x = np.abs(x)
             return -x if ng else x
-    return read_checked(ins, i, get)
+    return get if k in ("v", "a") else read_checked(ins, i, get)
 
 
 def _as(val, t):
@@ -116,9 +121,12 @@ def _as(val, t):
     return np.array(val).astype(t)
 
 
-def _col_setter(view, c, t):
-    """Setter of column c of a register-file view (V, V16 or V64), EXEC-masked."""
+def _col_setter(ins, keys, view, c, t):
+    """Setter of column c of a register-file view (V, V16 or V64), EXEC-masked, with the
+    overwrite race check folded in."""
     def put(w, val):
+        if keys and not w.pend.keys().isdisjoint(keys):
+            race.check_pending(w, keys, ins, "overwrites")
         if val.__class__ is not np.ndarray or val.dtype != t:
             val = _as(val, t)
         if w.full:
@@ -128,26 +136,42 @@ def _col_setter(view, c, t):
     return put
 
 
+def _vcol(ins: Instr, i: int, ty: str, hi: bool = False):
+    """VGPR/AGPR operand i accessed as ty: (race keys, register-file view, column, the view's
+    dtype, ty's dtype or None if the same)."""
+    op = ins.ops[i]
+    r = vidx(ins, op)
+    keys = reg_keys(ins, i) if ins.prog.race else ()
+    if ty in _W64:
+        if r % 2:
+            raise UnsupportedInstruction(f"odd 64-bit VGPR tuple {op.text}")
+        view, c, t, own = "V64", r >> 1, _W64[ty], u64
+    elif ty in _W16:
+        view, c, t, own = "V16", 2 * r + (1 if hi else 0), _W16[ty], u16
+    else:
+        view, c, t, own = "V", r, _W32[ty], u32
+    return keys, attrgetter(view), c, own, None if t is own else t
+
+
 def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
     """Setter (w, value) writing operand i (EXEC-masked for VGPRs)."""
     op = ins.ops[i]
-    keys = reg_keys(ins, i) if ins.prog.race else ()
     if op.kind in ("v", "a"):
-        r = vidx(ins, op)
-        if ty in _W64:
-            if r % 2:
-                raise UnsupportedInstruction(f"odd 64-bit VGPR tuple {op.text}")
-            put = _col_setter(attrgetter("V64"), r >> 1, u64)
-        elif ty in _W16:
-            put = _col_setter(attrgetter("V16"), 2 * r + (1 if hi else 0), u16)
-        else:
-            put = _col_setter(attrgetter("V"), r, u32)
-    elif op.kind == "s":
-        put = sdst(ins, i, 64 if ty in _W64 else 32)
-        return put
-    else:
-        raise UnsupportedInstruction(f"operand {op.text!r} not writable")
-    return _checked(put, keys, ins)
+        keys, view, c, own, _ = _vcol(ins, i, ty, hi)
+        return _col_setter(ins, keys, view, c, own)
+    if op.kind == "s":
+        return sdst(ins, i, 64 if ty in _W64 else 32)
+    raise UnsupportedInstruction(f"operand {op.text!r} not writable")
+
+
+def dst_col(ins: Instr, i: int, ty: str = "b32"):
+    """w -> the column of VGPR/AGPR destination i as numpy type ty, after its overwrite race
+    check: a view to write every lane into (a ufunc's out=; callers check w.full). None if
+    operand i is not a VGPR/AGPR."""
+    if ins.ops[i].kind not in ("v", "a"):
+        return None
+    keys, view, c, _, t = _vcol(ins, i, ty)
+    return _col_getter(ins, keys, view, c, t, "overwrites")
 
 
 def _checked(put, keys, ins):
