@@ -24,27 +24,38 @@ def _bits_u32(x, ty):
 
 # Constants as 0-d arrays, built once: a ufunc takes those faster than numpy scalars.
 _HALF_MASK, _HALF = np.array(0x1FFFFFFF, u64), np.array(0x10000000, u64)   # low f64 bits of an f32 halfway point
+_F32_MIN_NORMAL = np.array(2.0 ** -126)    # below it the f32 grid is fixed, 2^-149
 _U24 = np.array(0xFFFFFF, u32)
 
 
 def fma32(a, b, c, out=None):
-    """Correctly rounded f32 fma: a*b is exact in f64; the f64 sum p + c can only round wrongly
-    to f32 (double rounding) when it lands exactly on an f32 halfway point, so only then is
-    the TwoSum error used to break the tie (f32-subnormal results excepted). out: an f32 array
-    to write the result into (every element) instead of returning it."""
+    """Correctly rounded f32 fma. a*b is exact in f64; the f64 sum s = p + c rounds again when
+    converted to f32, which is wrong (double rounding) only when s lands exactly on an f32
+    halfway point while p + c does not: the low 29 bits of s tell that for |s| >= 2^-126;
+    smaller sums (f32-subnormal results) and those halfway points go to _break_ties.
+    out: an f32 array to write the result into (every element) instead of returning it."""
     p = np.multiply(a, b, dtype=f64)
-    s = np.add(p, c, out=p) if p.ndim else np.add(p, c, dtype=f64)   # p is no longer needed below
+    s = np.add(p, c, out=p) if p.ndim else np.add(p, c, dtype=f64)   # p is not needed below
     mid = (s.view(u64) & _HALF_MASK) == _HALF
-    if np.count_nonzero(mid):   # cheaper than .any()
-        p = np.multiply(a, b, dtype=f64)
-        c64 = np.asarray(c, f64)
-        bb = s - p
-        err = (p - (s - bb)) + (c64 - bb)
-        s = np.where(mid & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    small = np.abs(s) < _F32_MIN_NORMAL
+    if np.count_nonzero(mid) or np.count_nonzero(small):   # count_nonzero: cheaper than .any()
+        s = _break_ties(a, b, c, s, mid, small)
     if out is not None:
         out[...] = s   # the same f64 -> f32 conversion as astype, into the destination
         return out
     return s.astype(f32) if isinstance(s, np.ndarray) and s.ndim else f32(s)
+
+
+def _break_ties(a, b, c, s, mid, small):
+    """s (p + c rounded to f64) moved one f64 step toward p + c where it is exactly an f32
+    halfway point and p + c is not, so that rounding it to f32 goes the way p + c would. mid:
+    s on a halfway point (valid where not small); small: |s| < 2^-126, where the halfway
+    points are the odd multiples of 2^-150."""
+    p = np.multiply(a, b, dtype=f64)
+    bb = s - p
+    err = (p - (s - bb)) + (np.asarray(c, f64) - bb)     # TwoSum: p + c - s exactly
+    half = np.where(small, np.abs(np.fmod(np.where(small, s, 0) * 2.0 ** 150, 2)) == 1, mid)
+    return np.where(half & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
 
 
 # ---------------------------------------------------------------------------- op tables
@@ -393,13 +404,14 @@ def _sdwa_src(ins, i, ty, sel):
 _INT = {"u32": u32, "i32": i32, "u64": u64, "i64": i64}
 
 
-def _shift_count(op, get, m, ty):
-    """Getter of the low bits (& m) of u32 source get as type ty; a constant's is folded once.
-    The mask matches the source's flavour: array & 0-d array and scalar & scalar are numpy's
-    fast pairs."""
-    t = _INT[ty]
+def _shift_count(ins, i, get, m, ty):
+    """Getter of the low bits (& m) of u32 source i (getter get) as type ty; a constant's is
+    folded once. Values come in the flavour of their partners: array & 0-d array and numpy
+    scalar & numpy scalar are numpy's fast pairs (a scalar with a 0-d array is slow)."""
+    t, op = _INT[ty], ins.ops[i]
     if op.kind in ("const", "fconst"):
-        c = np.array(const_bits(op, "u32") & m, t)
+        sgpr_partner = any(o.kind in ("s", "scc") for o in ins.ops[1:] if o is not op)
+        c = t(const_bits(op, "u32") & m) if sgpr_partner else np.array(const_bits(op, "u32") & m, t)
         return lambda w: c
     mask = np.array(m, u32) if op.kind in ("v", "a") else u32(m)
     if t is u32:
@@ -439,7 +451,7 @@ def build_valu(ins, dty, stys, fn, first_src=1):
             g = _sdwa_src(ins, i, rty, mods.get(f"src{k}_sel", "DWORD"))
         else:
             g = R.src(ins, i, rty, hi=bool(op_sel[k]) if k < len(op_sel) else False)
-        gets.append(_shift_count(ins.ops[i], g, int(m), ty) if m else g)
+        gets.append(_shift_count(ins, i, g, int(m), ty) if m else g)
     dpp = None
     if ins.enc == "dpp":
         dpp = _dpp_wrap(ins, gets[0], first_src)
