@@ -54,10 +54,12 @@ def _col_getter(ins, keys, view, c, t, what="reads"):
     """Getter of column c of a register-file view as dtype t (None: the view's own), with the
     race check folded in (keys: the operand's registers, () without race checking; what:
     "reads" or "overwrites")."""
+    col = (slice(None), c)
+
     def get(w):
-        if keys and not w.pend.keys().isdisjoint(keys):   # C-level test; details only on a hit
+        if keys and w.pend and not w.pend.keys().isdisjoint(keys):   # C-level test; details only on a hit
             race.check_pending(w, keys, ins, what)
-        x = view(w)[:, c]
+        x = view(w)[col]
         return x if t is None else x.view(t)
     return get
 
@@ -124,15 +126,17 @@ def _as(val, t):
 def _col_setter(ins, keys, view, c, t):
     """Setter of column c of a register-file view (V, V16 or V64), EXEC-masked, with the
     overwrite race check folded in."""
+    col = (slice(None), c)
+
     def put(w, val):
-        if keys and not w.pend.keys().isdisjoint(keys):
+        if keys and w.pend and not w.pend.keys().isdisjoint(keys):
             race.check_pending(w, keys, ins, "overwrites")
         if val.__class__ is not np.ndarray or val.dtype != t:
             val = _as(val, t)
         if w.full:
-            view(w)[:, c] = val
+            view(w)[col] = val
         else:
-            np.copyto(view(w)[:, c], val, where=w.mask)
+            np.copyto(view(w)[col], val, where=w.mask)
     return put
 
 
@@ -150,7 +154,7 @@ def _vcol(ins: Instr, i: int, ty: str, hi: bool = False):
         view, c, t, own = "V16", 2 * r + (1 if hi else 0), _W16[ty], u16
     else:
         view, c, t, own = "V", r, _W32[ty], u32
-    return keys, attrgetter(view), c, own, None if t is own else t
+    return keys, attrgetter(view), c, own, None if t is own else np.dtype(t)
 
 
 def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):

@@ -23,7 +23,7 @@ def _bits_u32(x, ty):
 # ---------------------------------------------------------------------------- exact fused FMA
 
 # Constants as 0-d arrays, built once: a ufunc takes those faster than numpy scalars.
-_HALF_MASK, _HALF = np.array(0x1FFFFFFF, u64), np.array(0x10000000, u64)   # low f64 bits of an f32 halfway point
+_LOW28, _LOW29, _HALF = (np.array(m, u64) for m in (0x0FFFFFFF, 0x1FFFFFFF, 0x10000000))   # low f64 bits
 _F32_MIN_NORMAL = np.array(2.0 ** -126)    # below it the f32 grid is fixed, 2^-149
 _U24 = np.array(0xFFFFFF, u32)
 
@@ -31,30 +31,31 @@ _U24 = np.array(0xFFFFFF, u32)
 def fma32(a, b, c, out=None):
     """Correctly rounded f32 fma. a*b is exact in f64; the f64 sum s = p + c rounds again when
     converted to f32, which is wrong (double rounding) only when s lands exactly on an f32
-    halfway point while p + c does not: the low 29 bits of s tell that for |s| >= 2^-126;
-    smaller sums (f32-subnormal results) and those halfway points go to _break_ties.
+    halfway point while p + c does not. Every f32 halfway point (normal or subnormal) has its
+    low 28 f64 mantissa bits zero, so only sums with those go to _break_ties.
     out: an f32 array to write the result into (every element) instead of returning it."""
     p = np.multiply(a, b, dtype=f64)
     s = np.add(p, c, out=p) if p.ndim else np.add(p, c, dtype=f64)   # p is not needed below
-    mid = (s.view(u64) & _HALF_MASK) == _HALF
-    small = np.abs(s) < _F32_MIN_NORMAL
-    if np.count_nonzero(mid) or np.count_nonzero(small):   # count_nonzero: cheaper than .any()
-        s = _break_ties(a, b, c, s, mid, small)
+    if np.count_nonzero(s.view(u64) & _LOW28) < s.size:
+        s = _break_ties(a, b, c, s)
     if out is not None:
         out[...] = s   # the same f64 -> f32 conversion as astype, into the destination
         return out
     return s.astype(f32) if isinstance(s, np.ndarray) and s.ndim else f32(s)
 
 
-def _break_ties(a, b, c, s, mid, small):
+def _break_ties(a, b, c, s):
     """s (p + c rounded to f64) moved one f64 step toward p + c where it is exactly an f32
-    halfway point and p + c is not, so that rounding it to f32 goes the way p + c would. mid:
-    s on a halfway point (valid where not small); small: |s| < 2^-126, where the halfway
-    points are the odd multiples of 2^-150."""
+    halfway point and p + c is not, so that rounding it to f32 goes the way p + c would. The
+    halfway points: low 29 f64 bits 0x10000000 for |s| >= 2^-126, odd multiples of 2^-150 below."""
+    small = np.abs(s) < _F32_MIN_NORMAL
+    half = np.where(small, np.abs(np.fmod(np.where(small, s, 0) * 2.0 ** 150, 2)) == 1,
+                    (s.view(u64) & _LOW29) == _HALF)
+    if not np.count_nonzero(half):
+        return s
     p = np.multiply(a, b, dtype=f64)
     bb = s - p
     err = (p - (s - bb)) + (np.asarray(c, f64) - bb)     # TwoSum: p + c - s exactly
-    half = np.where(small, np.abs(np.fmod(np.where(small, s, 0) * 2.0 ** 150, 2)) == 1, mid)
     return np.where(half & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
 
 
