@@ -73,7 +73,8 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         r = vidx(ins, op)
         if ty in _W64 and r % 2:
             t = _W64[ty]
-            get = read_checked(ins, i, lambda w: (w.V[:, r].astype(u64) | (w.V[:, r + 1].astype(u64) << u64(32))).view(t))
+            get = read_checked(ins, i, lambda w: (w.V[:, r].astype(u64)
+                                                  | (w.V[:, r + 1].astype(u64) << u64(32))).view(t))
         else:
             keys, view, c, _, t = _vcol(ins, i, ty, hi)
             get = _col_getter(ins, keys, view, c, t)
@@ -95,7 +96,8 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
             c = np.array(const_bits(op, ty if ty != "u64" else "b64"), u64).view(_W64[ty])
         elif ty in _W16:
             bits = const_bits(op, ty)
-            c = np.array((bits >> 16 if hi and op.kind == "const" and bits > 0xFFFF else bits) & 0xFFFF, u16).view(_W16[ty])
+            bits = (bits >> 16 if hi and op.kind == "const" and bits > 0xFFFF else bits) & 0xFFFF
+            c = np.array(bits, u16).view(_W16[ty])
         else:
             c = np.array(const_bits(op, ty), u32).view(_W32[ty])
         get = lambda w: c  # noqa: E731
