@@ -5,6 +5,7 @@ SGPRs and constants are numpy scalars that broadcast against them. Every accesso
 in race mode, that no outstanding load still owns the register."""
 from __future__ import annotations
 
+from functools import lru_cache
 from operator import attrgetter
 
 import numpy as np
@@ -262,9 +263,17 @@ def bits_of(b) -> int:
 
 
 def lanes_of(w, x: int):
-    """bool [w.n] of the per-wave lane mask x (the same in every wave of a lockstep unit)."""
-    m = mask_of(x, w.T.wave)
-    return m if w.k == 1 else np.tile(m, w.k)
+    """bool [w.n] of the per-wave lane mask x (the same in every wave of a lockstep unit);
+    read-only, shared by every caller with the same mask."""
+    return _lanes(x, w.T.wave, w.k)
+
+
+@lru_cache(maxsize=1024)
+def _lanes(x, wave, k):
+    m = mask_of(x, wave)
+    m = m if k == 1 else np.tile(m, k)
+    m.flags.writeable = False
+    return m
 
 
 def wave_bits(w, b) -> int:
