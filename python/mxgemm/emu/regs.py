@@ -278,6 +278,9 @@ def _lanes(x, wave, k):
 
 def wave_bits(w, b) -> int:
     """Per-wave lane mask of bool [w.n]; raises Split when the waves of a unit disagree."""
+    on = np.count_nonzero(b)
+    if on == 0 or on == w.n:   # the usual carry-out / compare results, without packing bits
+        return on and w.T.full
     x = bits_of(b)
     if w.k == 1:
         return x

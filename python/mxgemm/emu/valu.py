@@ -480,7 +480,7 @@ def build_valu(ins, dty, stys, fn, first_src=1):
             w.mask, full = saved & writable, w.full
             w.full = False
             try:
-                base_put(w, np.broadcast_to(r, (w.n,)))
+                base_put(w, _lanewise(w, r))
             finally:
                 w.mask, w.full = saved, full
         return run
@@ -572,6 +572,14 @@ def _swap(ins):
 
 # ---------------------------------------------------------------------------- carries, cndmask, cmp
 
+_U32SH = np.array(32, u64)
+
+
+def _lanewise(w, x):
+    """x (array [w.n] or scalar) as an array [w.n] (np.broadcast_to takes microseconds)."""
+    return x if getattr(x, "ndim", 0) else np.full(w.n, x)
+
+
 def _lanebits(ins, i):
     """Getter of a lane-mask operand (SGPR pair / vcc / constant) as bool [w.n]."""
     g = R.src(ins, i, "u64")
@@ -597,9 +605,11 @@ def _carry(ins):
 
     def run(w):
         x, y = np.asarray(a(w), u64), np.asarray(b(w), u64)
-        c = cin(w).astype(u64) if cin else u64(0)
-        r = x + y + c if add else x - y - c
-        cout(w, np.broadcast_to((r >> u64(32)) != 0, (w.n,)))   # first: it may raise Split
+        r = x + y if add else x - y
+        if cin:
+            c = cin(w).astype(u64)
+            r = r + c if add else r - c
+        cout(w, _lanewise(w, (r >> _U32SH) != 0))   # first: it may raise Split
         put(w, r.astype(u32))
     return run
 
@@ -619,7 +629,7 @@ def _mad64(ins):
         else:
             x = np.asarray(a(w), u64) * np.asarray(b(w), u64)
             r = x + c(w)
-            cout(w, np.broadcast_to(r < x, (w.n,)))   # first: it may raise Split
+            cout(w, _lanewise(w, r < x))   # first: it may raise Split
             put(w, r)
     return run
 
@@ -689,7 +699,7 @@ def _build_cmp(ins, f, ty, cmpx):
     put = R.sdst(ins, 0, ins.prog.target.wave)
 
     def run(w):
-        r = np.broadcast_to(f(a(w), b(w)), (w.n,)) & w.mask
+        r = _lanewise(w, f(a(w), b(w))) & w.mask
         bits = R.wave_bits(w, r)
         if cmpx:
             w.set_exec(bits)
