@@ -25,7 +25,6 @@ def _bits_u32(x, ty):
 # Constants as 0-d arrays, built once: a ufunc takes those faster than numpy scalars.
 _LOW28, _LOW29, _HALF = (np.array(m, u64) for m in (0x0FFFFFFF, 0x1FFFFFFF, 0x10000000))   # low f64 bits
 _F32_MIN_NORMAL = np.array(2.0 ** -126)    # below it the f32 grid is fixed, 2^-149
-_U24 = np.array(0xFFFFFF, u32)
 
 
 def fma32(a, b, c, out=None):
@@ -60,8 +59,9 @@ def _break_ties(a, b, c, s):
 
 
 # ---------------------------------------------------------------------------- op tables
-# name: (dst type, src types, fn). fn takes typed numpy values; "t&m" types a shift count: the
-# source's low bits (u32 & m) as type t. An fn that takes out= may write into the destination.
+# name: (dst type, src types, fn). fn takes typed numpy values; "t&m" types the source's low bits
+# (u32 & m: a shift count, a 24-bit factor) as type t. An fn that takes out= may write into the
+# destination.
 
 def _cvt_i(x, t, lo, hi):
     """Float -> int with truncation, saturation and NaN -> 0 (v_cvt_i32_f32 rules)."""
@@ -140,10 +140,6 @@ def _frexp_exp(a):
 
 def _rcp(a):
     return (a.dtype.type(1) / a) if isinstance(a, np.ndarray) else np.reciprocal(a)
-
-
-def _u24(x):
-    return np.bitwise_and(x, _U24, dtype=u32)
 
 
 def _i24(x):
@@ -244,10 +240,10 @@ _OPS = {
     "v_mul_lo_u32": ("u32", "u32 u32", np.multiply),
     "v_mul_hi_u32": ("u32", "u32 u32", lambda a, b: ((np.asarray(a, u64) * b) >> u64(32)).astype(u32)),
     "v_mul_hi_i32": ("i32", "i32 i32", lambda a, b: ((np.asarray(a, i64) * b) >> 32).astype(i32)),
-    "v_mul_u32_u24": ("u32", "u32 u32", lambda a, b, out=None: np.multiply(_u24(a), _u24(b), out=out)),
-    "v_mul_hi_u32_u24": ("u32", "u32 u32", lambda a, b: ((_u24(a).astype(u64) * _u24(b)) >> u64(32)).astype(u32)),
+    "v_mul_u32_u24": ("u32", "u32&0xFFFFFF u32&0xFFFFFF", np.multiply),
+    "v_mul_hi_u32_u24": ("u32", "u64&0xFFFFFF u64&0xFFFFFF", lambda a, b: ((a * b) >> u64(32)).astype(u32)),
     "v_mul_i32_i24": ("u32", "u32 u32", lambda a, b: (_i24(a) * _i24(b)).astype(u32)),
-    "v_mad_u32_u24": ("u32", "u32 u32 u32", lambda a, b, c, out=None: np.add(_u24(a) * _u24(b), c, out=out)),
+    "v_mad_u32_u24": ("u32", "u32&0xFFFFFF u32&0xFFFFFF u32", lambda a, b, c, out=None: np.add(a * b, c, out=out)),
     "v_mad_i32_i24": ("u32", "u32 u32 u32", lambda a, b, c: (_i24(a) * _i24(b) + c).astype(u32)),
     "v_lshlrev_b32": ("u32", "u32&31 u32", lambda a, b, out=None: np.left_shift(b, a, out=out)),
     "v_lshrrev_b32": ("u32", "u32&31 u32", lambda a, b, out=None: np.right_shift(b, a, out=out)),
@@ -405,7 +401,7 @@ def _sdwa_src(ins, i, ty, sel):
 _INT = {"u32": u32, "i32": i32, "u64": u64, "i64": i64}
 
 
-def _shift_count(ins, i, get, m, ty):
+def _low_bits(ins, i, get, m, ty):
     """Getter of the low bits (& m) of u32 source i (getter get) as type ty; a constant's is
     folded once. Values come in the flavour of their partners: array & 0-d array and numpy
     scalar & numpy scalar are numpy's fast pairs (a scalar with a 0-d array is slow)."""
@@ -452,7 +448,7 @@ def build_valu(ins, dty, stys, fn, first_src=1):
             g = _sdwa_src(ins, i, rty, mods.get(f"src{k}_sel", "DWORD"))
         else:
             g = R.src(ins, i, rty, hi=bool(op_sel[k]) if k < len(op_sel) else False)
-        gets.append(_shift_count(ins, i, g, int(m), ty) if m else g)
+        gets.append(_low_bits(ins, i, g, int(m, 0), ty) if m else g)
     dpp = None
     if ins.enc == "dpp":
         dpp = _dpp_wrap(ins, gets[0], first_src)
