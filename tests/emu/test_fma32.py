@@ -82,11 +82,13 @@ def test_double_rounding_ties():
 def test_scalars_and_out():
     """Scalar operands broadcast; out= writes the same bits into a strided f32 view."""
     rng = np.random.default_rng(4)
-    a, b, c = tie_cases(rng, 256, False)
-    ref = fma32(a, b, c)
-    V = np.zeros((256, 8), np.uint32)
-    fma32(a, b, c, out=V[:, 3].view(f32))
-    np.testing.assert_array_equal(V[:, 3], ref.view(np.uint32))
-    assert fma32(a[7], b[7], c[7]).view(np.uint32) == exact_fma(a[7], b[7], c[7]).view(np.uint32)
-    np.testing.assert_array_equal(fma32(a[0], b[0], c).view(np.uint32),
-                                  np.array([exact_fma(a[0], b[0], z) for z in c], f32).view(np.uint32))
+    a, b, c = (np.concatenate([x, rng.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32).view(f32)])
+               for x in tie_cases(rng, 256, False))
+    V = np.zeros((512, 8), np.uint32)
+    with np.errstate(all="ignore"):
+        ref = fma32(a, b, c)
+        fma32(a, b, c, out=V[:, 3].view(f32))
+        np.testing.assert_array_equal(V[:, 3], ref.view(np.uint32))
+        assert fma32(a[7], b[7], c[7]).view(np.uint32) == exact_fma(a[7], b[7], c[7]).view(np.uint32)
+        check(np.full_like(c[:256], a[0]), np.full_like(c[:256], b[0]), c[:256])
+        np.testing.assert_array_equal(fma32(a[0], b[0], c[:256]), fma32(np.full(256, a[0]), np.full(256, b[0]), c[:256]))

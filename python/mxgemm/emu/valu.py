@@ -399,6 +399,9 @@ def _sdwa_src(ins, i, ty, sel):
 # ---------------------------------------------------------------------------- generic builder
 
 _INT = {"u32": u32, "i32": i32, "u64": u64, "i64": i64}
+# ufuncs whose results do not depend on the layout of out: numpy's strided and contiguous loops
+# of fmin/fmax/sqrt/exp2/trunc/... treat signalling NaNs differently, so those never get out=.
+_OUT_UFUNCS = (np.add, np.subtract, np.multiply, np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.invert)
 
 
 def _low_bits(ins, i, get, m, ty):
@@ -486,7 +489,8 @@ def build_valu(ins, dty, stys, fn, first_src=1):
     # With EXEC full, an fn that takes out= writes straight into the destination column
     # (sources read, then the destination's race check, as put would do).
     col = (R.dst_col(ins, 0, dty) if post is None and ins.enc != "sdwa" and dty not in ("f16", "u16", "i16")
-           and (isinstance(fn, np.ufunc) or "out" in inspect.signature(fn).parameters) else None)
+           and (fn in _OUT_UFUNCS or not isinstance(fn, np.ufunc) and "out" in inspect.signature(fn).parameters)
+           else None)
     g0, g1, g2 = (gets + [None] * 3)[:3]
     if len(gets) == 1:
         if col:
