@@ -205,7 +205,7 @@ CATALOGUE = (
         "epilogue stores rows past M (into the next rows of out, or past its end)"),
     # ---- emulator semantics (kernel tests must pin them)
     Mutation("emu-v_add_f32-plus-1ulp", ALL, (
-        (VALU, '"v_add_f32": ("f32", "f32 f32", lambda a, b: a + b),',
+        (VALU, '"v_add_f32": ("f32", "f32 f32", np.add),',
          '"v_add_f32": ("f32", "f32 f32", lambda a, b: np.nextafter(a + b, f32(np.inf))),'),),
         "emulated v_add_f32 one ulp high"),
     Mutation("emu-v_pk_fma_f32-plus-1ulp", ALL, (

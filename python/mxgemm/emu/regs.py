@@ -5,6 +5,8 @@ SGPRs and constants are numpy scalars that broadcast against them. Every accesso
 in race mode, that no outstanding load still owns the register."""
 from __future__ import annotations
 
+from functools import lru_cache
+from operator import attrgetter
 
 import numpy as np
 
@@ -49,8 +51,21 @@ def read_checked(ins, i, get):
     return checked
 
 
+def _col_getter(ins, keys, view, c, t, what="reads"):
+    """Getter of register c of a register-file view (an index of V or V16: a register's lanes)
+    as dtype t (None: the view's own), with the race check folded in (keys: the operand's
+    registers, () without race checking; what: "reads" or "overwrites")."""
+    def get(w):
+        if keys and w.pend and not w.pend.keys().isdisjoint(keys):   # C-level test; details only on a hit
+            race.check_pending(w, keys, ins, what)
+        x = view(w)[c]
+        return x if t is None else x.view(t)
+    return get
+
+
 def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
-    """Getter w -> per-lane value of operand i as numpy type ty (array [w.n] or scalar)."""
+    """Getter w -> per-lane value of operand i as numpy type ty (array [w.n], numpy scalar (SGPR)
+    or 0-d array (constant: ufuncs take those faster than scalars))."""
     op = ins.ops[i]
     k = op.kind
     if k in ("v", "a"):
@@ -58,16 +73,14 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         if ty in _W64:
             t = _W64[ty]
 
-            def get(w):     # registers r (low half) and r + 1 interleaved into 64-bit lanes
+            def pair(w):     # registers r (low half) and r + 1 interleaved into 64-bit lanes
                 x = np.empty((w.n, 2), u32)
                 x[:, 0], x[:, 1] = w.V[r], w.V[r + 1]
                 return x.view(t)[:, 0]
-        elif ty in _W16:
-            t, h = _W16[ty], 1 if hi else 0
-            get = lambda w: w.V16[r, h::2].view(t)  # noqa: E731
+            get = read_checked(ins, i, pair)
         else:
-            t = _W32[ty]
-            get = (lambda w: w.V[r]) if t is u32 else (lambda w: w.V[r].view(t))
+            keys, view, c, _, t = _vcol(ins, i, ty, hi)
+            get = _col_getter(ins, keys, view, c, t)
     elif k == "s":
         r = op.index
         if ty in _W64:
@@ -82,12 +95,13 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
         get = lambda w: u32(w.scc)  # noqa: E731
     elif k in ("const", "fconst"):
         if ty in _W64:
-            c = u64(const_bits(op, ty if ty != "u64" else "b64")).view(_W64[ty])
+            c = np.array(const_bits(op, ty if ty != "u64" else "b64"), u64).view(_W64[ty])
         elif ty in _W16:
             bits = const_bits(op, ty)
-            c = u16((bits >> 16 if hi and op.kind == "const" and bits > 0xFFFF else bits) & 0xFFFF).view(_W16[ty])
+            bits = (bits >> 16 if hi and op.kind == "const" and bits > 0xFFFF else bits) & 0xFFFF
+            c = np.array(bits, u16).view(_W16[ty])
         else:
-            c = u32(const_bits(op, ty)).view(_W32[ty])
+            c = np.array(const_bits(op, ty), u32).view(_W32[ty])
         get = lambda w: c  # noqa: E731
     else:
         raise UnsupportedInstruction(f"operand {op.text!r} not readable as {ty}")
@@ -99,7 +113,7 @@ def src(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
             if ab:
                 x = np.abs(x)
             return -x if ng else x
-    return read_checked(ins, i, get)
+    return get if k in ("v", "a") else read_checked(ins, i, get)
 
 
 def _sgpr_getter(r, f, c, t):
@@ -139,21 +153,26 @@ def _as(val, t):
     return np.array(val).astype(t)
 
 
-def _row_setter(row, t):
-    """Setter of a register's lanes, row(w) (a row of V or V16), as dtype t, EXEC-masked."""
+def _col_setter(ins, keys, view, c, t):
+    """Setter of register c of a register-file view (an index of V or V16: a register's lanes),
+    EXEC-masked, with the overwrite race check folded in."""
     def put(w, val):
+        if keys and w.pend and not w.pend.keys().isdisjoint(keys):
+            race.check_pending(w, keys, ins, "overwrites")
         if val.__class__ is not np.ndarray or val.dtype != t:
             val = _as(val, t)
         if w.full:
-            row(w)[...] = val
+            view(w)[c] = val
         else:
-            np.copyto(row(w), val, where=w.mask)
+            np.copyto(view(w)[c], val, where=w.mask)
     return put
 
 
-def _pair_setter(r):
+def _pair_setter(ins, keys, r):
     """Setter of 64-bit lane values into registers r (low half) and r + 1, EXEC-masked."""
     def put(w, val):
+        if keys and w.pend and not w.pend.keys().isdisjoint(keys):
+            race.check_pending(w, keys, ins, "overwrites")
         x = np.broadcast_to(_as(val, u64), (w.n,))
         halves = (x & u64(0xFFFFFFFF)).astype(u32), (x >> u64(32)).astype(u32)
         if w.full:
@@ -164,27 +183,43 @@ def _pair_setter(r):
     return put
 
 
+def _vcol(ins: Instr, i: int, ty: str, hi: bool = False):
+    """32- or 16-bit VGPR/AGPR operand i accessed as ty: (race keys, register-file view, index
+    of the register's lanes in it, the view's dtype, ty's dtype or None if the same)."""
+    op = ins.ops[i]
+    r = vidx(ins, op)
+    keys = reg_keys(ins, i) if ins.prog.race else ()
+    if ty in _W16:     # V16 [nvgpr, 2n]: lane l's low half at 2l, high half at 2l + 1
+        view, c, t, own = "V16", (r, slice(1 if hi else 0, None, 2)), _W16[ty], u16
+    else:
+        view, c, t, own = "V", r, _W32[ty], u32
+    return keys, attrgetter(view), c, own, None if t is own else np.dtype(t)
+
+
 def dst(ins: Instr, i: int, ty: str = "b32", hi: bool = False):
     """Setter (w, value) writing operand i (EXEC-masked for VGPRs)."""
     op = ins.ops[i]
-    keys = reg_keys(ins, i) if ins.prog.race else ()
     if op.kind in ("v", "a"):
-        r = vidx(ins, op)
         if ty in _W64:
+            r = vidx(ins, op)
             if r % 2:
                 raise UnsupportedInstruction(f"odd 64-bit VGPR tuple {op.text}")
-            put = _pair_setter(r)
-        elif ty in _W16:
-            h = 1 if hi else 0
-            put = _row_setter(lambda w: w.V16[r, h::2], u16)
-        else:
-            put = _row_setter(lambda w: w.V[r], u32)
-    elif op.kind == "s":
-        put = sdst(ins, i, 64 if ty in _W64 else 32)
-        return put
-    else:
-        raise UnsupportedInstruction(f"operand {op.text!r} not writable")
-    return _checked(put, keys, ins)
+            return _pair_setter(ins, reg_keys(ins, i) if ins.prog.race else (), r)
+        keys, view, c, own, _ = _vcol(ins, i, ty, hi)
+        return _col_setter(ins, keys, view, c, own)
+    if op.kind == "s":
+        return sdst(ins, i, 64 if ty in _W64 else 32)
+    raise UnsupportedInstruction(f"operand {op.text!r} not writable")
+
+
+def dst_col(ins: Instr, i: int, ty: str = "b32"):
+    """w -> the lanes of 32-bit VGPR/AGPR destination i as numpy type ty, after its overwrite
+    race check: a view to write every lane into (a ufunc's out=; callers check w.full). None if
+    operand i is not a VGPR/AGPR or ty is not 32-bit."""
+    if ins.ops[i].kind not in ("v", "a") or ty not in _W32:
+        return None
+    keys, view, c, _, t = _vcol(ins, i, ty)
+    return _col_getter(ins, keys, view, c, t, "overwrites")
 
 
 def _checked(put, keys, ins):
@@ -293,13 +328,24 @@ def bits_of(b) -> int:
 
 
 def lanes_of(w, x: int):
-    """bool [w.n] of the per-wave lane mask x (the same in every wave of a lockstep unit)."""
-    m = mask_of(x, w.T.wave)
-    return m if w.k == 1 else np.tile(m, w.k)
+    """bool [w.n] of the per-wave lane mask x (the same in every wave of a lockstep unit);
+    read-only, shared by every caller with the same mask."""
+    return _lanes(x, w.T.wave, w.k)
+
+
+@lru_cache(maxsize=1024)
+def _lanes(x, wave, k):
+    m = mask_of(x, wave)
+    m = m if k == 1 else np.tile(m, k)
+    m.flags.writeable = False
+    return m
 
 
 def wave_bits(w, b):
     """Per-wave lane mask of bool [w.n]: an int, or a PerWave when the waves of a unit disagree."""
+    on = np.count_nonzero(b)
+    if on == 0 or on == w.n:   # the usual carry-out / compare results, without packing bits
+        return on and w.T.full
     x = bits_of(b)
     if w.k == 1:
         return x

@@ -1,10 +1,12 @@
 """Vector ALU: VOP1/2/3/3P/C with modifiers, DPP, SDWA, lane ops. Lanes are numpy arrays."""
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from . import regs as R
-from .isa import PerWave, UnsupportedInstruction, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from .isa import PerWave, UnsupportedInstruction, const_bits, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
 
 _LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)   # v_mbcnt_lo: lanes below l
 _HI_MASKS = np.array([((1 << (l - 32)) - 1) << 32 if l > 32 else 0 for l in range(64)], u64)
@@ -20,37 +22,46 @@ def _bits_u32(x, ty):
 
 # ---------------------------------------------------------------------------- exact fused FMA
 
-_HALF_MASK, _HALF = u64(0x1FFFFFFF), u64(0x10000000)   # low f64 bits of an f32 halfway point
-_U31, _U63 = u32(31), u32(63)   # shift-count masks, built once (a numpy scalar per call costs)
+# Constants as 0-d arrays, built once: a ufunc takes those faster than numpy scalars.
+_LOW28, _LOW29, _HALF = (np.array(m, u64) for m in (0x0FFFFFFF, 0x1FFFFFFF, 0x10000000))   # low f64 bits
+_F32_MIN_NORMAL = np.array(2.0 ** -126)    # below it the f32 grid is fixed, 2^-149
 
 
-def fma32(a, b, c):
-    """Correctly rounded f32 fma: a*b is exact in f64; the f64 sum p + c can only round wrongly
-    to f32 (double rounding) when it lands exactly on an f32 halfway point, so only then is
-    the TwoSum error used to break the tie (f32-subnormal results excepted)."""
+def fma32(a, b, c, out=None):
+    """Correctly rounded f32 fma. a*b is exact in f64; the f64 sum s = p + c rounds again when
+    converted to f32, which is wrong (double rounding) only when s lands exactly on an f32
+    halfway point while p + c does not. Every f32 halfway point (normal or subnormal) has its
+    low 28 f64 mantissa bits zero, so only sums with those go to _break_ties.
+    out: an f32 array to write the result into (every element) instead of returning it."""
     p = np.multiply(a, b, dtype=f64)
-    s = np.add(p, c, dtype=f64)
-    sb = s.view(u64) if s.__class__ is np.ndarray else np.asarray(s).view(u64)
-    mid = (sb & _HALF_MASK) == _HALF
-    if np.count_nonzero(mid):   # cheaper than .any()
-        c64 = np.asarray(c, f64)
-        bb = s - p
-        err = (p - (s - bb)) + (c64 - bb)
-        s = np.where(mid & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    s = np.add(p, c, out=p) if p.ndim else np.add(p, c, dtype=f64)   # p is not needed below
+    if np.count_nonzero(s.view(u64) & _LOW28) < s.size:
+        s = _break_ties(a, b, c, s)
+    if out is not None:
+        out[...] = s   # the same f64 -> f32 conversion as astype, into the destination
+        return out
     return s.astype(f32) if isinstance(s, np.ndarray) and s.ndim else f32(s)
 
 
+def _break_ties(a, b, c, s):
+    """s (p + c rounded to f64) moved one f64 step toward p + c where it is exactly an f32
+    halfway point and p + c is not, so that rounding it to f32 goes the way p + c would. The
+    halfway points: low 29 f64 bits 0x10000000 for |s| >= 2^-126, odd multiples of 2^-150 below."""
+    small = np.abs(s) < _F32_MIN_NORMAL
+    half = np.where(small, np.abs(np.fmod(np.where(small, s, 0) * 2.0 ** 150, 2)) == 1,
+                    (s.view(u64) & _LOW29) == _HALF)
+    if not np.count_nonzero(half):
+        return s
+    p = np.multiply(a, b, dtype=f64)
+    bb = s - p
+    err = (p - (s - bb)) + (np.asarray(c, f64) - bb)     # TwoSum: p + c - s exactly
+    return np.where(half & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+
+
 # ---------------------------------------------------------------------------- op tables
-# name: (dst type, src types, fn). fn takes typed numpy values.
-
-def _sh(t):
-    m = t(31)
-    return lambda a, b: b << (a & m)
-
-
-def _sel_nan(f):
-    return f
-
+# name: (dst type, src types, fn). fn takes typed numpy values; "t&m" types the source's low bits
+# (u32 & m: a shift count, a 24-bit factor) as type t. An fn that takes out= may write into the
+# destination.
 
 def _cvt_i(x, t, lo, hi):
     """Float -> int with truncation, saturation and NaN -> 0 (v_cvt_i32_f32 rules)."""
@@ -131,25 +142,21 @@ def _rcp(a):
     return (a.dtype.type(1) / a) if isinstance(a, np.ndarray) else np.reciprocal(a)
 
 
-def _u24(x):
-    return np.asarray(x, u32) & u32(0xFFFFFF)
-
-
 def _i24(x):
     return ((np.asarray(x, u32) << u32(8)).view(i32) >> 8).astype(i64)
 
 
 _OPS = {
     # float32
-    "v_add_f32": ("f32", "f32 f32", lambda a, b: a + b),
-    "v_sub_f32": ("f32", "f32 f32", lambda a, b: a - b),
-    "v_subrev_f32": ("f32", "f32 f32", lambda a, b: b - a),
-    "v_mul_f32": ("f32", "f32 f32", lambda a, b: a * b),
+    "v_add_f32": ("f32", "f32 f32", np.add),
+    "v_sub_f32": ("f32", "f32 f32", np.subtract),
+    "v_subrev_f32": ("f32", "f32 f32", lambda a, b, out=None: np.subtract(b, a, out=out)),
+    "v_mul_f32": ("f32", "f32 f32", np.multiply),
     "v_mul_legacy_f32": ("f32", "f32 f32", lambda a, b: np.where((a == 0) | (b == 0), f32(0), a * b)),
     "v_min_f32": ("f32", "f32 f32", np.fmin), "v_max_f32": ("f32", "f32 f32", np.fmax),
     "v_fma_f32": ("f32", "f32 f32 f32", fma32),
     "v_fmac_f32": ("f32", "f32 f32 f32", fma32),           # src2 = dst, added at decode
-    "v_fmamk_f32": ("f32", "f32 f32 f32", lambda a, k, b: fma32(a, k, b)),
+    "v_fmamk_f32": ("f32", "f32 f32 f32", fma32),
     "v_fmaak_f32": ("f32", "f32 f32 f32", fma32),
     "v_mac_f32": ("f32", "f32 f32 f32", lambda a, b, c: a * b + c),
     "v_mad_f32": ("f32", "f32 f32 f32", lambda a, b, c: a * b + c),
@@ -172,7 +179,7 @@ _OPS = {
     "v_div_fixup_f32": ("f32", "f32 f32 f32", lambda q, d, n: n / d),
     "v_div_fmas_f32": ("f32", "f32 f32 f32", fma32),
     # float64
-    "v_add_f64": ("f64", "f64 f64", lambda a, b: a + b), "v_mul_f64": ("f64", "f64 f64", lambda a, b: a * b),
+    "v_add_f64": ("f64", "f64 f64", np.add), "v_mul_f64": ("f64", "f64 f64", np.multiply),
     "v_fma_f64": ("f64", "f64 f64 f64", lambda a, b, c: np.float64(np.longdouble(a) * b + c)),
     "v_min_f64": ("f64", "f64 f64", np.fmin), "v_max_f64": ("f64", "f64 f64", np.fmax),
     "v_rcp_f64": ("f64", "f64", _rcp), "v_sqrt_f64": ("f64", "f64", np.sqrt),
@@ -224,29 +231,29 @@ _OPS = {
     "v_mov_b32": ("u32", "u32", lambda a: a), "v_accvgpr_read_b32": ("u32", "u32", lambda a: a),
     "v_accvgpr_write_b32": ("u32", "u32", lambda a: a), "v_accvgpr_mov_b32": ("u32", "u32", lambda a: a),
     "v_mov_b64": ("u64", "u64", lambda a: a),
-    "v_not_b32": ("u32", "u32", lambda a: ~a), "v_bfrev_b32": ("u32", "u32", lambda a: _bitrev(a)),
+    "v_not_b32": ("u32", "u32", np.invert), "v_bfrev_b32": ("u32", "u32", lambda a: _bitrev(a)),
     "v_ffbh_u32": ("u32", "u32", _ffbh),
     "v_ffbh_i32": ("u32", "i32", lambda a: _ffbh((a ^ (a >> 31)).view(u32) if isinstance(a, np.ndarray) else u32(a ^ (a >> 31)))), "v_ffbl_b32": ("u32", "u32", _ffbl),
-    "v_add_u32": ("u32", "u32 u32", lambda a, b: a + b), "v_sub_u32": ("u32", "u32 u32", lambda a, b: a - b),
-    "v_subrev_u32": ("u32", "u32 u32", lambda a, b: b - a),
-    "v_add_i32": ("i32", "i32 i32", lambda a, b: a + b), "v_sub_i32": ("i32", "i32 i32", lambda a, b: a - b),
-    "v_mul_lo_u32": ("u32", "u32 u32", lambda a, b: a * b),
+    "v_add_u32": ("u32", "u32 u32", np.add), "v_sub_u32": ("u32", "u32 u32", np.subtract),
+    "v_subrev_u32": ("u32", "u32 u32", lambda a, b, out=None: np.subtract(b, a, out=out)),
+    "v_add_i32": ("i32", "i32 i32", np.add), "v_sub_i32": ("i32", "i32 i32", np.subtract),
+    "v_mul_lo_u32": ("u32", "u32 u32", np.multiply),
     "v_mul_hi_u32": ("u32", "u32 u32", lambda a, b: ((np.asarray(a, u64) * b) >> u64(32)).astype(u32)),
     "v_mul_hi_i32": ("i32", "i32 i32", lambda a, b: ((np.asarray(a, i64) * b) >> 32).astype(i32)),
-    "v_mul_u32_u24": ("u32", "u32 u32", lambda a, b: _u24(a) * _u24(b)),
-    "v_mul_hi_u32_u24": ("u32", "u32 u32", lambda a, b: ((_u24(a).astype(u64) * _u24(b)) >> u64(32)).astype(u32)),
+    "v_mul_u32_u24": ("u32", "u32&0xFFFFFF u32&0xFFFFFF", np.multiply),
+    "v_mul_hi_u32_u24": ("u32", "u64&0xFFFFFF u64&0xFFFFFF", lambda a, b: ((a * b) >> u64(32)).astype(u32)),
     "v_mul_i32_i24": ("u32", "u32 u32", lambda a, b: (_i24(a) * _i24(b)).astype(u32)),
-    "v_mad_u32_u24": ("u32", "u32 u32 u32", lambda a, b, c: _u24(a) * _u24(b) + c),
+    "v_mad_u32_u24": ("u32", "u32&0xFFFFFF u32&0xFFFFFF u32", lambda a, b, c, out=None: np.add(a * b, c, out=out)),
     "v_mad_i32_i24": ("u32", "u32 u32 u32", lambda a, b, c: (_i24(a) * _i24(b) + c).astype(u32)),
-    "v_lshlrev_b32": ("u32", "u32 u32", lambda a, b: b << (a & _U31)),
-    "v_lshrrev_b32": ("u32", "u32 u32", lambda a, b: b >> (a & _U31)),
-    "v_ashrrev_i32": ("i32", "u32 i32", lambda a, b: b >> (a & _U31).astype(i32)),
-    "v_lshlrev_b64": ("u64", "u32 u64", lambda a, b: b << (a & _U63).astype(u64)),
-    "v_lshrrev_b64": ("u64", "u32 u64", lambda a, b: b >> (a & _U63).astype(u64)),
-    "v_ashrrev_i64": ("i64", "u32 i64", lambda a, b: b >> (a & _U63).astype(i64)),
-    "v_lshl_add_u64": ("u64", "u64 u32 u64", lambda a, s, c: (a << (s & u32(7)).astype(u64)) + c),
-    "v_and_b32": ("u32", "u32 u32", lambda a, b: a & b), "v_or_b32": ("u32", "u32 u32", lambda a, b: a | b),
-    "v_xor_b32": ("u32", "u32 u32", lambda a, b: a ^ b),
+    "v_lshlrev_b32": ("u32", "u32&31 u32", lambda a, b, out=None: np.left_shift(b, a, out=out)),
+    "v_lshrrev_b32": ("u32", "u32&31 u32", lambda a, b, out=None: np.right_shift(b, a, out=out)),
+    "v_ashrrev_i32": ("i32", "i32&31 i32", lambda a, b, out=None: np.right_shift(b, a, out=out)),
+    "v_lshlrev_b64": ("u64", "u64&63 u64", lambda a, b, out=None: np.left_shift(b, a, out=out)),
+    "v_lshrrev_b64": ("u64", "u64&63 u64", lambda a, b, out=None: np.right_shift(b, a, out=out)),
+    "v_ashrrev_i64": ("i64", "i64&63 i64", lambda a, b, out=None: np.right_shift(b, a, out=out)),
+    "v_lshl_add_u64": ("u64", "u64 u64&7 u64", lambda a, s, c, out=None: np.add(a << s, c, out=out)),
+    "v_and_b32": ("u32", "u32 u32", np.bitwise_and), "v_or_b32": ("u32", "u32 u32", np.bitwise_or),
+    "v_xor_b32": ("u32", "u32 u32", np.bitwise_xor),
     "v_min_i32": ("i32", "i32 i32", np.minimum), "v_max_i32": ("i32", "i32 i32", np.maximum),
     "v_min_u32": ("u32", "u32 u32", np.minimum), "v_max_u32": ("u32", "u32 u32", np.maximum),
     "v_min3_i32": ("i32", "i32 i32 i32", lambda a, b, c: np.minimum(np.minimum(a, b), c)),
@@ -256,17 +263,17 @@ _OPS = {
     "v_med3_i32": ("i32", "i32 i32 i32", _med3), "v_med3_u32": ("u32", "u32 u32 u32", _med3),
     "v_bfe_u32": ("u32", "u32 u32 u32", _bfe_u), "v_bfe_i32": ("i32", "u32 u32 u32", _bfe_i),
     "v_bfi_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a & b) | (~a & c)),
-    "v_bfm_b32": ("u32", "u32 u32", lambda a, b: ((u32(1) << (a & _U31)) - u32(1)) << (b & _U31)),
+    "v_bfm_b32": ("u32", "u32&31 u32&31", lambda a, b: ((u32(1) << a) - u32(1)) << b),
     "v_alignbit_b32": ("u32", "u32 u32 u32", _alignbit),
     "v_alignbyte_b32": ("u32", "u32 u32 u32", lambda a, b, c: _alignbit(a, b, (np.asarray(c, u32) & u32(3)) * u32(8))),
     "v_perm_b32": ("u32", "u32 u32 u32", _perm),
-    "v_lshl_add_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & _U31)) + c),
-    "v_add_lshl_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a + b) << (c & _U31)),
-    "v_lshl_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a << (b & _U31)) | c),
-    "v_and_or_b32": ("u32", "u32 u32 u32", lambda a, b, c: (a & b) | c),
-    "v_or3_b32": ("u32", "u32 u32 u32", lambda a, b, c: a | b | c),
-    "v_xad_u32": ("u32", "u32 u32 u32", lambda a, b, c: (a ^ b) + c),
-    "v_add3_u32": ("u32", "u32 u32 u32", lambda a, b, c: a + b + c),
+    "v_lshl_add_u32": ("u32", "u32 u32&31 u32", lambda a, b, c, out=None: np.add(a << b, c, out=out)),
+    "v_add_lshl_u32": ("u32", "u32 u32 u32&31", lambda a, b, c, out=None: np.left_shift(a + b, c, out=out)),
+    "v_lshl_or_b32": ("u32", "u32 u32&31 u32", lambda a, b, c, out=None: np.bitwise_or(a << b, c, out=out)),
+    "v_and_or_b32": ("u32", "u32 u32 u32", lambda a, b, c, out=None: np.bitwise_or(a & b, c, out=out)),
+    "v_or3_b32": ("u32", "u32 u32 u32", lambda a, b, c, out=None: np.bitwise_or(a | b, c, out=out)),
+    "v_xad_u32": ("u32", "u32 u32 u32", lambda a, b, c, out=None: np.add(a ^ b, c, out=out)),
+    "v_add3_u32": ("u32", "u32 u32 u32", lambda a, b, c, out=None: np.add(a + b, c, out=out)),
     "v_bcnt_u32_b32": ("u32", "u32 u32", lambda a, b: np.bitwise_count(a).astype(u32) + b),
     # 16-bit integer
     "v_add_u16": ("u16", "u16 u16", lambda a, b: a + b), "v_sub_u16": ("u16", "u16 u16", lambda a, b: a - b),
@@ -391,6 +398,27 @@ def _sdwa_src(ins, i, ty, sel):
 
 # ---------------------------------------------------------------------------- generic builder
 
+_INT = {"u32": u32, "i32": i32, "u64": u64, "i64": i64}
+# ufuncs whose results do not depend on the layout of out: numpy's strided and contiguous loops
+# of fmin/fmax/sqrt/exp2/trunc/... treat signalling NaNs differently, so those never get out=.
+_OUT_UFUNCS = (np.add, np.subtract, np.multiply, np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.invert)
+
+
+def _low_bits(ins, i, get, m, ty):
+    """Getter of the low bits (& m) of u32 source i (getter get) as type ty; a constant's is
+    folded once. Values come in the flavour of their partners: array & 0-d array and numpy
+    scalar & numpy scalar are numpy's fast pairs (a scalar with a 0-d array is slow)."""
+    t, op = _INT[ty], ins.ops[i]
+    if op.kind in ("const", "fconst"):
+        sgpr_partner = any(o.kind in ("s", "scc") for o in ins.ops[1:] if o is not op)
+        c = t(const_bits(op, "u32") & m) if sgpr_partner else np.array(const_bits(op, "u32") & m, t)
+        return lambda w: c
+    mask = np.array(m, u32) if op.kind in ("v", "a") else u32(m)
+    if t is u32:
+        return lambda w: get(w) & mask
+    return lambda w: (get(w) & mask).astype(t)
+
+
 def _omod_clamp(ins, dty):
     mods = ins.mods
     scale = 2.0 if mods.get("mul") == 2 else 4.0 if mods.get("mul") == 4 else 0.5 if mods.get("div") == 2 else None
@@ -417,10 +445,13 @@ def build_valu(ins, dty, stys, fn, first_src=1):
     gets = []
     for k, ty in enumerate(stys):
         i = first_src + k
+        ty, _, m = ty.partition("&")
+        rty = "u32" if m else ty
         if ins.enc == "sdwa" and ins.ops[i].kind in ("v", "a", "s"):
-            gets.append(_sdwa_src(ins, i, ty, mods.get(f"src{k}_sel", "DWORD")))
+            g = _sdwa_src(ins, i, rty, mods.get(f"src{k}_sel", "DWORD"))
         else:
-            gets.append(R.src(ins, i, ty, hi=bool(op_sel[k]) if k < len(op_sel) else False))
+            g = R.src(ins, i, rty, hi=bool(op_sel[k]) if k < len(op_sel) else False)
+        gets.append(_low_bits(ins, i, g, int(m, 0), ty) if m else g)
     dpp = None
     if ins.enc == "dpp":
         dpp = _dpp_wrap(ins, gets[0], first_src)
@@ -448,21 +479,30 @@ def build_valu(ins, dty, stys, fn, first_src=1):
             w.mask, full = saved & writable, w.full
             w.full = False
             try:
-                base_put(w, np.broadcast_to(r, (w.n,)))
+                base_put(w, _lanewise(w, r))
             finally:
                 w.mask, w.full = saved, full
         return run
     if post is not None:
         inner = fn
         fn = lambda *a: post(inner(*a))  # noqa: E731
+    # With EXEC full, an fn that takes out= writes straight into the destination column
+    # (sources read, then the destination's race check, as put would do).
+    col = (R.dst_col(ins, 0, dty) if post is None and ins.enc != "sdwa" and dty not in ("f16", "u16", "i16")
+           and (fn in _OUT_UFUNCS or not isinstance(fn, np.ufunc) and "out" in inspect.signature(fn).parameters)
+           else None)
+    g0, g1, g2 = (gets + [None] * 3)[:3]
     if len(gets) == 1:
-        g0, = gets
+        if col:
+            return lambda w: fn(g0(w), out=col(w)) if w.full else put(w, fn(g0(w)))
         return lambda w: put(w, fn(g0(w)))
     if len(gets) == 2:
-        g0, g1 = gets
+        if col:
+            return lambda w: fn(g0(w), g1(w), out=col(w)) if w.full else put(w, fn(g0(w), g1(w)))
         return lambda w: put(w, fn(g0(w), g1(w)))
     if len(gets) == 3:
-        g0, g1, g2 = gets
+        if col:
+            return lambda w: fn(g0(w), g1(w), g2(w), out=col(w)) if w.full else put(w, fn(g0(w), g1(w), g2(w)))
         return lambda w: put(w, fn(g0(w), g1(w), g2(w)))
     return lambda w: put(w, fn(*[g(w) for g in gets]))
 
@@ -532,6 +572,14 @@ def _swap(ins):
 
 # ---------------------------------------------------------------------------- carries, cndmask, cmp
 
+_U32SH = np.array(32, u64)
+
+
+def _lanewise(w, x):
+    """x (array [w.n] or scalar) as an array [w.n] (np.broadcast_to takes microseconds)."""
+    return x if getattr(x, "ndim", 0) else np.full(w.n, x)
+
+
 def _lanebits(ins, i):
     """Getter of a lane-mask operand (SGPR pair / vcc / constant) as bool [w.n]."""
     g = R.src(ins, i, "u64")
@@ -563,9 +611,11 @@ def _carry(ins):
 
     def run(w):
         x, y = np.asarray(a(w), u64), np.asarray(b(w), u64)
-        c = cin(w).astype(u64) if cin else u64(0)
-        r = x + y + c if add else x - y - c
-        cout(w, np.broadcast_to((r >> u64(32)) != 0, (w.n,)))   # first: it may raise Split
+        r = x + y if add else x - y
+        if cin:
+            c = cin(w).astype(u64)
+            r = r + c if add else r - c
+        cout(w, _lanewise(w, (r >> _U32SH) != 0))   # first: it may raise Split
         put(w, r.astype(u32))
     return run
 
@@ -585,7 +635,7 @@ def _mad64(ins):
         else:
             x = np.asarray(a(w), u64) * np.asarray(b(w), u64)
             r = x + c(w)
-            cout(w, np.broadcast_to(r < x, (w.n,)))   # first: it may raise Split
+            cout(w, _lanewise(w, r < x))   # first: it may raise Split
             put(w, r)
     return run
 
@@ -655,7 +705,7 @@ def _build_cmp(ins, f, ty, cmpx):
     put = R.sdst(ins, 0, ins.prog.target.wave)
 
     def run(w):
-        r = np.broadcast_to(f(a(w), b(w)), (w.n,)) & w.mask
+        r = _lanewise(w, f(a(w), b(w))) & w.mask
         bits = R.wave_bits(w, r)
         if cmpx:
             w.set_exec(bits)
