@@ -1,21 +1,21 @@
 """Waves, workgroups and their scheduling.
 
 The reference order is: each wave runs until it reaches s_barrier (or s_endpgm), wave after
-wave in id order; then the barrier epoch advances. To go faster, consecutive waves whose state
-other than VGPRs is identical (pc, SCC, EXEC, outstanding loads; SGPRs may differ) run in
-lockstep as one ``Wave`` of k waves (n = k * wave size lanes, wave-major). Several workgroups
-run as one batch (``Workgroups``: one LDS region each, batch-wide wave ids), so a unit may span
-workgroups; an SGPR whose value differs between its waves (the workgroup id, and what scalar
-code derives from it) is held as ``PerWave``. This gives the same results as the reference
-order because, within an epoch, waves only interact through LDS (race-checked: a correct
-kernel has no conflicting accesses; workgroups never share it) and memory (ordered only by
-atomics). Every wave passes one barrier per release, so each workgroup's epochs count its own
-barriers. A scalar-only instruction (``ins.scalar``) that meets a PerWave value runs once per
-wave (``scalar_per_wave``). A unit splits, into one unit per workgroup and then into single
-waves, before an instruction it cannot run in lockstep (``Split``): one whose per-wave results
-it cannot hold (a lane mask in VCC that differs, a branch on SCC that differs), an instruction
-marked per-wave (atomics, whose order is observable, and cross-lane ops), or any error (re-run
-per wave for an exact report). Waves re-merge at the next barrier. A cluster launch (gfx1250)
+wave in id order; then the barrier epoch advances. To go faster, consecutive waves at the same
+instruction with the same outstanding loads run in lockstep as one ``Wave`` of k waves (n = k *
+wave size lanes, wave-major). Several workgroups run as one batch (``Workgroups``: one LDS
+region each, batch-wide wave ids), so a unit may span workgroups; an SGPR, SCC or EXEC whose
+value differs between its waves (the workgroup id, and what scalar code derives from it) is held
+as ``PerWave``. This gives the same results as the reference order because, within an epoch,
+waves only interact through LDS (race-checked: a correct kernel has no conflicting accesses;
+workgroups never share it) and memory (ordered only by atomics; a kernel with global atomics
+runs its workgroups one at a time, launch.py). Every wave passes one barrier per release, so
+each workgroup's epochs count its own barriers. A scalar-only instruction (``ins.scalar``) that
+meets a PerWave value runs once per wave (``scalar_per_wave``). A unit splits, into one unit
+per workgroup and then into single waves, before an instruction it cannot run in lockstep
+(``Split``): a branch that differs between its waves, an instruction marked per-wave (atomics,
+whose order is observable, and cross-lane ops), one that meets a PerWave value it cannot use,
+or any error (re-run per wave for an exact report). Waves re-merge at the next barrier. A cluster launch (gfx1250)
 runs its workgroups in turn, each up to its next cluster barrier, which every workgroup then
 passes together (``run_cluster``)."""
 from __future__ import annotations
