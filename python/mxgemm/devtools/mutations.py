@@ -20,6 +20,7 @@ GROUPED_FP8 = "flydsl_kernels/grouped_gemm_fp8.py"
 MX_GEMM = "flydsl_kernels/mx_gemm.py"
 VALU = "python/mxgemm/emu/valu.py"
 ATOMICS = "python/mxgemm/emu/float_atomics.py"
+EMU_LAUNCH = "python/mxgemm/emu/launch.py"
 
 GEMV, MFMA, MOE = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma", "smallm_mxfp8_moe_grouped_gemm"
 A4W4 = ("moe_gemm2_a4w4", "moe_gemm2_a4w4_flydsl")
@@ -217,4 +218,8 @@ CATALOGUE = (
          "return _pk_add(old, val, bf16_value, lambda x: np.asarray(x, np.float64).astype(np.float32)"
          ".view(np.uint32) >> np.uint32(16))"),),
         "emulated bf16 atomic add truncates"),
+    Mutation("emu-batch-atomic-kernels", ALL, (
+        (EMU_LAUNCH, "ordered = cdims or not self.lockstep or any(i.base.startswith(GLOBAL_ATOMICS) for i in instrs)",
+         "ordered = cdims or not self.lockstep"),),
+        "a kernel with global atomics runs its workgroups in batches: atomics land in order of progress"),
 )
