@@ -236,7 +236,7 @@ def _checked(put, keys, ins):
 
 def sdst(ins: Instr, i: int, bits: int = 32):
     """Setter (w, python int or PerWave) for a scalar destination (exec writes refresh the
-    lane mask; EXEC is one value per lockstep unit, so a PerWave write to it splits the unit)."""
+    lane mask; a PerWave written to EXEC here splits the unit, scalar_per_wave writes it)."""
     op = ins.ops[i]
     r = op.index
     if r == ins.prog.target.null:
