@@ -118,10 +118,6 @@ class Wave:
             wg.priv = np.zeros((wg.V.shape[1], nbytes), np.uint8)
         return wg.priv[self.wid * wl:self.wid * wl + self.n]
 
-    def lane_wids(self):
-        """Wave id of each lane [n] (lockstep units only)."""
-        return np.repeat(np.arange(self.wid, self.wid + self.k), self.T.wave)
-
     def lane_name(self, j):
         """'lane j' of this wave, or 'wave w, lane j' inside a lockstep unit."""
         wl = self.T.wave
