@@ -68,6 +68,11 @@ class PerWave:
     __hash__ = None
 
     @staticmethod
+    def at(x, i):
+        """Scalar value x (an int or PerWave) as wave i of the unit sees it."""
+        return x.v[i] if x.__class__ is PerWave else x
+
+    @staticmethod
     def same(x, y):
         """Whether scalar values x and y (ints or PerWave) are the same, without raising."""
         return x.__class__ is y.__class__ and x == y

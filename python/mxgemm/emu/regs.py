@@ -125,7 +125,7 @@ def _sgpr_getter(r, f, c, t):
 
     def per_lane(w):
         S = w.S
-        vals = [f(lambda j: x.v[i] if (x := S[j]).__class__ is PerWave else x) for i in range(w.k)]
+        vals = [f(lambda j: PerWave.at(S[j], i)) for i in range(w.k)]
         return np.repeat(np.array(vals, c), w.T.wave).view(t)
 
     def get(w):

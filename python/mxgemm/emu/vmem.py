@@ -216,7 +216,7 @@ def _resource(w, vsharp, regs):
     try:
         return vsharp(regs)
     except Split:
-        per = [vsharp([x.v[i] if x.__class__ is PerWave else x for x in regs]) for i in range(w.k)]
+        per = [vsharp([PerWave.at(x, i) for x in regs]) for i in range(w.k)]
         if any(p[3:] != per[0][3:] for p in per):
             raise
         lanes = [np.repeat(np.array([p[j] for p in per], u64), w.T.wave) for j in range(3)]

@@ -342,8 +342,7 @@ def scalar_views(w):
         v.S = list(w.S)
         for j in pw:
             v.S[j] = w.S[j].v[i]
-        v.scc = w.scc.v[i] if w.scc.__class__ is PerWave else w.scc
-        v.exec = w.exec.v[i] if w.exec.__class__ is PerWave else w.exec
+        v.scc, v.exec = PerWave.at(w.scc, i), PerWave.at(w.exec, i)
         v.pend, v.race, v.T, v.k = w.pend, w.race, w.T, 1
     return views
 
