@@ -83,29 +83,7 @@ def test_forced_hip_backend_rejects_cpu_tensors():
     assert "[backend] MXGEMM_BACKEND=hip needs tensors on a ROCm GPU; they are on cpu" in p.stdout, p.stderr[-2000:]
 
 
-def test_hip_launcher_needs_rocm():
-    if launcher.hip_available():
-        pytest.skip("ROCm torch: the launcher builds here")
-    with pytest.raises(RuntimeError, match="ROCm build of torch"):
-        launcher.host_ext()
-
-
 def test_emulator_settings_validate_names():
     with pytest.raises(TypeError, match="unknown emulator settings"):
         with launcher.emulator_settings(racecheck=False):
             pass
-
-
-def test_hip_launcher_source_compiles():
-    """The HIP launcher cannot run here, but its code must stay compilable (the HIP runtime is
-    dlopen'ed, so no HIP headers are needed)."""
-    import sysconfig
-
-    from torch.utils.cpp_extension import include_paths
-
-    from mxgemm.registry import source_root
-    src = source_root() / "csrc" / "host" / "mxgemm_host.cpp"
-    inc = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
-    p = subprocess.run(["g++", "-fsyntax-only", "-std=c++17", "-w", "-DTORCH_EXTENSION_NAME=mxgemm_host_hip",
-                        *inc, str(src)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]

@@ -47,7 +47,7 @@ def cmd_build(args) -> int:
     archs = tuple(a for a in args.arch.split(",") if a) if args.arch else None
     kernels = args.kernel.split(",") if args.kernel else None
     t0 = time.perf_counter()
-    if args.warm and launcher.hip_available():
+    if args.warm:
         print("building the HIP launcher ...", file=sys.stderr, flush=True)
         launcher.host_ext()
     try:
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     b.set_defaults(fn=cmd_build)
     sub.add_parser("demo", help="build, then run sample ops on the default backend").set_defaults(fn=cmd_demo)
     be = sub.add_parser("bench", help="benchmarks that print numbers")
-    be.add_argument("what", choices=["dispatch", "emu"], help="what to measure")
+    be.add_argument("what", choices=["dispatch", "host", "emu"], help="what to measure")
     be.set_defaults(fn=cmd_bench)
     sub.add_parser("perf", help="performance model: roofline + hot-loop analysis (perf --help)",
                    add_help=False).set_defaults(fn=cmd_perf)

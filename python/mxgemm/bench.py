@@ -1,7 +1,8 @@
-"""`python -m mxgemm bench {dispatch,emu}`: benchmarks that print numbers."""
+"""`python -m mxgemm bench {dispatch,host,emu}`: benchmarks that print numbers."""
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 
 import torch
@@ -62,12 +63,81 @@ def dispatch_calls() -> dict:
     return out
 
 
+def _median_us(fn, n: int, batches: int = 9) -> float:
+    """Median over ``batches`` of the CPU microseconds per call of n calls (process time, so
+    other processes sharing the cores do not count)."""
+    fn()
+    times = []
+    for _ in range(batches):
+        t0 = time.process_time()
+        for _ in range(n):
+            fn()
+        times.append((time.process_time() - t0) / n * 1e6)
+    return statistics.median(times)
+
+
+def host_calls() -> dict:
+    """op name -> a whole public call (Python entry to launch return) with ``out`` given, on the
+    decode-sized inputs of ``dispatch_calls``."""
+    from .ops._op import OPS
+    calls = {}
+    for name, (plan, _) in dispatch_calls().items():
+        op = OPS[name]
+        flat = list(plan.args[0])
+        if flat[op.out_index] is None:
+            p = op.plan(flat)
+            flat[op.out_index] = torch.empty(p.out_shape, dtype=p.out_dtype)
+        pos, kw = flat[:op.n_positional], dict(zip(op.names[op.n_positional:], flat[op.n_positional:]))
+        calls[name] = functools.partial(op, *pos, **kw)
+    return calls
+
+
+def host_floors() -> dict:
+    """What no op can beat: a trivial torch custom op (schema + a Python kernel that returns at
+    once), and hipModuleLaunchKernel itself called through ctypes on the no-op mock runtime."""
+    import ctypes
+
+    from . import build, mock_hip
+    lib = torch.library.Library("mxgemm_bench", "FRAGMENT")
+    lib.define("noop(Tensor a, Tensor(a!) out) -> ()")
+    lib.impl("noop", lambda a, out: None, "CompositeExplicitAutograd")
+    noop, t = torch.ops.mxgemm_bench.noop.default, torch.empty(1)
+    hip = ctypes.CDLL(str(mock_hip.noop_library()))
+    fn, module = ctypes.c_void_p(), ctypes.c_void_p()
+    art = build.artifact("mxfp8_dequant", {}, "gfx950")
+    assert hip.hipModuleLoadData(ctypes.byref(module), art.hsaco_path.read_bytes()) == 0
+    assert hip.hipModuleGetFunction(ctypes.byref(fn), module, art.symbol.encode()) == 0
+    args = (ctypes.c_char * 64)()
+    size = ctypes.c_size_t(64)
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(args), 2, ctypes.addressof(size), 3)
+    launch = functools.partial(hip.hipModuleLaunchKernel, fn, 1, 1, 1, 64, 1, 1, 0, None, None, extra)
+    return {"trivial torch custom op (floor)": lambda lib=lib: noop(t, t),   # the op lives while lib does
+            "hipModuleLaunchKernel via ctypes": launch}
+
+
+def host(n: int = 2000) -> dict:
+    """op -> median host microseconds per whole call on the no-op mock runtime, floors included."""
+    from .launcher import use_hip_library
+    out = {name: _median_us(fn, n) for name, fn in host_floors().items()}
+    with use_hip_library("mock-noop"):
+        out.update({name: _median_us(fn, n) for name, fn in host_calls().items()})
+    return out
+
+
 def main(what: str) -> int:
     if what == "dispatch":
         n = 20000
         for name, (fn, n_tensors) in dispatch_calls().items():
             print(f"{name} dispatch (cached path: recent-plan guard, {n_tensors} tensors): "
                   f"{_us_per_call(fn, n):.2f} us CPU/call over {n} calls (goal <= 2 us)")
+        return 0
+    if what == "host":
+        times = host()
+        floor = times["trivial torch custom op (floor)"]
+        print("host time of a whole call (Python entry to launch return; no-op mock HIP runtime, "
+              "out given), median CPU us:")
+        for name, us in times.items():
+            print(f"  {name:36s} {us:6.2f} us  {us / floor:4.2f}x floor")
         return 0
     if what == "emu":
         from .emu.__main__ import main as emu_main

@@ -58,10 +58,16 @@ def pack(slots, size: int, args, grid, block, dynamic_lds: int = 0, pointer=None
             buf[off:off + n] = (a & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
         else:
             raise TypeError(f"argument {i} ({kind} slot) cannot take {type(a).__name__}")
-    for off, n, kind in slots:
-        if kind.startswith("hidden_") and off + n <= size:
-            buf[off:off + n] = _hidden(kind, grid, block, dynamic_lds, runtime or {}).to_bytes(n, "little")
+    write_hidden(buf, slots, grid, block, dynamic_lds, runtime or {})
     return bytes(buf)
+
+
+def write_hidden(buf: bytearray, slots, grid, block, dynamic_lds: int, runtime: dict) -> None:
+    """Write the hidden arguments of a launch into kernarg segment ``buf`` (what a HIP runtime
+    does to the segment it is given); slots past the segment's end are left out."""
+    for off, n, kind in slots:
+        if kind.startswith("hidden_") and off + n <= len(buf):
+            buf[off:off + n] = _hidden(kind, grid, block, dynamic_lds, runtime).to_bytes(n, "little")
 
 
 def tensor_address(a, i: int) -> int:

@@ -2,7 +2,8 @@
 
 Backend per call, decided once by ``backend_for`` (and carried by the op's plan): CPU tensors
 -> "emu" (mxgemm.emu executes the gfx950 assembly), tensors on a ROCm GPU -> "hip"
-(hipModuleLaunchKernel through the C++ host extension). ``MXGEMM_BACKEND=emu`` forces the
+(hipModuleLaunchKernel through the C++ host extension; with ``MXGEMM_HIP_LIB=mock`` CPU
+tensors take this path too, through mxgemm.mock_hip). ``MXGEMM_BACKEND=emu`` forces the
 emulator for GPU tensors too (they are copied to the CPU and the outputs back): that is how a
 GPU user cross-checks a kernel. Both backends get the same kernarg bytes, packed by
 mxgemm.kernarg from the kernel's own metadata.
@@ -68,6 +69,10 @@ def backend_for(device: torch.device, archs: tuple) -> tuple[str, str]:
     """(backend, arch) that runs a kernel built for ``archs`` on tensors on ``device``, or
     GuardError [arch] / [backend] naming the device and what it is."""
     forced = forced_backend()
+    if device.type == "cpu" and forced != "emu" and hip_library() in MOCKS:
+        if EMU_ARCH not in archs:
+            guards.fail("arch", f"the mock HIP runtime runs {EMU_ARCH} code; this kernel is built for {archs}")
+        return "hip", EMU_ARCH
     if device.type == "cpu" or (device.type == "cuda" and forced == "emu"):
         if forced == "hip":
             guards.fail("backend", f"MXGEMM_BACKEND=hip needs tensors on a ROCm GPU; they are on {device}")
@@ -114,12 +119,57 @@ def launch(art, grid, block, args, backend: str, writes=(), dynamic_lds: int = 0
     slots, size = layout(art)
     if backend == "emu":
         _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds)
+        return
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    kernel = hip_kernel(art, grid, block, dynamic_lds, kernarg.pack(slots, size, args, grid, block, dynamic_lds))
+    device = tensors[0].device if tensors else torch.device("cpu")
+    stream = 0 if device.type == "cpu" else _raw_stream(device.index or 0)
+    if _mock_active():
+        from . import mock_hip
+        mock_hip.run(kernel, (stream,), tensors)
     else:
-        kernarg_bytes = kernarg.pack(slots, size, args, grid, block, dynamic_lds)
-        dev = next(a.device for a in args if isinstance(a, torch.Tensor))
-        # torch's current stream on the tensors' GPU, so launches order with torch's work
-        host_ext().launch(_code_object(str(art.hsaco_path)), art.symbol, list(grid), list(block), kernarg_bytes,
-                          dynamic_lds, torch.cuda.current_stream(dev).cuda_stream)
+        kernel(stream)
+
+
+def bind(art, grid, block, sources, backend: str, out_index: int, device, dynamic_lds: int = 0):
+    """``run(flat)``: the launch of ``art`` for one plan, on tensors on ``device``. ``sources``
+    gives each kernel argument in order: ("call", i), the tensor flat[i] of the call, or
+    ("const", value), the same in every call of the plan. On the hip backend the kernarg segment
+    is packed once with the constants in place; a call writes only the tensors' addresses and
+    launches, as straight-line code made here."""
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    if backend == "emu":
+        def run(flat):
+            launch(art, grid, block, [flat[v] if how == "call" else v for how, v in sources], "emu",
+                   writes=(flat[out_index],), dynamic_lds=dynamic_lds)
+        return run
+    slots, size = layout(art)
+    explicit = [s for s in slots if not s[2].startswith("hidden_")]
+    if len(explicit) != len(sources) or any(how == "call" and kind != "global_buffer"
+                                            for (_, _, kind), (how, _) in zip(explicit, sources)):
+        raise TypeError(f"{art.kernel}: arguments {sources} do not match its kernel arguments {explicit}")
+    template = kernarg.pack(slots, size, [None if how == "call" else v for how, v in sources], grid, block,
+                            dynamic_lds)
+    calls = [(off, v) for (off, _, _), (how, v) in zip(explicit, sources) if how == "call"]
+    scope = {"k": hip_kernel(art, grid, block, dynamic_lds, template, [off for off, _ in calls]),
+             "raw_stream": _raw_stream, "Tensor": torch.Tensor}
+    # torch's current stream on the tensors' GPU, so launches order with torch's work; the null
+    # stream for host memory (the mock runtime)
+    stream = "0" if device.type == "cpu" else f"raw_stream({device.index or 0})"
+    args = ", ".join([stream] + [f"flat[{i}].data_ptr()" for _, i in calls])
+    if _mock_active():
+        from . import mock_hip
+        scope["mock"] = mock_hip.run
+        body = f"mock(k, ({args},), [t for t in flat if isinstance(t, Tensor)])"
+    else:
+        body = f"k({args})"
+    exec(f"def run(flat):\n    {body}\n", scope)
+    return scope["run"]
+
+
+def _raw_stream(index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def launch_variant(kernel: str, variant: dict, arch: str, backend: str, writes=(), **values) -> None:
@@ -135,50 +185,119 @@ _PROGRAMS: dict = {}
 
 
 def _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds):
-    from .emu import Emulator
     from .emu.launch import TARGETS
     if art.arch not in TARGETS:
         raise ValueError(f"the emulator runs {'/'.join(TARGETS)} code; {art.kernel} was built for {art.arch}")
     # GPU tensors (MXGEMM_BACKEND=emu on a ROCm machine) run on CPU copies
     host = [a.cpu() if isinstance(a, torch.Tensor) and a.device.type != "cpu" else a for a in args]
-    settings = _emu_settings()
-    emu = Emulator(arch=art.arch, race_check=settings["race_check"], wg_order=settings["wg_order"],
-                   seed=settings["seed"])
-    key = (art.asm_path, settings["race_check"])
-    prog = emu.load(settings["asm_edit"](art.asm)) if settings["asm_edit"] else _PROGRAMS.get(key)
-    if prog is None:
-        prog = _PROGRAMS[key] = emu.load(art.asm)
+    emu = emulator(art.arch)
     kernarg_bytes = kernarg.pack(slots, size, host, grid, block, dynamic_lds, runtime=emu.hidden_runtime)
-    emu.launch_kernarg(prog, art.symbol, grid, block, kernarg_bytes,
-                       [a for a in host if isinstance(a, torch.Tensor)], dynamic_lds, settings["workgroups"])
-    _EMU_SETTINGS.last_stats = emu.last_stats
+    emulate(emu, art.asm_path, lambda: art.asm, art.symbol, grid, block, kernarg_bytes,
+            [a for a in host if isinstance(a, torch.Tensor)], dynamic_lds)
     for a, h in zip(args, host):
         if h is not a and any(a is w for w in writes):
             a.copy_(h)
 
 
-def hip_available() -> bool:
-    """Whether this torch is a ROCm build (the only place the HIP launcher can be built)."""
-    return bool(getattr(torch.version, "hip", None))
+def emulator(arch: str):
+    """An Emulator for ``arch`` with this thread's emulator settings."""
+    from .emu import Emulator
+    settings = _emu_settings()
+    return Emulator(arch=arch, race_check=settings["race_check"], wg_order=settings["wg_order"],
+                    seed=settings["seed"])
+
+
+def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds) -> None:
+    """Run kernel ``symbol`` of the program ``asm()`` (loaded once per ``key`` and race mode,
+    unless the settings edit the assembly) on ``emu`` with a packed kernarg segment."""
+    settings = _emu_settings()
+    if settings["asm_edit"]:
+        prog = emu.load(settings["asm_edit"](asm()))
+    else:
+        prog = _PROGRAMS.get((key, emu.race))
+        if prog is None:
+            prog = _PROGRAMS[(key, emu.race)] = emu.load(asm())
+    emu.launch_kernarg(prog, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds, settings["workgroups"])
+    _EMU_SETTINGS.last_stats = emu.last_stats
+
+
+# ---------------------------------------------------------------------------------------------
+# The HIP runtime
+# ---------------------------------------------------------------------------------------------
+MOCKS = ("mock", "mock-noop")   # mxgemm.mock_hip: launches on the emulator, or none
+_HIP_LIBRARY: list = []   # a library set by use_hip_library, over MXGEMM_HIP_LIB
+
+
+def hip_library() -> str:
+    """The HIP runtime the hip backend loads: ``MXGEMM_HIP_LIB`` (a path; "mock": the mock
+    runtime of mxgemm.mock_hip, which runs launches of CPU tensors on the emulator; "mock-noop":
+    the same, launching nothing), else libamdhip64.so."""
+    return (_HIP_LIBRARY[-1] if _HIP_LIBRARY else None) or os.environ.get("MXGEMM_HIP_LIB") or "libamdhip64.so"
+
+
+def _mock_active() -> bool:
+    return hip_library() == "mock"
+
+
+@contextlib.contextmanager
+def use_hip_library(name: str):
+    """Launch on the hip backend through ``name`` (a library path, or "mock") in this block;
+    plans made before or inside it are forgotten at both ends."""
+    from .ops._op import OPS
+    _HIP_LIBRARY.append(name)
+    for o in OPS.values():
+        o.clear_plans()
+    try:
+        yield
+    finally:
+        _HIP_LIBRARY.pop()
+        for o in OPS.values():
+            o.clear_plans()
+
+
+@functools.lru_cache(maxsize=None)
+def hip_runtime(name: str):
+    """The loaded HIP runtime ``name`` (mxgemm_host.Runtime)."""
+    if name in MOCKS:
+        from . import mock_hip
+        return host_ext().Runtime(str(mock_hip.library() if name == "mock" else mock_hip.noop_library()))
+    return host_ext().Runtime(name)
+
+
+_FUNCTIONS: dict = {}
+
+
+def hip_kernel(art, grid, block, dynamic_lds, template: bytes, pointer_offsets=()):
+    """A launchable kernel of ``art`` (mxgemm_host.Kernel) whose kernarg segment is ``template``
+    with the addresses at ``pointer_offsets`` written per call; the code object is loaded once
+    per runtime. Errors name the kernel."""
+    name = hip_library()
+    try:
+        rt = hip_runtime(name)
+        key = (name, str(art.hsaco_path))
+        fn = _FUNCTIONS.get(key)
+        if fn is None:
+            fn = _FUNCTIONS[key] = rt.function(art.hsaco_path.read_bytes(), art.symbol)
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError(f"cannot launch {art.kernel} ({registry_id(art)}) on the hip backend: {e}") from e
+    return host_ext().Kernel(rt, fn, f"{art.kernel} ({registry_id(art)})", tuple(grid), tuple(block), dynamic_lds,
+                             template, tuple(pointer_offsets))
+
+
+def registry_id(art) -> str:
+    from .registry import variant_id
+    return f"{variant_id(art.variant)}, {art.arch}"
 
 
 @functools.lru_cache(maxsize=1)
 def host_ext():
-    """The HIP launcher (csrc/host/mxgemm_host.cpp), JIT-built once with
-    torch.utils.cpp_extension; it exists only with a ROCm torch."""
-    if not hip_available():
-        raise RuntimeError("the hip backend needs a ROCm build of torch; CPU tensors run on the emulator")
-    from torch.utils import cpp_extension
+    """The HIP launcher (csrc/host/mxgemm_host.cpp), a Python extension built once with the host
+    C++ compiler (it needs neither torch nor HIP headers: the runtime is loaded with dlopen)."""
+    import importlib.util
 
     from .registry import source_root
-    src = source_root() / "csrc" / "host" / "mxgemm_host.cpp"
-    build_dir = os.path.join(toolchain.cache_dir(), "host_ext", f"torch{torch.__version__}-hip")
-    os.makedirs(build_dir, exist_ok=True)
-    return cpp_extension.load(name="mxgemm_host_hip", sources=[str(src)], build_directory=build_dir,
-                              extra_cflags=["-O2"], extra_ldflags=["-ldl"], verbose=False)
-
-
-@functools.lru_cache(maxsize=None)
-def _code_object(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    path = toolchain.host_library(source_root() / "csrc" / "host" / "mxgemm_host.cpp", python_ext=True)
+    spec = importlib.util.spec_from_file_location("mxgemm_host", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

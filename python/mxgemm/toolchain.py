@@ -208,6 +208,35 @@ def compile_hip_source(text: str, arch: str = "gfx950", defines: dict | None = N
     return s.read_text()
 
 
+def host_library(source: str | Path, python_ext: bool = False) -> Path:
+    """A C/C++ source for the host (``CC`` / ``CXX``, default cc / c++) built into a shared
+    library in the cache, keyed by its content, the compiler and, for a Python extension
+    (``python_ext``: named for import, built against this interpreter's headers), the Python ABI."""
+    import hashlib
+    import sysconfig
+    source = Path(source)
+    cxx = source.suffix == ".cpp"
+    compiler = os.environ.get("CXX" if cxx else "CC") or ("c++" if cxx else "cc")
+    flags = ["-O2", "-shared", "-fPIC", "-fvisibility=hidden" if python_ext else "-fvisibility=default"]
+    flags += ["-std=c++17", "-fno-exceptions"] if cxx else ["-std=c11"]
+    suffix = ".so"
+    if python_ext:
+        flags += [f"-I{sysconfig.get_paths()['include']}"]
+        suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    key = hashlib.sha256(source.read_bytes() + repr((compiler, flags, suffix)).encode()).hexdigest()[:16]
+    d = Path(cache_dir()) / "host"
+    out = d / f"{source.stem}-{key}{suffix}" if not python_ext else d / key / f"{source.stem}{suffix}"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        try:
+            _run([compiler, *flags, str(source), "-o", str(tmp), "-ldl"], f"host build of {source.name}")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return out
+
+
 def flydsl_version() -> str | None:
     try:
         from importlib.metadata import version

@@ -69,6 +69,7 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
 
 
 OPS: dict = {}
+_LIBRARY = torch.library.Library("mxgemm", "DEF")
 _SCHEMA_TYPES = {torch.Tensor: "Tensor", int: "int", bool: "bool", str: "str", float: "float",
                  torch.dtype: "ScalarType"}
 
@@ -142,6 +143,15 @@ def _tensor_guard(tensors):
         return None
 
 
+class _Default:
+    """A default value shown by name in generated code (its repr is the scope name)."""
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
 class Op:
     def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None):
         hints = typing.get_type_hints(fn)
@@ -157,11 +167,13 @@ class Op:
         # plan(flat): the memoised plan of a call given one value per parameter (out may be
         # None): a recent plan whose guard passes, else the plan cache, else the planner
         self.plan = _plan_function(types_, self._recent, self._plan_miss)
+        self._recent_plan = _plan_function(types_, self._recent, lambda *a: None)
         self._plan_fn, self._fallback, self._alloc = plan, fallback, alloc
         self._convert = convert or {}
         self._fill = fill or {}
         self._check_data = check_data
         self._plans: dict = {}
+        self._bound: dict = {}   # id(plan) -> (plan, its run(flat))
         self.out_index = self.names.index("out")
         optional_out = types_[self.out_index] == "Tensor?"
         decl = [f"{t} {n}" for n, t in zip(self.names, types_)]
@@ -173,44 +185,67 @@ class Op:
             out_name = self.name
         decl[self.out_index] = "Tensor(a!) out"
         self._define(out_name, "(" + ", ".join(decl) + ") -> ()", ("out",), self._run, self._plan_flat)
-        self._functional_op = getattr(torch.ops.mxgemm, self.name) if optional_out else None
-        self._out_op = getattr(torch.ops.mxgemm, out_name)
+        self._functional_op = getattr(torch.ops.mxgemm, self.name).default if optional_out else None
+        self._out_op = getattr(torch.ops.mxgemm, out_name).default
+        self._flat_of, self._call = self._flatten_function(inspect.signature(fn))
+        # the op is called as its own class's __call__: no extra frame between user and call
+        self.__class__ = type(self.name, (Op,), {"__call__": staticmethod(self._call)})
         OPS[self.name] = self
 
     @staticmethod
     def _define(name, schema, mutates, impl, fake):
-        torch.library.custom_op(f"mxgemm::{name}", impl, mutates_args=mutates, schema=schema).register_fake(fake)
+        # a schema and one CompositeExplicitAutograd kernel, not torch.library.custom_op, whose
+        # Python wrappers cost ~12 us a call; the schema's (a!) marks the mutated out
+        _LIBRARY.define(name + schema)
+        _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"mxgemm::{name}", fake, lib=_LIBRARY)
 
     # -- the call
-    def flatten(self, args, kw) -> list:
-        """Positional and keyword arguments -> one value per parameter, converted."""
-        if len(args) > self.n_positional:
-            raise TypeError(f"{self.name}() takes {self.n_positional} positional arguments, {len(args)} given")
-        flat = list(args)
-        for n, d in zip(self.names[len(args):], self.defaults[len(args):]):
-            v = kw.pop(n, d)
-            if v is inspect.Parameter.empty:
-                raise TypeError(f"{self.name}() missing argument {n!r}")
-            flat.append(v)
-        if kw:
-            raise TypeError(f"{self.name}() got unexpected arguments {sorted(kw)}")
+    def _flatten_function(self, sig: inspect.Signature):
+        """flatten(*args, **kw) -> one value per parameter, converted and filled; and call(*args,
+        **kw), the whole public call. Generated once per op with the op's own signature, so
+        Python binds the arguments (a generic loop over parameters costs microseconds)."""
+        params = str(sig.replace(return_annotation=sig.empty, parameters=[
+            p.replace(annotation=p.empty, default=p.default if p.default is p.empty else _Default(f"d{i}"))
+            for i, p in enumerate(sig.parameters.values())]))[1:-1]
+        scope = {f"d{i}": p.default for i, p in enumerate(sig.parameters.values())}
+        body = [f"    flat = [{', '.join(self.names)}]"]
         for n, conv in self._convert.items():
             i = self.names.index(n)
-            flat[i] = conv(flat[i])
+            scope[f"conv{i}"] = conv
+            body.append(f"    flat[{i}] = conv{i}(flat[{i}])")
         for n, derive in self._fill.items():
             i = self.names.index(n)
-            if flat[i] is None:
-                flat[i] = derive(self.namespace(flat))
-        return flat
+            scope[f"fill{i}"] = derive
+            body.append(f"    if flat[{i}] is None:\n        flat[{i}] = fill{i}(namespace(flat))")
+        scope.update(namespace=self.namespace, functional=self._functional_op, out_op=self._out_op,
+                     recent=self._recent_plan, execute=self._execute, alloc=self._alloc,
+                     bump=torch._C._increment_version, compiling=torch.compiler.is_compiling,
+                     dispatch_modes=torch._C._len_torch_dispatch_stack,
+                     function_modes=torch._C._is_torch_function_mode_enabled, profiler=torch.autograd.profiler)
+        o, out = self.out_index, self.names[self.out_index]
+        dev = f"flat[{self.tensors[0]}].device"
+        exec(f"def flatten({params}):\n" + "\n".join(body) + "\n    return flat\n"
+             f"def call({params}):\n" + "\n".join(body) + "\n"
+             # eager calls whose tensors pass a recent plan's guard skip torch's dispatcher, unless
+             # something traces, intercepts or records ops (tensor subclasses such as fake or
+             # functional tensors never pass the guards)
+             f"    p = None if compiling() or dispatch_modes() or function_modes() or "
+             f"profiler._is_profiler_enabled else recent(flat)\n"
+             f"    if {out} is None:\n"
+             f"        if p is None:\n            del flat[{o}]\n            return functional(*flat)\n"
+             f"        flat[{o}] = {out} = alloc(p.out_shape, dtype=p.out_dtype, device={dev})\n"
+             f"    elif p is None:\n        out_op(*flat)\n        return {out}\n"
+             f"    else:\n        bump(({out},))\n"
+             f"    execute(p, flat)\n    return {out}\n", scope)
+        return scope["flatten"], scope["call"]
 
-    def __call__(self, *args, **kw):
-        flat = self.flatten(args, kw)
-        out = flat[self.out_index]
-        if out is None:
-            del flat[self.out_index]
-            return self._functional_op(*flat)
-        self._out_op(*flat)
-        return out
+    def flatten(self, args, kw) -> list:
+        """Positional and keyword arguments -> one value per parameter, converted."""
+        return self._flat_of(*args, **kw)
+
+    def __call__(self, *args, **kw):   # replaced per op by its generated call (see __init__)
+        return self._call(*args, **kw)
 
     def explain(self, *args, **kw) -> Plan:
         return self.plan(self.flatten(args, kw))
@@ -231,6 +266,7 @@ class Op:
         """Forget every memoised plan (e.g. after changing what the planner reads)."""
         self._plans.clear()
         self._recent.clear()
+        self._bound.clear()
 
     def namespace(self, flat):
         return types.SimpleNamespace(**dict(zip(self.names, flat)))
@@ -256,23 +292,49 @@ class Op:
         return flat[self.tensors[0]].new_empty(p.out_shape, dtype=p.out_dtype)
 
     def _run(self, *flat):
+        torch._C._increment_version((flat[self.out_index],))   # out changes in place
         self._execute(self.plan(flat), flat)
 
     def _execute(self, p: Plan, flat) -> None:
+        bound = self._bound.get(id(p))
+        if bound is None or bound[0] is not p:
+            bound = self._bound[id(p)] = (p, self._bind(p, flat))
+        bound[1](flat)
+
+    def _bind(self, p: Plan, flat):
+        """``run(flat)``: a plan's execution, made at its first call. Arguments the kernel takes
+        from the plan or from non-tensor parameters are constants of the plan (its cache key holds
+        them); tensors come from each call."""
         if p.kernel is None and not p.fallback:
-            return
-        x = self.namespace(flat)
-        # host data is free to read (CPU tensors, or the emulator's CPU copies); a GPU pays a sync
-        if self._check_data is not None and (x.out.device.type == "cpu" or p.backend == "emu" or validate()):
-            self._check_data(x, p)
+            return lambda flat: None
+        # host data is free to read on the emulator; a GPU (or the mock runtime, which stands
+        # for one) pays a sync, so only under MXGEMM_VALIDATE=1
+        check = self._check_data if self._check_data is not None and (p.backend == "emu" or validate()) else None
         if p.fallback:
-            self._fallback(x, p)
-            return
-        if p.zero_out:
-            x.out.zero_()
-        values = {**vars(x), **p.args}
-        launcher.launch(build.artifact(p.kernel, p.variant, p.arch), p.grid, p.block,
-                        [values[n] for n in registry.get(p.kernel).args], p.backend, writes=(x.out,))
+            def run(flat):
+                x = self.namespace(flat)
+                if check:
+                    check(x, p)
+                self._fallback(x, p)
+            return run
+        sources = []
+        for name in registry.get(p.kernel).args:
+            i = self.names.index(name) if name not in p.args else None
+            sources.append(("call", i) if i in self.tensors and flat[i] is not None
+                           else ("const", p.args[name] if i is None else flat[i]))
+        device = flat[self.out_index].device
+        launch = launcher.bind(build.artifact(p.kernel, p.variant, p.arch), p.grid, p.block, sources, p.backend,
+                               self.out_index, device)
+        if not check and not p.zero_out:
+            return launch
+
+        def run(flat):
+            if check:
+                check(self.namespace(flat), p)
+            if p.zero_out:
+                flat[self.out_index].zero_()
+            launch(flat)
+        return run
 
 
 @functools.lru_cache(maxsize=1)
