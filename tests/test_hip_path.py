@@ -154,3 +154,20 @@ def test_host_extension_builds_without_rocm_or_torch_headers():
     assert {"Runtime", "Kernel"} <= set(dir(ext))
     with pytest.raises(OSError, match="cannot load the HIP runtime"):
         ext.Runtime("/nonexistent/libamdhip64.so")
+
+
+def test_hot_path_creates_no_tensors_and_calls_no_torch_op():
+    """What HIP graph capture needs of a cached call with ``out`` given: no host sync, no
+    allocation, no tensor op besides the launch. The profiler sees every op and allocation of the
+    call (it sends the call through torch's dispatcher, which runs the same bound launch)."""
+    from mxgemm import bench
+    with use_hip_library("mock-noop"):
+        for name, call in bench.host_calls().items():
+            call()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                        profile_memory=True) as prof:
+                call()
+            ops = {e.name for e in prof.events() if "::" in e.name}
+            allocated = [e for e in prof.events() if e.cpu_memory_usage]
+            assert ops <= {f"mxgemm::{name}", f"mxgemm::{name}_out"}, (name, ops)
+            assert not allocated, (name, [e.name for e in allocated])
