@@ -89,14 +89,12 @@ def test_wrong_kernarg_size_is_refused_naming_the_kernel():
 def test_missing_symbol_names_the_kernel():
     art = build.artifact("mxfp8_dequant", {}, "gfx950")
     rt = launcher.hip_runtime("mock")
-    mock_hip.library()
     with pytest.raises(RuntimeError, match=r"hipModuleGetFunction\(no_such_kernel\).*hipErrorNotFound"):
         rt.function(art.hsaco_path.read_bytes(), "no_such_kernel")
 
 
 def test_unknown_code_object_is_refused():
     rt = launcher.hip_runtime("mock")
-    mock_hip.library()
     with pytest.raises(RuntimeError, match=r"hipModuleLoadData\(k\).*hipErrorInvalidImage"):
         rt.function(b"\x7fELF\x02" + bytes(59), "k")
 
@@ -171,3 +169,43 @@ def test_hot_path_creates_no_tensors_and_calls_no_torch_op():
             allocated = [e for e in prof.events() if e.cpu_memory_usage]
             assert ops <= {f"mxgemm::{name}", f"mxgemm::{name}_out"}, (name, ops)
             assert not allocated, (name, [e.name for e in allocated])
+
+
+def _mx_gemm_gfx1250(v, backend):
+    """mx_gemm's gfx1250 build (a partial tile both ways, or the last workgroup of a whole
+    cluster), launched as a registry variant."""
+    cluster = v["CLUSTER_M"] * v["CLUSTER_N"] > 1
+    M, N = (v["BM"] * v["CLUSTER_M"] - 5, v["BN"] * v["CLUSTER_N"] - 32) if cluster else (67, 96)
+    K, splits = 128 * (v["NUM_BUFFERS"] + 1), 2 if v["SPLITK"] else 1
+    g = torch.Generator().manual_seed(3)
+    a, sa = mxgemm.quant.quantize_mx(torch.randn(M, K, generator=g), v["A_FMT"])
+    b, sb = mxgemm.quant.quantize_mx(torch.randn(N, K, generator=g), v["B_FMT"])
+    out = torch.zeros(M, N, dtype={"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[v["OUT"]])
+    launcher.launch_variant("mx_gemm", v, "gfx1250", backend, writes=(out,), a=a, a_scale=sa, b=b, b_scale=sb,
+                            out=out, M=M, N=N, K=K, splits=splits)
+    return out
+
+
+def _dequant_gfx1250(kernel):
+    def run(v, backend):
+        x, s = _dequant_inputs()
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        launcher.launch_variant(kernel, v, "gfx1250", backend, writes=(out,), x=x, scale=s, out=out, M=9, K=128,
+                                elements=9 * 128)
+        return out
+    return run
+
+
+GFX1250 = {"mx_gemm": _mx_gemm_gfx1250, "mxfp8_dequant": _dequant_gfx1250("mxfp8_dequant"),
+           "mxfp8_dequant_flydsl": _dequant_gfx1250("mxfp8_dequant_flydsl")}
+
+
+@pytest.mark.parametrize("kernel,variant", [
+    pytest.param(k, v, id=f"{k}-{registry.variant_id(v)}")
+    for k, spec in registry.KERNELS.items() if "gfx1250" in spec.archs for v in spec.variants_for("gfx1250")])
+def test_gfx1250_builds_through_the_hip_path_are_bit_identical(kernel, variant):
+    with emulator_settings(race_check=False):
+        want = GFX1250[kernel](variant, "emu")
+        with use_hip_library("mock"):
+            got = GFX1250[kernel](variant, "hip")
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

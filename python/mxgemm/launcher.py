@@ -221,6 +221,15 @@ def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_
     _EMU_SETTINGS.last_stats = emu.last_stats
 
 
+def run_handed_over(arch, asm_path, symbol, slots, grid, block, dynamic_lds, kernarg_bytes, buffers) -> None:
+    """A launch a HIP runtime hands over (mxgemm.mock_hip), run on the emulator. The runtime's
+    own part first: the hidden arguments, from the launch's grid, block and LDS size."""
+    emu = emulator(arch)
+    buf = bytearray(kernarg_bytes)
+    kernarg.write_hidden(buf, slots, grid, block, dynamic_lds, emu.hidden_runtime)
+    emulate(emu, asm_path, asm_path.read_text, symbol, grid, block, bytes(buf), buffers, dynamic_lds)
+
+
 # ---------------------------------------------------------------------------------------------
 # The HIP runtime
 # ---------------------------------------------------------------------------------------------
@@ -239,20 +248,22 @@ def _mock_active() -> bool:
     return hip_library() == "mock"
 
 
+PLAN_CACHES: list = []   # clear() of every cache of plans (each op's): plans hold a backend
+
+
 @contextlib.contextmanager
 def use_hip_library(name: str):
     """Launch on the hip backend through ``name`` (a library path, or "mock") in this block;
     plans made before or inside it are forgotten at both ends."""
-    from .ops._op import OPS
     _HIP_LIBRARY.append(name)
-    for o in OPS.values():
-        o.clear_plans()
+    for clear in PLAN_CACHES:
+        clear()
     try:
         yield
     finally:
         _HIP_LIBRARY.pop()
-        for o in OPS.values():
-            o.clear_plans()
+        for clear in PLAN_CACHES:
+            clear()
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,7 +271,7 @@ def hip_runtime(name: str):
     """The loaded HIP runtime ``name`` (mxgemm_host.Runtime)."""
     if name in MOCKS:
         from . import mock_hip
-        return host_ext().Runtime(str(mock_hip.library() if name == "mock" else mock_hip.noop_library()))
+        return host_ext().Runtime(str(mock_hip.library(run_handed_over) if name == "mock" else mock_hip.noop_library()))
     return host_ext().Runtime(name)
 
 

@@ -27,7 +27,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from . import kernarg, launcher, toolchain
+from . import toolchain
 
 _CALL = threading.local()   # .buffers: the tensors of the launch in flight; .error: what a callback raised
 
@@ -105,22 +105,28 @@ def _on_launch(module, name, grid, block, dynamic_lds, stream, args, size):
                               f"kernel's metadata says {want}")
     grid, block = tuple(grid[:3]), tuple(block[:3])
     LAUNCHES.append((symbol, grid, block, dynamic_lds))
-    emu = launcher.emulator(arch)
-    buf = bytearray(ctypes.string_at(args, size))
-    kernarg.write_hidden(buf, slots, grid, block, dynamic_lds, emu.hidden_runtime)
-    launcher.emulate(emu, asm_path, asm_path.read_text, symbol, grid, block, bytes(buf), _CALL.buffers,
-                     dynamic_lds)
+    _EXECUTE[0](arch, asm_path, symbol, slots, grid, block, dynamic_lds, ctypes.string_at(args, size),
+                _CALL.buffers)
     return 0
 
 
 _CALLBACKS = (_LOAD(_on_load), _FUNCTION(_on_function), _LAUNCH(_on_launch))   # kept alive here
 
 
-@functools.lru_cache(maxsize=1)
-def library() -> Path:
-    """The mock runtime library, built once (cached by content) with its callbacks installed."""
+_EXECUTE: list = [None]   # execute(arch, asm path, symbol, slots, grid, block, lds, kernarg, buffers)
+
+
+def _built() -> Path:
     from .registry import source_root
-    path = toolchain.host_library(source_root() / "csrc" / "mock_hip" / "mock_hip.c")
+    return toolchain.host_library(source_root() / "csrc" / "mock_hip" / "mock_hip.c")
+
+
+@functools.lru_cache(maxsize=1)
+def library(execute) -> Path:
+    """The mock runtime library (built once, cached by content), its callbacks installed; a launch
+    is handed to ``execute`` (mxgemm.launcher.run_handed_over)."""
+    path = _built()
+    _EXECUTE[0] = execute
     ctypes.CDLL(str(path)).mock_hip_set_callbacks(*_CALLBACKS)
     return path
 
@@ -129,7 +135,7 @@ def library() -> Path:
 def noop_library() -> Path:
     """A second copy of the mock runtime, loaded on its own and never given callbacks: module
     loads and lookups succeed and launches return at once (the host-time benchmark's GPU)."""
-    path = library()
+    path = _built()
     noop = path.with_name(path.stem + "-noop" + path.suffix)
     if not noop.exists():
         tmp = noop.with_name(noop.name + f".tmp{os.getpid()}")

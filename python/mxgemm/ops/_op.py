@@ -191,6 +191,7 @@ class Op:
         # the op is called as its own class's __call__: no extra frame between user and call
         self.__class__ = type(self.name, (Op,), {"__call__": staticmethod(self._call)})
         OPS[self.name] = self
+        launcher.PLAN_CACHES.append(self.clear_plans)
 
     @staticmethod
     def _define(name, schema, mutates, impl, fake):
