@@ -76,15 +76,15 @@ def _median_us(fn, n: int, batches: int = 9) -> float:
     return statistics.median(times)
 
 
-def host_calls() -> dict:
-    """op name -> a whole public call (Python entry to launch return) with ``out`` given, on the
-    decode-sized inputs of ``dispatch_calls``."""
+def host_calls(out_given: bool = True) -> dict:
+    """op name -> a whole public call (Python entry to launch return) on the decode-sized inputs
+    of ``dispatch_calls``, with ``out`` given, or allocated by the op where it is optional."""
     from .ops._op import OPS
     calls = {}
     for name, (plan, _) in dispatch_calls().items():
         op = OPS[name]
         flat = list(plan.args[0])
-        if flat[op.out_index] is None:
+        if flat[op.out_index] is None and out_given:
             p = op.plan(flat)
             flat[op.out_index] = torch.empty(p.out_shape, dtype=p.out_dtype)
         pos, kw = flat[:op.n_positional], dict(zip(op.names[op.n_positional:], flat[op.n_positional:]))
@@ -116,11 +116,15 @@ def host_floors() -> dict:
 
 
 def host(n: int = 2000) -> dict:
-    """op -> median host microseconds per whole call on the no-op mock runtime, floors included."""
+    """op -> (median host microseconds per whole call with out given, the same with out
+    allocated or None where the op requires out) on the no-op mock runtime, floors included."""
     from .launcher import use_hip_library
-    out = {name: _median_us(fn, n) for name, fn in host_floors().items()}
+    out = {name: (_median_us(fn, n), None) for name, fn in host_floors().items()}
     with use_hip_library("mock-noop"):
-        out.update({name: _median_us(fn, n) for name, fn in host_calls().items()})
+        given, allocated = host_calls(), host_calls(out_given=False)
+        for name, fn in given.items():
+            optional = allocated[name].keywords.get("out", False) is None
+            out[name] = (_median_us(fn, n), _median_us(allocated[name], n) if optional else None)
     return out
 
 
@@ -133,11 +137,11 @@ def main(what: str) -> int:
         return 0
     if what == "host":
         times = host()
-        floor = times["trivial torch custom op (floor)"]
-        print("host time of a whole call (Python entry to launch return; no-op mock HIP runtime, "
-              "out given), median CPU us:")
-        for name, us in times.items():
-            print(f"  {name:36s} {us:6.2f} us  {us / floor:4.2f}x floor")
+        floor = times["trivial torch custom op (floor)"][0]
+        print("host time of a whole call (Python entry to launch return; no-op mock HIP runtime), median CPU us")
+        print(f"  {'':36s} {'out given':>9s} {'vs floor':>9s} {'out allocated':>14s}")
+        for name, (us, alloc) in times.items():
+            print(f"  {name:36s} {us:9.2f} {us / floor:8.2f}x {'' if alloc is None else f'{alloc:14.2f}'}")
         return 0
     if what == "emu":
         from .emu.__main__ import main as emu_main
