@@ -121,8 +121,9 @@ def launch(art, grid, block, args, backend: str, writes=(), dynamic_lds: int = 0
         _emu_launch(art, grid, block, slots, size, args, writes, dynamic_lds)
         return
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    kernel = hip_kernel(art, grid, block, dynamic_lds, kernarg.pack(slots, size, args, grid, block, dynamic_lds))
     device = tensors[0].device if tensors else torch.device("cpu")
+    kernel = hip_kernel(art, grid, block, dynamic_lds, kernarg.pack(slots, size, args, grid, block, dynamic_lds),
+                        device=device)
     stream = 0 if device.type == "cpu" else _raw_stream(device.index or 0)
     if _mock_active():
         from . import mock_hip
@@ -152,7 +153,7 @@ def bind(art, grid, block, sources, backend: str, out_index: int, device, dynami
     template = kernarg.pack(slots, size, [None if how == "call" else v for how, v in sources], grid, block,
                             dynamic_lds)
     calls = [(off, v) for (off, _, _), (how, v) in zip(explicit, sources) if how == "call"]
-    scope = {"k": hip_kernel(art, grid, block, dynamic_lds, template, [off for off, _ in calls]),
+    scope = {"k": hip_kernel(art, grid, block, dynamic_lds, template, [off for off, _ in calls], device),
              "raw_stream": _raw_stream, "Tensor": torch.Tensor}
     # torch's current stream on the tensors' GPU, so launches order with torch's work; the null
     # stream for host memory (the mock runtime)
@@ -278,17 +279,20 @@ def hip_runtime(name: str):
 _FUNCTIONS: dict = {}
 
 
-def hip_kernel(art, grid, block, dynamic_lds, template: bytes, pointer_offsets=()):
+def hip_kernel(art, grid, block, dynamic_lds, template: bytes, pointer_offsets=(), device=None):
     """A launchable kernel of ``art`` (mxgemm_host.Kernel) whose kernarg segment is ``template``
     with the addresses at ``pointer_offsets`` written per call; the code object is loaded once
-    per runtime. Errors name the kernel."""
+    per runtime and GPU (a module belongs to the device current at its load, so it is loaded with
+    ``device`` current). Errors name the kernel."""
     name = hip_library()
+    gpu = device is not None and device.type == "cuda"
     try:
         rt = hip_runtime(name)
-        key = (name, str(art.hsaco_path))
+        key = (name, str(art.hsaco_path), device.index or 0 if gpu else None)
         fn = _FUNCTIONS.get(key)
         if fn is None:
-            fn = _FUNCTIONS[key] = rt.function(art.hsaco_path.read_bytes(), art.symbol)
+            with torch.cuda.device(device) if gpu else contextlib.nullcontext():
+                fn = _FUNCTIONS[key] = rt.function(art.hsaco_path.read_bytes(), art.symbol)
     except (OSError, RuntimeError) as e:
         raise RuntimeError(f"cannot launch {art.kernel} ({registry_id(art)}) on the hip backend: {e}") from e
     return host_ext().Kernel(rt, fn, f"{art.kernel} ({registry_id(art)})", tuple(grid), tuple(block), dynamic_lds,
