@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 
 import torch
 
-from . import guards, kernarg, toolchain
+from . import env, guards, kernarg, toolchain
 
 # the arch ops run on the emulator: gfx950, or any mxgemm.emu target via MXGEMM_EMU_ARCH (e.g. gfx1250)
-EMU_ARCH = os.environ.get("MXGEMM_EMU_ARCH") or "gfx950"
-BACKENDS = ("emu", "hip")
+EMU_ARCH = env.get("MXGEMM_EMU_ARCH")
 
 _EMU_SETTINGS = threading.local()
 _DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None)
@@ -54,10 +52,7 @@ def _emu_settings():
 @functools.lru_cache(maxsize=1)
 def forced_backend() -> str | None:
     """``MXGEMM_BACKEND`` (emu|hip), read once per process; None when unset."""
-    forced = os.environ.get("MXGEMM_BACKEND") or None
-    if forced not in (None, *BACKENDS):
-        raise ValueError(f"MXGEMM_BACKEND must be one of {BACKENDS}; got {forced!r}")
-    return forced
+    return env.get("MXGEMM_BACKEND")
 
 
 def default_backend() -> str:
@@ -242,7 +237,7 @@ def hip_library() -> str:
     """The HIP runtime the hip backend loads: ``MXGEMM_HIP_LIB`` (a path; "mock": the mock
     runtime of mxgemm.mock_hip, which runs launches of CPU tensors on the emulator; "mock-noop":
     the same, launching nothing), else libamdhip64.so."""
-    return (_HIP_LIBRARY[-1] if _HIP_LIBRARY else None) or os.environ.get("MXGEMM_HIP_LIB") or "libamdhip64.so"
+    return _HIP_LIBRARY[-1] if _HIP_LIBRARY else env.get("MXGEMM_HIP_LIB")
 
 
 def _mock_active() -> bool:

@@ -18,6 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import env
+
 ARCHS = ("gfx950", "gfx1250")
 # ROCm clang learned gfx950 in LLVM 19 (ROCm 6.3/6.4) and gfx1250 later; we require the
 # major version below for each arch and otherwise fall back to the ziglang clang.
@@ -85,7 +87,7 @@ def find_compiler(arch: str = "gfx950") -> Compiler:
     """
     if arch not in ARCHS:
         raise ToolchainError(f"unsupported arch {arch!r}; mxgemm targets {ARCHS}")
-    forced = os.environ.get("MXGEMM_COMPILER")
+    forced = env.get("MXGEMM_COMPILER")
     candidates = {"rocm": _rocm_compiler, "ziglang": _zig_compiler}
     order = [forced] if forced else ["rocm", "ziglang"]
     for kind in order:
@@ -120,7 +122,7 @@ def ld_lld_dir() -> Path:
 
 def cache_dir() -> str:
     """``MXGEMM_CACHE_DIR`` or ``~/.cache/mxgemm`` (XDG_CACHE_HOME honoured)."""
-    d = os.environ.get("MXGEMM_CACHE_DIR")
+    d = os.environ.get("MXGEMM_CACHE_DIR")   # env.VARS documents it; unset: the XDG cache
     if not d:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         d = os.path.join(base, "mxgemm")

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import types
 import typing
 from dataclasses import dataclass, field
 
 import torch
 
-from .. import build, guards, launcher, registry
+from .. import build, env, guards, launcher, registry
 
 
 @dataclass
@@ -342,7 +341,7 @@ class Op:
 def validate() -> bool:
     """``MXGEMM_VALIDATE=1``: run the data checks (e.g. expert ids) on GPU tensors too, at the
     cost of a device sync per call. CPU tensors are always checked. Read once per process."""
-    return os.environ.get("MXGEMM_VALIDATE", "0") not in ("", "0")
+    return env.get("MXGEMM_VALIDATE") == "1"
 
 
 def op(plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None):

@@ -1,0 +1,49 @@
+"""Every environment variable mxgemm reads, in one table: name, meaning, default and the values
+it takes. Code reads them through ``get``, which checks the value and names the variable in its
+error; the README's table is checked against this one."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+class EnvError(ValueError):
+    """An environment variable holds a value mxgemm cannot use."""
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    doc: str
+    default: str | None = None
+    choices: tuple | None = None    # the values it may take; None: any
+
+
+VARS = {v.name: v for v in (
+    Var("MXGEMM_BACKEND", "run every op on this backend: emu (the emulator, GPU tensors copied to the CPU) "
+        "or hip (GPU tensors only)", choices=("emu", "hip")),
+    Var("MXGEMM_EMU_ARCH", "the target whose build ops run on the emulator", "gfx950", ("gfx950", "gfx1250")),
+    Var("MXGEMM_HIP_LIB", "the HIP runtime the hip backend loads: a library name or path; mock: the mock "
+        "runtime (CPU tensors through the GPU launch path, launches on the emulator); mock-noop: the same, "
+        "launching nothing", "libamdhip64.so"),
+    Var("MXGEMM_VALIDATE", "1: check tensor contents (e.g. MoE expert ids) on GPU tensors too, at a device "
+        "sync per call (always done on the emulator)", "0", ("0", "1")),
+    Var("MXGEMM_CACHE_DIR", "where compiled kernels and host libraries are cached", "~/.cache/mxgemm"),
+    Var("MXGEMM_COMPILER", "the device compiler: rocm or ziglang (default: ROCm's clang if new enough, "
+        "else ziglang's)", choices=("rocm", "ziglang")),
+    Var("MXGEMM_SKIP_WARM", "any value: install without the warm-up build (setup.py)"),
+    Var("MXGEMM_RACE_SWEEP", "all: the race-deletion test deletes waits in every variant, not a sample (tests)",
+        choices=("all",)),
+)}
+
+
+def get(name: str) -> str | None:
+    """The value of ``name`` (a registered variable), its default when unset or empty; EnvError
+    when it is not one of the variable's choices."""
+    var = VARS[name]
+    value = os.environ.get(name) or None
+    if value is None:
+        return var.default
+    if var.choices is not None and value not in var.choices:
+        raise EnvError(f"{name}={value!r}: must be one of {', '.join(var.choices)} ({var.doc})")
+    return value
