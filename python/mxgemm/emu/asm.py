@@ -92,8 +92,30 @@ def parse(text: str, sgprs: dict):
     return codes, metas
 
 
+_LOCAL_REF = re.compile(r"^(\d+)([fb])$")
+
+
+def _resolve_local_labels(code: KernelCode, defs: dict) -> None:
+    """GNU numeric local labels: ``Nb`` is the last ``N:`` at or before the referring line, ``Nf``
+    the first after it (a number may be defined many times). Each reference becomes a label
+    of its own, named after the number, the direction and the line."""
+    for ins in code.instrs:
+        for op in ins.ops:
+            m = _LOCAL_REF.match(op.text) if op.kind == "sym" else None
+            if m is None:
+                continue
+            lines = defs.get(m.group(1), [])
+            found = [i for no, i in lines if no <= ins.line] if m.group(2) == "b" else \
+                [i for no, i in lines if no > ins.line]
+            if not found:
+                side = "before" if m.group(2) == "b" else "after"
+                raise UnsupportedInstruction(f"local label {op.text} has no definition {side} it: {ins.where()}")
+            op.kind, op.text = "label", f"{op.text}@{ins.line}"
+            code.labels[op.text] = found[-1] if m.group(2) == "b" else found[0]
+
+
 def _parse_code(lines, names, sgprs):
-    codes, cur = {}, None
+    codes, cur, local = {}, None, {}
     for no, ln in enumerate(lines, 1):
         s = _strip_comment(ln)
         if not s:
@@ -103,9 +125,11 @@ def _parse_code(lines, names, sgprs):
             lab = m.group(1)
             if lab in names:
                 cur = KernelCode(lab, [], {})
-                codes[lab] = cur
+                codes[lab], local[lab] = cur, {}
             elif lab.startswith(".Lfunc_end"):
                 cur = None
+            elif cur is not None and lab.isdigit():
+                local[cur.name].setdefault(lab, []).append((no, len(cur.instrs)))
             elif cur is not None:
                 cur.labels[lab] = len(cur.instrs)
             s = s[m.end():].strip()
@@ -119,6 +143,8 @@ def _parse_code(lines, names, sgprs):
             continue
         parts = [_instr(p, no, ln, cur.name, sgprs) for p in s.split("::")]
         cur.instrs.extend(p for p in (_dual_order(*parts) if len(parts) == 2 else parts) if p is not None)
+    for name, code in codes.items():
+        _resolve_local_labels(code, local[name])
     return codes
 
 
