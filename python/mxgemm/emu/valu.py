@@ -6,7 +6,7 @@ import inspect
 import numpy as np
 
 from . import regs as R
-from .isa import PerWave, UnsupportedInstruction, const_bits, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from .isa import EmulatorFault, PerWave, UnsupportedInstruction, const_bits, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
 
 _LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)   # v_mbcnt_lo: lanes below l
 _HI_MASKS = np.array([((1 << (l - 32)) - 1) << 32 if l > 32 else 0 for l in range(64)], u64)
@@ -567,6 +567,32 @@ def _swap(ins):
         x, y = a(w).copy(), b(w).copy()
         pa(w, y)
         pb(w, x)
+    return run
+
+
+@handler("v_permlane16_swap_b32", "v_permlane32_swap_b32")
+def _permlane_swap(ins):
+    """VDST's odd rows of 16 lanes (permlane32: its upper 32 lanes) trade values with SRC0's even
+    rows (lower 32 lanes), lane for lane; the other rows keep theirs (CDNA4 ISA; LLVM's
+    lowering of amdgpu.permlane_swap relies on it). EXEC masks the writes. Without fi, an active
+    lane whose partner is inactive is left undefined by what is public: the emulator raises."""
+    span = 16 if ins.base == "v_permlane16_swap_b32" else 32
+    vdst, src0 = R.src(ins, 0, "b32"), R.src(ins, 1, "b32")
+    put_vdst, put_src0 = R.dst(ins, 0, "b32"), R.dst(ins, 1, "b32")
+    fetch_inactive = bool(ins.mods.get("fi"))
+
+    def run(w):
+        if span >= w.T.wave:
+            raise UnsupportedInstruction(f"{ins.base} on wave{w.T.wave}: no upper half to swap with ({ins.where()})")
+        odd = (w.lane // span) % 2 == 1
+        partner = np.arange(w.n) + np.where(odd, -span, span)
+        if not (fetch_inactive or w.full) and (w.mask & ~w.mask[partner]).any():
+            raise EmulatorFault(f"{ins.where()}: an active lane's partner lane is inactive and fi is off; "
+                                "the ISA documents no value for it")
+        x, y = _lanewise(w, vdst(w)), _lanewise(w, src0(w))   # views of the registers: read both first
+        new_vdst, new_src0 = np.where(odd, y[partner], x), np.where(odd, y, x[partner])
+        put_vdst(w, new_vdst)
+        put_src0(w, new_src0)
     return run
 
 
