@@ -216,10 +216,13 @@ class Emulator:
             user += [int(x) for x in kb]
         s = d("user_sgpr_count", len(user))
         w.S[:len(user)] = user
-        if w.T.ttmp_ids:   # architected SGPRs: x in ttmp9, y | z << 16 in ttmp7 (docs/gfx1250_emulator.md §1)
+        if w.T.ttmp_ids:   # architected SGPRs (docs/gfx1250_emulator.md §1)
             ids, local = cluster or (wgid, (0, 0, 0))     # a cluster launch: the cluster's id, position in ttmp6
+            last = tuple(c - 1 for c in (meta.cluster_dims if cluster else (1, 1, 1)))
             w.S[w.T.sgprs["ttmp9"][0]], w.S[w.T.sgprs["ttmp7"][0]] = ids[0], ids[1] | ids[2] << 16
-            w.S[w.T.sgprs["ttmp6"][0]] = local[0] | local[1] << 4 | local[2] << 8
+            w.S[w.T.sgprs["ttmp6"][0]] = (local[0] | local[1] << 4 | local[2] << 8 | last[0] << 12 | last[1] << 16
+                                          | last[2] << 20 | ((last[0] + 1) * (last[1] + 1) * (last[2] + 1) - 1) << 24)
+            w.S[w.T.sgprs["ttmp8"][0]] = wid << 25
         for axis, key in enumerate(("x", "y", "z")):
             if not w.T.ttmp_ids and d(f"system_sgpr_workgroup_id_{key}", 1 if key == "x" else 0):
                 w.S[s] = wgid[axis]

@@ -1,6 +1,8 @@
 """Scalar ALU, program control and scalar memory. Scalar values are Python ints."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from . import race, regs as R
@@ -329,11 +331,29 @@ for _n in ("s_nop", "s_setprio", "s_sleep", "s_icache_inv", "s_dcache_wb", "s_dc
     handler(_n)(_nop)
 
 
-@handler("s_getreg_b32")
+_HWREG = re.compile(r"hwreg\((\w+)(?:,\s*(\d+),\s*(\d+))?\)")
+
+
+def ib_sts2(ttmp6: int) -> int:
+    """gfx1250's HW_REG_IB_STS2 cluster fields, from the cluster fields of ttmp6: bits 9:6 the
+    cluster's workgroup count - 1 (0: no cluster), 24:21 this workgroup's flat id in it
+    (docs/gfx1250_emulator.md §1)."""
+    x, y, z = ttmp6 & 15, ttmp6 >> 4 & 15, ttmp6 >> 8 & 15
+    cx, cy = (ttmp6 >> 12 & 15) + 1, (ttmp6 >> 16 & 15) + 1
+    return (ttmp6 >> 24 & 15) << 6 | (x + cx * (y + cy * z)) << 21
+
+
+@handler("s_getreg_b32", scalar=True)
 def _getreg(ins):
-    # HW_ID-style registers are read for diagnostics only; model them as zero.
+    """HW_REG_IB_STS2 on targets with architected cluster ids (code reads its cluster fields to
+    form workgroup ids); other registers (HW_ID and the like, read for diagnostics) read 0."""
     d = R.sdst(ins, 0)
-    return lambda w: d(w, 0)
+    m = _HWREG.fullmatch(ins.ops[1].text) if len(ins.ops) > 1 else None
+    if m is None or m.group(1) != "HW_REG_IB_STS2" or not ins.prog.target.ttmp_ids:
+        return lambda w: d(w, 0)
+    off, size = (int(m.group(2)), int(m.group(3))) if m.group(2) else (0, 32)
+    ttmp6 = ins.prog.target.sgprs["ttmp6"][0]
+    return lambda w: d(w, ib_sts2(w.S[ttmp6]) >> off & ((1 << size) - 1))
 
 
 @handler("s_trap")
