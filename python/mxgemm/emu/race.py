@@ -23,7 +23,11 @@ def key_name(k):
     return f"s{k - SKEY}" if k >= SKEY else f"v{k}"
 
 
-_VMEM_LOADS = ("global_load", "buffer_load")
+# Vector-memory loads counted by the vector-memory counter alone (flat may go to LDS instead)
+# return in issue order: a later one may overwrite an earlier one's register with no wait, its
+# data lands last. LLVM's SIInsertWaitcnts waits on such a write-after-write only between VMEM
+# types that may return out of order (sampler, BVH); docs/gfx950_isa.md §7.
+_VMEM_LOADS = ("global_load", "buffer_load", "scratch_load")
 
 
 def check_pending(w, keys, ins, what="reads"):
@@ -31,7 +35,7 @@ def check_pending(w, keys, ins, what="reads"):
         rec = w.pend.get(k)
         if rec is not None:
             if what == "overwrites" and ins.base.startswith(_VMEM_LOADS) and rec.ins.base.startswith(_VMEM_LOADS):
-                continue  # vector-memory loads return in issue order: the later load's data lands last
+                continue
             raise RaceError(f"{ins.where()} {what} {key_name(k)} while the load at line {rec.ins.line} "
                             f"({rec.ins.text.strip()}) is outstanding (no s_waitcnt retired it)")
 
