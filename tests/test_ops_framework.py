@@ -89,3 +89,20 @@ def test_registry_argument_order_matches_each_kernels_metadata():
         kinds = [kind for _, _, kind in slots if not kind.startswith("hidden_")]
         assert len(kinds) == len(k.args), k.name
         assert [kind == "global_buffer" for kind in kinds] == [n in tensor_names for n in k.args], k.name
+
+
+def test_ops_trace_under_torch_compile_fullgraph():
+    """Dynamo traces the op's call down to its torch.library op (functional and out= forms) and
+    the compiled call gives the eager result."""
+    from mxgemm.quant import quantize_mx
+    a, sa = quantize_mx(torch.randn(4, 256, generator=torch.Generator().manual_seed(0)), "e4m3")
+    b, sb = quantize_mx(torch.randn(64, 256, generator=torch.Generator().manual_seed(1)), "e4m3")
+    want = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb)
+    f = torch.compile(lambda a, sa, b, sb: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb) * 2, fullgraph=True,
+                      backend="aot_eager")
+    assert torch.equal(f(a, sa, b, sb), want * 2)
+    out = torch.empty_like(want)
+    g = torch.compile(lambda a, sa, b, sb, out: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, out=out), fullgraph=True,
+                      backend="aot_eager")
+    g(a, sa, b, sb, out)
+    assert torch.equal(out, want)

@@ -186,9 +186,9 @@ class Op:
         self._define(out_name, "(" + ", ".join(decl) + ") -> ()", ("out",), self._run, self._plan_flat)
         self._functional_op = getattr(torch.ops.mxgemm, self.name).default if optional_out else None
         self._out_op = getattr(torch.ops.mxgemm, out_name).default
-        self._flat_of, self._call = self._flatten_function(inspect.signature(fn))
+        self._flat_of, call = self._flatten_function(inspect.signature(fn))
         # the op is called as its own class's __call__: no extra frame between user and call
-        self.__class__ = type(self.name, (Op,), {"__call__": staticmethod(self._call)})
+        self.__class__ = type(self.name, (Op,), {"__call__": call})
         OPS[self.name] = self
         launcher.PLAN_CACHES.append(self.clear_plans)
 
@@ -202,8 +202,8 @@ class Op:
 
     # -- the call
     def _flatten_function(self, sig: inspect.Signature):
-        """flatten(*args, **kw) -> one value per parameter, converted and filled; and call(*args,
-        **kw), the whole public call. Generated once per op with the op's own signature, so
+        """flatten(*args, **kw) -> one value per parameter, converted and filled; and call(op,
+        *args, **kw), the whole public call (the op's __call__). Generated once per op with the op's own signature, so
         Python binds the arguments (a generic loop over parameters costs microseconds)."""
         params = str(sig.replace(return_annotation=sig.empty, parameters=[
             p.replace(annotation=p.empty, default=p.default if p.default is p.empty else _Default(f"d{i}"))
@@ -226,7 +226,7 @@ class Op:
         o, out = self.out_index, self.names[self.out_index]
         dev = f"flat[{self.tensors[0]}].device"
         exec(f"def flatten({params}):\n" + "\n".join(body) + "\n    return flat\n"
-             f"def call({params}):\n" + "\n".join(body) + "\n"
+             f"def call(_op, {params}):\n" + "\n".join(body) + "\n"
              # eager calls whose tensors pass a recent plan's guard skip torch's dispatcher, unless
              # something traces, intercepts or records ops (tensor subclasses such as fake or
              # functional tensors never pass the guards)
@@ -243,9 +243,6 @@ class Op:
     def flatten(self, args, kw) -> list:
         """Positional and keyword arguments -> one value per parameter, converted."""
         return self._flat_of(*args, **kw)
-
-    def __call__(self, *args, **kw):   # replaced per op by its generated call (see __init__)
-        return self._call(*args, **kw)
 
     def explain(self, *args, **kw) -> Plan:
         return self.plan(self.flatten(args, kw))
