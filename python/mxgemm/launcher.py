@@ -22,15 +22,17 @@ from . import env, guards, kernarg, toolchain
 EMU_ARCH = env.get("MXGEMM_EMU_ARCH")
 
 _EMU_SETTINGS = threading.local()
-_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None)
+# strict_buffer_oob: mxgemm's own kernels must not depend on whether soffset is range checked
+_DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None,
+                    strict_buffer_oob=True)
 
 
 @contextlib.contextmanager
 def emulator_settings(**kw):
     """Temporarily change emulator options for launches: race_check, wg_order, seed, and
-    workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all), and
+    workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all),
     asm_edit (a function assembly text -> text applied before loading, e.g. to delete one
-    s_waitcnt; edited programs are not cached)."""
+    s_waitcnt; edited programs are not cached), strict_buffer_oob (mxgemm.emu.Emulator)."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
@@ -200,7 +202,7 @@ def emulator(arch: str):
     from .emu import Emulator
     settings = _emu_settings()
     return Emulator(arch=arch, race_check=settings["race_check"], wg_order=settings["wg_order"],
-                    seed=settings["seed"])
+                    seed=settings["seed"], strict_buffer_oob=settings["strict_buffer_oob"])
 
 
 def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds) -> None:

@@ -198,3 +198,25 @@ def test_buffer_store_out_of_range_is_dropped(sfx):
             a = addr[l] + np.arange(size)
             want[a[ok[l]]] = data[l, :size][ok[l]]
         np.testing.assert_array_equal(got[m], want, err_msg=f"{sfx} {mode}")
+
+
+@pytest.mark.parametrize("soff, raises", [(SOFF, True), (0, False)])
+def test_strict_mode_refuses_results_that_depend_on_soffset_in_the_range_check(soff, raises):
+    """With soffset 8, lanes 36-37 start below num_records but end past it once soffset counts:
+    whether they read data or zeros is the open question of docs/buffer_oob.md. Without soffset
+    the answer does not depend on it."""
+    from mxgemm.emu import Emulator, EmulatorFault
+    _, _, asm = program(_load_source("dword", lds=False))
+    emu = Emulator(arch="gfx950", strict_buffer_oob=True)
+    x = torch.zeros(4096, dtype=torch.uint8)
+    out = torch.full((4 * 256,), -1, dtype=torch.int32)
+
+    def launch():
+        emu.launch(emu.load(asm), "k", grid=(1, 1, 1), block=(64, 1, 1), args=[out, x, soff])
+    if raises:
+        with pytest.raises(EmulatorFault, match=r"lane 36: voffset \+ inst_offset = 144 is inside num_records = 150, "
+                                                r"with soffset 8 outside: the result depends on whether soffset is "
+                                                r"range checked"):
+            launch()
+    else:
+        launch()

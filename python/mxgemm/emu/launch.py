@@ -92,15 +92,19 @@ class Emulator:
     # hidden arguments the runtime supplies: the emulator's flat aperture of LDS
     hidden_runtime = {"hidden_shared_base": SHARED_BASE >> 32}
 
-    def __init__(self, arch="gfx950", race_check=True, wg_order="linear", seed=0, lockstep=True):
+    def __init__(self, arch="gfx950", race_check=True, wg_order="linear", seed=0, lockstep=True,
+                 strict_buffer_oob=False):
         """lockstep: run identical waves of a workgroup as one unit (wave.py); False runs every
-        wave on its own (the reference schedule, for comparison)."""
+        wave on its own (the reference schedule, for comparison). strict_buffer_oob: raise where
+        a raw buffer access is in range or not depending on whether soffset counts in the range
+        check (the sources disagree: docs/buffer_oob.md)."""
         if arch not in TARGETS:
             raise ValueError(f"arch {arch!r} is not emulated (targets: {', '.join(TARGETS)})")
         self.target = TARGETS[arch]
         if wg_order not in ("linear", "shuffled"):
             raise ValueError("wg_order must be 'linear' or 'shuffled'")
         self.arch, self.race, self.wg_order, self.seed, self.lockstep = arch, race_check, wg_order, seed, lockstep
+        self.strict_buffer_oob = strict_buffer_oob
         self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
         self.widest_unit = 0     # most waves one lockstep unit ran in the last launch

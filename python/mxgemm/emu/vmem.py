@@ -200,14 +200,31 @@ def _buffer_addr(ins, vi, ri, oi, size):
         if add_tid:
             index = index + w.lane.astype(u64)
         off = voff + u64(inst)
-        addr = u64(base) + np.asarray(so(w)).astype(u64) + off + u64(stride) * index
+        soff = np.asarray(so(w)).astype(u64)
+        addr = u64(base) + soff + off + u64(stride) * index
         nrec = u64(nrec) if nrec.__class__ is int else nrec[:, None]
         if idxen or add_tid:
             ok = np.broadcast_to(index[:, None] < nrec, (w.n, ndw))
         else:
             ok = (off[:, None] + steps[None, :]) < nrec
+            if w.emu.strict_buffer_oob and soff.any():
+                _soffset_decides(w, ins, ok, (off + soff)[:, None] + steps[None, :] < nrec, off, soff, nrec)
         return addr, ok
     return get
+
+
+def _soffset_decides(w, ins, without, with_soffset, off, soff, nrec):
+    """Strict mode: an active lane's dword in range or not depending on whether soffset is part
+    of the raw buffer range check, which the sources leave open (docs/buffer_oob.md)."""
+    differ = (without != with_soffset) & w.mask[:, None]
+    if differ.any():
+        lane = int(np.argmax(differ.any(axis=1)))
+        n = int(np.broadcast_to(nrec, differ.shape)[lane, 0])
+        so = int(np.broadcast_to(soff, (w.n,))[lane])
+        raise EmulatorFault(f"{ins.where()}: lane {lane % w.T.wave}: voffset + inst_offset = {int(off[lane])} is "
+                            f"{'inside' if without[lane].any() else 'outside'} num_records = {n}, with soffset "
+                            f"{so} {'inside' if with_soffset[lane].any() else 'outside'}: the result depends on "
+                            "whether soffset is range checked, which the sources leave open (strict_buffer_oob)")
 
 
 def _resource(w, vsharp, regs):
