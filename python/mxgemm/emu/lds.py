@@ -89,6 +89,8 @@ def store(w, addr, data, ins=None, inflight=False, wrap=False):
         d = _dwords(w, am, nbytes)
         if d is None:
             d = _bytes_race(w, am, nbytes, True, inflight)
+        elif not inflight:
+            return _checked_store(w, a, am, d, data, nbytes)
         else:
             d = race.lds_check(w, d.ravel() if w.k == 1 else d, True, inflight, _rows(w))
     if w.full:
@@ -96,3 +98,24 @@ def store(w, addr, data, ins=None, inflight=False, wrap=False):
     else:
         w.wg.lds[am[:, None] + AR[nbytes]] = data[w.mask]
     return d
+
+
+def _checked_store(w, a, am, d, data, nbytes):
+    """An aligned store in race mode, checked after writing: a lane that writes the bytes the
+    dword already holds changes nothing another wave can see, and lanes of one instruction that
+    write one dword alike leave it as each of them wrote it (Triton's reductions store a value
+    replicated across waves that way), so neither is a race."""
+    idx = am[:, None] + AR[nbytes]
+    new = data if w.full else data[w.mask]
+    old = w.wg.lds[idx]
+    unchanged = (old == new).all(axis=1)
+    w.wg.lds[idx] = new
+    agree = (w.wg.lds[idx] == new).all(axis=1)
+    ndw = d.shape[-1]
+    try:
+        if w.k == 1:
+            return race.lds_check(w, d.ravel(), True, False, None, (np.repeat(unchanged, ndw), np.repeat(agree, ndw)))
+        return race.lds_check(w, d, True, False, _rows(w), (unchanged[:, None], agree[:, None]))
+    except BaseException:
+        w.wg.lds[idx] = old   # undone: the emulator may run the instruction again wave by wave
+        raise

@@ -334,3 +334,41 @@ def _waves(w):
 handler(*[f"v_mfma_{s}f32_{sh}_f8f6f4" for s in ("", "scale_") for sh in ("16x16x128", "32x32x64")],
         *[f"v_mfma_f32_{sh}_{ty}" for sh in ("16x16x32", "32x32x16")
           for ty in ("bf16", "f16", "fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")])(_build_mfma)
+
+
+# ---- integer MFMA ---------------------------------------------------------------------------
+
+def _int8_matrix(regs, mn: int, k: int) -> np.ndarray:
+    """int64 [mn, k] of an i8 operand (A, or B as its columns), the dense layout of ab_layout."""
+    row, kidx = ab_layout(mn, k, "i8")
+    items = kidx.shape[1]
+    vals = np.ascontiguousarray(np.asarray(regs, np.uint32).T).view(np.int8)[:, :items]
+    out = np.zeros((mn, k), np.int64)
+    out[row, kidx] = vals
+    return out
+
+
+def mfma_i8(m: int, k: int, a_regs, b_regs, c_u32) -> np.ndarray:
+    """v_mfma_i32_{m}x{m}x{k}_i8: D = A*B + C in int32 (wrapping); returns uint32 [m*m/64, 64]
+    in the accumulator layout of the fp32 forms."""
+    d = _int8_matrix(a_regs, m, k) @ _int8_matrix(b_regs, m, k).T
+    row, col = cd_layout(m)
+    c = np.asarray(c_u32, dtype=np.uint32).view(np.int32).astype(np.int64)
+    return ((d[row, col] + c) & 0xFFFFFFFF).astype(np.uint32)
+
+
+def _build_mfma_i8(ins):
+    m, _, k = map(int, ins.base.split("_")[3].split("x"))
+    if any(ins.mods.get(x, 0) for x in ("cbsz", "abid", "blgp")) or any(ins.mods.get("neg", [])):
+        raise UnsupportedInstruction(f"MFMA modifiers on an integer MFMA: {ins.where()}")
+    read_a, read_b = _vec_reader(ins, 1, ins.ops[1].count), _vec_reader(ins, 2, ins.ops[2].count)
+    read_c, write_d = _vec_reader(ins, 3, m * m // 64), _full_writer(ins, 0)
+
+    def run(w):
+        a, b, c = read_a(w), read_b(w), read_c(w)
+        write_d(w, np.concatenate([mfma_i8(m, k, a[:, s], b[:, s], c[:, s]) for s in _waves(w)], axis=1))
+    return run
+
+
+handler("v_mfma_i32_16x16x64_i8", "v_mfma_i32_32x32x32_i8", "v_mfma_i32_16x16x32_i8",
+        "v_mfma_i32_32x32x16_i8")(_build_mfma_i8)

@@ -125,9 +125,11 @@ def next_epoch(g):
             g.wtop = int(g.lw.max())
 
 
-def lds_check(w, d, write, inflight=False, rows=None):
+def lds_check(w, d, write, inflight=False, rows=None, alike=None):
     """Race check and stamp of an LDS access. d: dword indices of the active lanes' access, one
-    row (first axis) per active lane; rows: their lane numbers (lockstep units, else unused)."""
+    row (first axis) per active lane; rows: their lane numbers (lockstep units, else unused);
+    alike: for a write already made, (unchanged, agree) masks shaped like d: the dword kept its
+    bytes, and every lane of this access writing it wrote the same bytes (lds.py)."""
     if not d.size:     # no active lane
         return d
     g = w.wg
@@ -138,7 +140,7 @@ def lds_check(w, d, write, inflight=False, rows=None):
             _stamp_reads(g)            # (or now: a bounded log)
         return d
     _stamp_reads(g)
-    return _check(w, d, write, inflight, rows)
+    return _check(w, d, write, inflight, rows, alike)
 
 
 def _stamp_reads(g):
@@ -147,24 +149,27 @@ def _stamp_reads(g):
         _check(w, d, False, False, rows)
 
 
-def _check(w, d, write, inflight, rows):
+def _check(w, d, write, inflight, rows, alike=None):
     g = w.wg
     EK = g.epoch << WB
     if w.k == 1:
         X = w.wid
     else:                          # wave id per row, broadcast over the row's dwords
         X = (w.wid + rows // w.T.wave).reshape((-1,) + (1,) * (d.ndim - 1))
+    unchanged, agree = alike if alike is not None else (np.False_, np.False_)
     k = g.lw[d]
     if k.ravel()[k.argmax()] >= EK:    # some dword written this epoch (or still in flight)
         bad = (k >= EK) & (((k & WMASK) != X) | (k >= INFLIGHT << WB))
+        bad &= ~unchanged | (k >= INFLIGHT << WB)   # rewriting what another wave wrote: invisible
         if np.count_nonzero(bad):
             _error(w, d, bad, write, X)
     r = g.lr[d]
     other = (r >= EK) & (r != EK | X)   # read this epoch by another wave (reader epochs never exceed E)
     if write:
+        other &= ~unchanged                        # a reader saw these bytes either way
         if w.k > 1:     # two waves of this access write one dword: stamp each element's wave into
             g.scratch[d] = X                       # scratch; an element not reading its own back
-            other |= g.scratch[d] != X             # shares the dword with another wave
+            other |= (g.scratch[d] != X) & ~agree  # shares the dword with another wave
         if np.count_nonzero(other):
             _error(w, d, other, write, X)
         g.lw[d] = ((INFLIGHT << WB) if inflight else EK) | X
