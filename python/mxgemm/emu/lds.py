@@ -58,11 +58,14 @@ def _rows(w):
 
 
 def _bytes_race(w, a, nbytes, write, inflight=False):
-    """Race check of an unaligned or sub-dword access (a: addresses of the active lanes)."""
-    if w.k > 1:
-        d = (a.reshape(a.shape[0], -1)[:, :, None] + AR[nbytes]).reshape(a.shape[0], -1) >> 2
-        return race.lds_check(w, d, write, inflight, _rows(w))
-    return race.lds_check(w, np.unique(((a.reshape(-1)[:, None] + AR[nbytes]) >> 2).ravel()), write, inflight)
+    """Race check of an unaligned or sub-dword access (a: addresses of the active lanes): per
+    byte, except direct-to-LDS data in flight (dword stamps)."""
+    if inflight:
+        if w.k > 1:
+            d = (a.reshape(a.shape[0], -1)[:, :, None] + AR[nbytes]).reshape(a.shape[0], -1) >> 2
+            return race.lds_check(w, d, write, inflight, _rows(w))
+        return race.lds_check(w, np.unique(((a.reshape(-1)[:, None] + AR[nbytes]) >> 2).ravel()), write, inflight)
+    return race.lds_check_bytes(w, a, nbytes, write)
 
 
 def load(w, addr, nbytes, wrap=False):

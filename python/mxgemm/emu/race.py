@@ -113,6 +113,8 @@ def at_barrier(w):
             d, k = d[mine], k[mine]
             g.lw[d] = np.maximum(k, ((g.epoch + 1) << WB) | (k & WMASK))   # same wave: max of epochs
             g.wtop = max(g.wtop, ((g.epoch + 1) << WB) | WMASK)
+            if g.bytes is not None:
+                g.bytes.subw[d] = False    # its bytes are not known any more: the whole dword counts
 
 
 def next_epoch(g):
@@ -172,9 +174,13 @@ def _check(w, d, write, inflight, rows, alike=None):
             other |= (g.scratch[d] != X) & ~agree  # shares the dword with another wave
         if np.count_nonzero(other):
             _error(w, d, other, write, X)
+        if g.bytes is not None:
+            g.bytes.subw[d] = False
         g.lw[d] = ((INFLIGHT << WB) if inflight else EK) | X
         g.wtop = max(g.wtop, ((INFLIGHT << WB) if inflight else EK) | WMASK)
     else:
+        if g.bytes is not None:
+            g.bytes.subr[d] = False
         s = np.where(other, EK | SEVERAL, EK | X)
         g.lr[d] = s
         if w.k > 1:     # a dword two waves of this access read: the stamp read back differs
@@ -182,6 +188,68 @@ def _check(w, d, write, inflight, rows, alike=None):
             if np.count_nonzero(mixed):
                 g.lr[d[mixed]] = EK | SEVERAL
     return d
+
+
+class _ByteStamps:
+    """Per-byte writer / reader stamps of sub-dword LDS accesses, and per dword whether every
+    write / read of the current epoch was sub-dword (then its dword stamp says little: another
+    wave may have touched only other bytes)."""
+
+    def __init__(self, g):
+        n = g.lds.size
+        self.w, self.r, self.scratch = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int64)
+        self.subw, self.subr = np.zeros(n // 4, bool), np.zeros(n // 4, bool)
+
+
+def lds_check_bytes(w, a, nbytes, write):
+    """Race check and stamp of a sub-dword or unaligned LDS access at byte granularity (a: byte
+    addresses of the active lanes, rows of a lockstep unit first): waves touching different
+    bytes of one dword do not race (a byte histogram keeps per-thread byte counters that way).
+    Returns the dword indices touched."""
+    g = w.wg
+    b = g.bytes = g.bytes or _ByteStamps(g)
+    _stamp_reads(g)
+    EK = g.epoch << WB
+    B = (a.reshape(a.shape[0], -1)[:, :, None] + np.arange(nbytes)).reshape(a.shape[0], -1)
+    X = np.full(B.shape, w.wid) if w.k == 1 else \
+        np.broadcast_to((w.wid + np.nonzero(w.mask)[0] // w.T.wave)[:, None], B.shape)
+    D = B >> 2
+    kw, kwb = g.lw[D], b.w[B]
+    other_w = (kw >= EK) & ((kw & WMASK) != X)
+    bad = (other_w & (~b.subw[D] | (kw >= INFLIGHT << WB))) | ((kwb >= EK) & ((kwb & WMASK) != X))
+    if write:
+        kr, krb = g.lr[D], b.r[B]
+        bad |= ((kr >= EK) & (kr != EK | X) & ~b.subr[D]) | ((krb >= EK) & (krb != EK | X))
+        if w.k > 1:                       # two waves of this access write one byte
+            b.scratch[B] = X
+            bad |= b.scratch[B] != X
+    if np.count_nonzero(bad):
+        i = int(np.argmax(bad.ravel()))
+        j, me = int(B.ravel()[i]), int(X.ravel()[i])
+        raise RaceError(f"LDS race at byte {j % max(g.lds_size, 4):#x} ({g.where(me)}): "
+                        f"{'written' if write else 'read'} here while another wave accesses that byte without an "
+                        "s_barrier (and s_waitcnt) in between")
+    stamps, dstamps, sub = (b.w, g.lw, b.subw) if write else (b.r, g.lr, b.subr)
+    if not write:
+        _stamp(stamps, B, np.where((stamps[B] >= EK) & (stamps[B] != EK | X), EK | SEVERAL, EK | X))
+    else:
+        _stamp(stamps, B, EK | X)
+    k = dstamps[D]
+    sub[D] = (k < EK) | sub[D]            # an epoch's first access starts the dword's sub-dword run
+    _stamp(dstamps, D, np.where((k >= EK) & ((k & WMASK) != X), EK | SEVERAL, EK | X))
+    if write:
+        g.wtop = max(g.wtop, EK | WMASK)
+    return np.unique(D)
+
+
+def _stamp(stamps, idx, s):
+    """stamps[idx] = s, where an index given two different stamps (two waves of one access)
+    gets the SEVERAL stamp of their epoch."""
+    s = np.broadcast_to(s, idx.shape)
+    stamps[idx] = s
+    mixed = stamps[idx] != s
+    if np.count_nonzero(mixed):
+        stamps[idx[mixed]] = (s[mixed] >> WB << WB) | SEVERAL
 
 
 def _error(w, d, bad, write, X):

@@ -51,6 +51,7 @@ class Workgroups:
             self.wtop = -1        # no stamp in lw exceeds it
             self.reads = []       # race.lds_check: reads of this epoch whose stamps are not yet in lr
             self.scratch = np.zeros(nd, np.int64)   # race.lds_check of lockstep units
+            self.bytes = None     # race.lds_check_bytes: per-byte stamps, made at the first sub-dword access
 
     def where(self, wid):
         """'workgroup (x, y, z), wave w' of batch wave id wid."""
