@@ -149,3 +149,12 @@ def test_perf_errors(capsys, tmp_path):
     if importlib.util.find_spec("matplotlib") is None:
         assert main(["perf", "--preset", "small", "--no-mca", "--plot", str(tmp_path / "r.png")]) == 1
         assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_legacy_fp8_mfma_runs_at_half_the_f8f6f4_rate():
+    """gfx950's gfx940-style FP8 MFMAs take 16 (16x16x32) and 32 (32x32x16) cycles per LLVM's
+    gfx950 scheduling model: half the FLOP rate of v_mfma_*_f8f6f4 with FP8 operands."""
+    legacy16 = "v_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]"
+    legacy32 = "v_mfma_f32_32x32x16_bf8_fp8 v[0:15], v[4:5], v[6:7], v[0:15]"
+    assert perf.mfma_cycles(legacy16) == pytest.approx(16.1, abs=0.05)
+    assert perf.mfma_cycles(legacy32) == pytest.approx(32.2, abs=0.1)

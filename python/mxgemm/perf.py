@@ -34,8 +34,9 @@ from .emu.stats import classify
 _OCC = isa.ARCH_LIMITS
 LIMITS = {
     "gfx950": dict(name="MI355X", cus=256, clock_ghz=2.4, hbm_tbps=8.0,
-                   peak_tflops={"fp8": 5000.0, "mxfp6": 10100.0, "mxfp4": 10100.0, "bf16": 2500.0},
-                   mem_latency_ns=800.0,    # an assumption, not a published MI355X figure (§1)
+                   peak_tflops={"fp8": 5000.0, "mxfp6": 10100.0, "mxfp4": 10100.0, "bf16": 2500.0,
+                                "fp8_legacy": 2500.0},
+                   mem_latency_ns=430.0,    # MI300X's measured HBM latency as a stand-in (§1)
                    lds_kib_per_cu=_OCC["gfx950"]["lds_bytes"] // 1024, simds_per_cu=_OCC["gfx950"]["simds_per_cu"],
                    wave_size=_OCC["gfx950"]["wave_size"]),
     # gfx1250: no public CU count, clock, bandwidth or peak rates were found (docs/perf_model.md §1)
@@ -57,7 +58,9 @@ def mfma_rate(line: str) -> str:
         mods = dict(re.findall(r"\b(cbsz|blgp):(\d+)", line))
         rates = [_F8F6F4_RATE[int(mods.get(k, 0))] for k in ("cbsz", "blgp")]
         return min(rates, key=_RATE_ORDER.index)
-    if re.search(r"_(fp8|bf8|i8)", base):
+    if re.search(r"_(fp8|bf8)_(fp8|bf8)$", base):
+        return "fp8_legacy"    # the gfx940 FP8 forms run at half the f8f6f4 FP8 rate on gfx950 (§2)
+    if re.search(r"_i8$", base):
         return "fp8"
     return "bf16"
 
