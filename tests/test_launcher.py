@@ -70,17 +70,19 @@ def test_backend_decision():
         launcher.backend_for(cpu, ("gfx1250",))
 
 
-def test_forced_hip_backend_rejects_cpu_tensors():
+@pytest.mark.parametrize("value, error, message", [
+    ("hip", "mxgemm.guards.GuardError", "[backend] MXGEMM_BACKEND=hip needs tensors on a ROCm GPU; they are on cpu"),
+    ("bogus", "mxgemm.env.EnvError", "MXGEMM_BACKEND='bogus': must be one of emu, hip")])
+def test_backend_variable_is_checked_before_launch(value, error, message):
     """MXGEMM_BACKEND is read once per process: check it in a fresh one."""
     code = ("import torch, mxgemm\n"
-            "from mxgemm.guards import GuardError\n"
             "try:\n"
             "    mxgemm.mxfp8_dequantize(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(2, 2, dtype=torch.uint8))\n"
-            "except GuardError as e:\n"
+            f"except {error} as e:\n"
             "    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "MXGEMM_BACKEND": "hip"})
-    assert "[backend] MXGEMM_BACKEND=hip needs tensors on a ROCm GPU; they are on cpu" in p.stdout, p.stderr[-2000:]
+                       env={**os.environ, "MXGEMM_BACKEND": value})
+    assert message in p.stdout, p.stderr[-2000:]
 
 
 def test_emulator_settings_validate_names():
