@@ -26,21 +26,25 @@ using namespace mxgemm;
 MXGEMM_KERNEL(name)(float* d, const int* a, const int* b, const float* c, const int* sa, const int* sb) { \
   int l = thread_x(); LOAD(v16i, va, a, 16) LOAD(v16i, vb, b, 16) LOAD(CT, vc, c, NC) \
   v8i va8, vb8; for (int i = 0; i < 8; ++i) va8[i] = va[i], vb8[i] = vb[i]; \
-  int sA = sa[l], sB = sb[l]; CT r = call; for (int i = 0; i < NC; ++i) d[l * NC + i] = r[i]; }
+  int sA = sa[l], sB = sb[l]; long sA16 = (unsigned)sA | (long)sa[32 + l] << 32, sB16 = (unsigned)sB | (long)sb[32 + l] << 32; \
+  CT r = call; for (int i = 0; i < NC; ++i) d[l * NC + i] = r[i]; }
 KERNEL(fp8_fp8, v8f, 8, __builtin_amdgcn_wmma_f32_16x16x128_fp8_fp8(va, vb, (short)0, vc, false, false))
 KERNEL(scale_fp8_bf8, v8f, 8, __builtin_amdgcn_wmma_scale_f32_16x16x128_f8f6f4(0, va, 1, vb, (short)0, vc, 1, 0, sA, 0, 0, sB, false, false))
 KERNEL(scale_fp4_fp4, v8f, 8, __builtin_amdgcn_wmma_scale_f32_16x16x128_f8f6f4(4, va, 4, vb, (short)0, vc, 0, 0, sA, 1, 0, sB, false, false))
 KERNEL(scale_fp6_fp8, v8f, 8, __builtin_amdgcn_wmma_scale_f32_16x16x128_f8f6f4(2, va, 0, vb, (short)0, vc, 0, 0, sA, 0, 0, sB, false, false))
 KERNEL(scale_f4_32x16, v16f, 16, __builtin_amdgcn_wmma_scale_f32_32x16x128_f4(va, vb8, (short)0, vc, 1, 0, sA, 1, 0, sB, false, false))
+KERNEL(scale_bf6_fp4, v8f, 8, __builtin_amdgcn_wmma_scale_f32_16x16x128_f8f6f4(3, va, 4, vb, (short)0, vc, 0, 0, sA, 1, 0, sB, false, false))
+KERNEL(scale16_fp8_fp6, v8f, 8, __builtin_amdgcn_wmma_scale16_f32_16x16x128_f8f6f4(0, va, 2, vb, (short)0, vc, 1, 0, sA16, 0, 0, sB16, false, false))
 KERNEL(bf16, v8f, 8, __builtin_amdgcn_wmma_f32_16x16x32_bf16(false, __builtin_bit_cast(v16bf, va8), false, __builtin_bit_cast(v16bf, vb8), (short)0, vc, false, false))
 """
 DT = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m3": ml_dtypes.float6_e2m3fn,
-      "e2m1": ml_dtypes.float4_e2m1fn, "bf16": ml_dtypes.bfloat16}
-BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e2m1": 4, "bf16": 16}
-# kernel -> (M, K, A format, B format, scaled, scale lane half of A, of B)
-FORMS = {"fp8_fp8": (16, 128, "e4m3", "e4m3", False, 0, 0), "scale_fp8_bf8": (16, 128, "e4m3", "e5m2", True, 1, 0),
-         "scale_fp4_fp4": (16, 128, "e2m1", "e2m1", True, 0, 1), "scale_fp6_fp8": (16, 128, "e2m3", "e4m3", True, 0, 0),
-         "scale_f4_32x16": (32, 128, "e2m1", "e2m1", True, None, 1), "bf16": (16, 32, "bf16", "bf16", False, 0, 0)}
+      "e3m2": ml_dtypes.float6_e3m2fn, "e2m1": ml_dtypes.float4_e2m1fn, "bf16": ml_dtypes.bfloat16}
+BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16}
+# kernel -> (M, K, A format, B format, scale block (0: unscaled), scale lane half of A, of B)
+FORMS = {"fp8_fp8": (16, 128, "e4m3", "e4m3", 0, 0, 0), "scale_fp8_bf8": (16, 128, "e4m3", "e5m2", 32, 1, 0),
+         "scale_fp4_fp4": (16, 128, "e2m1", "e2m1", 32, 0, 1), "scale_fp6_fp8": (16, 128, "e2m3", "e4m3", 32, 0, 0),
+         "scale_bf6_fp4": (16, 128, "e3m2", "e2m1", 32, 0, 1), "scale16_fp8_fp6": (16, 128, "e4m3", "e2m3", 16, 1, 0),
+         "scale_f4_32x16": (32, 128, "e2m1", "e2m1", 32, None, 1), "bf16": (16, 32, "bf16", "bf16", 0, 0, 0)}
 
 
 def codes_of(fmt, rng, shape):
@@ -101,22 +105,25 @@ def _prog():
 
 @pytest.mark.parametrize("name", sorted(FORMS))
 def test_wmma_form_matches_numpy(name):
-    M, K, fa, fb, scaled, sel_a, sel_b = FORMS[name]
+    M, K, fa, fb, block, sel_a, sel_b = FORMS[name]
     rng = np.random.default_rng(sorted(FORMS).index(name))
     A, B = codes_of(fa, rng, (M, K)), codes_of(fb, rng, (16, K))      # B as [N, K]
     C = rng.integers(-64, 64, (M, 16)).astype(np.float32) / 8
-    nb = K // 32
-    ea = rng.integers(126, 129, (M, nb)) if scaled else np.full((M, nb), 127)
-    eb = rng.integers(126, 129, (16, nb)) if scaled else np.full((16, nb), 127)
-    ref = C.astype(np.float64) + np.einsum("mkb,nkb->mn", (values(fa, A) * np.repeat(np.exp2(ea - 127.0), 32, 1)
+    blk = block or 32
+    nb = K // blk
+    ea = rng.integers(126, 129, (M, nb)) if block else np.full((M, nb), 127)
+    eb = rng.integers(126, 129, (16, nb)) if block else np.full((16, nb), 127)
+    ref = C.astype(np.float64) + np.einsum("mkb,nkb->mn", (values(fa, A) * np.repeat(np.exp2(ea - 127.0), blk, 1)
                                                            ).reshape(M, -1, 1),
-                                           (values(fb, B) * np.repeat(np.exp2(eb - 127.0), 32, 1)).reshape(16, -1, 1))
+                                           (values(fb, B) * np.repeat(np.exp2(eb - 127.0), blk, 1)).reshape(16, -1, 1))
     a_regs, b_regs = pack(A, BITS[fa]), pack(B, BITS[fb])
-    sa, sb = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
-    for m in range(M):          # scale bytes: row m's K blocks in lane m (+16 for the upper half)
-        sa[m + 16 * (sel_a or 0)] = sum(int(ea[m, j]) << (8 * j) for j in range(nb))
-    for n in range(16):
-        sb[n + 16 * sel_b] = sum(int(eb[n, j]) << (8 * j) for j in range(nb))
+    # scale bytes: row m's K blocks in lane m (+16 for the upper half); byte j of the lane's 32-bit
+    # register (scale16: of its 64-bit pair, low word in sa[:32], high in sa[32:])
+    sa, sb = np.zeros(64, np.uint32), np.zeros(64, np.uint32)
+    for scale, e, rows, sel in ((sa, ea, M, sel_a or 0), (sb, eb, 16, sel_b)):
+        for r in range(rows):
+            v = sum(int(e[r, j]) << (8 * j) for j in range(nb))
+            scale[r + 16 * sel], scale[32 + r + 16 * sel] = v & 0xFFFFFFFF, v >> 32
     c_raw = np.zeros((32, M // 2), np.float32)
     for l in range(32):
         for r in range(M // 2):
@@ -134,7 +141,7 @@ def test_wmma_form_matches_numpy(name):
 def test_scale_byte_and_lane_half_matter():
     """Moving row 0's scale to the other lane half (or K block 0's byte to block 1) changes D:
     the scale operand really is read per documented lane and byte."""
-    M, K, fa, fb, _, sel_a, sel_b = FORMS["scale_fp8_bf8"]
+    M, K, fa, fb, _, _, _ = FORMS["scale_fp8_bf8"]
     rng = np.random.default_rng(5)
     A, B = codes_of(fa, rng, (M, K)), codes_of(fb, rng, (16, K))
     emu, prog, _ = _prog()
@@ -144,9 +151,9 @@ def test_scale_byte_and_lane_half_matter():
         emu.launch(prog, "scale_fp8_bf8", grid=1, block=32,
                    args=[d, torch.from_numpy(pack(A, 8).view(np.int32)), torch.from_numpy(pack(B, 8).view(np.int32)),
                          torch.zeros(256), torch.from_numpy(sa.view(np.int32)),
-                         torch.from_numpy(np.full(32, 0x7F7F7F7F, np.uint32).view(np.int32))])
+                         torch.from_numpy(np.full(64, 0x7F7F7F7F, np.uint32).view(np.int32))])
         return d_of(d.numpy().reshape(32, 8), 16)
-    ones = np.full(32, 0x7F7F7F7F, np.uint32)
+    ones = np.full(64, 0x7F7F7F7F, np.uint32)
     base = run(ones)
     moved = ones.copy()
     moved[16] = 0x7F7F7F80          # row 0, K block 0 doubled
