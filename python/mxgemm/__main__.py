@@ -85,6 +85,11 @@ def cmd_perf(args) -> int:
     return perf.main(args.rest)   # perf parses its own options (python -m mxgemm perf --help)
 
 
+def cmd_time(args) -> int:
+    from .timing import cli
+    return cli.main(args.rest)   # time parses its own options (python -m mxgemm time --help)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxgemm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,8 +108,10 @@ def main(argv=None) -> int:
     be.set_defaults(fn=cmd_bench)
     sub.add_parser("perf", help="performance model: roofline + hot-loop analysis (perf --help)",
                    add_help=False).set_defaults(fn=cmd_perf)
+    sub.add_parser("time", help="timing model: a kernel's simulated MI355X time and hot blocks (time --help)",
+                   add_help=False).set_defaults(fn=cmd_time)
     args, rest = p.parse_known_args(argv)
-    if rest and args.cmd != "perf":
+    if rest and args.cmd not in ("perf", "time"):
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     if args.cmd is None:          # bare `python -m mxgemm`: the help, as a usage error (exit 2)

@@ -24,7 +24,7 @@ EMU_ARCH = env.get("MXGEMM_EMU_ARCH")
 _EMU_SETTINGS = threading.local()
 # strict_buffer_oob: mxgemm's own kernels must not depend on whether soffset is range checked
 _DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None,
-                    strict_buffer_oob=True)
+                    strict_buffer_oob=True, timing=None, timing_rounds=None)
 
 
 @contextlib.contextmanager
@@ -32,16 +32,31 @@ def emulator_settings(**kw):
     """Temporarily change emulator options for launches: race_check, wg_order, seed, and
     workgroups (iterable of (x, y, z) ids: run only those workgroups of each grid; None = all),
     asm_edit (a function assembly text -> text applied before loading, e.g. to delete one
-    s_waitcnt; edited programs are not cached), strict_buffer_oob (mxgemm.emu.Emulator)."""
+    s_waitcnt; edited programs are not cached), strict_buffer_oob and timing (a machine of
+    mxgemm.timing, e.g. "mi355x": each launch of the block is also timed there; ``timings()``
+    lists them) (mxgemm.emu.Emulator). timing_rounds: run only the first that many rounds of
+    workgroups XCD 0 receives and extrapolate its time (mxgemm.timing.rounds_sample); the
+    outputs are then incomplete."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
     old = getattr(_EMU_SETTINGS, "value", dict(_DEFAULT_EMU))
+    old_timings = getattr(_EMU_SETTINGS, "timings", [])
     _EMU_SETTINGS.value = {**old, **kw}
+    if kw.get("timing"):
+        _EMU_SETTINGS.timings = []
     try:
         yield
     finally:
         _EMU_SETTINGS.value = old
+        if kw.get("timing"):
+            _EMU_SETTINGS.timings = old_timings
+
+
+def timings() -> list:
+    """(kernel symbol, mxgemm.timing result) of each launch timed in this thread's innermost
+    ``emulator_settings(timing=...)`` block, in launch order."""
+    return list(getattr(_EMU_SETTINGS, "timings", []))
 
 
 def _emu_settings():
@@ -202,7 +217,8 @@ def emulator(arch: str):
     from .emu import Emulator
     settings = _emu_settings()
     return Emulator(arch=arch, race_check=settings["race_check"], wg_order=settings["wg_order"],
-                    seed=settings["seed"], strict_buffer_oob=settings["strict_buffer_oob"])
+                    seed=settings["seed"], strict_buffer_oob=settings["strict_buffer_oob"],
+                    timing=settings["timing"])
 
 
 def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds) -> None:
@@ -215,8 +231,14 @@ def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_
         prog = _PROGRAMS.get((key, emu.race))
         if prog is None:
             prog = _PROGRAMS[(key, emu.race)] = emu.load(asm())
-    emu.launch_kernarg(prog, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds, settings["workgroups"])
+    workgroups = settings["workgroups"]
+    if settings["timing"] and settings["timing_rounds"] and workgroups is None:
+        from .timing import rounds_sample
+        workgroups = rounds_sample(settings["timing"], prog, symbol, grid, block, dynamic_lds, settings["timing_rounds"])
+    emu.launch_kernarg(prog, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds, workgroups)
     _EMU_SETTINGS.last_stats = emu.last_stats
+    if emu.last_timing is not None:
+        _EMU_SETTINGS.timings.append((symbol, emu.last_timing))
 
 
 def run_handed_over(arch, asm_path, symbol, slots, grid, block, dynamic_lds, kernarg_bytes, buffers) -> None:

@@ -9,6 +9,19 @@
     emu.last_stats                       # counters of the last launch (dict, see ``stats``)
     big = emu.sparse_buffer(nbytes)      # lazily paged; big.write(off, t), big.read(off, n)
 
+Timing (``mxgemm.timing``, docs/timing_model.md): ``Emulator(arch="gfx950", timing="mi355x")``
+runs every launch as above and also predicts its time on that machine::
+
+    emu.last_timing   # {"us", "cycles", "clock_ghz", "limiter": mfma|valu|lds|l1|l2|hbm|latency,
+                      #  "sampled": bool (only some workgroups ran: workgroups=, rounds_sample),
+                      #  "breakdown": {"busy": per unit fraction, "bytes": per level,
+                      #                "stalls": cycles by cause, "occupancy_workgroups_per_cu",
+                      #                "workgroups_simulated", "workgroups_per_xcd",
+                      #                "blocks": per basic block issued + stall cycles by cause}}
+
+Ops are timed through ``mxgemm.launcher.emulator_settings(timing="mi355x")`` and
+``launcher.timings()``; ``python -m mxgemm time KERNEL`` prints one.
+
 Modules: ``isa`` (operand decoding, errors, handler tables), ``asm`` (assembly and metadata
 parsing), ``target`` (what the core needs to know about an ISA target) and one module per
 target (``gfx950``: wave size, named SGPRs, s_waitcnt encoding, LDS size, handler table;

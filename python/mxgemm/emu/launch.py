@@ -93,11 +93,13 @@ class Emulator:
     hidden_runtime = {"hidden_shared_base": SHARED_BASE >> 32}
 
     def __init__(self, arch="gfx950", race_check=True, wg_order="linear", seed=0, lockstep=True,
-                 strict_buffer_oob=False):
+                 strict_buffer_oob=False, timing=None):
         """lockstep: run identical waves of a workgroup as one unit (wave.py); False runs every
         wave on its own (the reference schedule, for comparison). strict_buffer_oob: raise where
         a raw buffer access is in range or not depending on whether soffset counts in the range
-        check (the sources disagree: docs/buffer_oob.md)."""
+        check (the sources disagree: docs/buffer_oob.md). timing: a machine of mxgemm.timing
+        ("mi355x", or a timing.Machine): every launch also predicts its time there
+        (``last_timing``); waves then run one by one, each recording what it issued."""
         if arch not in TARGETS:
             raise ValueError(f"arch {arch!r} is not emulated (targets: {', '.join(TARGETS)})")
         self.target = TARGETS[arch]
@@ -105,6 +107,12 @@ class Emulator:
             raise ValueError("wg_order must be 'linear' or 'shuffled'")
         self.arch, self.race, self.wg_order, self.seed, self.lockstep = arch, race_check, wg_order, seed, lockstep
         self.strict_buffer_oob = strict_buffer_oob
+        self.timing, self.tracer, self.last_timing = timing, None, None
+        if timing is not None:
+            from ..timing import MACHINES, Machine
+            if not isinstance(timing, Machine) and timing not in MACHINES:
+                raise ValueError(f"timing {timing!r}: machines are {', '.join(MACHINES)}")
+            self.lockstep = False
         self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
         self.widest_unit = 0     # most waves one lockstep unit ran in the last launch
@@ -151,6 +159,10 @@ class Emulator:
         self.widest_unit = 0
         fns = counter.wrap(fns)
         mem = self.mem = Memory()
+        if self.timing is not None:
+            from ..timing.trace import Tracer
+            self.tracer = mem.tracer = Tracer()
+            fns = self.tracer.wrap(fns)
         for b in buffers:
             if isinstance(b, SparseBuffer):
                 mem.add(b.address, b.nbytes, sparse=b)
@@ -193,6 +205,11 @@ class Emulator:
         nwg = len(order) * units[0] * units[1] * units[2]
         self.last_stats = counter.stats(nwg, nwg * -(-block[0] * block[1] * block[2] // T.wave))
         self.last_stats["widest_unit"] = self.widest_unit
+        if self.timing is not None:
+            from ..timing import simulate
+            self.last_timing = simulate(self.timing, prog, kernel, self.tracer.waves, grid, block, lds_bytes,
+                                        sampled=workgroups is not None)
+            self.tracer = None
 
     def _init_wave(self, w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster=None):
         """cluster: (cluster id, this workgroup's position in it) of a cluster launch."""
@@ -267,6 +284,8 @@ class Emulator:
                 for wid in range(nwaves):
                     w = Wave(self, prog, kernel, wg, b * nwaves + wid)
                     self._init_wave(w, meta, block, grid, wgid, karg_ptr, pkt_ptr, wid, cluster)
+                    if self.tracer is not None:
+                        self.tracer.start_wave(w, wgid, wid)
                     waves.append(w)
             groups.append(waves)
             wgs.append(wg)

@@ -86,6 +86,7 @@ class Memory:
 
     def __init__(self):
         self.regions, self.bases = [], []
+        self.tracer = None      # mxgemm.timing.trace.Tracer of a timed launch
 
     def add(self, base, size, arr=None, sparse=None):
         for r in self.regions:
@@ -131,6 +132,8 @@ class Memory:
     def load(self, addr, mask, nbytes):
         """uint8 [lanes, nbytes] (addr: uint64 [lanes]); inactive lanes read 0."""
         addr = np.asarray(addr, u64)
+        if self.tracer is not None:
+            self.tracer.vmem(addr, mask)
         out = None
         for r, sel in self._split(addr, mask, nbytes):
             off = np.where(sel, addr - u64(r.base), 0).astype(np.int64)
@@ -144,6 +147,8 @@ class Memory:
 
     def store(self, addr, mask, data):
         addr = np.asarray(addr, u64)
+        if self.tracer is not None:
+            self.tracer.vmem(addr, mask)
         nbytes = data.shape[1]
         for r, sel in self._split(addr, mask, nbytes):
             off = (addr[sel] - u64(r.base)).astype(np.int64)
@@ -155,6 +160,8 @@ class Memory:
         dt = np.dtype(dtype)
         n = dt.itemsize
         addr = np.asarray(addr, u64)
+        if self.tracer is not None:
+            self.tracer.vmem(addr, mask)
         old = np.zeros(addr.size, dt)
         act = np.nonzero(mask)[0]
         if act.size == 0:

@@ -1,0 +1,104 @@
+"""Timing model: how long a launch the emulator ran takes on a machine (an MI355X), from the
+instructions its waves really issued and the addresses they really touched.
+
+    emu = Emulator(arch="gfx950", timing="mi355x")
+    emu.launch(...)                   # as always; waves run one by one, recording a trace
+    emu.last_timing                   # {"us", "cycles", "clock_ghz", "limiter", "sampled", "breakdown"}
+
+``sampled``: the launch ran only some workgroups (``workgroups=``; ``xcd0_sample`` picks whole
+rounds of XCD 0): the time of one XCD's share is the simulated rounds' time scaled by the
+number of rounds (waves of resident workgroups) the share takes. Model, parameters and sources: docs/timing_model.md.
+"""
+from __future__ import annotations
+
+from .engine import occupancy, replay
+from .machine import MACHINES, Machine
+
+__all__ = ["MACHINES", "Machine", "rounds_sample", "simulate", "xcd0_sample"]
+
+
+def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=False) -> dict:
+    m = MACHINES[machine] if isinstance(machine, str) else machine
+    r = replay(m, prog, kernel, traces, grid, lds_bytes, m.clock_ghz)
+    span = r["cycles"] * m.simds * r["cus"]
+    if span and r["busy"].get("mfma", 0) / span > 0.5:       # sustained matrix load: the lower clock
+        clock = m.loaded_clock_ghz
+        r = replay(m, prog, kernel, traces, grid, lds_bytes, clock)
+    else:
+        clock = m.clock_ghz
+    n = grid[0] * grid[1] * grid[2]
+    share = len([i for i in range(n) if i % m.xcds == 0]) or 1
+    cycles = _extrapolate(r, share) if sampled else r["cycles"]
+    span = max(r["cycles"], 1.0)
+    util = {"mfma": r["busy"].get("mfma", 0) / (span * m.simds * r["cus"]),
+            "valu": r["busy"].get("valu", 0) / (span * m.simds * r["cus"]),
+            "lds": r["busy"].get("lds", 0) / (span * r["cus"]),
+            "l1": r["busy"].get("l1", 0) / (span * r["cus"]),
+            "l2": r["bytes"].get("l2", 0) / (span * m.l2_bytes_per_clk),
+            "hbm": r["bytes"].get("hbm", 0) / (span * r["hbm_bytes_per_clk"])}
+    top = max(util, key=util.get)
+    return dict(us=cycles / (clock * 1e3), cycles=cycles, clock_ghz=clock,
+                limiter=top if util[top] > 0.6 else "latency", sampled=bool(sampled),
+                breakdown=dict(busy=util, bytes=r["bytes"], stalls={k: v for k, v in r["busy"].items()
+                                                                      if k.startswith("stall")},
+                               occupancy_workgroups_per_cu=r["slots"], workgroups_simulated=r["workgroups"],
+                               workgroups_per_xcd=share, blocks=blocks(prog, kernel, r)))
+
+
+def blocks(prog, kernel, r) -> list:
+    """Where the simulated waves spent their time, per basic block (runs of instructions from
+    one label to the next), hottest first: instructions issued, and the cycles waves stood at
+    the block's instructions by cause (issue: another wave had the SIMD; valu / mfma: the
+    pipe was busy; wait: s_waitcnt; barrier: s_barrier)."""
+    code = prog.codes[kernel]
+    starts = sorted({0, *code.labels.values()})
+    names = {}
+    for label, i in code.labels.items():
+        names.setdefault(i, label)
+    out = []
+    for a, b in zip(starts, starts[1:] + [len(code.instrs)]):
+        if a >= b:
+            continue
+        stall = {}
+        for pc in range(a, b):
+            for cause, c in r["stalls"].get(pc, {}).items():
+                stall[cause] = stall.get(cause, 0.0) + c
+        n = sum(r["issued"].get(pc, 0) for pc in range(a, b))
+        if n or stall:
+            out.append(dict(block=names.get(a, "entry"), first=a, last=b - 1, issued=n, stalls=stall,
+                            cycles=n + sum(stall.values())))
+    return sorted(out, key=lambda x: -x["cycles"])
+
+
+def _extrapolate(r, share) -> float:
+    """Cycles of XCD 0's whole share from the rounds it simulated (a round: as many workgroups
+    as it holds at once): the simulated time plus, per missing round, the mean of the later
+    simulated rounds (the first one alone if there is no later one)."""
+    per_round = r["slots"] * r["cus"]
+    done = r["done"]
+    sim, total = -(-len(done) // per_round), -(-share // per_round)
+    if total <= sim:
+        return r["cycles"]
+    first = done[min(per_round, len(done)) - 1]
+    steady = (done[-1] - first) / (sim - 1) if sim > 1 else first
+    return r["cycles"] + (total - sim) * steady
+
+
+def xcd0_sample(grid, count: int, machine="mi355x") -> list:
+    """Workgroup ids of the first ``count`` workgroups XCD 0 receives (dispatch order): what a
+    sampled timing run executes."""
+    m = MACHINES[machine] if isinstance(machine, str) else machine
+    gx, gy, gz = grid
+    ids = [i for i in range(gx * gy * gz) if i % m.xcds == 0][:count]
+    return [(i % gx, i // gx % gy, i // (gx * gy)) for i in ids]
+
+
+def rounds_sample(machine, prog, kernel, grid, block, dynamic_lds, rounds: int):
+    """The workgroups of XCD 0's first ``rounds`` rounds (None when that is its whole share):
+    what a sampled timing run of this launch executes."""
+    m = MACHINES[machine] if isinstance(machine, str) else machine
+    meta = prog.kernel_meta(kernel)
+    waves = -(-block[0] * block[1] * block[2] // 64)
+    count = rounds * occupancy(m, meta, waves, meta.group_segment_fixed_size + dynamic_lds) * (m.cus // m.xcds)
+    share = -(-grid[0] * grid[1] * grid[2] // m.xcds)
+    return None if count >= share else xcd0_sample(grid, count, m)

@@ -1,0 +1,103 @@
+"""`python -m mxgemm time`: a kernel of the registry timed on the model at a shape of its perf
+presets, with the basic blocks its cycles went to; `--calibrate`: the calibration kernels
+(mxgemm.calibration) timed at M = N = K = 4096 beside their published MI355X results.
+
+In the calibration each stage runs the first two rounds of workgroups XCD 0 receives (sampled; the rest of its share
+extrapolated) at two small K, and the time is extrapolated linearly in K to 4096 (the K loop is
+the steady state of these kernels)."""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from .. import calibration
+from ..emu import Emulator
+from . import MACHINES, engine, xcd0_sample
+
+
+def stage_time(stage, M, N, K, machine="mi355x"):
+    emu = Emulator(arch="gfx950", race_check=False, timing=machine)
+    prog = emu.load(calibration.assembly())
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(M, K, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn)
+    c = torch.zeros(M, N, dtype=torch.bfloat16)
+    grid = (N // stage.tile[1], M // stage.tile[0], 1)
+    m = MACHINES[machine]
+    slots = engine.occupancy(m, prog.kernel_meta(stage.symbol), stage.block[0] * stage.block[1] // 64,
+                             prog.kernel_meta(stage.symbol).group_segment_fixed_size)
+    emu.launch(prog, stage.symbol, grid=grid, block=(*stage.block, 1), args=[a, b, c, M, N, K],
+               workgroups=xcd0_sample(grid, 2 * slots * m.cus // m.xcds, machine))
+    return emu.last_timing
+
+
+def calibrate(n=4096, out=sys.stdout):
+    print(f"{'stage':26s} {'published':>10s} {'predicted':>10s} {'error':>7s}  limiter  (TFLOP/s at {n}^3)", file=out)
+    rows = []
+    for stage in calibration.STAGES.values():
+        t0 = time.time()
+        ks = (64, 128) if stage.block == (16, 16) else (256, 512)
+        t = [stage_time(stage, n, n, k) for k in ks]
+        us = t[0]["us"] + (t[1]["us"] - t[0]["us"]) * (n - ks[0]) / (ks[1] - ks[0])
+        tf = 2 * n ** 3 / (us * 1e-6) / 1e12
+        err = (tf - stage.tflops_4096) / stage.tflops_4096
+        rows.append((stage.symbol, stage.tflops_4096, tf, err, t[1]["limiter"]))
+        print(f"{stage.symbol:26s} {stage.tflops_4096:10.1f} {tf:10.1f} {100 * err:+6.0f}%  {t[1]['limiter']:8s}"
+              f" ({time.time() - t0:.0f} s)", file=out, flush=True)
+    mean = sum(abs(r[3]) for r in rows) / len(rows)
+    print(f"mean |error| {100 * mean:.0f}%", file=out)
+    return rows
+
+
+def time_case(case, machine="mi355x", rounds=None) -> list:
+    """(symbol, timing) of each launch of ``case`` (an mxgemm.perf.Case) through its public op."""
+    from .. import launcher, perf
+    call = perf.op_call(case)
+    with launcher.emulator_settings(timing=machine, timing_rounds=rounds, race_check=False):
+        call()
+        return launcher.timings()
+
+
+def report(symbol, t, top=8, out=sys.stdout) -> None:
+    b = t["breakdown"]
+    busy = " ".join(f"{k} {100 * v:.0f}%" for k, v in b["busy"].items())
+    print(f"{symbol}: {t['us']:.2f} us ({t['cycles']:.0f} cycles at {t['clock_ghz']} GHz), limiter {t['limiter']}"
+          f"{', sampled' if t['sampled'] else ''}; {b['workgroups_simulated']} of XCD 0's {b['workgroups_per_xcd']}"
+          f" workgroups simulated, {b['occupancy_workgroups_per_cu']} per CU", file=out)
+    print(f"  busy: {busy}; bytes: " + " ".join(f"{k} {v / 1e6:.2f} MB" for k, v in b["bytes"].items()), file=out)
+    print(f"  {'block':24s} {'pcs':>9s} {'issued':>9s} {'cycles':>11s}  stalls (cycles)", file=out)
+    for blk in b["blocks"][:top]:
+        st = " ".join(f"{k} {v:.0f}" for k, v in sorted(blk["stalls"].items(), key=lambda kv: -kv[1]))
+        print(f"  {blk['block']:24s} {blk['first']:4d}-{blk['last']:<4d} {blk['issued']:9d} {blk['cycles']:11.0f}  {st}",
+              file=out)
+
+
+def main(argv) -> int:
+    import argparse
+
+    from .. import perf
+    p = argparse.ArgumentParser(prog="python -m mxgemm time", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kernel", nargs="?", help="registry name (its first case in --preset)")
+    p.add_argument("--preset", default=perf.SMALL_PRESET, help=f"a preset of mxgemm.perf: {sorted(perf.PRESETS)}")
+    p.add_argument("--case", help="the case whose label contains this text")
+    p.add_argument("--rounds", type=int, help="simulate only XCD 0's first ROUNDS rounds of workgroups")
+    p.add_argument("--blocks", type=int, default=8, help="hottest basic blocks to print")
+    p.add_argument("--calibrate", action="store_true", help="the calibration table (slow: tens of minutes)")
+    args = p.parse_args(argv)
+    if args.calibrate:
+        calibrate()
+        return 0
+    if args.kernel is None or args.preset not in perf.PRESETS:
+        p.error("name a kernel (and a known --preset), or --calibrate")
+    cases = [c for c in perf.PRESETS[args.preset]() if c.kernel == args.kernel and (args.case or "") in c.label]
+    if not cases:
+        print(f"python -m mxgemm time: no case of kernel {args.kernel!r} in preset {args.preset!r}", file=sys.stderr)
+        return 1
+    case = cases[0]
+    print(f"{case.kernel} {case.variant} {case.label}: {case.shape}")
+    for symbol, t in time_case(case, rounds=args.rounds):
+        report(symbol, t, args.blocks)
+    return 0

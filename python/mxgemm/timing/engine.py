@@ -1,0 +1,260 @@
+"""The timing engine: the recorded waves of a launch replayed on one XCD of the machine, cycle
+by cycle in event order (docs/timing_model.md §1).
+
+Each CU has ``simds`` SIMDs; a SIMD issues at most one instruction a cycle from its resident
+waves, a wave one at a time in program order. Pipes: VALU (``valu_cycles`` a wave64
+instruction), the matrix pipe (an MFMA holds it for its cycles: mxgemm.perf.mfma_cycles), the
+CU's LDS pipe (bank-conflict cycles, then ``lds_latency``). Global memory goes through a per-CU
+L1 and the XCD's L2 (LRU caches of lines, addresses from the run) to HBM, each level with its
+latency and (L2, HBM) a bandwidth queue; ``s_waitcnt`` waits for the counted operations to
+complete in issue order; ``s_barrier`` for the workgroup's waves. Workgroups are dispatched
+round-robin over the XCDs and, on one, to CUs as slots free (occupancy from registers, LDS and
+waves); the XCDs are taken to be alike, so the one holding workgroup 0 stands for the chip."""
+from __future__ import annotations
+
+import heapq
+import re
+from collections import OrderedDict, defaultdict
+
+from .. import perf
+from ..emu.stats import classify
+
+_TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
+_CNT = re.compile(r"(vmcnt|lgkmcnt)\((\d+)\)")
+
+
+class _Lru:
+    def __init__(self, lines):
+        self.cap, self.d = lines, OrderedDict()
+
+    def hit(self, line) -> bool:
+        if line in self.d:
+            self.d.move_to_end(line)
+            return True
+        self.d[line] = None
+        if len(self.d) > self.cap:
+            self.d.popitem(last=False)
+        return False
+
+
+def _static(instrs):
+    """Per instruction: (kind, cost, waits) from its mnemonic and text."""
+    out = []
+    for ins in instrs:
+        base = ins.base
+        cls, _ = classify(base, bool(ins.mods.get("lds")))
+        waits = None
+        if cls == "mfma":
+            kind, cost = "mfma", perf.mfma_cycles(ins.text.split(";")[0].strip())
+        elif cls.startswith(("vmem", "scratch")):
+            kind, cost = "vmem", 4
+        elif cls.startswith("lds"):
+            kind, cost = "lds", 4
+        elif cls == "waitcnt":
+            kind, cost = "wait", 1
+            waits = {c: int(n) for c, n in _CNT.findall(ins.text.split(";")[0])}
+        elif cls == "barrier":
+            kind, cost = "barrier", 1
+        elif base.startswith(("s_load", "s_buffer_load")):
+            kind, cost = "smem", 1
+        elif base == "s_endpgm":
+            kind, cost = "end", 1
+        elif base == "s_nop":
+            kind, cost = "salu", 1 + (ins.ops[0].value if ins.ops else 0)
+        elif base.startswith("v_"):
+            kind, cost = "valu", None
+            cost = "trans" if _TRANS.match(base) else "valu"
+        else:
+            kind, cost = "salu", 1
+        out.append((kind, cost, waits))
+    return out
+
+
+def occupancy(m, meta, waves_per_wg, lds_bytes) -> int:
+    """Workgroups resident per CU: registers, waves per SIMD and LDS."""
+    regs = max(8, -(-(meta.accum_offset + meta.agpr_count if meta.agpr_count else meta.vgpr_count) // 8) * 8)
+    per_simd = min(m.waves_per_simd, m.regs_per_simd_lane // regs)
+    by_waves = (per_simd * m.simds) // max(1, waves_per_wg)
+    by_lds = m.lds_bytes // lds_bytes if lds_bytes else by_waves
+    return max(1, min(by_waves, by_lds))
+
+
+def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
+    """Cycles of one XCD's share of the launch, and what kept its units busy."""
+    meta = prog.kernel_meta(kernel)
+    instrs = prog.decoded(kernel)[1]
+    static = _static(instrs)
+    wgs = defaultdict(list)
+    for t in traces:
+        wgs[t.wg].append(t)
+    order = sorted(wgs, key=lambda g: (g[2], g[1], g[0]))
+    gx, gy = grid[0], grid[1]
+    xcd0 = [g for g in order if (g[0] + gx * (g[1] + gy * g[2])) % m.xcds == 0] or order[:1]
+    waves_per_wg = max(len(wgs[g]) for g in xcd0)
+    slots = occupancy(m, meta, waves_per_wg, lds_bytes)
+    ncu = m.cus // m.xcds
+    hbm_bpc = m.hbm_bytes_per_s / m.xcds / (clock_ghz * 1e9)
+    l1 = [_Lru(m.l1_bytes // m.line_bytes) for _ in range(ncu)]
+    l2 = _Lru(m.l2_bytes // m.line_bytes)
+    simd_issue = [[0.0] * m.simds for _ in range(ncu)]
+    valu_free = [[0.0] * m.simds for _ in range(ncu)]
+    mfma_free = [[0.0] * m.simds for _ in range(ncu)]
+    lds_free = [0.0] * ncu
+    ta_free = [0.0] * ncu
+    busy = defaultdict(float)
+    q = {"l2": 0.0, "hbm": 0.0}
+    nbytes = defaultdict(float)
+    heap, seq = [], 0
+    free = [slots] * ncu
+    pending = list(xcd0)
+    state = {}
+    done_at = []     # workgroup completion times
+    stalls = defaultdict(lambda: defaultdict(float))     # pc -> cause -> cycles a wave waited there
+    issued = defaultdict(int)                             # pc -> times issued
+
+    def dispatch(now):
+        nonlocal seq
+        while pending:
+            cu = max(range(ncu), key=lambda c: free[c])
+            if free[cu] <= 0:
+                return
+            g = pending.pop(0)
+            free[cu] -= 1
+            ws = sorted(wgs[g], key=lambda t: t.wave)
+            state[g] = dict(cu=cu, left=len(ws), arrived=[], end=now)
+            base = (ncu - free[cu]) % m.simds
+            for i, t in enumerate(ws):
+                wv = dict(t=t, g=g, cu=cu, simd=(base + i) % m.simds, pos=0, vm=[], lgkm=[])
+                heapq.heappush(heap, (now, seq, wv))
+                seq += 1
+
+    def mem_done(wv, now, lines, store):
+        cu = wv["cu"]
+        start = max(now, ta_free[cu])          # the CU's L1 passes the instruction's lines in turn
+        ta_free[cu] = start + max(1.0, len(lines) * m.line_bytes / m.l1_bytes_per_clk)
+        busy["l1"] += ta_free[cu] - start
+        now = start
+        done = ta_free[cu] + m.l1_latency
+        miss = [ln for ln in lines if not l1[cu].hit(ln)] if not store else list(lines)
+        if miss:
+            b = len(miss) * m.line_bytes
+            start = max(now, q["l2"])
+            q["l2"] = start + b / m.l2_bytes_per_clk
+            nbytes["l2"] += b
+            done = max(done, start + m.l2_latency + b / m.l2_bytes_per_clk)
+            to_hbm = [ln for ln in miss if not l2.hit(ln)]
+            if to_hbm:
+                hb = len(to_hbm) * m.line_bytes
+                start = max(now, q["hbm"])
+                q["hbm"] = start + hb / hbm_bpc
+                nbytes["hbm"] += hb
+                done = max(done, start + m.hbm_latency + hb / hbm_bpc)
+        return done
+
+    dispatch(0.0)
+    end = 0.0
+    while heap:
+        now, _, wv = heapq.heappop(heap)
+        t, cu, s = wv["t"], wv["cu"], wv["simd"]
+        if wv["pos"] >= len(t.pcs):
+            continue
+        pos = wv["pos"]
+        pc = t.pcs[pos]
+        kind, cost, waits = static[pc]
+        issue = max(now, simd_issue[cu][s])
+        if issue > now:
+            stalls[pc]["issue"] += issue - now
+        if kind == "wait":
+            ready = issue
+            for c, n in waits.items():
+                lst = wv["vm" if c == "vmcnt" else "lgkm"]
+                if len(lst) > n:
+                    ready = max(ready, lst[len(lst) - n - 1])
+                    del lst[:len(lst) - n]
+            if ready > issue:
+                busy["stall_wait"] += ready - issue
+                stalls[pc]["wait"] += ready - issue
+                heapq.heappush(heap, (ready, seq, wv))
+                seq += 1
+                continue
+            nxt = issue + 1
+        elif kind == "valu":
+            if valu_free[cu][s] > issue:
+                stalls[pc]["valu"] += valu_free[cu][s] - issue
+                issue = valu_free[cu][s]
+            c = m.trans_cycles if cost == "trans" else m.valu_cycles
+            valu_free[cu][s] = issue + c
+            busy["valu"] += c
+            nxt = issue + c
+        elif kind == "mfma":
+            if mfma_free[cu][s] > issue:
+                stalls[pc]["mfma"] += mfma_free[cu][s] - issue
+                issue = mfma_free[cu][s]
+            mfma_free[cu][s] = issue + cost
+            busy["mfma"] += cost
+            nxt = issue + 4
+            end = max(end, issue + cost)       # the launch ends when its results are written
+        elif kind == "vmem":
+            rec = t.mem.get(pos)
+            lines = rec[1] if rec and rec[0] == "vmem" else ()
+            base = instrs[pc].base
+            done = mem_done(wv, issue, lines, "store" in base or "atomic" in base)
+            if instrs[pc].mods.get("lds") or base.startswith("global_load_lds"):
+                done += m.lds_latency
+            wv["vm"].append(max(done, wv["vm"][-1] if wv["vm"] else 0.0))
+            end = max(end, done)
+            nxt = issue + cost
+        elif kind == "lds":
+            rec = t.mem.get(pos)
+            cyc = rec[1] if rec and rec[0] == "lds" else 1
+            start = max(issue, lds_free[cu])
+            lds_free[cu] = start + cyc
+            busy["lds"] += cyc
+            wv["lgkm"].append(max(start + m.lds_latency + cyc, wv["lgkm"][-1] if wv["lgkm"] else 0.0))
+            nxt = issue + cost
+        elif kind == "smem":
+            wv["lgkm"].append(issue + m.smem_latency)
+            nxt = issue + 1
+        elif kind == "barrier":
+            st = state[wv["g"]]
+            wv["arrive"] = issue
+            st["arrived"].append(wv)
+            simd_issue[cu][s] = issue + 1
+            wv["pos"] = pos + 1
+            if len(st["arrived"]) == st["left"]:
+                go = max(a["arrive"] for a in st["arrived"]) + 1
+                for a in st["arrived"]:
+                    busy["stall_barrier"] += go - a["arrive"]
+                    stalls[a["t"].pcs[a["pos"] - 1]]["barrier"] += go - a["arrive"]
+                    heapq.heappush(heap, (go, seq, a))
+                    seq += 1
+                st["arrived"] = []
+            continue
+        elif kind == "end":
+            st = state[wv["g"]]
+            st["left"] -= 1
+            wv["pos"] = len(t.pcs)
+            end = max(end, issue + 1)
+            if st["left"] == 0:
+                free[cu] += 1
+                done_at.append(issue + 1)
+                dispatch(issue + 1)
+            elif st["arrived"] and len(st["arrived"]) == st["left"]:
+                for a in st["arrived"]:
+                    heapq.heappush(heap, (issue + 1, seq, a))
+                    seq += 1
+                st["arrived"] = []
+            continue
+        else:
+            nxt = issue + cost
+            busy["salu"] += cost
+        simd_issue[cu][s] = issue + 1
+        busy["issued"] += 1
+        issued[pc] += 1
+        wv["pos"] = pos + 1
+        heapq.heappush(heap, (nxt, seq, wv))
+        seq += 1
+        end = max(end, nxt)
+    return dict(cycles=end, busy=dict(busy), bytes=dict(nbytes), workgroups=len(xcd0), slots=slots, cus=ncu,
+                done=sorted(done_at), stalls={pc: dict(c) for pc, c in stalls.items()}, issued=dict(issued),
+                waves_per_wg=waves_per_wg, hbm_bytes_per_clk=hbm_bpc)

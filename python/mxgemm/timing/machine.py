@@ -1,0 +1,44 @@
+"""Machine descriptions for the timing model: one table per machine. Every value names its
+source in docs/timing_model.md §2 ("measured stand-in": measured on MI300X, taken for MI355X;
+"assumed": no public figure)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    arch: str
+    cus: int                    # compute units
+    xcds: int                   # dies; consecutive workgroups go round-robin over them
+    simds: int                  # per CU
+    waves_per_simd: int
+    regs_per_simd_lane: int     # unified VGPR + AGPR file per SIMD lane
+    lds_bytes: int              # per CU
+    clock_ghz: float            # peak engine clock
+    loaded_clock_ghz: float     # under sustained matrix load (MFMA pipes busy over half the time)
+    valu_cycles: int            # a wave64 VALU instruction
+    trans_cycles: int           # transcendental VALU (v_exp, v_rcp, ...)
+    smem_latency: int
+    lds_latency: int
+    lds_bytes_per_clk: int
+    line_bytes: int
+    l1_bytes: int               # per CU
+    l1_latency: int
+    l1_bytes_per_clk: int       # per CU: lines an instruction touches pass at this rate
+    l2_bytes: int               # per XCD
+    l2_latency: int
+    l2_bytes_per_clk: float     # per XCD
+    hbm_latency: int
+    hbm_bytes_per_s: float      # achievable, whole chip
+
+
+MI355X = Machine(
+    name="MI355X", arch="gfx950", cus=256, xcds=8, simds=4, waves_per_simd=8, regs_per_simd_lane=512,
+    lds_bytes=160 * 1024, clock_ghz=2.4, loaded_clock_ghz=2.0, valu_cycles=4, trans_cycles=16,
+    smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128,
+    l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64, l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0,
+    hbm_latency=900, hbm_bytes_per_s=8.0e12 * 0.8)
+
+MACHINES = {"mi355x": MI355X}

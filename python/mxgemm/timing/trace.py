@@ -1,0 +1,66 @@
+"""What the timing model needs of an emulator run, recorded while it runs: per wave, the
+instructions it issued in order and, for memory instructions, the cache lines (global) or LDS
+cycles (bank conflicts) of each. The emulator calls it only when timing is on
+(``Emulator(timing=...)``), running every wave on its own (no lockstep units)."""
+from __future__ import annotations
+
+import numpy as np
+
+LINE = 128          # cache line bytes (L1 / L2) on CDNA (docs/timing_model.md §2)
+LDS_BANKS = 64      # 4-byte banks, 256 bytes per clock on gfx950 (docs/timing_model.md §2)
+
+
+class WaveTrace:
+    __slots__ = ("mem", "pcs", "wave", "wg")
+
+    def __init__(self, wg, wave):
+        self.wg, self.wave = wg, wave
+        self.pcs: list = []      # instruction indices, in issue order
+        self.mem: dict = {}      # position in pcs -> ("vmem", lines) | ("lds", cycles)
+
+
+class Tracer:
+    def __init__(self):
+        self.waves: list = []
+        self.cur: WaveTrace | None = None
+
+    def start_wave(self, w, wg_id, wave_index) -> None:
+        w.trace = WaveTrace(wg_id, wave_index)
+        self.waves.append(w.trace)
+
+    def wrap(self, fns):
+        """fns recording each executed instruction into its wave's trace."""
+        def traced(pc, fn):
+            def run(w):
+                t = self.cur = w.trace
+                t.pcs.append(pc)
+                fn(w)
+            return run
+        return [traced(pc, fn) for pc, fn in enumerate(fns)]
+
+    def vmem(self, addr, mask) -> None:
+        """A global access of the current instruction: its distinct cache lines."""
+        t = self.cur
+        if t is not None:
+            lines = np.unique(np.asarray(addr)[mask] // LINE)
+            prev = t.mem.get(len(t.pcs) - 1)
+            if prev is not None:
+                lines = np.union1d(prev[1], lines)
+            t.mem[len(t.pcs) - 1] = ("vmem", lines)
+
+    def lds(self, addr, mask, nbytes) -> None:
+        """An LDS access of the current instruction: the cycles its bank conflicts cost. Lanes
+        go in phases of 256 bytes (64 banks x 4 bytes; ds_read_b128: 16 lanes a phase); a phase
+        takes as many cycles as the most distinct dwords any one bank serves in it."""
+        t = self.cur
+        if t is None:
+            return
+        a = np.asarray(addr).reshape(-1)[np.asarray(mask).reshape(-1)] if np.ndim(addr) == 1 else \
+            np.asarray(addr)[mask].reshape(-1)
+        per_phase = max(1, 256 // max(4, nbytes))
+        cycles = 0
+        for p in range(0, a.size, per_phase):
+            dw = np.unique(((a[p:p + per_phase, None] + np.arange(0, max(4, nbytes), 4)) // 4).ravel())
+            cycles += int(np.bincount(dw % LDS_BANKS, minlength=LDS_BANKS).max())
+        prev = t.mem.get(len(t.pcs) - 1)
+        t.mem[len(t.pcs) - 1] = ("lds", cycles + (prev[1] if prev else 0))
