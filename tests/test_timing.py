@@ -4,7 +4,7 @@ construction, so these check the engine's wiring (issue, pipes, waits, caches, s
 the table's calibration (python -m mxgemm.timing calibrate; docs/timing_model.md)."""
 import pytest
 import torch
-from mxgemm import calibration, perf, toolchain
+from mxgemm import calibration, isa, toolchain
 from mxgemm.emu import Emulator
 from mxgemm.timing import MACHINES, xcd0_sample
 
@@ -28,7 +28,7 @@ MXGEMM_KERNEL(mfmas)(int* out) {
   asm volatile("v_mov_b32 v40, 127\n%BODY%" ::: %CLOB%, "v40");
 }''').replace("%BODY%", body).replace("%CLOB%", clobbers)
     t = _timed(src, "mfmas", [torch.zeros(1, dtype=torch.int32)])
-    pipe = n * perf.mfma_cycles(MFMA.format(d=16, e=19))
+    pipe = n * isa.mfma_cycles(MFMA.format(d=16, e=19))
     assert pipe <= t["cycles"] <= pipe + 100, (t["cycles"], pipe)
 
 

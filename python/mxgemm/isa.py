@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .emu.isa import base_mnemonic
+
 # Per-SIMD limits used for occupancy, from LLVM's AMDGPUBaseInfo / GCNSubtarget and AMD's
 # CDNA3/CDNA4 ISA guides (docs/gfx950_isa.md §8):
 #  gfx950 (CDNA4): unified VGPR+AGPR file of 512 regs per lane per SIMD, allocated in granules
@@ -26,6 +28,50 @@ ARCH_LIMITS = {
     "gfx1250": dict(vgprs=1024, vgpr_granule=8, max_waves=16, sgprs=None, sgpr_granule=None,
                     lds_bytes=320 * 1024, simds_per_cu=4, wave_size=32),
 }
+
+
+# ---- hardware limits: one table, sources in docs/perf_model.md §1 (LDS, SIMDs and wave size are
+# the occupancy facts of ARCH_LIMITS above) ----
+_OCC = ARCH_LIMITS
+LIMITS = {
+    "gfx950": dict(name="MI355X", cus=256, clock_ghz=2.4, hbm_tbps=8.0,
+                   peak_tflops={"fp8": 5000.0, "mxfp6": 10100.0, "mxfp4": 10100.0, "bf16": 2500.0,
+                                "fp8_legacy": 2500.0},
+                   mem_latency_ns=430.0,    # MI300X's measured HBM latency as a stand-in (§1)
+                   lds_kib_per_cu=_OCC["gfx950"]["lds_bytes"] // 1024, simds_per_cu=_OCC["gfx950"]["simds_per_cu"],
+                   wave_size=_OCC["gfx950"]["wave_size"]),
+    # gfx1250: no public CU count, clock, bandwidth or peak rates were found (docs/perf_model.md §1)
+    "gfx1250": dict(name="MI450-class", cus=None, clock_ghz=None, hbm_tbps=None, peak_tflops={},
+                    mem_latency_ns=None, lds_kib_per_cu=_OCC["gfx1250"]["lds_bytes"] // 1024,
+                    simds_per_cu=_OCC["gfx1250"]["simds_per_cu"], wave_size=_OCC["gfx1250"]["wave_size"]),
+}
+MFMA_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)")
+_F8F6F4_RATE = {0: "fp8", 1: "fp8", 2: "mxfp6", 3: "mxfp6", 4: "mxfp4"}   # cbsz / blgp codes (gfx950_isa.md §1.2)
+_RATE_ORDER = ("bf16", "fp8", "mxfp6", "mxfp4")
+
+
+def mfma_rate(line: str) -> str:
+    """Peak-rate class of one MFMA instruction line: the slower of its two operand formats."""
+    base = base_mnemonic(line.split()[0])
+    if "f8f6f4" in base:
+        mods = dict(re.findall(r"\b(cbsz|blgp):(\d+)", line))
+        rates = [_F8F6F4_RATE[int(mods.get(k, 0))] for k in ("cbsz", "blgp")]
+        return min(rates, key=_RATE_ORDER.index)
+    if re.search(r"_(fp8|bf8)_(fp8|bf8)$", base):
+        return "fp8_legacy"    # the gfx940 FP8 forms run at half the f8f6f4 FP8 rate on gfx950 (§2)
+    if re.search(r"_i8$", base):
+        return "fp8"
+    return "bf16"
+
+
+def mfma_cycles(line: str, arch: str = "gfx950") -> float:
+    """Cycles one MFMA occupies its SIMD's matrix unit: its FLOPs over the per-SIMD peak rate
+    (peak / (CUs x SIMDs x clock)), docs/perf_model.md §2."""
+    lim = LIMITS[arch]
+    m, n, k = map(int, MFMA_SHAPE.search(line.split()[0]).groups())
+    per_simd_clock = lim["peak_tflops"][mfma_rate(line)] * 1e12 / (lim["cus"] * lim["simds_per_cu"]
+                                                                   * lim["clock_ghz"] * 1e9)
+    return 2 * m * n * k / per_simd_clock
 
 
 @dataclass

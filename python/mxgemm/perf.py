@@ -2,11 +2,11 @@
 
 Nobody here can time an MI355X, so this is a model, and says so. Per (kernel, variant, shape):
 FLOPs, compulsory bytes (inputs once, output once; atomics read and write it), arithmetic
-intensity and the roofline time from ``LIMITS`` (docs/perf_model.md §1); the launch shape
+intensity and the roofline time from ``isa.LIMITS`` (docs/perf_model.md §1); the launch shape
 (workgroups, resident workgroups per CU from the kernel's registers and LDS, the waves of
 workgroups and how full the last one is); the hot loop read from the kernel's own assembly
 (``hot_loop``: instructions per iteration by the emulator's classes, MFMA cycles from
-``mfma_cycles``, other issue cycles, global and LDS bytes, waits); and a predicted time with
+``isa.mfma_cycles``, other issue cycles, global and LDS bytes, waits); and a predicted time with
 the factor that limits it (docs/perf_model.md §3). Published numbers of the peers are facts
 of their sources, printed beside the model, never derived from it.
 """
@@ -29,50 +29,8 @@ from . import isa, registry
 from .emu.isa import base_mnemonic
 from .emu.stats import classify
 
-# ---- hardware limits: one table, sources in docs/perf_model.md §1 (LDS, SIMDs and wave size are
-# the occupancy facts of mxgemm.isa.ARCH_LIMITS, read from there) ----
-_OCC = isa.ARCH_LIMITS
-LIMITS = {
-    "gfx950": dict(name="MI355X", cus=256, clock_ghz=2.4, hbm_tbps=8.0,
-                   peak_tflops={"fp8": 5000.0, "mxfp6": 10100.0, "mxfp4": 10100.0, "bf16": 2500.0,
-                                "fp8_legacy": 2500.0},
-                   mem_latency_ns=430.0,    # MI300X's measured HBM latency as a stand-in (§1)
-                   lds_kib_per_cu=_OCC["gfx950"]["lds_bytes"] // 1024, simds_per_cu=_OCC["gfx950"]["simds_per_cu"],
-                   wave_size=_OCC["gfx950"]["wave_size"]),
-    # gfx1250: no public CU count, clock, bandwidth or peak rates were found (docs/perf_model.md §1)
-    "gfx1250": dict(name="MI450-class", cus=None, clock_ghz=None, hbm_tbps=None, peak_tflops={},
-                    mem_latency_ns=None, lds_kib_per_cu=_OCC["gfx1250"]["lds_bytes"] // 1024,
-                    simds_per_cu=_OCC["gfx1250"]["simds_per_cu"], wave_size=_OCC["gfx1250"]["wave_size"]),
-}
 VALU_CYCLES = 4        # a wave64 vector instruction on a 16-lane SIMD (docs/perf_model.md §2)
 OTHER_ISSUE_CYCLES = 1  # scalar, branch, wait and memory-issue instructions (their data: bytes, latency)
-_MFMA_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)")
-_F8F6F4_RATE = {0: "fp8", 1: "fp8", 2: "mxfp6", 3: "mxfp6", 4: "mxfp4"}   # cbsz / blgp codes (gfx950_isa.md §1.2)
-_RATE_ORDER = ("bf16", "fp8", "mxfp6", "mxfp4")
-
-
-def mfma_rate(line: str) -> str:
-    """Peak-rate class of one MFMA instruction line: the slower of its two operand formats."""
-    base = base_mnemonic(line.split()[0])
-    if "f8f6f4" in base:
-        mods = dict(re.findall(r"\b(cbsz|blgp):(\d+)", line))
-        rates = [_F8F6F4_RATE[int(mods.get(k, 0))] for k in ("cbsz", "blgp")]
-        return min(rates, key=_RATE_ORDER.index)
-    if re.search(r"_(fp8|bf8)_(fp8|bf8)$", base):
-        return "fp8_legacy"    # the gfx940 FP8 forms run at half the f8f6f4 FP8 rate on gfx950 (§2)
-    if re.search(r"_i8$", base):
-        return "fp8"
-    return "bf16"
-
-
-def mfma_cycles(line: str, arch: str = "gfx950") -> float:
-    """Cycles one MFMA occupies its SIMD's matrix unit: its FLOPs over the per-SIMD peak rate
-    (peak / (CUs x SIMDs x clock)), docs/perf_model.md §2."""
-    lim = LIMITS[arch]
-    m, n, k = map(int, _MFMA_SHAPE.search(line.split()[0]).groups())
-    per_simd_clock = lim["peak_tflops"][mfma_rate(line)] * 1e12 / (lim["cus"] * lim["simds_per_cu"]
-                                                                   * lim["clock_ghz"] * 1e9)
-    return 2 * m * n * k / per_simd_clock
 
 
 # ---- the hot loop, from the kernel's assembly ----
@@ -113,7 +71,7 @@ def hot_loop(asm: str, symbol: str, arch: str = "gfx950") -> LoopProfile:
         return (cls.count("mfma"), sum(c.startswith(("vmem", "lds")) for c in cls), len(body))
     body = max(bodies, key=rank) if bodies else isa.body(asm, symbol)
     counts, nbytes, mfma, issue = Counter(), Counter(), 0.0, 0.0
-    wave = LIMITS[arch]["wave_size"]
+    wave = isa.LIMITS[arch]["wave_size"]
     for l in body:
         base = base_mnemonic(l.split()[0])
         cls, per_lane = classify(base, bool(re.search(r"\slds\b", l)) and base.startswith("buffer_load"))
@@ -121,7 +79,7 @@ def hot_loop(asm: str, symbol: str, arch: str = "gfx950") -> LoopProfile:
         if per_lane:
             nbytes[cls] += per_lane * wave
         if cls == "mfma":
-            mfma += mfma_cycles(l, arch)
+            mfma += isa.mfma_cycles(l, arch)
         else:
             issue += VALU_CYCLES if cls == "valu" else OTHER_ISSUE_CYCLES
     return LoopProfile(counts, nbytes, mfma, issue, counts["waitcnt"],
@@ -180,7 +138,7 @@ def tile_k_per_iteration(kernel: str, variant_items: tuple, tile_m: int, tile_n:
     from .build import artifact
     art = artifact(kernel, dict(variant_items))
     loop = hot_loop(art.asm, art.symbol)
-    mnk = sum(math.prod(map(int, _MFMA_SHAPE.search(l.split()[0]).groups())) for l in loop.lines
+    mnk = sum(math.prod(map(int, isa.MFMA_SHAPE.search(l.split()[0]).groups())) for l in loop.lines
               if classify(base_mnemonic(l.split()[0]))[0] == "mfma")
     return mnk * _waves(kernel) // (tile_m * tile_n)
 
@@ -190,7 +148,7 @@ def _k_iter(kernel, v, tile_m, tile_n):
 
 
 def _waves(kernel, arch="gfx950"):
-    return -(-registry.get(kernel).threads_for(arch) // LIMITS[arch]["wave_size"])
+    return -(-registry.get(kernel).threads_for(arch) // isa.LIMITS[arch]["wave_size"])
 
 
 def work_smallm(kernel, v, M, N, K):
@@ -428,7 +386,7 @@ PRESETS[SMALL_PRESET] = preset_small
 # ---- the model ----
 def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     """One row of the model (see the module docstring); docs/perf_model.md §3 gives the rules."""
-    lim = LIMITS[arch]
+    lim = isa.LIMITS[arch]
     from .build import artifact
     art = artifact(case.kernel, case.variant, arch)
     info = art.isa()
@@ -529,7 +487,7 @@ def plot(rows, path, arch="gfx950"):
         raise RuntimeError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    lim = LIMITS[arch]
+    lim = isa.LIMITS[arch]
     bw = lim["hbm_tbps"] * 1e12
     fig, ax = plt.subplots(figsize=(9, 6))
     xs = [10 ** (i / 10) for i in range(-10, 50)]

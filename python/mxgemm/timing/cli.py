@@ -2,6 +2,8 @@
 presets, with the basic blocks its cycles went to; `--calibrate`: the calibration kernels
 (mxgemm.calibration) timed at M = N = K = 4096 beside their published MI355X results.
 
+`--vs-peers`: our small-M MXFP8 kernels beside Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers).
+
 In the calibration each stage runs the first two rounds of workgroups XCD 0 receives (sampled; the rest of its share
 extrapolated) at two small K, and the time is extrapolated linearly in K to 4096 (the K loop is
 the steady state of these kernels)."""
@@ -85,10 +87,16 @@ def main(argv) -> int:
     p.add_argument("--case", help="the case whose label contains this text")
     p.add_argument("--rounds", type=int, help="simulate only XCD 0's first ROUNDS rounds of workgroups")
     p.add_argument("--blocks", type=int, default=8, help="hottest basic blocks to print")
-    p.add_argument("--calibrate", action="store_true", help="the calibration table (slow: tens of minutes)")
+    p.add_argument("--calibrate", action="store_true", help="the calibration table (about 6 minutes)")
+    p.add_argument("--vs-peers", action="store_true",
+                   help="small-M MXFP8 linear layers: ours vs Triton tl.dot_scaled, same model, same run")
     args = p.parse_args(argv)
     if args.calibrate:
         calibrate()
+        return 0
+    if args.vs_peers:
+        from . import peers
+        peers.smallm_vs_peer(out=lambda s: print(s, flush=True))
         return 0
     if args.kernel is None or args.preset not in perf.PRESETS:
         p.error("name a kernel (and a known --preset), or --calibrate")

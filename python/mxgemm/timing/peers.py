@@ -1,0 +1,106 @@
+"""Peers timed beside our kernels on the same model, in the same run.
+
+The peer of the small-M MXFP8 linear layers is the Triton ``tl.dot_scaled`` kernel that vLLM and
+SGLang fall back to on ROCm (BLOCK_M 64, BLOCK_N 128, BLOCK_K 128, 8 warps). It is written here
+after that algorithm (rows masked at M, N and K multiples of the blocks) and compiled for gfx950
+by the Triton wheel, which only this module imports: Triton is a benchmark dependency."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+PEER_BLOCKS = dict(BM=64, BN=128, BK=128)
+PEER_WARPS = 8
+# decode linear layers of a 6144-hidden MoE model (MiniMax-M3; mxgemm.perf.MINIMAX_M3_LINEARS): TP8 qkv,
+# TP8 o_proj, TP4 down, as (name, N, K)
+SMALLM_LAYERS = (("tp8 qkv", 1152, 6144), ("tp8 o_proj", 6144, 1024), ("tp4 down", 6144, 1536))
+SMALLM_MS = (1, 16, 64)
+
+
+@functools.lru_cache(maxsize=None)
+def _dot_scaled_linear():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dot_scaled_linear(a, a_scale, b, b_scale, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr):
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        rk, rs = tl.arange(0, BK), tl.arange(0, BK // 32)
+        live = (rm < M)[:, None]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K // BK):
+            x = tl.load(a + rm[:, None] * K + k * BK + rk[None, :], mask=live, other=0.0)
+            xs = tl.load(a_scale + rm[:, None] * (K // 32) + k * (BK // 32) + rs[None, :], mask=live, other=0)
+            y = tl.load(b + rn[:, None] * K + k * BK + rk[None, :])
+            ys = tl.load(b_scale + rn[:, None] * (K // 32) + k * (BK // 32) + rs[None, :])
+            acc = tl.dot_scaled(x, xs, "e4m3", y.T, ys, "e4m3", acc)
+        tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=live)
+
+    return dot_scaled_linear
+
+
+@functools.lru_cache(maxsize=None)
+def peer_assembly() -> tuple:
+    """(assembly, dynamic LDS bytes) of the Triton peer for gfx950."""
+    import os
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    fn = _dot_scaled_linear()
+    sig = dict(a="*fp8e4nv", a_scale="*u8", b="*fp8e4nv", b_scale="*u8", c="*bf16", M="i32", N="i32", K="i32",
+               **{k: "constexpr" for k in PEER_BLOCKS})
+    k = triton.compile(ASTSource(fn, signature=sig, constexprs=dict(PEER_BLOCKS)),
+                       target=GPUTarget("hip", "gfx950", 64), options={"num_warps": PEER_WARPS})
+    return k.asm["amdgcn"], k.metadata.shared
+
+
+def time_peer_smallm(a, sa, b, sb, machine="mi355x") -> tuple:
+    """(output, timing) of the Triton peer on a [M, K] e4m3 x b [N, K] e4m3 with e8m0 scales."""
+    from .. import isa
+    from ..emu import Emulator
+    asm, lds = peer_assembly()
+    name = "dot_scaled_linear"
+    M, K = a.shape
+    N = b.shape[0]
+    c = torch.zeros(M, N, dtype=torch.bfloat16)
+    n_args = sum(not x[".value_kind"].startswith("hidden_") for x in isa.kernel_info(asm, name).args)
+    args = [a, sa, b, sb, c, M, N, K] + [None] * (n_args - 8)      # Triton's scratch pointers: unused
+    emu = Emulator(arch="gfx950", race_check=False, timing=machine)
+    emu.launch(emu.load(asm), name, grid=(-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"], 1),
+               block=(64 * PEER_WARPS, 1, 1), args=args, dynamic_lds=lds)
+    return c, emu.last_timing
+
+
+def time_ours_smallm(a, sa, b, sb, machine="mi355x") -> tuple:
+    """(output, summed us, kernel symbols) of mxgemm.smallm_mxfp8_gemm with its own config choice."""
+    import mxgemm
+    from .. import launcher
+    with launcher.emulator_settings(timing=machine, race_check=False):
+        out = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb)
+        ts = launcher.timings()
+    return out, sum(t["us"] for _, t in ts), "+".join(s for s, _ in ts)
+
+
+def smallm_vs_peer(layers=SMALLM_LAYERS, ms=SMALLM_MS, out=print) -> list:
+    """Ours vs the Triton peer per (layer, M): simulated us of each and peer / ours. Both outputs
+    are checked against each other (they differ only in fp32 summation order) before a row is
+    printed."""
+    from ..quant import quantize_mx
+    rows = []
+    out(f"{'layer':12s} {'M':>3s} {'N':>5s} {'K':>5s} {'ours_us':>8s} {'peer_us':>8s} {'peer/ours':>9s}  ours kernel")
+    for name, N, K in layers:
+        g = torch.Generator().manual_seed(0)
+        b, sb = quantize_mx(torch.randn(N, K, generator=g), "e4m3")
+        for M in ms:
+            a, sa = quantize_mx(torch.randn(M, K, generator=g), "e4m3")
+            mine, us, symbol = time_ours_smallm(a, sa, b, sb)
+            theirs, t = time_peer_smallm(a, sa, b, sb)
+            torch.testing.assert_close(theirs.float(), mine.float(), rtol=2 ** -7, atol=1e-2)
+            rows.append(dict(layer=name, M=M, N=N, K=K, ours_us=us, peer_us=t["us"], ratio=t["us"] / us,
+                             kernel=symbol))
+            out(f"{name:12s} {M:3d} {N:5d} {K:5d} {us:8.2f} {t['us']:8.2f} {t['us'] / us:9.2f}  {symbol}")
+    return rows
