@@ -78,6 +78,7 @@ def time_peer_smallm(a, sa, b, sb, machine="mi355x") -> tuple:
 def time_ours_smallm(a, sa, b, sb, machine="mi355x") -> tuple:
     """(output, summed us, kernel symbols) of mxgemm.smallm_mxfp8_gemm with its own config choice."""
     import mxgemm
+
     from .. import launcher
     with launcher.emulator_settings(timing=machine, race_check=False):
         out = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb)
