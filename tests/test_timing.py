@@ -146,6 +146,9 @@ def test_time_command_prints_the_hottest_blocks(capsys):
     out = capsys.readouterr().out
     assert "mxfp8_dequant:" in out and "limiter" in out and "stalls (cycles)" in out
     assert cli.main(["no_such_kernel"]) == 1
+    assert cli.main(["--preset", "dequant", "--rounds", "1"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["mxfp8_dequant", "mxfp8_dequant_flydsl"]
 
 
 def test_the_triton_peer_is_timed_on_the_same_model_and_computes_the_same_product():

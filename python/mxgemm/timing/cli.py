@@ -1,5 +1,6 @@
 """`python -m mxgemm time`: a kernel of the registry timed on the model at a shape of its perf
-presets, with the basic blocks its cycles went to; `--calibrate`: the calibration kernels
+presets, with the basic blocks its cycles went to (without a kernel: a row per case of the
+preset, simulated time beside the roofline); `--calibrate`: the calibration kernels
 (mxgemm.calibration) timed at M = N = K = 4096 beside their published MI355X results.
 
 `--vs-peers`: our small-M MXFP8 kernels beside Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers).
@@ -76,13 +77,33 @@ def report(symbol, t, top=8, out=sys.stdout) -> None:
               file=out)
 
 
+def table(cases, rounds=None, out=sys.stdout) -> list:
+    """A row per case: simulated us (launches summed), the roofline us beside it (mxgemm.perf's
+    work model: compulsory bytes and FLOPs at peak), and the longest launch's limiter."""
+    from .. import isa, perf
+    lim = isa.LIMITS["gfx950"]
+    print(f"{'kernel':30s} {'case':34s} {'sim_us':>8s} {'roof_us':>8s} {'of_roof':>7s}  limiter  sampled", file=out)
+    rows = []
+    for case in cases:
+        w = perf.WORK[case.kernel](case.kernel, case.variant, **case.shape)
+        roof = max(w.flops / (lim["peak_tflops"][w.rate] * 1e12), w.bytes / (lim["hbm_tbps"] * 1e12)) * 1e6
+        ts = time_case(case, rounds=rounds)
+        us = sum(t["us"] for _, t in ts)
+        top = max(ts, key=lambda st: st[1]["us"])[1]
+        rows.append(dict(kernel=case.kernel, case=case.label, sim_us=us, roofline_us=roof, limiter=top["limiter"],
+                         sampled=any(t["sampled"] for _, t in ts)))
+        print(f"{case.kernel:30s} {case.label[:34]:34s} {us:8.2f} {roof:8.2f} {roof / us:7.2f}  {top['limiter']:8s} "
+              f"{'yes' if rows[-1]['sampled'] else 'no'}", file=out, flush=True)
+    return rows
+
+
 def main(argv) -> int:
     import argparse
 
     from .. import perf
     p = argparse.ArgumentParser(prog="python -m mxgemm time", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kernel", nargs="?", help="registry name (its first case in --preset)")
+    p.add_argument("kernel", nargs="?", help="registry name (its first case in --preset); none: a row per case")
     p.add_argument("--preset", default=perf.SMALL_PRESET, help=f"a preset of mxgemm.perf: {sorted(perf.PRESETS)}")
     p.add_argument("--case", help="the case whose label contains this text")
     p.add_argument("--rounds", type=int, help="simulate only XCD 0's first ROUNDS rounds of workgroups")
@@ -98,8 +119,11 @@ def main(argv) -> int:
         from . import peers
         peers.smallm_vs_peer(out=lambda s: print(s, flush=True))
         return 0
-    if args.kernel is None or args.preset not in perf.PRESETS:
-        p.error("name a kernel (and a known --preset), or --calibrate")
+    if args.preset not in perf.PRESETS:
+        p.error(f"unknown preset {args.preset!r}; known: {sorted(perf.PRESETS)}")
+    if args.kernel is None:
+        table(perf.modelled_cases([args.preset], note=lambda s: print(s, file=sys.stderr)), args.rounds)
+        return 0
     cases = [c for c in perf.PRESETS[args.preset]() if c.kernel == args.kernel and (args.case or "") in c.label]
     if not cases:
         print(f"python -m mxgemm time: no case of kernel {args.kernel!r} in preset {args.preset!r}", file=sys.stderr)
