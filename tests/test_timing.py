@@ -210,3 +210,21 @@ MXGEMM_KERNEL(lds_reads)(int* out, int stride) {
     t = _timed(src, "lds_reads", [torch.zeros(1, dtype=torch.int32), stride], block=(256, 1, 1))
     pipe = 4 * 32 * 4 * phase_cycles
     assert pipe <= t["cycles"] <= pipe + M.lds_latency + 300, (t["cycles"], pipe)
+
+
+def test_timing_does_not_depend_on_where_the_host_buffers_lie():
+    """The same launch on copies of its inputs (host tensors lie 64-byte aligned, anywhere in a
+    128-byte line; GPU allocations are line aligned) gives the same cycles every time."""
+    import mxgemm
+    from mxgemm import launcher
+    x, s = mxgemm.quant.quantize_mx(torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)), "e4m3")
+    cycles, offsets = set(), set()
+    keep = []
+    for _ in range(6):
+        xs, ss = x.clone(), s.clone()
+        keep.append((xs, ss, torch.empty(64, dtype=torch.uint8)))   # shifts the next allocations
+        offsets.add(xs.data_ptr() % 128)
+        with launcher.emulator_settings(timing="mi355x"):
+            mxgemm.mxfp8_dequantize(xs, ss)
+            cycles.add(launcher.timings()[0][1]["cycles"])
+    assert len(cycles) == 1, (cycles, offsets)

@@ -133,7 +133,7 @@ class Memory:
         """uint8 [lanes, nbytes] (addr: uint64 [lanes]); inactive lanes read 0."""
         addr = np.asarray(addr, u64)
         if self.tracer is not None:
-            self.tracer.vmem(addr, mask)
+            self.tracer.vmem(addr, mask, self.bases)
         out = None
         for r, sel in self._split(addr, mask, nbytes):
             off = np.where(sel, addr - u64(r.base), 0).astype(np.int64)
@@ -148,7 +148,7 @@ class Memory:
     def store(self, addr, mask, data):
         addr = np.asarray(addr, u64)
         if self.tracer is not None:
-            self.tracer.vmem(addr, mask)
+            self.tracer.vmem(addr, mask, self.bases)
         nbytes = data.shape[1]
         for r, sel in self._split(addr, mask, nbytes):
             off = (addr[sel] - u64(r.base)).astype(np.int64)
@@ -161,7 +161,7 @@ class Memory:
         n = dt.itemsize
         addr = np.asarray(addr, u64)
         if self.tracer is not None:
-            self.tracer.vmem(addr, mask)
+            self.tracer.vmem(addr, mask, self.bases)
         old = np.zeros(addr.size, dt)
         act = np.nonzero(mask)[0]
         if act.size == 0:

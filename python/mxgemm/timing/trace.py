@@ -38,11 +38,17 @@ class Tracer:
             return run
         return [traced(pc, fn) for pc, fn in enumerate(fns)]
 
-    def vmem(self, addr, mask) -> None:
-        """A global access of the current instruction: its distinct cache lines."""
+    def vmem(self, addr, mask, bases) -> None:
+        """A global access of the current instruction: its distinct cache lines. Lines are
+        counted from the start of each buffer (``bases``: the mapped buffers' sorted starts), as
+        if every buffer were line aligned, as GPU allocations are: host tensors are not, and
+        their addresses change from run to run."""
         t = self.cur
         if t is not None:
-            lines = np.unique(np.asarray(addr)[mask] // LINE)
+            a = np.asarray(addr)[mask].astype(np.int64)
+            b = np.asarray(bases, np.int64)
+            i = np.searchsorted(b, a, side="right") - 1
+            lines = np.unique((i << 40) + (a - b[i]) // LINE)
             prev = t.mem.get(len(t.pcs) - 1)
             if prev is not None:
                 lines = np.union1d(prev[1], lines)
