@@ -9,17 +9,12 @@ matmul vLLM / SGLang use on ROCm; they are written here. A case is (kernel, cons
 warps, inputs, reference, comparison)."""
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass, field
 
 import torch
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
+from mxgemm.timing.peers import launch_triton, triton_gfx950
 
 
 @triton.jit
@@ -193,18 +188,6 @@ _TY = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", 
        torch.int64: "*i64", torch.int8: "*i8", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}
 
 
-@functools.lru_cache(maxsize=None)
-def compile_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
-    """(assembly, dynamic LDS bytes) of ``fn`` compiled by Triton for gfx950 (signature: (name,
-    type) pairs in order). Triton's kernels declare no static LDS: its launcher passes the
-    kernel's `shared` size as dynamic LDS."""
-    sig = dict(signature)
-    sig.update({k: "constexpr" for k, _ in constexprs})
-    src = ASTSource(fn, signature=sig, constexprs=dict(constexprs))
-    k = triton.compile(src, target=GPUTarget("hip", "gfx950", 64), options={"num_warps": warps})
-    return k.asm["amdgcn"], k.metadata.shared
-
-
 @dataclass
 class Case:
     fn: object
@@ -314,11 +297,6 @@ def cases() -> dict:
 
 def run(case: Case, emu) -> list:
     """Compile ``case`` for gfx950 with Triton and run it on ``emu``; the written tensors."""
-    from mxgemm import isa
-    asm, lds = compile_gfx950(case.fn, case.signature(), tuple(sorted(case.constexprs.items())), case.warps)
-    name = case.fn.__name__
-    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in isa.kernel_info(asm, name).args)
-    args = list(case.args) + [None] * (n_args - len(case.args))   # Triton's scratch pointers: unused
-    emu.launch(emu.load(asm), name, grid=case.grid + (1,) * (3 - len(case.grid)), block=(64 * case.warps, 1, 1),
-               args=args, dynamic_lds=lds)
+    asm, lds = triton_gfx950(case.fn, case.signature(), tuple(sorted(case.constexprs.items())), case.warps)
+    launch_triton(emu, asm, case.fn.__name__, case.args, case.grid, case.warps, lds)
     return [case.args[i] for i in case.outputs]

@@ -16,7 +16,7 @@ def addresses(w, addr, nbytes, wrap=False):
     when some address is out of range (in-range ones are unchanged by it)."""
     a = addr if isinstance(addr, np.ndarray) and addr.dtype == np.int64 else np.asarray(addr).astype(np.int64)
     if w.emu.tracer is not None:
-        w.emu.tracer.lds(a, w.mask if a.ndim == 1 else w.mask[:, None] & np.ones(a.shape, bool), nbytes)
+        w.emu.tracer.lds(a, w.mask, nbytes)
     lim = w.wg.lds_size
     if w.full:
         f = a.ravel()

@@ -14,11 +14,20 @@ from __future__ import annotations
 from .engine import occupancy, replay
 from .machine import MACHINES, Machine
 
-__all__ = ["MACHINES", "Machine", "rounds_sample", "simulate", "xcd0_sample"]
+__all__ = ["MACHINES", "Machine", "round_workgroups", "rounds_sample", "simulate", "xcd0_sample"]
+
+
+def _machine(machine) -> Machine:
+    return MACHINES[machine] if isinstance(machine, str) else machine
+
+
+def _xcd0_share(grid, m) -> int:
+    """Workgroups XCD 0 receives: ids 0, xcds, 2 xcds, ... of the linear grid."""
+    return -(-grid[0] * grid[1] * grid[2] // m.xcds)
 
 
 def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=False) -> dict:
-    m = MACHINES[machine] if isinstance(machine, str) else machine
+    m = _machine(machine)
     r = replay(m, prog, kernel, traces, grid, lds_bytes, m.clock_ghz)
     span = r["cycles"] * m.simds * r["cus"]
     if span and r["busy"].get("mfma", 0) / span > 0.5:       # sustained matrix load: the lower clock
@@ -26,8 +35,7 @@ def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=Fals
         r = replay(m, prog, kernel, traces, grid, lds_bytes, clock)
     else:
         clock = m.clock_ghz
-    n = grid[0] * grid[1] * grid[2]
-    share = len([i for i in range(n) if i % m.xcds == 0]) or 1
+    share = _xcd0_share(grid, m)
     cycles = _extrapolate(r, share) if sampled else r["cycles"]
     span = max(r["cycles"], 1.0)
     util = {"mfma": r["busy"].get("mfma", 0) / (span * m.simds * r["cus"]),
@@ -39,8 +47,7 @@ def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=Fals
     top = max(util, key=util.get)
     return dict(us=cycles / (clock * 1e3), cycles=cycles, clock_ghz=clock,
                 limiter=top if util[top] > 0.6 else "latency", sampled=bool(sampled),
-                breakdown=dict(busy=util, bytes=r["bytes"], stalls={k: v for k, v in r["busy"].items()
-                                                                      if k.startswith("stall")},
+                breakdown=dict(busy=util, bytes=r["bytes"], stalls=_by_cause(r["stalls"].values()),
                                occupancy_workgroups_per_cu=r["slots"], workgroups_simulated=r["workgroups"],
                                workgroups_per_xcd=share, blocks=blocks(prog, kernel, r)))
 
@@ -59,15 +66,21 @@ def blocks(prog, kernel, r) -> list:
     for a, b in zip(starts, starts[1:] + [len(code.instrs)]):
         if a >= b:
             continue
-        stall = {}
-        for pc in range(a, b):
-            for cause, c in r["stalls"].get(pc, {}).items():
-                stall[cause] = stall.get(cause, 0.0) + c
+        stall = _by_cause(r["stalls"].get(pc, {}) for pc in range(a, b))
         n = sum(r["issued"].get(pc, 0) for pc in range(a, b))
         if n or stall:
             out.append(dict(block=names.get(a, "entry"), first=a, last=b - 1, issued=n, stalls=stall,
                             cycles=n + sum(stall.values())))
     return sorted(out, key=lambda x: -x["cycles"])
+
+
+def _by_cause(stalls) -> dict:
+    """Stall cycles per cause, summed over per-instruction dicts (cause -> cycles)."""
+    out = {}
+    for per_pc in stalls:
+        for cause, c in per_pc.items():
+            out[cause] = out.get(cause, 0.0) + c
+    return out
 
 
 def _extrapolate(r, share) -> float:
@@ -87,18 +100,23 @@ def _extrapolate(r, share) -> float:
 def xcd0_sample(grid, count: int, machine="mi355x") -> list:
     """Workgroup ids of the first ``count`` workgroups XCD 0 receives (dispatch order): what a
     sampled timing run executes."""
-    m = MACHINES[machine] if isinstance(machine, str) else machine
+    m = _machine(machine)
     gx, gy, gz = grid
-    ids = [i for i in range(gx * gy * gz) if i % m.xcds == 0][:count]
+    ids = range(0, gx * gy * gz, m.xcds)[:count]
     return [(i % gx, i // gx % gy, i // (gx * gy)) for i in ids]
+
+
+def round_workgroups(machine, prog, kernel, block, dynamic_lds) -> int:
+    """Workgroups XCD 0 holds at once (a round): its CUs times the kernel's occupancy."""
+    m = _machine(machine)
+    meta = prog.kernel_meta(kernel)
+    waves = -(-block[0] * block[1] * block[2] // 64)
+    return occupancy(m, meta, waves, meta.group_segment_fixed_size + dynamic_lds) * (m.cus // m.xcds)
 
 
 def rounds_sample(machine, prog, kernel, grid, block, dynamic_lds, rounds: int):
     """The workgroups of XCD 0's first ``rounds`` rounds (None when that is its whole share):
     what a sampled timing run of this launch executes."""
-    m = MACHINES[machine] if isinstance(machine, str) else machine
-    meta = prog.kernel_meta(kernel)
-    waves = -(-block[0] * block[1] * block[2] // 64)
-    count = rounds * occupancy(m, meta, waves, meta.group_segment_fixed_size + dynamic_lds) * (m.cus // m.xcds)
-    share = -(-grid[0] * grid[1] * grid[2] // m.xcds)
-    return None if count >= share else xcd0_sample(grid, count, m)
+    m = _machine(machine)
+    count = rounds * round_workgroups(m, prog, kernel, block, dynamic_lds)
+    return None if count >= _xcd0_share(grid, m) else xcd0_sample(grid, count, m)

@@ -17,7 +17,7 @@ import torch
 
 from .. import calibration
 from ..emu import Emulator
-from . import MACHINES, engine, xcd0_sample
+from . import round_workgroups, xcd0_sample
 
 
 def stage_time(stage, M, N, K, machine="mi355x"):
@@ -28,11 +28,9 @@ def stage_time(stage, M, N, K, machine="mi355x"):
     b = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn)
     c = torch.zeros(M, N, dtype=torch.bfloat16)
     grid = (N // stage.tile[1], M // stage.tile[0], 1)
-    m = MACHINES[machine]
-    slots = engine.occupancy(m, prog.kernel_meta(stage.symbol), stage.block[0] * stage.block[1] // 64,
-                             prog.kernel_meta(stage.symbol).group_segment_fixed_size)
-    emu.launch(prog, stage.symbol, grid=grid, block=(*stage.block, 1), args=[a, b, c, M, N, K],
-               workgroups=xcd0_sample(grid, 2 * slots * m.cus // m.xcds, machine))
+    block = (*stage.block, 1)
+    emu.launch(prog, stage.symbol, grid=grid, block=block, args=[a, b, c, M, N, K],
+               workgroups=xcd0_sample(grid, 2 * round_workgroups(machine, prog, stage.symbol, block, 0), machine))
     return emu.last_timing
 
 

@@ -172,7 +172,6 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
                     ready = max(ready, lst[len(lst) - n - 1])
                     del lst[:len(lst) - n]
             if ready > issue:
-                busy["stall_wait"] += ready - issue
                 stalls[pc]["wait"] += ready - issue
                 heapq.heappush(heap, (ready, seq, wv))
                 seq += 1
@@ -224,7 +223,6 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             if len(st["arrived"]) == st["left"]:
                 go = max(a["arrive"] for a in st["arrived"]) + 1
                 for a in st["arrived"]:
-                    busy["stall_barrier"] += go - a["arrive"]
                     stalls[a["t"].pcs[a["pos"] - 1]]["barrier"] += go - a["arrive"]
                     heapq.heappush(heap, (go, seq, a))
                     seq += 1
@@ -247,9 +245,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             continue
         else:
             nxt = issue + cost
-            busy["salu"] += cost
         simd_issue[cu][s] = issue + 1
-        busy["issued"] += 1
         issued[pc] += 1
         wv["pos"] = pos + 1
         heapq.heappush(heap, (nxt, seq, wv))

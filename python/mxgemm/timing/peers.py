@@ -43,35 +43,48 @@ def _dot_scaled_linear():
 
 
 @functools.lru_cache(maxsize=None)
-def peer_assembly() -> tuple:
-    """(assembly, dynamic LDS bytes) of the Triton peer for gfx950."""
+def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
+    """(assembly, dynamic LDS bytes) of the Triton kernel ``fn`` compiled for gfx950 with no GPU
+    (signature: (parameter, Triton type) pairs in order; constexprs: (name, value) pairs).
+    Triton's kernels declare no static LDS: its launcher passes the kernel's `shared` size as
+    dynamic LDS."""
     import os
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    fn = _dot_scaled_linear()
-    sig = dict(a="*fp8e4nv", a_scale="*u8", b="*fp8e4nv", b_scale="*u8", c="*bf16", M="i32", N="i32", K="i32",
-               **{k: "constexpr" for k in PEER_BLOCKS})
-    k = triton.compile(ASTSource(fn, signature=sig, constexprs=dict(PEER_BLOCKS)),
-                       target=GPUTarget("hip", "gfx950", 64), options={"num_warps": PEER_WARPS})
+    sig = {**dict(signature), **{k: "constexpr" for k, _ in constexprs}}
+    k = triton.compile(ASTSource(fn, signature=sig, constexprs=dict(constexprs)),
+                       target=GPUTarget("hip", "gfx950", 64), options={"num_warps": warps})
     return k.asm["amdgcn"], k.metadata.shared
+
+
+def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int) -> None:
+    """Run a Triton kernel on ``emu`` as Triton's launcher would: ``args`` in the kernel's order
+    (constexprs apart), then its scratch pointers, unused here (null)."""
+    from .. import isa
+    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in isa.kernel_info(asm, name).args)
+    emu.launch(emu.load(asm), name, grid=tuple(grid) + (1,) * (3 - len(grid)), block=(64 * warps, 1, 1),
+               args=list(args) + [None] * (n_args - len(args)), dynamic_lds=lds)
+
+
+def peer_assembly() -> tuple:
+    """(assembly, dynamic LDS bytes) of the Triton peer for gfx950."""
+    sig = (("a", "*fp8e4nv"), ("a_scale", "*u8"), ("b", "*fp8e4nv"), ("b_scale", "*u8"), ("c", "*bf16"),
+           ("M", "i32"), ("N", "i32"), ("K", "i32"))
+    return triton_gfx950(_dot_scaled_linear(), sig, tuple(PEER_BLOCKS.items()), PEER_WARPS)
 
 
 def time_peer_smallm(a, sa, b, sb, machine="mi355x") -> tuple:
     """(output, timing) of the Triton peer on a [M, K] e4m3 x b [N, K] e4m3 with e8m0 scales."""
-    from .. import isa
     from ..emu import Emulator
     asm, lds = peer_assembly()
-    name = "dot_scaled_linear"
     M, K = a.shape
     N = b.shape[0]
     c = torch.zeros(M, N, dtype=torch.bfloat16)
-    n_args = sum(not x[".value_kind"].startswith("hidden_") for x in isa.kernel_info(asm, name).args)
-    args = [a, sa, b, sb, c, M, N, K] + [None] * (n_args - 8)      # Triton's scratch pointers: unused
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    emu.launch(emu.load(asm), name, grid=(-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"], 1),
-               block=(64 * PEER_WARPS, 1, 1), args=args, dynamic_lds=lds)
+    launch_triton(emu, asm, "dot_scaled_linear", [a, sa, b, sb, c, M, N, K],
+                  (-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"]), PEER_WARPS, lds)
     return c, emu.last_timing
 
 

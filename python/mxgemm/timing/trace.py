@@ -55,14 +55,14 @@ class Tracer:
             t.mem[len(t.pcs) - 1] = ("vmem", lines)
 
     def lds(self, addr, mask, nbytes) -> None:
-        """An LDS access of the current instruction: the cycles its bank conflicts cost. Lanes
+        """An LDS access of the current instruction (addr: per lane, a row per lane where a lane
+        has several; mask: the active lanes): the cycles its bank conflicts cost. Lanes
         go in phases of 256 bytes (64 banks x 4 bytes; ds_read_b128: 16 lanes a phase); a phase
         takes as many cycles as the most distinct dwords any one bank serves in it."""
         t = self.cur
         if t is None:
             return
-        a = np.asarray(addr).reshape(-1)[np.asarray(mask).reshape(-1)] if np.ndim(addr) == 1 else \
-            np.asarray(addr)[mask].reshape(-1)
+        a = np.asarray(addr)[mask].reshape(-1)
         per_phase = max(1, 256 // max(4, nbytes))
         cycles = 0
         for p in range(0, a.size, per_phase):
