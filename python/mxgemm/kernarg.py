@@ -11,6 +11,11 @@ import struct
 _FLOAT_FORMATS = {2: "<e", 4: "<f", 8: "<d"}
 
 
+def layout(info) -> tuple:
+    """(slots, kernarg size) of a kernel (an mxgemm.isa.KernelInfo)."""
+    return [(a[".offset"], a[".size"], a[".value_kind"]) for a in info.args], info.kernarg_size
+
+
 def grid_dims(grid, block) -> int:
     """hidden_grid_dims is the AQL dispatch packet's dimensionality. The packet's grid is
     counted in work-items, so a dimension counts once it holds more than one work-item."""

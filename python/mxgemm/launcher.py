@@ -109,9 +109,7 @@ def layout(art):
     """(kernarg slots (offset, size, value_kind), kernarg size) of an artefact, read once."""
     got = _LAYOUTS.get(art.asm_path)
     if got is None:
-        info = art.isa()
-        got = _LAYOUTS[art.asm_path] = ([(a[".offset"], a[".size"], a[".value_kind"]) for a in info.args],
-                                        info.kernarg_size)
+        got = _LAYOUTS[art.asm_path] = kernarg.layout(art.isa())
     return got
 
 

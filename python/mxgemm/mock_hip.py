@@ -81,13 +81,9 @@ def _on_load(module, image, size):
 @functools.lru_cache(maxsize=None)
 def _kernels(asm_path: Path) -> dict:
     """symbol -> (kernarg slots, kernarg size) of every kernel in an assembly file."""
-    from . import isa
+    from . import isa, kernarg
     text = asm_path.read_text()
-    out = {}
-    for symbol in isa.kernel_names(text):
-        info = isa.kernel_info(text, symbol)
-        out[symbol] = ([(a[".offset"], a[".size"], a[".value_kind"]) for a in info.args], info.kernarg_size)
-    return out
+    return {symbol: kernarg.layout(isa.kernel_info(text, symbol)) for symbol in isa.kernel_names(text)}
 
 
 @_callback

@@ -43,6 +43,7 @@ class Plan:
     out_shape: tuple = ()          # the output an out-less call allocates
     out_dtype: torch.dtype | None = None
     zero_out: bool = False         # the kernel accumulates into out (e.g. split-K atomics): zero it first
+    run: object = field(default=None, repr=False, compare=False)   # run(flat), made at the first execution
 
     def __str__(self):
         if self.fallback:
@@ -172,7 +173,6 @@ class Op:
         self._fill = fill or {}
         self._check_data = check_data
         self._plans: dict = {}
-        self._bound: dict = {}   # id(plan) -> (plan, its run(flat))
         self.out_index = self.names.index("out")
         optional_out = types_[self.out_index] == "Tensor?"
         decl = [f"{t} {n}" for n, t in zip(self.names, types_)]
@@ -263,7 +263,6 @@ class Op:
         """Forget every memoised plan (e.g. after changing what the planner reads)."""
         self._plans.clear()
         self._recent.clear()
-        self._bound.clear()
 
     def namespace(self, flat):
         return types.SimpleNamespace(**dict(zip(self.names, flat)))
@@ -293,10 +292,9 @@ class Op:
         self._execute(self.plan(flat), flat)
 
     def _execute(self, p: Plan, flat) -> None:
-        bound = self._bound.get(id(p))
-        if bound is None or bound[0] is not p:
-            bound = self._bound[id(p)] = (p, self._bind(p, flat))
-        bound[1](flat)
+        if p.run is None:
+            p.run = self._bind(p, flat)
+        p.run(flat)
 
     def _bind(self, p: Plan, flat):
         """``run(flat)``: a plan's execution, made at its first call. Arguments the kernel takes
@@ -336,8 +334,9 @@ class Op:
 
 @functools.lru_cache(maxsize=1)
 def validate() -> bool:
-    """``MXGEMM_VALIDATE=1``: run the data checks (e.g. expert ids) on GPU tensors too, at the
-    cost of a device sync per call. CPU tensors are always checked. Read once per process."""
+    """``MXGEMM_VALIDATE=1``: run the data checks (e.g. expert ids) on the hip backend too (GPU
+    tensors, or CPU tensors through the mock runtime), at the cost of a device sync per call.
+    The emulator backend always checks. Read once per process."""
     return env.get("MXGEMM_VALIDATE") == "1"
 
 
