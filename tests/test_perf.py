@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from mxgemm import isa, perf, registry
+from mxgemm import isa, perf, registry, specs
+from mxgemm.specs import Case
 from mxgemm.__main__ import main
 from mxgemm.build import artifact
 from mxgemm.launcher import emulator_settings, last_emulator_stats
@@ -44,7 +45,7 @@ HAND = [
 
 @pytest.mark.parametrize("kernel,variant,shape,flops,nbytes,grid,wave_iters", HAND, ids=[h[0] for h in HAND])
 def test_work_by_hand(kernel, variant, shape, flops, nbytes, grid, wave_iters):
-    w = perf.WORK[kernel](kernel, variant, **shape)
+    w = specs.work(Case(kernel, variant, shape, "t"))
     assert (w.flops, w.bytes, w.grid, w.wave_iterations) == (flops, nbytes, grid, wave_iters)
 
 
@@ -60,7 +61,7 @@ def test_roofline_and_mfma_cycles_by_hand():
     assert isa.mfma_cycles("v_mfma_f32_32x32x16_bf16 a[0:15], v[0:3], v[4:7], a[0:15]") == \
         pytest.approx(2 * 32 * 32 * 16 / (2.5e15 / (256 * 4 * 2.4e9)))
     # a 1 x 1280 x 8192 GEMV is memory-bound: 8 KiB + 10.5 MB of e4m3 + scales over 8 TB/s
-    row = perf.predict(perf.Case("smallm_mxfp8_gemv", {"M_TILE": 1, "N_SUB": 1}, dict(M=1, N=1280, K=8192), "t"),
+    row = perf.predict(Case("smallm_mxfp8_gemv", {"M_TILE": 1, "N_SUB": 1}, dict(M=1, N=1280, K=8192), "t"),
                        mca=False)
     nbytes = 8192 + 256 + 1280 * (8192 + 256) + 2 * 1280
     assert row["bytes"] == nbytes and row["roofline_us"] == pytest.approx(nbytes / 8e12 * 1e6)
@@ -102,11 +103,11 @@ def test_hot_loop_counts_equal_emulator_counters(kernel, variant, shape, dim, va
     loop = perf.hot_loop(art.asm, art.symbol)
     stats, works = [], []
     for value in values:
-        case = perf.Case(kernel, variant, {**shape, dim: value}, "t")
+        case = Case(kernel, variant, {**shape, dim: value}, "t")
         with emulator_settings(race_check=False):
-            perf.op_call(case, "cpu")()
+            specs.op_call(case)()
         stats.append(last_emulator_stats())
-        works.append(perf.WORK[kernel](kernel, variant, **shape, **{dim: value}))
+        works.append(specs.work(case))
     extra = works[1].wave_iterations - works[0].wave_iterations
     assert extra > 0
     delta = {c: stats[1].get(c, 0) - stats[0].get(c, 0) for c in set(stats[0]) | set(stats[1])

@@ -53,9 +53,9 @@ def calibrate(n=4096, out=sys.stdout):
 
 
 def time_case(case, machine="mi355x", rounds=None) -> list:
-    """(symbol, timing) of each launch of ``case`` (an mxgemm.perf.Case) through its public op."""
-    from .. import launcher, perf
-    call = perf.op_call(case)
+    """(symbol, timing) of each launch of ``case`` (an mxgemm.specs.Case) through its public op."""
+    from .. import launcher, specs
+    call = specs.op_call(case)
     with launcher.emulator_settings(timing=machine, timing_rounds=rounds, race_check=False):
         call()
         return launcher.timings()
@@ -78,12 +78,12 @@ def report(symbol, t, top=8, out=sys.stdout) -> None:
 def table(cases, rounds=None, out=sys.stdout) -> list:
     """A row per case: simulated us (launches summed), the roofline us beside it (mxgemm.perf's
     work model: compulsory bytes and FLOPs at peak), and the longest launch's limiter."""
-    from .. import isa, perf
+    from .. import isa, specs
     lim = isa.LIMITS["gfx950"]
     print(f"{'kernel':30s} {'case':34s} {'sim_us':>8s} {'roof_us':>8s} {'of_roof':>7s}  limiter  sampled", file=out)
     rows = []
     for case in cases:
-        w = perf.WORK[case.kernel](case.kernel, case.variant, **case.shape)
+        w = specs.work(case)
         roof = max(w.flops / (lim["peak_tflops"][w.rate] * 1e12), w.bytes / (lim["hbm_tbps"] * 1e12)) * 1e6
         ts = time_case(case, rounds=rounds)
         us = sum(t["us"] for _, t in ts)
@@ -98,11 +98,12 @@ def table(cases, rounds=None, out=sys.stdout) -> list:
 def main(argv) -> int:
     import argparse
 
-    from .. import perf
+    from .. import perf, specs
+    presets = specs.presets()
     p = argparse.ArgumentParser(prog="python -m mxgemm time", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kernel", nargs="?", help="registry name (its first case in --preset); none: a row per case")
-    p.add_argument("--preset", default=perf.SMALL_PRESET, help=f"a preset of mxgemm.perf: {sorted(perf.PRESETS)}")
+    p.add_argument("--preset", default=specs.SMALL_PRESET, help=f"a preset of mxgemm.specs: {sorted(presets)}")
     p.add_argument("--case", help="the case whose label contains this text")
     p.add_argument("--rounds", type=int, help="simulate only XCD 0's first ROUNDS rounds of workgroups")
     p.add_argument("--blocks", type=int, default=8, help="hottest basic blocks to print")
@@ -117,12 +118,12 @@ def main(argv) -> int:
         from . import peers
         peers.smallm_vs_peer(out=lambda s: print(s, flush=True))
         return 0
-    if args.preset not in perf.PRESETS:
-        p.error(f"unknown preset {args.preset!r}; known: {sorted(perf.PRESETS)}")
+    if args.preset not in presets:
+        p.error(f"unknown preset {args.preset!r}; known: {sorted(presets)}")
     if args.kernel is None:
         table(perf.modelled_cases([args.preset], note=lambda s: print(s, file=sys.stderr)), args.rounds)
         return 0
-    cases = [c for c in perf.PRESETS[args.preset]() if c.kernel == args.kernel and (args.case or "") in c.label]
+    cases = [c for c in presets[args.preset]() if c.kernel == args.kernel and (args.case or "") in c.label]
     if not cases:
         print(f"python -m mxgemm time: no case of kernel {args.kernel!r} in preset {args.preset!r}", file=sys.stderr)
         return 1

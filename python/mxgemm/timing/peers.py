@@ -10,11 +10,13 @@ import functools
 
 import torch
 
+from ..specs.smallm_mxfp8 import MINIMAX_M3_LINEARS
+
 PEER_BLOCKS = dict(BM=64, BN=128, BK=128)
 PEER_WARPS = 8
-# decode linear layers of a 6144-hidden MoE model (MiniMax-M3; mxgemm.perf.MINIMAX_M3_LINEARS): TP8 qkv,
-# TP8 o_proj, TP4 down, as (name, N, K)
-SMALLM_LAYERS = (("tp8 qkv", 1152, 6144), ("tp8 o_proj", 6144, 1024), ("tp4 down", 6144, 1536))
+# decode linear layers of a 6144-hidden MoE model (MiniMax-M3): TP8 qkv, TP8 o_proj, TP4 down, as (name, N, K)
+SMALLM_LAYERS = tuple((f"tp{tp} {name}", N, K) for tp, name in ((8, "qkv"), (8, "o_proj"), (4, "down"))
+                      for K, N in [MINIMAX_M3_LINEARS[tp][name]])
 SMALLM_MS = (1, 16, 64)
 
 

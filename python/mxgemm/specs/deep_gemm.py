@@ -1,0 +1,92 @@
+"""deep_gemm_fp8_grouped_gemm (ops/deep_gemm.py; DeepGEMM's names in mxgemm.deep_gemm): grouped FP8
+GEMM, NT, with 1x128 / 128x128 block scales, contiguous or masked groups."""
+from __future__ import annotations
+
+import torch
+
+from .base import BITWISE, OUT_DTYPES, Call, Case, Inputs, OpSpec, Smoke, Work, grid, k_per_iteration, waves
+
+OP = "deep_gemm_fp8_grouped_gemm"
+KERNEL = "deep_gemm_fp8"
+
+
+def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="") -> Call:
+    """Groups of ``group_rows`` rows: masked [G, m_max, K], or contiguous with each group padded to
+    m_max rows (layout -1 past a group's rows)."""
+    sf = inp.scale if v["UE8M0"] else inp.fp32_scale
+    if v["MASKED"]:
+        rows, layout = (G, m_max), group_rows.to(torch.int32)
+    else:
+        rows, layout = (G * m_max,), torch.arange(G, dtype=torch.int32).repeat_interleave(m_max)
+        layout[torch.arange(G * m_max) % m_max >= group_rows.repeat_interleave(m_max)] = -1
+    out = inp.zeros(*rows, N, dtype=OUT_DTYPES[v["OUT"]])
+    kb = -(-K // 128)
+    args = (inp.fp8(*rows, K), sf(*rows, kb), inp.fp8(G, N, K), sf(G, -(-N // 128), kb), layout.to(inp.device), out)
+    return Call(OP, args, dict(masked=bool(v["MASKED"]), config=config), out=out)
+
+
+def call(kernel, v, shape, inp: Inputs) -> Call:
+    G, m = shape["groups"], shape["m"]
+    rows = torch.full((G,), m)
+    return _call(inp, v, G, rows, m, shape["N"], shape["K"]).expect(kernel, v)
+
+
+def work(kernel, v, groups, m, N, K) -> Work:
+    m_tiles = groups * -(-m // v["BM"])
+    g = grid(kernel, v, N=N, m_tiles=m_tiles)
+    wgs = g[0] * g[1]
+    iters = -(-K // k_per_iteration(kernel, v, v["BM"], v["BN"]))
+    rows = groups * m
+    scales = rows * (K // 128) * (1 if v["UE8M0"] else 4) + groups * -(-N // 128) * (K // 128) * 4
+    return Work(2.0 * rows * N * K, rows * K + groups * N * K + scales + 2 * rows * N, "fp8", g, wgs,
+                wgs * waves(kernel) * iters, iters)
+
+
+def race(kernel, v) -> list:
+    """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
+    each group padded to 128 rows), K = 1, 6 and 7 blocks, the 7th partial (the compiler unrolls
+    the K loop: 6 and 7 leave remainder steps for unroll factors 2 and 4; with 6 the dead
+    prefetch DMA of the last step lands in LDS buffer 0, where the epilogue's C tile goes; 1
+    takes the path that skips the unrolled loop)."""
+    rows = torch.tensor([40, 0, 23])
+    return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K,
+                  f"{v['BM']}x{v['BN']}").expect(kernel, v) for K in (128, 768, 848)]
+
+
+def decode(inp: Inputs) -> dict:
+    """DeepSeek-V3 masked decode: 8 groups of up to 64 rows, N=4096, K=7168."""
+    v = dict(MASKED=1, UE8M0=0, OUT="bf16")
+    return {OP: _call(inp, v, 8, torch.full((8,), 64), 64, 4096, 7168)}
+
+
+def smoke(device) -> list:
+    """Masked groups of 5, 0 and 17 rows, fp32 scales, vs the reference on the written rows."""
+    from .. import reference
+    v = dict(MASKED=1, UE8M0=0, OUT="bf16")
+    rows = torch.tensor([5, 0, 17])
+    c = _call(Inputs(device=device), v, 3, rows, 32, 64, 256)
+    a, sfa, b, sfb, masked_m, _ = (t.cpu() for t in c.args)
+    ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m)
+    written = torch.arange(32)[None, :] < rows[:, None]
+    return [Smoke(f"{OP} masked G=3 (rows 5, 0, 17) N=64 K=256", lambda: c().cpu()[written], ref[written])]
+
+
+_DEEPGEMM_README = "DeepGEMM README (H800, not MI355X)"
+DEEPGEMM_PUBLISHED = {  # (masked, groups, m per group, N, K) -> TFLOPS, deepseek-ai/DeepGEMM README
+    (0, 4, 8192, 4096, 7168): 1297, (0, 4, 8192, 7168, 2048): 1099, (0, 8, 4096, 4096, 7168): 1288,
+    (0, 8, 4096, 7168, 2048): 1093, (1, 1, 1024, 4096, 7168): 1233, (1, 1, 1024, 7168, 2048): 925,
+    (1, 2, 512, 4096, 7168): 1040, (1, 2, 512, 7168, 2048): 916, (1, 4, 256, 4096, 7168): 932,
+    (1, 4, 256, 7168, 2048): 815}
+
+
+def preset_published():
+    return [Case(KERNEL, {"BM": 128, "BN": 128, "MASKED": masked, "UE8M0": 0, "OUT": "bf16"},
+                 dict(groups=g, m=m, N=N, K=K), f"{'masked' if masked else 'contig'} G={g} M={m} {N}x{K}",
+                 f"{tf} TFLOPS", _DEEPGEMM_README) for (masked, g, m, N, K), tf in DEEPGEMM_PUBLISHED.items()]
+
+
+SPEC = OpSpec(
+    name="deep_gemm", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_deep_gemm.py",),
+    reference="m_grouped_fp8_gemm_nt_contiguous_ref, m_grouped_fp8_gemm_nt_masked_ref",
+    hardware_script="op_tests/test_deep_gemm.py", contract=BITWISE, call=call, work=work, race=race,
+    decode=decode, smoke=smoke, presets={"deep_gemm": preset_published})

@@ -1,0 +1,111 @@
+"""grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k and the autograd op grouped_gemm_fp8
+(ops/grouped_fp8.py): tensorwise FP8 MoE grouped GEMM, forward NT, dgrad NN, wgrad TN."""
+from __future__ import annotations
+
+import torch
+
+from .. import registry
+from .base import BITWISE, FP8, OUT_DTYPES, Call, Case, Contract, Inputs, OpSpec, Smoke, Work, grid, \
+    k_per_iteration, waves
+
+ROWS, WGRAD, AUTOGRAD = "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "grouped_gemm_fp8"
+KERNEL = "grouped_gemm_fp8"
+
+
+def call(kernel, v, shape, inp: Inputs) -> Call:
+    """Groups of m rows (NT / NN) or m contraction rows (TN: out [G, N, K])."""
+    G, m, N, K = shape["groups"], shape["m"], shape["N"], shape["K"]
+    one, lens = torch.ones(1, device=inp.device), torch.full((G,), m, dtype=torch.int64, device=inp.device)
+    if v["LAYOUT"] == "TN":
+        return Call(WGRAD, (inp.fp8(G * m, N), one, inp.fp8(G * m, K), one, lens)).expect(kernel, v)
+    nt = v["LAYOUT"] == "NT"
+    b = inp.fp8(G, N, K) if nt else inp.fp8(G, K, N)
+    return Call(ROWS, (inp.fp8(G * m, K), one, b, one, lens), dict(trans_b=nt)).expect(kernel, v)
+
+
+def work(kernel, v, groups, m, N, K) -> Work:
+    """Forward NT / dgrad NN: groups of m rows; wgrad TN: groups of m contraction rows, out [G, N, K]
+    read as [G, M=N, N=K] by the op (the preset passes the wgrad's own M, N)."""
+    tn = v["LAYOUT"] == "TN"
+    tiles = groups * -(-N // v["BM"]) * -(-K // v["BN"]) if tn else groups * -(-m // v["BM"]) * -(-N // v["BN"])
+    bound = tiles if tn else (-(-groups * m // v["BM"]) + groups) * -(-N // v["BN"])
+    k_iter = k_per_iteration(kernel, v, v["BM"], v["BN"])
+    flops = 2.0 * groups * m * N * K
+    if tn:           # per group: out[N, K] (the op's M, N) += a_g^T b_g over m rows
+        nbytes, iters = groups * m * (N + K) + 2 * groups * N * K, -(-m // k_iter)
+    else:
+        nbytes, iters = groups * m * K + groups * N * K + 2 * groups * m * N, -(-K // k_iter)
+    return Work(flops, nbytes, "fp8", grid(kernel, v, grid=bound), tiles, tiles * waves(kernel) * iters, iters)
+
+
+def race(kernel, v) -> list:
+    """TN: sizes that make the op pick variant v, one K step + a 2-row tail, then a short group.
+    NT / NN (variant forced by config, a persistent grid of 1): nine groups, so the group scans
+    run the compiler's 8- and 4-unrolled bodies and their remainders, of sizes bm + 2, 0 x 7 and
+    bm - 2 (a partial second row tile); K = three steps, so the K loop runs its 2-unrolled body
+    and its remainder step."""
+    qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(FP8[v[f]])
+              for f in ("FMT", "FMT_B"))
+    bm, bn, one = v["BM"], v["BN"], torch.ones(1)
+    kw = dict(out_dtype=OUT_DTYPES[v["OUT"]])
+    if v["LAYOUT"] == "TN":
+        return [Call(WGRAD, (qa(133, bm), one, qb(133, bn), one, torch.tensor([130, 3])), kw).expect(kernel, v)]
+    lens, trans_b, K = torch.tensor([bm + 2] + [0] * 7 + [bm - 2]), v["LAYOUT"] == "NT", 384
+    kw.update(trans_b=trans_b, num_cu=1, config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
+    b = qb(9, bn, K) if trans_b else qb(9, K, bn)
+    return [Call(ROWS, (qa(2 * bm, K), one, b, one, lens), kw).expect(kernel, v)]
+
+
+def decode(inp: Inputs) -> dict:
+    """A training step's MoE layer: 8 experts, 4096 routed rows."""
+    one, lens = torch.ones(1), torch.full((8,), 512, dtype=torch.int64)
+    return {ROWS: Call(ROWS, (inp.fp8(4096, 2048), one, inp.fp8(8, 1024, 2048), one, lens)),
+            WGRAD: Call(WGRAD, (inp.fp8(4096, 1024), one, inp.fp8(4096, 2048), one, lens))}
+
+
+def smoke(device) -> list:
+    """One forward + backward of the autograd op (e4m3, three groups, one empty) vs fp32 autograd
+    on the same bf16 inputs: out, grad_a, grad_b by SNR (tensorwise quantisation in between)."""
+    import mxgemm
+    g = torch.Generator().manual_seed(0)
+    lens, N, K = [24, 0, 40], 64, 128
+    x, w, dy = torch.randn(sum(lens), K, generator=g), torch.randn(len(lens), N, K, generator=g) * 0.05, \
+        torch.randn(sum(lens), N, generator=g)
+    xf, wf = (t.bfloat16().float().requires_grad_() for t in (x, w))
+    yf = torch.cat([xg @ wf[i].T for i, xg in enumerate(xf.split(lens))])
+    yf.backward(dy.bfloat16().float())
+
+    def run():
+        xq, wq = (t.bfloat16().to(device).requires_grad_() for t in (x, w))
+        y = mxgemm.grouped_gemm_fp8(xq, wq, torch.tensor(lens, device=device))
+        y.backward(dy.bfloat16().to(device))
+        return y.detach(), xq.grad, wq.grad
+    return [Smoke(f"{AUTOGRAD} e4m3 G={len(lens)} (rows {lens}) N={N} K={K}, out / grad_a / grad_b", run,
+                  (yf.detach(), xf.grad, wf.grad), Contract(snr_db=25.0))]
+
+
+def _variant(layout, m, N):
+    """The planner's untuned tile for m rows per group (NT / NN) or m output rows (TN)."""
+    from ..ops.grouped_fp8 import heuristic_config
+    cfg = heuristic_config(layout, 1, m, N)
+    return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT="e4m3", FMT_B="e4m3", OUT="bf16",
+                                 BM=cfg["BM"], BN=cfg["BN"])
+
+
+def preset_deepseek_v3():
+    """DeepSeek-V3 MoE (hidden 7168, inter 2048) with 8 local experts of 4096 routed rows each."""
+    out, source = [], "Primus-Turbo PR #384 (per-shape TFLOPS not found)"
+    for name, N, K in (("gemm1", 2 * 2048, 7168), ("gemm2", 7168, 2048)):
+        for layout, (n, k) in (("NT", (N, K)), ("NN", (K, N))):
+            out.append(Case(KERNEL, _variant(layout, 4096, n), dict(groups=8, m=4096, N=n, K=k),
+                            f"DSV3 {name} {'fwd' if layout == 'NT' else 'dgrad'} G=8 M=4096", "not found", source))
+        out.append(Case(KERNEL, _variant("TN", N, K), dict(groups=8, m=4096, N=N, K=K), f"DSV3 {name} wgrad G=8 M=4096",
+                        "not found", source))
+    return out
+
+
+SPEC = OpSpec(
+    name="grouped_fp8", ops=(ROWS, WGRAD, AUTOGRAD), kernels=(KERNEL,), tests=("tests/test_grouped_gemm_fp8.py",),
+    reference="grouped_gemm_fp8_ref, grouped_gemm_fp8_variable_k_ref", hardware_script="op_tests/test_grouped_gemm_fp8.py",
+    contract=BITWISE, call=call, work=work, race=race, decode=decode, smoke=smoke,
+    presets={"grouped_fp8": preset_deepseek_v3})
