@@ -4,18 +4,19 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import guards
+from mxgemm import guards, specs
 from mxgemm.bench import dispatch_calls
 from mxgemm.ops._op import OPS
 
-PUBLIC = ("smallm_mxfp8_gemm", "moe_mxfp8_grouped_gemm", "moe_gemm2_a4w4", "mxfp8_dequantize",
-          "deep_gemm_fp8_grouped_gemm", "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "mx_gemm")
+PUBLIC = tuple(OPS)
 
 
-def test_every_public_op_is_a_framework_op_and_benchmarked():
-    assert set(OPS) == set(PUBLIC) == set(dispatch_calls())
+def test_every_framework_op_has_a_spec_and_is_benchmarked():
+    assert set(OPS) == set(dispatch_calls()) <= {op for s in specs.SPECS for op in s.ops}
     for name in PUBLIC:
         assert getattr(mxgemm, name) is OPS[name] and OPS[name].__doc__
+    for s in specs.SPECS:    # every spec op is public (the autograd op too, outside the framework)
+        assert all(callable(getattr(mxgemm, op)) for op in s.ops), s.name
 
 
 @pytest.mark.parametrize("name", PUBLIC)

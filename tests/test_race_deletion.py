@@ -9,16 +9,15 @@ cannot pass for redundancy.
 Default run: a deterministic sample, the last registered variant of each kernel (its largest
 tiles, ~30 s CPU in all). MXGEMM_RACE_SWEEP=all runs every variant (625 deletions).
 """
+import functools
 import os
 import re
 
 import pytest
 
-from mxgemm import build, registry
+from mxgemm import build, registry, specs
 from mxgemm.emu import EmulatorFault, RaceError
 from mxgemm.launcher import emulator_settings
-
-from kernel_cases import RUNNERS
 
 SYNC = re.compile(r"\s*(s_waitcnt|s_barrier)\b")
 
@@ -112,12 +111,12 @@ CASES = [pytest.param(k, v, id=f"{k}-{registry.variant_id(v)}")
 
 
 def test_every_gfx950_kernel_has_race_inputs():
-    assert {k for k, spec in registry.KERNELS.items() if "gfx950" in spec.archs} <= set(RUNNERS)
+    assert not specs.gfx950_kernels_without_spec()
 
 
 @pytest.mark.parametrize("kernel,variant", CASES)
 def test_deleting_any_wait_or_barrier_raises_race_error(kernel, variant):
-    run = RUNNERS[kernel]
+    run = functools.partial(specs.race_outputs, kernel)
     lines = build.artifact(kernel, variant).asm.splitlines()
     run(variant)                                   # intact: no race
     missed, redundant = [], 0

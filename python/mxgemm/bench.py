@@ -22,44 +22,15 @@ def _us_per_call(fn, n: int) -> float:
 
 
 def dispatch_calls() -> dict:
-    """One decode-sized call per op -> (its cached planning path, tensor count): the recent-plan
-    guard check the custom op's implementation runs on every call (the guards and the kernel
-    choice ran once, when the cache filled)."""
-    from . import routing
+    """One decode-sized call per framework op (the specs' decode calls) -> (its cached planning
+    path, tensor count): the recent-plan guard check the custom op's implementation runs on every
+    call (the guards and the kernel choice ran once, when the cache filled)."""
     from .ops._op import OPS
-    g = torch.Generator().manual_seed(0)
-    u8 = lambda *s: torch.empty(*s, dtype=torch.uint8)  # noqa: E731
-    e4m3 = lambda *s: torch.empty(*s, dtype=torch.float8_e4m3fn)  # noqa: E731
-    M, N, K = 1, 4096, 4096
-    T, topk, E = 4, 8, 256
-    r16 = routing.moe_sorting(torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)]),
-                              torch.rand(T, topk, generator=g), E, block_m=16)
-    ids = (r16.sorted_token_ids, r16.sorted_expert_ids, r16.num_valid_ids)
-    N2, K2 = 7168, 256
-    lens = torch.full((8,), 512, dtype=torch.int64)
-    scale = lambda: torch.ones(1)  # noqa: E731
-    calls = {
-        "smallm_mxfp8_gemm": ((e4m3(M, K), u8(M, K // 32), e4m3(N, K), u8(N, K // 32)), {}),
-        "moe_mxfp8_grouped_gemm": ((e4m3(T, K), u8(T, K // 32), e4m3(E, 64, K), u8(E, 64, K // 32), *ids),
-                                   {"block_m": 16}),
-        "moe_gemm2_a4w4": ((u8(T * topk, K2 // 2), u8(T * topk, K2 // 32), u8(E, N2, K2 // 2), u8(E, N2, K2 // 32),
-                            *ids, r16.sorted_weights, torch.empty(T, N2, dtype=torch.bfloat16)), {}),
-        "mxfp8_dequantize": ((u8(M, K), u8(M, K // 32)), {}),
-        # DeepSeek-V3 masked decode: 8 groups of up to 64 rows, N=4096, K=7168
-        "deep_gemm_fp8_grouped_gemm": ((e4m3(8, 64, 7168), torch.empty(8, 64, 56), e4m3(8, 4096, 7168),
-                                        torch.empty(8, 32, 56), torch.empty(8, dtype=torch.int32),
-                                        torch.empty(8, 64, 4096, dtype=torch.bfloat16)), {"masked": True}),
-        # a training step's MoE layer: 8 experts, 4096 routed rows
-        "grouped_gemm_fp8_kernel": ((e4m3(4096, 2048), scale(), e4m3(8, 1024, 2048), scale(), lens), {}),
-        "grouped_gemm_fp8_variable_k": ((e4m3(4096, 1024), scale(), e4m3(4096, 2048), scale(), lens), {}),
-        # prefill: 4096 tokens through a DeepSeek-V3 7168 -> 2112 projection, MXFP4 weights (A8W4)
-        "mx_gemm": ((e4m3(4096, 7168), u8(4096, 224), u8(2112, 3584), u8(2112, 224)), {"b_format": "e2m1"}),
-    }
+    from .specs import decode_calls
     out = {}
-    for name, (args, kw) in calls.items():
+    for name, c in decode_calls().items():
         op = OPS[name]
-        flat = op.flatten(args, dict(kw))
-        out[name] = (functools.partial(op.plan, flat), len(args))
+        out[name] = (functools.partial(op.plan, op.flatten(c.args, dict(c.kw))), len(c.args))
     return out
 
 

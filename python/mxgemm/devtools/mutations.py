@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..specs import SPECS
+
 SMALLM_SRC = "csrc/kernels/smallm_mxfp8.hip"
 A4W4_HIP = "csrc/kernels/moe_gemm2_a4w4.hip"
 A4W4_FLY = "flydsl_kernels/moe_gemm2_a4w4.py"
@@ -26,19 +28,8 @@ GEMV, MFMA, MOE = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma", "smallm_mxfp8_moe_gr
 A4W4 = ("moe_gemm2_a4w4", "moe_gemm2_a4w4_flydsl")
 ALL = ("every kernel",)
 
-# Kernel -> its kernel tests (the harness runs the union for a mutation, in this order).
-KERNEL_TESTS = {
-    GEMV: ("tests/test_smallm_mxfp8_gemm.py",),
-    MFMA: ("tests/test_smallm_mxfp8_gemm.py",),
-    MOE: ("tests/test_moe_mxfp8_grouped_gemm.py",),
-    "moe_gemm2_a4w4": ("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"),
-    "moe_gemm2_a4w4_flydsl": ("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"),
-    "mxfp8_dequant": ("tests/test_mxfp8_dequantize.py",),
-    "mxfp8_dequant_flydsl": ("tests/test_mxfp8_dequantize.py",),
-    "deep_gemm_fp8": ("tests/test_deep_gemm.py",),
-    "grouped_gemm_fp8": ("tests/test_grouped_gemm_fp8.py",),
-    "mx_gemm": ("tests/test_mx_gemm.py",),
-}
+# Kernel -> its kernel tests (the harness runs the union for a mutation, in this order): the op specs'.
+KERNEL_TESTS = {k: s.tests for s in SPECS for k in s.kernels}
 
 _TRUNC_BF16 = "__builtin_bit_cast(__bf16, (unsigned short)(__builtin_bit_cast(unsigned int, {x}) >> 16))"
 _A4W4_HIP_TRUNCATE = (A4W4_HIP, "const bf16x2 pk = {(__bf16)v[2 * p], (__bf16)v[2 * p + 1]};",

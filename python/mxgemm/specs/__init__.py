@@ -12,7 +12,7 @@ SPECS: tuple[OpSpec, ...] = tuple(m.SPEC for m in (dequant, smallm_mxfp8, moe_mx
 SMALL_PRESET = "small"   # CI: one case of every kernel that runs quickly
 
 __all__ = ["Call", "Case", "Contract", "Inputs", "OpSpec", "SPECS", "Smoke", "Work", "SMALL_PRESET", "presets",
-           "spec_of_kernel", "spec_of_op", "op_call", "work", "race_calls", "decode_calls", "kernel_tests"]
+           "spec_of_kernel", "spec_of_op", "op_call", "work", "race_calls", "race_outputs", "gfx950_kernels_without_spec", "decode_calls", "kernel_tests"]
 
 
 def spec_of_kernel(kernel: str) -> OpSpec:
@@ -48,6 +48,16 @@ def work(case: Case) -> Work:
 def race_calls(kernel: str, variant: dict) -> list:
     """Fresh Calls reaching ``kernel`` ``variant``'s code paths, each checked to run that variant."""
     return [c.expect(kernel, variant) for c in spec_of_kernel(kernel).race(kernel, variant)]
+
+
+def race_outputs(kernel: str, variant: dict) -> list:
+    """Run the race calls of ``kernel`` ``variant`` -> their outputs."""
+    return [c() for c in race_calls(kernel, variant)]
+
+
+def gfx950_kernels_without_spec() -> set:
+    from .. import registry
+    return {k for k, r in registry.KERNELS.items() if "gfx950" in r.archs} - {k for s in SPECS for k in s.kernels}
 
 
 def decode_calls(fill: str = "empty") -> dict:
