@@ -26,17 +26,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mxgemm  # noqa: E402
-from mxgemm import metrics, quant, reference, routing, toolchain  # noqa: E402
+from mxgemm import metrics, reference, toolchain  # noqa: E402
+from mxgemm.specs import Inputs  # noqa: E402
+from mxgemm.specs.base import sorted_ids  # noqa: E402
 
 
 def make_inputs(M, N, K, E, topk, block_m, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)])
-    s = routing.moe_sorting(ids, torch.rand(M, topk, generator=g), E, block_m=block_m)
-    a, a_s = quant.quantize_mx(torch.randn(M * topk, K, generator=g), "e2m1")
-    w, w_s = quant.quantize_mx(torch.randn(E, N, K, generator=g) * 0.5, "e2m1")
-    t = (a, a_s, w, w_s, s.sorted_token_ids, s.sorted_expert_ids, s.num_valid_ids, s.sorted_weights)
-    return tuple(x.to(device) for x in t)
+    inp = Inputs(device=device, seed=seed)
+    s, _, _ = inp.routing(M, topk, E, block_m)
+    return (*inp.mx(M * topk, K, fmt="e2m1"), *inp.mx(E, N, K, fmt="e2m1"), *sorted_ids(s, device),
+            s.sorted_weights.to(device))
 
 
 def run(inputs, M, N, backend, block_m):

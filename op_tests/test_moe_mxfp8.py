@@ -22,19 +22,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mxgemm  # noqa: E402
-from mxgemm import metrics, quant, reference, routing, toolchain  # noqa: E402
+from mxgemm import metrics, reference, toolchain  # noqa: E402
+from mxgemm.specs import Inputs  # noqa: E402
+from mxgemm.specs.base import sorted_ids  # noqa: E402
+from mxgemm.specs.moe_mxfp8 import SPEC  # noqa: E402
 
 
 def moe_inputs(T, N, K, E, topk, block_m, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)])
-    tw = torch.rand(T, topk, generator=g)
-    srt = routing.moe_sorting(ids, tw, E, block_m=block_m)
-    a, sa = quant.quantize_mx(torch.randn(T, K, generator=g), "e4m3")
-    w, sw = quant.quantize_mx(torch.randn(E, N, K, generator=g), "e4m3")
-    args = tuple(x.to(device) for x in (a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids,
-                                         srt.num_valid_ids))
-    return args, srt, tw.to(device)
+    inp = Inputs(device=device, seed=seed)
+    srt, tw, _ = inp.routing(T, topk, E, block_m)
+    return (*inp.mx(T, K), *inp.mx(E, N, K), *sorted_ids(srt, device)), srt, tw.to(device)
 
 
 def check_moe(T, N, K, E, topk, block_m, device) -> str:
@@ -42,8 +39,7 @@ def check_moe(T, N, K, E, topk, block_m, device) -> str:
     got = mxgemm.moe_mxfp8_grouped_gemm(*args, topk_weights=tw, block_m=block_m).cpu()
     cpu = [x.cpu() for x in args]
     ref = reference.moe_mxfp8_grouped_gemm_ref(*cpu, block_m, sorted_weights=srt.sorted_weights)
-    ulp = int(metrics.bf16_ulp_distance(got[:ref.shape[0]], ref).max())
-    return f"{'ok' if ulp <= 1 else 'FAIL'}: max {ulp} bf16 ulp"
+    return SPEC.contract.check(got[:ref.shape[0]], ref)
 
 
 def hardware_moe(Ts, N, K, E, topk, block_m):
