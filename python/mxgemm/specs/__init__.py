@@ -67,3 +67,20 @@ def decode_calls(fill: str = "empty") -> dict:
 
 def kernel_tests(kernel: str) -> tuple:
     return spec_of_kernel(kernel).tests
+
+
+def readme_table() -> str:
+    """The README's table of where each op lives, written from the specs and the registry."""
+    from .. import registry
+    rows = ["| op | op file + spec | kernel source (registry name) | reference (`mxgemm.reference`) | kernel tests "
+            "| hardware script |", "|---|---|---|---|---|---|"]
+    for s in SPECS:
+        sources = {}
+        for k in s.kernels:
+            sources.setdefault(registry.get(k).source, []).append(f"`{k}`")
+        code = lambda x: ", ".join(f"`{t}`" for t in x)  # noqa: E731
+        rows.append(f"| {code(s.ops)} | `ops/{s.name}.py`, `specs/{s.name}.py` | "
+                    + ", ".join(f"`{src}` ({', '.join(ks)})" for src, ks in sources.items())
+                    + f" | {code(s.reference) or '—'} | {code(s.tests)} | "
+                    + (f"`{s.hardware_script}`" if s.hardware_script else "—") + " |")
+    return "\n".join(rows)

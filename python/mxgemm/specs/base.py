@@ -223,7 +223,7 @@ class OpSpec:
     ops: tuple                       # public ops (framework ops first)
     kernels: tuple                   # registry kernels they dispatch to
     tests: tuple                     # the kernel tests (the mutation harness runs them)
-    reference: str                   # its function(s) in mxgemm.reference
+    reference: tuple                 # its functions in mxgemm.reference (none: the test decodes itself)
     hardware_script: str             # op_tests/ script: hardware check + benchmark vs peers
     contract: Contract
     call: Callable

@@ -87,6 +87,6 @@ def preset_published():
 
 SPEC = OpSpec(
     name="deep_gemm", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_deep_gemm.py",),
-    reference="m_grouped_fp8_gemm_nt_contiguous_ref, m_grouped_fp8_gemm_nt_masked_ref",
+    reference=("m_grouped_fp8_gemm_nt_contiguous_ref", "m_grouped_fp8_gemm_nt_masked_ref"),
     hardware_script="op_tests/test_deep_gemm.py", contract=BITWISE, call=call, work=work, race=race,
     decode=decode, smoke=smoke, presets={"deep_gemm": preset_published})

@@ -86,6 +86,6 @@ def preset_prefill():
 
 SPEC = OpSpec(
     name="dense_mx", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_mx_gemm.py",),
-    reference="mx_gemm_ref (chunk=MX_MMA_K)", hardware_script="op_tests/test_mx_gemm.py", contract=BITWISE,
+    reference=("mx_gemm_ref",), hardware_script="op_tests/test_mx_gemm.py", contract=BITWISE,
     call=call, work=work, race=race, decode=decode, smoke=smoke, presets={"mx_gemm": preset_prefill},
     small=lambda: preset_prefill()[:1])

@@ -80,6 +80,6 @@ def small():
 
 SPEC = OpSpec(
     name="moe_a4w4", ops=(OP,), kernels=tuple(KERNELS.values()),
-    tests=("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"), reference="moe_gemm2_a4w4_ref",
+    tests=("tests/test_moe_gemm2_a4w4.py", "tests/test_moe_gemm2_a4w4_parity.py"), reference=("moe_gemm2_a4w4_ref",),
     hardware_script="op_tests/test_moe_gemm2_a4w4.py", contract=BITWISE, call=call, work=work, race=race,
     decode=decode, smoke=smoke, presets={"a4w4": preset_kimi}, small=small)

@@ -71,6 +71,6 @@ def preset_decode():
 
 SPEC = OpSpec(
     name="moe_mxfp8", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_moe_mxfp8_grouped_gemm.py",),
-    reference="moe_mxfp8_grouped_gemm_ref", hardware_script="op_tests/test_moe_mxfp8.py",
+    reference=("moe_mxfp8_grouped_gemm_ref",), hardware_script="op_tests/test_moe_mxfp8.py",
     contract=Contract(ulp=1, exact=0.99), call=call, work=work, race=race, decode=decode, smoke=smoke,
     presets={"moe_mxfp8": preset_decode})

@@ -82,6 +82,6 @@ def small():
 
 SPEC = OpSpec(
     name="smallm_mxfp8", ops=(OP,), kernels=("smallm_mxfp8_gemv", "smallm_mxfp8_mfma"),
-    tests=("tests/test_smallm_mxfp8_gemm.py",), reference="smallm_mxfp8_gemm_ref",
+    tests=("tests/test_smallm_mxfp8_gemm.py",), reference=("smallm_mxfp8_gemm_ref",),
     hardware_script="op_tests/test_smallm_mxfp8.py", contract=Contract(ulp=1, exact=0.99),
     call=call, work=work, race=race, decode=decode, smoke=smoke, presets={"smallm": preset_decode}, small=small)
