@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import race
-from .isa import EmulatorError, EmulatorFault, PerWave, RaceError, Split, u16, u32, u64
+from .isa import EmulatorError, EmulatorFault, PerWave, RaceError, Split, u16, u32
 from .regs import mask_of
 
 

@@ -15,17 +15,16 @@ import torch
 
 from .. import guards
 from ..quant import MX_BLOCK
-from ._op import Plan, kernel_plan
+from ._op import E8M0, Plan, kernel_plan
 
 PAYLOAD = (torch.float8_e4m3fn,)
-SCALES = (torch.uint8, torch.float8_e8m0fnu)
 FALLBACK_MODES = ("auto", "error")
 
 
 def check_mx_operand(x, x_scale, name, ndim, K=None):
     """x [..., K] (ndim dims) e4m3 with x_scale [..., K/32] e8m0, both contiguous; returns K."""
     guards.check_dtype(x, name, PAYLOAD)
-    guards.check_dtype(x_scale, f"{name}_scale", SCALES)
+    guards.check_dtype(x_scale, f"{name}_scale", E8M0)
     guards.check_shape(x, name, (None,) * (ndim - 1) + (K,))
     K = x.shape[-1]
     guards.check_multiple(K, "K", MX_BLOCK, "K%32")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import build, env, guards, launcher, registry
+from .. import build, env, guards, isa, launcher, registry
 
 
 @dataclass
@@ -66,6 +66,15 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
                             f"{', '.join(a for a in k.archs if variant in k.variants_for(a))}")
     return Plan(op, kernel, variant, backend, arch, k.launch_grid(variant, **dims), (k.threads_for(arch), 1, 1),
                 reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
+
+
+NUM_CUS = isa.LIMITS["gfx950"]["cus"]   # the MI355X's compute units: the planners size grids against them
+E8M0 = (torch.uint8, torch.float8_e8m0fnu)   # the dtypes an e8m0 scale tensor may have
+
+
+def empty_plan(op: str, reason: str = "empty output: nothing to launch", **out) -> Plan:
+    """The plan of a call with nothing to compute (``out``: out_shape, out_dtype of the result)."""
+    return Plan(op, None, backend="none", reason=reason, **out)
 
 
 OPS: dict = {}

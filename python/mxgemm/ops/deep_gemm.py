@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import guards, registry
-from ._op import Plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
@@ -14,10 +14,9 @@ M_ALIGN = 128                      # row alignment of each group in the contiguo
 # UE8M0 scales: one byte per scale, or DeepGEMM's SM100 packing of four to an int32 (byte i of
 # word j = K block 4j + i, little-endian; sfb then holds one scale per row of b)
 PACKED = torch.int32
-_E8M0 = (torch.uint8, torch.float8_e8m0fnu, PACKED)
+_E8M0 = (*E8M0, PACKED)
 
 
-NUM_CU = 256                       # compute units of an MI355X: the grid the default tile aims to fill
 SMALL_TILE = (32, 32)              # for N % 64 != 0 only (and the emulator tests)
 
 
@@ -41,7 +40,7 @@ def _config_str(config) -> str:
 def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     """(BM, BN, why): the caller's config, else the deterministic default over the registered
     tiles (``tiles``, for this call's layout, scales and output) with N % BN == 0: the 32 x 32
-    tile only when no larger one divides N; else the largest tile whose grid has at least NUM_CU
+    tile only when no larger one divides N; else the largest tile whose grid has at least NUM_CUS
     workgroups; else (a grid too small for the GPU) the tile with the most workgroups.
     ``m_tiles(BM)``: row tiles of the call."""
     fits = [t for t in tiles if N % t[1] == 0]
@@ -55,11 +54,11 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     if not big:
         return (*SMALL_TILE, f"no larger registered tile divides N = {N}")
     grid = {t: m_tiles(t[0]) * (N // t[1]) for t in big}
-    full = [t for t in big if grid[t] >= NUM_CU]
+    full = [t for t in big if grid[t] >= NUM_CUS]
     if full:
-        return (*full[0], f"largest tile whose grid ({grid[full[0]]} workgroups) fills {NUM_CU} CUs")
+        return (*full[0], f"largest tile whose grid ({grid[full[0]]} workgroups) fills {NUM_CUS} CUs")
     best = max(big, key=lambda t: (grid[t], t[0] * t[1]))
-    return (*best, f"no tile's grid fills {NUM_CU} CUs: the most workgroups ({grid[best]})")
+    return (*best, f"no tile's grid fills {NUM_CUS} CUs: the most workgroups ({grid[best]})")
 
 
 def scale_strides(sf: torch.Tensor, name: str) -> tuple:
@@ -122,7 +121,7 @@ def _plan(x) -> Plan:
         guards.check_voffset(t, n)
 
     if rows == 0 or N == 0 or G == 0:
-        return Plan("deep_gemm_fp8_grouped_gemm", None, backend="none", reason="empty problem: nothing to launch")
+        return empty_plan("deep_gemm_fp8_grouped_gemm", "empty problem: nothing to launch")
     family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
     row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))  # noqa: E731
     tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants if {k: v[k] for k in family} == family]

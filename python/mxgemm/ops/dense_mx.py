@@ -13,14 +13,12 @@ import torch
 
 from .. import guards, launcher, registry
 from ..quant import MX_BLOCK
-from ._op import Plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, Plan, empty_plan, kernel_plan, op
 
 KERNEL = registry.get("mx_gemm")
-NUM_CUS = 256                       # MI355X compute units: tiles are sized against this
 MAX_SPLITS = 8
 PAYLOAD = {"e4m3": (torch.float8_e4m3fn, torch.uint8), "e5m2": (torch.float8_e5m2, torch.uint8),
            "e2m1": (torch.float4_e2m1fn_x2, torch.uint8)}
-SCALES = (torch.uint8, torch.float8_e8m0fnu)
 OUT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for a in KERNEL.archs for v in KERNEL.variants_for(a)}))
 
@@ -92,7 +90,7 @@ def _forced(cfg, arch, a_fmt, b_fmt, out):
 def _operand(x, x_scale, fmt, name, K=None) -> int:
     """Checks one operand and its scales; returns K (in elements)."""
     guards.check_dtype(x, name, PAYLOAD[fmt])
-    guards.check_dtype(x_scale, f"{name}_scale", SCALES)
+    guards.check_dtype(x_scale, f"{name}_scale", E8M0)
     guards.check_shape(x, name, (None, None))
     per_byte = 2 if fmt == "e2m1" else 1
     k = x.shape[1] * per_byte
@@ -127,7 +125,7 @@ def _plan(x) -> Plan:
     out = OUT[x.out_dtype]
     shape = dict(out_shape=(M, N), out_dtype=x.out_dtype)
     if M == 0 or N == 0:
-        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+        return empty_plan(name, **shape)
     arch = launcher.backend_for(device, KERNEL.archs)[1]
     cfg = parse_config(x.config)
     if cfg is None:

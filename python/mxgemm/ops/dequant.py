@@ -6,15 +6,14 @@ import torch
 
 from .. import guards
 from ..quant import MX_BLOCK
-from ._op import Plan, kernel_plan, op
+from ._op import E8M0, Plan, empty_plan, kernel_plan, op
 
-_SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 _KERNEL = {"hip": "mxfp8_dequant", "flydsl": "mxfp8_dequant_flydsl"}
 
 
 def _plan(c) -> Plan:
     guards.check_dtype(c.x, "x", (torch.float8_e4m3fn, torch.uint8))
-    guards.check_dtype(c.scale, "scale", _SCALE_DTYPES)
+    guards.check_dtype(c.scale, "scale", E8M0)
     if c.x.dim() != 2:
         guards.fail("shape", f"x must be 2-D [M, K]; got shape {list(c.x.shape)}")
     M, K = c.x.shape
@@ -34,7 +33,7 @@ def _plan(c) -> Plan:
         guards.fail("language", f"language must be one of {sorted(_KERNEL)}; got {c.language!r}")
     shape = dict(out_shape=(M, K), out_dtype=torch.float32)
     if M * K == 0:
-        return Plan("mxfp8_dequantize", None, backend="none", reason="empty: nothing to launch", **shape)
+        return empty_plan("mxfp8_dequantize", "empty: nothing to launch", **shape)
     return kernel_plan("mxfp8_dequantize", _KERNEL[c.language], {}, device,
                        f"sample kernel in {c.language}, one thread per 4 elements", **shape, elements=M * K, M=M, K=K)
 

@@ -18,7 +18,7 @@ import types
 import torch
 
 from .. import guards, quant, registry, tuned
-from ._op import Plan, kernel_plan, op
+from ._op import NUM_CUS, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
@@ -27,7 +27,6 @@ _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _MAX_ROWS = 1 << 31       # row counts and group offsets are i32 inside the kernel
 _VOFFSET_ROWS = 256       # a tile's 32-bit buffer offsets span up to max(BM, BN, 128) row strides
 ARCH, = _FACTS.archs         # the one arch the tuned table is for
-NUM_CUS = 256                 # MI355X compute units: persistent grids are sized against this
 CONFIG_CSV = tuned.table_path(_KERNEL, ARCH)
 KEY = ("layout", "G", "M", "N", "K")             # a tuned problem (see problem_key)
 CONFIG = ("BM", "BN", "GROUP_M", "PERSISTENT")   # a config
@@ -212,7 +211,7 @@ def _plan_rows(x) -> Plan:
     name = "grouped_gemm_fp8_kernel"
     shape = dict(out_shape=(sum_m, N), out_dtype=x.out_dtype)
     if sum_m == 0 or N == 0:
-        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+        return empty_plan(name, **shape)
     layout = "NT" if x.trans_b else "NN"
     variant, cfg, source = choose_config(x, layout, G, sum_m, N, K)
     bm, bn = cfg["BM"], cfg["BN"]
@@ -238,7 +237,7 @@ def _plan_variable_k(x) -> Plan:
     name = "grouped_gemm_fp8_variable_k"
     shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
     if G * M * N == 0:
-        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+        return empty_plan(name, **shape)
     variant, cfg, source = choose_config(x, "TN", G, M, N, sum_k)
     bm, bn = cfg["BM"], cfg["BN"]
     grid, grid_why = _grid(cfg, G * -(-M // bm) * -(-N // bn), None)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import torch
 
 from .. import guards, registry
-from ._op import Plan, kernel_plan, op
+from ._op import E8M0, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = {"hip": "moe_gemm2_a4w4", "flydsl": "moe_gemm2_a4w4_flydsl"}
 _FACTS = registry.get(_KERNEL["hip"])   # tiles, alignment and BM values: the same for both ports
 _BLOCK_MS = _FACTS.values("BM")
 _FP4_DTYPES = tuple(t for t in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if t is not None)
-_SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 _MAX_TOKENS = 1 << 24  # token id field of sorted_token_ids
 _MAX_TOPK = 256        # slot field (8 bits)
 
@@ -35,8 +34,8 @@ def _plan(x) -> Plan:
         guards.fail("backend", f"backend must be 'auto', 'hip' or 'flydsl'; got {backend!r}")
     guards.check_dtype(a, "a", _FP4_DTYPES)
     guards.check_dtype(w, "w", _FP4_DTYPES)
-    guards.check_dtype(x.a_scale, "a_scale", _SCALE_DTYPES)
-    guards.check_dtype(x.w_scale, "w_scale", _SCALE_DTYPES)
+    guards.check_dtype(x.a_scale, "a_scale", E8M0)
+    guards.check_dtype(x.w_scale, "w_scale", E8M0)
     for name in ("sorted_token_ids", "sorted_expert_ids", "num_valid_ids"):
         guards.check_dtype(named[name], name, torch.int32)
     guards.check_dtype(x.sorted_weights, "sorted_weights", torch.float32)
@@ -107,7 +106,7 @@ def _plan(x) -> Plan:
            else f"backend={backend!r} requested")
     blocks = x.sorted_expert_ids.numel()
     if K == 0 or N == 0 or blocks == 0:
-        return Plan("moe_gemm2_a4w4", None, backend="none", reason="empty problem: nothing to launch")
+        return empty_plan("moe_gemm2_a4w4", "empty problem: nothing to launch")
     return kernel_plan("moe_gemm2_a4w4", _KERNEL[language], {"BM": int(block_m), "NT": int(nt)}, device,
                        f"{why}; BM={block_m} from the routing layout, NT={int(nt)} "
                        f"({'weights streamed' if nt else 'weights cached'}; {rows} rows over {E} experts)",

@@ -7,8 +7,7 @@ import torch
 
 from .. import guards, registry
 from . import _mxfp8 as mx
-from ._op import Plan, op
-from .smallm_mxfp8 import NUM_CUS
+from ._op import NUM_CUS, Plan, empty_plan, op
 
 MOE = "smallm_mxfp8_moe_grouped_gemm"
 
@@ -68,7 +67,7 @@ def _plan(x) -> Plan:
                                       topk_weights=tw, out=x.out)
     shape = dict(out_shape=(S, N), out_dtype=x.out_dtype)
     if S == 0 or N == 0:
-        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+        return empty_plan(name, **shape)
     if x.config:
         variant = {k: int(v) for k, v in (p.split("=") for p in x.config.split(",") if p)}
         if variant not in registry.get(MOE).variants:

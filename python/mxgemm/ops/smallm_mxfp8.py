@@ -18,12 +18,11 @@ import torch
 from .. import guards, launcher, registry, tuned
 from . import _mxfp8 as mx
 from . import dense_mx
-from ._op import Plan, op
+from ._op import NUM_CUS, Plan, empty_plan, op
 
 GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
 _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
 ARCH, = set(_GEMV.archs) | set(_MFMA.archs)   # the family's one arch: the CSV is tuned for it
-NUM_CUS = 256                 # MI355X compute units: the heuristic sizes grids against this
 CONFIG_CSV = tuned.table_path("smallm_mxfp8", ARCH)
 CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K")   # variant columns of the CSV (blank = unused)
 M_MAX = max(_GEMV.m_range[1], _MFMA.m_range[1])
@@ -144,7 +143,7 @@ def _plan(x) -> Plan:
     shape = dict(out_shape=(M, N), out_dtype=torch.bfloat16)
     dims = dict(M=M, N=N, K=K)
     if M == 0 or N == 0:
-        return Plan(name, None, backend="none", reason="empty output: nothing to launch", **shape)
+        return empty_plan(name, **shape)
     forced = parse_config(x.config)
     if forced is not None:
         kernel, variant = forced
