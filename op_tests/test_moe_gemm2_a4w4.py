@@ -40,7 +40,7 @@ def make_inputs(M, N, K, E, topk, block_m, device, seed=0):
 
 def run(inputs, M, N, backend, block_m):
     out = torch.zeros(M, N, dtype=torch.bfloat16, device=inputs[0].device)
-    mxgemm.moe_gemm2_a4w4(*inputs, out, block_m=block_m, backend=backend)
+    mxgemm.moe_gemm2_a4w4(*inputs, out, block_m=block_m, language=backend)
     return out
 
 
@@ -62,7 +62,7 @@ def check(inputs, M, N, topk, block_m):
 def time_graph(inputs, M, N, backend, block_m, iters=100) -> float:
     """Median µs per call from CUDA-graph replays of `iters` back-to-back launches."""
     out = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
-    call = lambda: mxgemm.moe_gemm2_a4w4(*inputs, out, block_m=block_m, backend=backend)  # noqa: E731
+    call = lambda: mxgemm.moe_gemm2_a4w4(*inputs, out, block_m=block_m, language=backend)  # noqa: E731
     for _ in range(3):
         call()
     torch.cuda.synchronize()

@@ -69,7 +69,7 @@ def contributions_abs_sum(c):
 def run(c, backend, nt, wg_order="linear", seed=0):
     out = new_out(c)
     with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=seed):
-        mxgemm.moe_gemm2_a4w4(*op_args(c, out), block_m=c["block_m"], nt=nt, backend=backend)
+        mxgemm.moe_gemm2_a4w4(*op_args(c, out), block_m=c["block_m"], nt=nt, language=backend)
     return out
 
 
@@ -129,7 +129,7 @@ def test_explain_names_kernel_variant_and_why():
     assert plan.kernel == "moe_gemm2_a4w4" and plan.variant == {"BM": 16, "NT": 1}
     assert plan.grid == (1, c["sorted_expert_ids"].numel(), 1) and plan.block == (256, 1, 1)
     assert "BM=16" in str(plan) and "routing" in str(plan)
-    plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)), nt=False, backend="flydsl")
+    plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)), nt=False, language="flydsl")
     assert plan.kernel == "moe_gemm2_a4w4_flydsl" and plan.variant == {"BM": 16, "NT": 0}
 
 
@@ -186,7 +186,9 @@ def _bad_cases():
          "contiguity"),
         ("block_m not in {16, 32}", setkw("block_m", 64), "block_m"),
         ("block_m vs routing", setkw("block_m", 32), "block_m"),
-        ("backend", setkw("backend", "triton"), "backend"),
+        ("language", setkw("language", "triton"), "language"),
+        ("deprecated backend= disagreeing with language=", lambda a, kw: kw.update(backend="hip", language="flydsl"),
+         "language"),
         ("a over 2 GB", a_over_2gb, "2GB-voffset"),
         ("w expert over 2 GB", w_expert_over_2gb, "2GB-voffset"),
         ("arch (meta device)", lambda a, kw: [a.__setitem__(k, torch.empty_like(v, device="meta"))
@@ -211,6 +213,13 @@ def test_guard_rejects(name, mutate, rule):
 
 
 # ---- data rules and messages in the user's units ----
+def test_backend_is_a_deprecated_alias_of_language():
+    c = make_case(tokens=4, topk=2, experts=4, block_m=16)
+    with pytest.warns(DeprecationWarning, match="language="):
+        plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)), backend="flydsl")
+    assert plan.kernel == "moe_gemm2_a4w4_flydsl"
+
+
 @pytest.mark.parametrize("backend", ["hip", "flydsl"])
 def test_expert_id_beyond_w_raises_before_launch(backend):
     c = make_case(tokens=4, topk=2, experts=4, block_m=16)
@@ -218,7 +227,7 @@ def test_expert_id_beyond_w_raises_before_launch(backend):
     c["sorted_expert_ids"][1] = 99
     out = new_out(c).fill_(1.0)
     with pytest.raises(guards.GuardError, match=r"\[expert-id\] sorted_expert_ids\[1\] = 99 but w holds 4 experts"):
-        mxgemm.moe_gemm2_a4w4(*op_args(c, out), backend=backend)
+        mxgemm.moe_gemm2_a4w4(*op_args(c, out), language=backend)
     assert bool((out == 1.0).all())
 
 

@@ -5,6 +5,8 @@ Two kernels compute it bit-identically: the hand-written HIP reference
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import guards, registry
@@ -29,9 +31,15 @@ def _plan(x) -> Plan:
     named = dict(a=x.a, a_scale=x.a_scale, w=x.w, w_scale=x.w_scale, sorted_token_ids=x.sorted_token_ids,
                  sorted_expert_ids=x.sorted_expert_ids, num_valid_ids=x.num_valid_ids,
                  sorted_weights=x.sorted_weights, out=x.out)
-    a, w, out, backend, block_m = x.a, x.w, x.out, x.backend, x.block_m
-    if backend not in ("auto", *_KERNEL):
-        guards.fail("backend", f"backend must be 'auto', 'hip' or 'flydsl'; got {backend!r}")
+    a, w, out, language, block_m = x.a, x.w, x.out, x.language, x.block_m
+    if x.backend is not None:     # the old spelling: "backend" elsewhere means GPU vs emulator
+        if language not in ("auto", x.backend):
+            guards.fail("language", f"language={language!r} and its deprecated alias backend={x.backend!r} disagree")
+        warnings.warn("moe_gemm2_a4w4(backend=...) is deprecated: the kernel language is language=...",
+                      DeprecationWarning, stacklevel=2)
+        language = x.backend
+    if language not in ("auto", *_KERNEL):
+        guards.fail("language", f"language must be 'auto', 'hip' or 'flydsl'; got {language!r}")
     guards.check_dtype(a, "a", _FP4_DTYPES)
     guards.check_dtype(w, "w", _FP4_DTYPES)
     guards.check_dtype(x.a_scale, "a_scale", E8M0)
@@ -101,9 +109,9 @@ def _plan(x) -> Plan:
     if nt is None:
         nt = int(rows <= block_m * max(E, 1))
     guards.check_range(int(nt), "nt", (0, 1), "nt")
-    language = "hip" if backend == "auto" else backend
-    why = ("the HIP reference kernel (the FlyDSL port is bit-identical)" if backend == "auto"
-           else f"backend={backend!r} requested")
+    why = ("the HIP reference kernel (the FlyDSL port is bit-identical)" if language == "auto"
+           else f"language={language!r} requested")
+    language = "hip" if language == "auto" else language
     blocks = x.sorted_expert_ids.numel()
     if K == 0 or N == 0 or blocks == 0:
         return empty_plan("moe_gemm2_a4w4", "empty problem: nothing to launch")
@@ -121,7 +129,8 @@ def _check_expert_ids(x, plan) -> None:
 def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                    sorted_token_ids: torch.Tensor, sorted_expert_ids: torch.Tensor,
                    num_valid_ids: torch.Tensor, sorted_weights: torch.Tensor, out: torch.Tensor, *,
-                   block_m: int | None = None, nt: bool | None = None, backend: str = "auto") -> torch.Tensor:
+                   block_m: int | None = None, nt: bool | None = None, language: str = "auto",
+                   backend: str | None = None) -> torch.Tensor:
     """MoE down-projection, accumulated into ``out``: for every real sorted row p with
     (token, slot) = sorted_token_ids[p] and expert e of p's block,
         out[token, :] += bf16(sorted_weights[p] * (A[token*topk + slot] . W[e]^T))
@@ -138,7 +147,8 @@ def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     K % 256 == 0 (D_INTER), N % 256 == 0 (D_HIDDEN).
     block_m:  16 or 32, the routing's block size (inferred from the layout when None).
     nt:       non-temporal weight loads (None: on when experts average <= one block of rows).
-    backend:  "hip" (reference kernel), "flydsl" (its bit-identical port) or "auto" (hip).
+    language: the kernel: "hip" (reference kernel), "flydsl" (its bit-identical port) or "auto"
+              (hip); backend: its deprecated alias (a DeprecationWarning).
     Expert ids: the kernels skip a block whose expert id is >= E, so its rows would be missing
     from out. For CPU tensors such an id raises GuardError [expert-id]; on a GPU the ids are not
     read (that costs a sync) unless MXGEMM_VALIDATE=1.

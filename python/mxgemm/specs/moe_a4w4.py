@@ -15,7 +15,7 @@ def _call(inp, T, topk, E, N, K, srt, language, **kw) -> Call:
     out = inp.zeros(T, N)
     args = (*inp.mx(T * topk, K, fmt="e2m1"), *inp.mx(E, N, K, fmt="e2m1"), *sorted_ids(srt, inp.device),
             srt.sorted_weights.to(inp.device), out)
-    return Call(OP, args, dict(backend=language, **kw), out=out)
+    return Call(OP, args, dict(language=language, **kw), out=out)
 
 
 def call(kernel, v, shape, inp: Inputs) -> Call:
