@@ -46,7 +46,6 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-
 from ir_builder import INVALID_OFFSET, Builder, loads_done_barrier, pipelined_step
 
 THREADS = 256
@@ -302,7 +301,7 @@ def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     return deep_gemm_fp8
 
 
-def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
     fn = build(symbol, BM, BN, MASKED, UE8M0, OUT)

@@ -55,7 +55,6 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-
 from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, Builder
 
 THREADS = 256
@@ -343,7 +342,7 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
     return grouped_gemm_fp8
 
 
-def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,  # noqa: N803
+def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,
                       BN=64):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""

@@ -29,10 +29,9 @@ Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import arith, llvm, scf
-from flydsl._mlir.dialects import rocdl
-
-from ir_builder import INVALID_OFFSET, Builder as _B, pipelined_step
+from flydsl._mlir.dialects import arith, llvm, rocdl, scf
+from ir_builder import INVALID_OFFSET, pipelined_step
+from ir_builder import Builder as _B
 
 THREADS = 256
 BLOCK_N = 256
@@ -277,7 +276,7 @@ def build(symbol: str, bm: int = 32, nt: int = 0):
     return moe_gemm2_a4w4
 
 
-def compile_for_build(arch: str, symbol: str, BM: int = 32, NT: int = 0):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, BM: int = 32, NT: int = 0):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
 
     Null pointers and Python ints are compile placeholders: nothing touches a device.

@@ -55,7 +55,6 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf, vector
-
 from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, loads_done_barrier
 
 BK = 128                           # K per step = the MMA's K
@@ -596,7 +595,7 @@ def build(symbol, arch, a_fmt="e4m3", b_fmt="e4m3", bm=128, bn=128, out="bf16", 
     return mx_gemm
 
 
-def compile_for_build(arch: str, symbol: str, A_FMT="e4m3", B_FMT="e4m3", BM=128, BN=128, OUT="bf16",  # noqa: N803
+def compile_for_build(arch: str, symbol: str, A_FMT="e4m3", B_FMT="e4m3", BM=128, BN=128, OUT="bf16",
                       SPLITK=0, NUM_BUFFERS=2, **target_opts):
     """Trace + compile once for ``arch`` (also FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     ``target_opts``: the target's own variant keys (gfx1250: SCALE_PATH, B_STREAMING, CLUSTER_M,

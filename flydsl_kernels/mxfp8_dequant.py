@@ -29,8 +29,7 @@ by value, so a launcher passes (x, scale, out, M, K) exactly as for a HIP kernel
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import arith, llvm
-from flydsl._mlir.dialects import rocdl
+from flydsl._mlir.dialects import arith, llvm, rocdl
 
 THREADS = 256
 VEC = 4
@@ -76,7 +75,7 @@ def build(symbol: str, threads: int = THREADS, vec: int = VEC):
     return mxfp8_dequant
 
 
-def compile_for_build(arch: str, symbol: str, THREADS: int = THREADS, VEC: int = VEC):  # noqa: N803
+def compile_for_build(arch: str, symbol: str, THREADS: int = THREADS, VEC: int = VEC):
     """Trace + compile once (arch comes from FLYDSL_GPU_ARCH set by the build); returns the jit fn.
 
     Null pointers and Python ints are compile placeholders: nothing touches a device.

@@ -25,12 +25,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
 
-import mxgemm  # noqa: E402
-import mxgemm.deep_gemm as deep_gemm  # noqa: E402
-from mxgemm import formats, reference, registry, toolchain  # noqa: E402
-from mxgemm.deep_gemm.utils import per_block_cast_to_fp8, per_token_cast_to_fp8  # noqa: E402
+import mxgemm.deep_gemm as deep_gemm
+from mxgemm import formats, reference, registry, toolchain
+from mxgemm.deep_gemm.utils import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 SCALES = ("fp32", "ue8m0", "packed")  # DeepGEMM's SM90 recipe; e8m0 bytes; SM100's packed int32
 

@@ -25,11 +25,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
+from test_smallm_mxfp8 import bench, report
 
-import mxgemm  # noqa: E402
-from mxgemm import metrics, reference, toolchain  # noqa: E402
-from test_smallm_mxfp8 import bench, report  # noqa: E402  (the script beside this one)
+import mxgemm
+from mxgemm import metrics, reference, toolchain
 
 # (hidden, moe intermediate, routed experts)
 MODELS = {"DeepSeek-V3": (7168, 2048, 256), "Qwen3-235B": (4096, 1536, 128), "GPT-OSS": (2880, 2880, 128)}

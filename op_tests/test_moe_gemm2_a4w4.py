@@ -23,12 +23,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
 
-import mxgemm  # noqa: E402
-from mxgemm import metrics, reference, toolchain  # noqa: E402
-from mxgemm.specs import Inputs  # noqa: E402
-from mxgemm.specs.base import sorted_ids  # noqa: E402
+import mxgemm
+from mxgemm import metrics, reference, toolchain
+from mxgemm.specs import Inputs
+from mxgemm.specs.base import sorted_ids
 
 
 def make_inputs(M, N, K, E, topk, block_m, device, seed=0):

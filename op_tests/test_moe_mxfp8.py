@@ -19,13 +19,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
 
-import mxgemm  # noqa: E402
-from mxgemm import metrics, reference, toolchain  # noqa: E402
-from mxgemm.specs import Inputs  # noqa: E402
-from mxgemm.specs.base import sorted_ids  # noqa: E402
-from mxgemm.specs.moe_mxfp8 import SPEC  # noqa: E402
+import mxgemm
+from mxgemm import reference, toolchain
+from mxgemm.specs import Inputs
+from mxgemm.specs.base import sorted_ids
+from mxgemm.specs.moe_mxfp8 import SPEC
 
 
 def moe_inputs(T, N, K, E, topk, block_m, device, seed=0):

@@ -23,11 +23,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
 
-import mxgemm  # noqa: E402
-from mxgemm import metrics, reference, toolchain  # noqa: E402
-from mxgemm.specs import Contract, Inputs  # noqa: E402
+import mxgemm
+from mxgemm import metrics, reference, toolchain
+from mxgemm.specs import Contract, Inputs
 
 FORMATS = {"mxfp8": ("e4m3", "e4m3"), "mxfp4": ("e2m1", "e2m1"), "a8w4": ("e4m3", "e2m1")}
 # DeepSeek-V3 linear layers (N, K) at 4096 prefill tokens: fused q_a + kv_a, q_b, kv_b, o,

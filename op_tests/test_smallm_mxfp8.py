@@ -22,13 +22,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
 
-import mxgemm  # noqa: E402
-from mxgemm import metrics, reference, toolchain  # noqa: E402
-from mxgemm.specs import Inputs  # noqa: E402
-from mxgemm.specs.smallm_mxfp8 import SPEC  # noqa: E402
-from mxgemm.ops._mxfp8 import dequant  # noqa: E402
+import mxgemm
+from mxgemm import metrics, reference, toolchain
+from mxgemm.ops._mxfp8 import dequant
+from mxgemm.specs import Inputs
+from mxgemm.specs.smallm_mxfp8 import SPEC
 
 
 def dense_inputs(M, N, K, device, copies=1, seed=0):

@@ -24,10 +24,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
 
-from mxgemm import toolchain, tuned  # noqa: E402
-from mxgemm.ops import grouped_fp8 as op  # noqa: E402
+from mxgemm import toolchain, tuned
+from mxgemm.ops import grouped_fp8 as op
 
 FIELDS = [*op.KEY, *op.CONFIG, "us", "source"]
 

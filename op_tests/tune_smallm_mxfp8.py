@@ -19,10 +19,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import torch  # noqa: E402
+import torch
 
-from mxgemm import registry, tuned  # noqa: E402
-from mxgemm.ops import smallm_mxfp8 as op  # noqa: E402
+from mxgemm import registry, tuned
+from mxgemm.ops import smallm_mxfp8 as op
 
 # (N, K) of decode-time linear layers: Llama-3-70B at TP8 (qkv, o, gate_up, down), Llama-3-8B
 # (qkv, o, gate_up, down), DeepSeek-V3 dense projections (q_a/kv_a, o, shared-expert-like).

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_smallm_mxfp8_gemm import assert_matches_reference, mx_operand
 
 import mxgemm
 from mxgemm import build, guards, reference, registry, routing
 from mxgemm.ops import moe_mxfp8 as op
-from test_smallm_mxfp8_gemm import assert_matches_reference, mx_operand
 
 MOE = op.MOE
 

@@ -138,6 +138,7 @@ def test_op_on_a_gfx1250_gpu_names_the_missing_variant(monkeypatch):
     """The op plans gfx950 variants; where the backend is a gfx1250 GPU the plan fails with a
     GuardError [arch] naming the arch instead of a build error at launch."""
     import torch
+
     from mxgemm import guards, launcher
     from mxgemm.ops import _op
     monkeypatch.setattr(launcher, "backend_for", lambda device, archs: ("hip", ARCH))

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from mxgemm import isa, perf, registry, specs
-from mxgemm.specs import Case
 from mxgemm.__main__ import main
 from mxgemm.build import artifact
 from mxgemm.launcher import emulator_settings, last_emulator_stats
+from mxgemm.specs import Case
 
 GFX950 = isa.LIMITS["gfx950"]
 
@@ -100,7 +100,7 @@ def test_hot_loop_counts_equal_emulator_counters(kernel, variant, shape, dim, va
     wave-iterations) to every counter class of the emulator: the loop read from the assembly is
     the loop that runs, and the model counts its iterations right."""
     art = artifact(kernel, variant)
-    loop = perf.hot_loop(art.asm, art.symbol)
+    loop = isa.loop_profile(art.asm, art.symbol)
     stats, works = [], []
     for value in values:
         case = Case(kernel, variant, {**shape, dim: value}, "t")

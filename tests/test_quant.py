@@ -4,15 +4,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mxgemm import formats as F, quant as Q
+from mxgemm import formats as F
+from mxgemm import quant as Q
 from mxgemm.metrics import assert_bitwise_equal
 
 try:  # torchao is the upstream definition of the MX scale modes; fall back to the oracle below
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.mx_tensor import to_mx as _torchao_to_mx
-except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+except Exception:
     _torchao_to_mx = None
 
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn}

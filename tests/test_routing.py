@@ -1,7 +1,8 @@
 """routing.moe_sorting spec: aiter's block-aligned expert-sorted layout."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mxgemm.metrics import assert_bitwise_equal
 from mxgemm.routing import decode_sorted_id, moe_sorting

@@ -4,6 +4,7 @@ construction, so these check the engine's wiring (issue, pipes, waits, caches, s
 the table's calibration (python -m mxgemm.timing calibrate; docs/timing_model.md)."""
 import pytest
 import torch
+
 from mxgemm import calibration, isa, toolchain
 from mxgemm.emu import Emulator
 from mxgemm.timing import MACHINES, xcd0_sample

@@ -6,7 +6,7 @@ and config a call would use and why. See README.md for the layout.
 """
 __version__ = "0.1.0"
 
-from .ops import (  # noqa: E402,F401
+from .ops import (  # noqa: F401
     deep_gemm_fp8_grouped_gemm,
     explain,
     grouped_gemm_fp8,

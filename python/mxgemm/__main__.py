@@ -12,6 +12,7 @@ import time
 
 def cmd_info(args) -> int:
     import mxgemm
+
     from . import toolchain
     print(f"mxgemm        {mxgemm.__version__}")
     for arch in toolchain.ARCHS:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .emu.isa import base_mnemonic
+from .emu.stats import classify
 
 # Per-SIMD limits used for occupancy, from LLVM's AMDGPUBaseInfo / GCNSubtarget and AMD's
 # CDNA3/CDNA4 ISA guides (docs/gfx950_isa.md §8):
@@ -252,6 +253,63 @@ def hot_loop(asm: str, name: str, marker: tuple = ("v_mfma", "v_wmma")) -> list[
     if not bodies:
         raise ValueError(f"{name}: no loop with a {'/'.join(marker)} instruction")
     return max(bodies, key=len)
+
+
+# ---- one iteration of the hot loop, counted for the performance model ----
+VALU_CYCLES = 4        # a wave64 vector instruction on a 16-lane SIMD (docs/perf_model.md §2)
+OTHER_ISSUE_CYCLES = 1  # scalar, branch, wait and memory-issue instructions (their data: bytes, latency)
+
+
+@dataclass
+class LoopProfile:
+    """One iteration of the hot loop, for one wave (bytes at a full 64-lane EXEC)."""
+    counts: Counter                  # emulator class -> instructions (mxgemm.emu.stats.classify)
+    bytes: Counter                   # memory class -> bytes
+    mfma_cycles: float
+    issue_cycles: float              # every instruction but MFMA
+    waits: int                       # s_waitcnt
+    drains_vm: bool                  # an s_waitcnt vmcnt(0): the loop waits for its own loads
+    in_loop: bool = True             # False: the kernel has no loop, the profile is its whole body
+    lines: list = field(default_factory=list)
+
+    @property
+    def global_bytes(self) -> int:
+        return sum(v for c, v in self.bytes.items() if c.startswith("vmem_"))
+
+    @property
+    def lds_bytes(self) -> int:
+        return sum(v for c, v in self.bytes.items() if c.startswith("lds_") or c == "vmem_load_lds")
+
+
+def _innermost(ranges):
+    return [r for r in ranges if not any(o != r and o.start >= r.start and o.stop <= r.stop for o in ranges)]
+
+
+def loop_profile(asm: str, symbol: str, arch: str = "gfx950") -> LoopProfile:
+    """The innermost loop with the most MFMAs (then memory instructions, then length); a kernel
+    without a loop is profiled whole, as one iteration."""
+    lines = [x.split(";")[0].strip() for x in asm.splitlines()]
+    keep = lambda s: s and not s.endswith(":") and not s.startswith(".")  # noqa: E731
+    bodies = [[lines[i] for i in r if keep(lines[i])] for r in _innermost(loops(asm, symbol))]
+
+    def rank(lines):
+        cls = [classify(base_mnemonic(l.split()[0]))[0] for l in lines]
+        return (cls.count("mfma"), sum(c.startswith(("vmem", "lds")) for c in cls), len(lines))
+    hot = max(bodies, key=rank) if bodies else body(asm, symbol)
+    counts, nbytes, mfma, issue = Counter(), Counter(), 0.0, 0.0
+    wave = LIMITS[arch]["wave_size"]
+    for l in hot:
+        base = base_mnemonic(l.split()[0])
+        cls, per_lane = classify(base, bool(re.search(r"\slds\b", l)) and base.startswith("buffer_load"))
+        counts[cls] += 1
+        if per_lane:
+            nbytes[cls] += per_lane * wave
+        if cls == "mfma":
+            mfma += mfma_cycles(l, arch)
+        else:
+            issue += VALU_CYCLES if cls == "valu" else OTHER_ISSUE_CYCLES
+    return LoopProfile(counts, nbytes, mfma, issue, counts["waitcnt"],
+                       any(l.startswith("s_waitcnt") and "vmcnt(0)" in l for l in hot), bool(bodies), hot)
 
 
 def mnemonics(asm: str, name: str) -> list[str]:

@@ -51,7 +51,7 @@ def _callback(fn):
     def wrapped(*a):
         try:
             return fn(*a)
-        except BaseException as e:   # noqa: BLE001 -- a C caller cannot take a Python exception
+        except BaseException as e:
             _CALL.error = e
             return LAUNCH_FAILURE
     return functools.wraps(fn)(wrapped)

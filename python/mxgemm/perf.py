@@ -5,7 +5,7 @@ FLOPs, compulsory bytes (inputs once, output once; atomics read and write it), a
 intensity and the roofline time from ``isa.LIMITS`` (docs/perf_model.md §1); the launch shape
 (workgroups, resident workgroups per CU from the kernel's registers and LDS, the waves of
 workgroups and how full the last one is); the hot loop read from the kernel's own assembly
-(``hot_loop``: instructions per iteration by the emulator's classes, MFMA cycles from
+(``isa.loop_profile``: instructions per iteration by the emulator's classes, MFMA cycles from
 ``isa.mfma_cycles``, other issue cycles, global and LDS bytes, waits); and a predicted time with
 the factor that limits it (docs/perf_model.md §3). Published numbers of the peers are facts
 of their sources, printed beside the model, never derived from it.
@@ -17,8 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,64 +25,6 @@ import torch
 from . import isa, registry, specs
 from .specs import SMALL_PRESET, Case
 from .specs.base import waves
-from .emu.isa import base_mnemonic
-from .emu.stats import classify
-
-VALU_CYCLES = 4        # a wave64 vector instruction on a 16-lane SIMD (docs/perf_model.md §2)
-OTHER_ISSUE_CYCLES = 1  # scalar, branch, wait and memory-issue instructions (their data: bytes, latency)
-
-
-# ---- the hot loop, from the kernel's assembly ----
-@dataclass
-class LoopProfile:
-    """One iteration of the hot loop, for one wave (bytes at a full 64-lane EXEC)."""
-    counts: Counter                  # emulator class -> instructions (mxgemm.emu.stats.classify)
-    bytes: Counter                   # memory class -> bytes
-    mfma_cycles: float
-    issue_cycles: float              # every instruction but MFMA
-    waits: int                       # s_waitcnt
-    drains_vm: bool                  # an s_waitcnt vmcnt(0): the loop waits for its own loads
-    in_loop: bool = True             # False: the kernel has no loop, the profile is its whole body
-    lines: list = field(default_factory=list)
-
-    @property
-    def global_bytes(self) -> int:
-        return sum(v for c, v in self.bytes.items() if c.startswith("vmem_"))
-
-    @property
-    def lds_bytes(self) -> int:
-        return sum(v for c, v in self.bytes.items() if c.startswith("lds_") or c == "vmem_load_lds")
-
-
-def _innermost(ranges):
-    return [r for r in ranges if not any(o != r and o.start >= r.start and o.stop <= r.stop for o in ranges)]
-
-
-def hot_loop(asm: str, symbol: str, arch: str = "gfx950") -> LoopProfile:
-    """The innermost loop with the most MFMAs (then memory instructions, then length); a kernel
-    without a loop is profiled whole, as one iteration."""
-    lines = [x.split(";")[0].strip() for x in asm.splitlines()]
-    keep = lambda s: s and not s.endswith(":") and not s.startswith(".")  # noqa: E731
-    bodies = [[lines[i] for i in r if keep(lines[i])] for r in _innermost(isa.loops(asm, symbol))]
-
-    def rank(body):
-        cls = [classify(base_mnemonic(l.split()[0]))[0] for l in body]
-        return (cls.count("mfma"), sum(c.startswith(("vmem", "lds")) for c in cls), len(body))
-    body = max(bodies, key=rank) if bodies else isa.body(asm, symbol)
-    counts, nbytes, mfma, issue = Counter(), Counter(), 0.0, 0.0
-    wave = isa.LIMITS[arch]["wave_size"]
-    for l in body:
-        base = base_mnemonic(l.split()[0])
-        cls, per_lane = classify(base, bool(re.search(r"\slds\b", l)) and base.startswith("buffer_load"))
-        counts[cls] += 1
-        if per_lane:
-            nbytes[cls] += per_lane * wave
-        if cls == "mfma":
-            mfma += isa.mfma_cycles(l, arch)
-        else:
-            issue += VALU_CYCLES if cls == "valu" else OTHER_ISSUE_CYCLES
-    return LoopProfile(counts, nbytes, mfma, issue, counts["waitcnt"],
-                       any(l.startswith("s_waitcnt") and "vmcnt(0)" in l for l in body), bool(bodies), body)
 
 
 @lru_cache(maxsize=1)
@@ -119,7 +59,7 @@ def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     art = artifact(case.kernel, case.variant, arch)
     info = art.isa()
     kern = registry.get(case.kernel)
-    loop = hot_loop(art.asm, art.symbol, arch)
+    loop = isa.loop_profile(art.asm, art.symbol, arch)
     w = specs.work(case)
     clock = lim["clock_ghz"] * 1e9
     peak = lim["peak_tflops"][w.rate] * 1e12

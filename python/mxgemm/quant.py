@@ -11,7 +11,8 @@ Dequantised value = decode(code) * scale.
 """
 import torch
 
-from . import formats as F, guards
+from . import formats as F
+from . import guards
 
 MX_BLOCK = 32
 # floor(log2(max)) of each element format: the exponent OCP MX aligns the block amax to

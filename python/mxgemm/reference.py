@@ -18,7 +18,6 @@ import struct
 from typing import Optional
 
 import numpy as np
-
 import torch
 
 from . import formats as F

@@ -2,10 +2,9 @@
 gfx1250, plus kernels whose meaning depends on 32-lane waves, each with a numpy reference."""
 from __future__ import annotations
 
+import emu_corpus as C
 import numpy as np
 import torch
-
-import emu_corpus as C
 from emu_corpus import kernel, rng
 
 ARCH = "gfx1250"

@@ -26,7 +26,8 @@ typedef __bf16 v2bf __attribute__((ext_vector_type(2)));
 @functools.lru_cache(maxsize=None)
 def program(source: str):
     """(emulator, program, asm) of a source; fails naming any mnemonic the emulator lacks."""
-    from mxgemm import emu as emu_mod, toolchain
+    from mxgemm import emu as emu_mod
+    from mxgemm import toolchain
     asm = toolchain.compile_hip_source(PRELUDE + source, "gfx950")
     emu = emu_mod.Emulator(race_check=True)
     missing = emu.unsupported_mnemonics(asm)

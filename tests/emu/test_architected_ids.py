@@ -2,7 +2,6 @@
 calls the builtins; expected values are what the builtins mean): the wave's index in its
 workgroup (ttmp8[29:25]), workgroup and cluster ids (ttmp9, ttmp7), the workgroup's place in
 its cluster and the cluster's extent (ttmp6, and HW_REG_IB_STS2 for the flat ones)."""
-import pytest
 import torch
 
 from mxgemm import toolchain

@@ -6,7 +6,6 @@ change the addressing; the expected values come from a numpy model of the rule."
 import numpy as np
 import pytest
 import torch
-
 from hip_run import program
 
 STRIDE = 16          # record size of the structured (idxen) V#
@@ -111,7 +110,7 @@ def _load_source(sfx, lds):
         body.append(f"    __builtin_memcpy(out + {m} * 256 + lane * 4, &d, {4 * nd}); }}")
     return ("#define SYNC() do { __builtin_amdgcn_fence(__ATOMIC_RELEASE, \"workgroup\"); "
             "__builtin_amdgcn_s_barrier(); __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, \"workgroup\"); } while (0)\n"
-            f"MXGEMM_KERNEL(k)(int* __restrict__ out, const int* __restrict__ x, int soff) {{\n"
+            "MXGEMM_KERNEL(k)(int* __restrict__ out, const int* __restrict__ x, int soff) {\n"
             + "\n".join(body) + "\n}\n")
 
 
@@ -176,7 +175,7 @@ def _store_source(sfx):
         body.append(f"  {{ {ty} d = {{{init}}};")
         body.append(f'    asm volatile("buffer_store_{sfx} %0, {addr}\\n s_waitcnt vmcnt(0)" :: '
                     f'"v"(d), "v"({v}), "s"({rs}), "s"(soff) : "memory"); }}')
-    return f"MXGEMM_KERNEL(k)(int* __restrict__ y, int soff) {{\n" + "\n".join(body) + "\n}\n"
+    return "MXGEMM_KERNEL(k)(int* __restrict__ y, int soff) {\n" + "\n".join(body) + "\n}\n"
 
 
 @pytest.mark.parametrize("sfx", sorted(STORES))

@@ -1,6 +1,5 @@
 """Each gfx1250 corpus kernel runs on the gfx1250 target (wave32, race mode on) and matches numpy."""
 import pytest
-
 from emu1250_corpus import ARCH, CASES
 from emu_corpus import asm_of
 

@@ -35,8 +35,9 @@ def test_dequant_is_bit_exact(kernel):
 def test_op_runs_on_the_gfx1250_emulator(monkeypatch):
     """With the emulator arch set to gfx1250 (MXGEMM_EMU_ARCH), an op plans and runs its gfx1250
     artefact on CPU tensors."""
-    import mxgemm
     from test_mxfp8_dequantize import assert_same_bits, reference
+
+    import mxgemm
     monkeypatch.setattr(launcher, "EMU_ARCH", ARCH)
     g = torch.Generator().manual_seed(4)
     x = torch.randint(0, 256, (5, 160), dtype=torch.uint8, generator=g)     # a shape no other test plans

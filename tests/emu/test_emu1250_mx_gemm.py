@@ -16,12 +16,12 @@ and writes into a peer's LDS are not race-tracked).
 """
 import pytest
 import torch
+from test_mx_gemm import OUT, operand
 
 import mxgemm
 from mxgemm import build, launcher, reference, registry
 from mxgemm.emu import RaceError
 from mxgemm.launcher import emulator_settings
-from test_mx_gemm import OUT, operand
 
 KERNEL = registry.get("mx_gemm")
 ARCH = "gfx1250"

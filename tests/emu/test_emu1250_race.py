@@ -4,7 +4,6 @@ raises RaceError; the intact kernels do not (test_emu1250_corpus runs them)."""
 import re
 
 import pytest
-
 from emu1250_corpus import ARCH, CASES
 from emu_corpus import asm_of
 

@@ -1,6 +1,5 @@
 """Each corpus kernel, compiled for gfx950, runs on the emulator (race mode on) and matches numpy."""
 import pytest
-
 from emu_corpus import CASES, asm_of
 
 from mxgemm.emu import Emulator

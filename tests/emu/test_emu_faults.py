@@ -6,8 +6,8 @@ import re
 
 import pytest
 import torch
-
 from hip_run import program
+
 from mxgemm.emu import EmulatorFault
 
 NBYTES = 256          # size of the buffer x

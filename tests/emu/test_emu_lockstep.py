@@ -2,7 +2,6 @@
 as the default lockstep scheduler that test_emu_corpus runs."""
 import numpy as np
 import pytest
-
 from emu_corpus import CASES, asm_of
 
 from mxgemm.emu import Emulator

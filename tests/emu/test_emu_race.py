@@ -3,7 +3,6 @@ RaceError; the intact kernels must not (the corpus test runs them intact)."""
 import re
 
 import pytest
-
 from emu_corpus import CASES, asm_of
 
 from mxgemm.emu import Emulator, RaceError

@@ -3,10 +3,8 @@ compiler adds only the kernarg load, its wait and s_endpgm, checked below), so e
 count and byte total is known from the block and the launch shape."""
 import re
 
-import numpy as np
 import pytest
 import torch
-
 from hip_run import program
 
 BLOCK = r"""

@@ -4,9 +4,9 @@ kernel's 64-bit addressing; through an op, emulator_settings(workgroups=...) doe
 import numpy as np
 import pytest
 import torch
+from hip_run import program
 
 import mxgemm
-from hip_run import program
 from mxgemm.launcher import emulator_settings
 from mxgemm.quant import dequantize_mx, quantize_mx
 

@@ -4,8 +4,8 @@ v[80:81]` then `scratch_load_dword v81`), and the later data is what the registe
 the register before the wait is still a race."""
 import pytest
 import torch
-
 from hip_run import program
+
 from mxgemm.emu import RaceError
 
 BLOCK = r"""

@@ -3,8 +3,8 @@ bytes written alike (Triton stores a reduction result replicated across waves th
 unchanged leave nothing another wave could observe."""
 import pytest
 import torch
-
 from hip_run import program
+
 from mxgemm.emu import Emulator, RaceError
 
 SOURCE = r"""

@@ -3,8 +3,8 @@ dword do not race (a byte histogram keeps per-thread counters that way); the sam
 whole-dword access over another wave's byte, does."""
 import pytest
 import torch
-
 from hip_run import program
+
 from mxgemm.emu import Emulator, RaceError
 
 SOURCE = r"""

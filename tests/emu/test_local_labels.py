@@ -3,8 +3,8 @@ uses them: ``Nb`` is the nearest ``N:`` before the branch, ``Nf`` the nearest af
 number may be defined many times."""
 import pytest
 import torch
-
 from hip_run import program
+
 from mxgemm.emu import UnsupportedInstruction
 
 BLOCK = r"""

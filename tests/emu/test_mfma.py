@@ -5,7 +5,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 from mfma_model import BITS, CODES, NREGS, model, pack, random_codes
 
 from mxgemm.emu import matrix

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
+import torch
 from hip_run import run
 from mfma_model import decode
-
-import torch
 
 M = N = 64
 K = 256

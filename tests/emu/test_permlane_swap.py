@@ -3,8 +3,8 @@ description: VDST's odd 16-lane rows (permlane32: lanes 32-63) trade values with
 (lanes 0-31), lane for lane; the other rows keep theirs."""
 import pytest
 import torch
-
 from hip_run import program
+
 from mxgemm.emu import EmulatorFault
 
 SWAPS = r"""

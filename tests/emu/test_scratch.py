@@ -3,8 +3,8 @@ or spill registers run on the emulator and match numpy; the static ISA facts sti
 spill, so the project's zero-spill checks keep failing such a kernel."""
 import numpy as np
 import pytest
-
 from hip_run import program, run
+
 from mxgemm import isa
 from mxgemm.emu import EmulatorFault
 

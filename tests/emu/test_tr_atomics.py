@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import pytest
-
 from hip_run import run
 
 SRC = r"""

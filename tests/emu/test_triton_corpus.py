@@ -2,8 +2,8 @@
 against torch references."""
 import pytest
 import torch
-
 import triton_corpus
+
 from mxgemm.emu import Emulator
 
 CASES = triton_corpus.cases()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+
 from mxgemm.timing.peers import launch_triton, triton_gfx950
 
 

@@ -93,9 +93,9 @@ data)`` (bounds and cross-wave race checks included). Loads that complete asynch
 ``regs.reg_keys(ins, i)`` gives the keys of operand i. Raise ``EmulatorFault`` /
 ``UnsupportedInstruction`` from ``isa``; the runner adds the kernel, line and text.
 """
-from .isa import EmulatorError, EmulatorFault, RaceError, UnsupportedInstruction  # noqa: F401
-from .launch import Emulator  # noqa: F401
-from .memory import SparseBuffer  # noqa: F401
+from .isa import EmulatorError, EmulatorFault, RaceError, UnsupportedInstruction
+from .launch import Emulator
+from .memory import SparseBuffer
 
 __all__ = ["Emulator", "EmulatorFault", "RaceError", "UnsupportedInstruction", "SparseBuffer",
            "EmulatorError"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import race, regs as R
+from . import race
+from . import regs as R
 from .isa import UnsupportedInstruction, handler
 from .mxcvt import bf16_round, bf16_value, f16_round, f16_value, u32_of_f32
 

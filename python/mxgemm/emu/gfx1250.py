@@ -13,8 +13,8 @@ import re
 
 import numpy as np
 
-from . import race, regs as R, salu, tdm, valu, wmma  # noqa: F401  (tdm, wmma fill GFX12)
-from . import float_atomics, mxcvt, vmem  # noqa: F401  (fill GFX9)
+from . import float_atomics, mxcvt, race, salu, tdm, valu, vmem, wmma  # noqa: F401  (tdm, wmma fill GFX12)  # noqa: F401  (fill GFX9)
+from . import regs as R
 from .isa import GFX9, GFX12, Operand, RaceError, UnsupportedInstruction, f32, parse_operand, u32, u64
 from .target import Target
 

@@ -12,7 +12,8 @@ import functools
 
 import numpy as np
 
-from . import lds, race, regs as R
+from . import lds, race
+from . import regs as R
 from .isa import handler
 
 # element bits -> bytes read per lane

@@ -26,7 +26,8 @@ import math
 
 import numpy as np
 
-from . import race, regs as R
+from . import race
+from . import regs as R
 from .isa import UnsupportedInstruction, handler
 from .mxcvt import MFMA_FORMAT_CODES, decode_table, e8m0_value, lsb_table
 

@@ -12,7 +12,6 @@ from .lds import AR
 from .memfault import outside_buffers
 
 
-
 class SparseBuffer:
     """Lazily paged device buffer (may exceed 4 GB); unwritten pages read as zero."""
     PAGE = 1 << 16

@@ -5,7 +5,8 @@ import re
 
 import numpy as np
 
-from . import race, regs as R
+from . import race
+from . import regs as R
 from .isa import EmulatorFault, PerWave, Split, UnsupportedInstruction, const_bits, handler, u32, u64
 from .wave import scalar_views
 

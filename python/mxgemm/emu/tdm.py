@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import race, regs as R
+from . import race
+from . import regs as R
 from .isa import GFX12, EmulatorFault, UnsupportedInstruction, u64
 
 

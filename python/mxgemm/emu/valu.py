@@ -6,7 +6,22 @@ import inspect
 import numpy as np
 
 from . import regs as R
-from .isa import EmulatorFault, PerWave, UnsupportedInstruction, const_bits, handler, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from .isa import (
+    EmulatorFault,
+    PerWave,
+    UnsupportedInstruction,
+    const_bits,
+    f16,
+    f32,
+    f64,
+    handler,
+    i16,
+    i32,
+    i64,
+    u16,
+    u32,
+    u64,
+)
 
 _LO_MASKS = np.array([(1 << min(l, 32)) - 1 for l in range(64)], u64)   # v_mbcnt_lo: lanes below l
 _HI_MASKS = np.array([((1 << (l - 32)) - 1) << 32 if l > 32 else 0 for l in range(64)], u64)

@@ -5,7 +5,8 @@ import re
 
 import numpy as np
 
-from . import lds, race, regs as R
+from . import lds, race
+from . import regs as R
 from .isa import SHARED_BASE, EmulatorFault, PerWave, Split, UnsupportedInstruction, handler, i16, i32, u16, u32, u64
 
 # suffix -> (bytes, sign-extend, d16 half: None | 0 lo | 1 hi)

@@ -123,7 +123,7 @@ def _plan(x) -> Plan:
     if rows == 0 or N == 0 or G == 0:
         return empty_plan("deep_gemm_fp8_grouped_gemm", "empty problem: nothing to launch")
     family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
-    row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))  # noqa: E731
+    row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))
     tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants if {k: v[k] for k in family} == family]
     bm, bn, why = choose_tile(N, row_tiles, tiles, x.config)
     variant = registry.find_variant(_KERNEL, BM=bm, BN=bn, **family)

@@ -333,7 +333,7 @@ class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
 
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                      trans_b: bool = True, out_dtype: torch.dtype | None = None, num_cu: int | None = None,
-                     format: str = "e4m3") -> torch.Tensor:  # noqa: A002 (the name users pass)
+                     format: str = "e4m3") -> torch.Tensor:
     """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
     group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
 

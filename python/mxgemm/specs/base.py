@@ -134,10 +134,9 @@ def _k_per_iteration(kernel: str, variant_items: tuple, tile_m: int, tile_n: int
     from ..build import artifact
     from ..emu.isa import base_mnemonic
     from ..emu.stats import classify
-    from ..perf import hot_loop
     art = artifact(kernel, dict(variant_items))
     mnk = sum(math.prod(map(int, isa.MFMA_SHAPE.search(l.split()[0]).groups()))
-              for l in hot_loop(art.asm, art.symbol).lines if classify(base_mnemonic(l.split()[0]))[0] == "mfma")
+              for l in isa.loop_profile(art.asm, art.symbol).lines if classify(base_mnemonic(l.split()[0]))[0] == "mfma")
     return mnk * waves(kernel) // (tile_m * tile_n)
 
 

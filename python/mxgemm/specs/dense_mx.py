@@ -3,8 +3,21 @@ from __future__ import annotations
 
 import torch
 
-from .base import BITWISE, MX_BITS, OUT_DTYPES, Call, Case, Inputs, OpSpec, Smoke, Work, grid, \
-    k_per_iteration, mx_bytes, waves
+from .base import (
+    BITWISE,
+    MX_BITS,
+    OUT_DTYPES,
+    Call,
+    Case,
+    Inputs,
+    OpSpec,
+    Smoke,
+    Work,
+    grid,
+    k_per_iteration,
+    mx_bytes,
+    waves,
+)
 
 OP = KERNEL = "mx_gemm"
 

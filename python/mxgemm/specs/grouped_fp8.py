@@ -5,8 +5,21 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from .base import BITWISE, FP8, OUT_DTYPES, Call, Case, Contract, Inputs, OpSpec, Smoke, Work, grid, \
-    k_per_iteration, waves
+from .base import (
+    BITWISE,
+    FP8,
+    OUT_DTYPES,
+    Call,
+    Case,
+    Contract,
+    Inputs,
+    OpSpec,
+    Smoke,
+    Work,
+    grid,
+    k_per_iteration,
+    waves,
+)
 
 ROWS, WGRAD, AUTOGRAD = "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "grouped_gemm_fp8"
 KERNEL = "grouped_gemm_fp8"
