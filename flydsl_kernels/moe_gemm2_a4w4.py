@@ -5,7 +5,8 @@ The port is 1:1 and must stay bit-identical to the HIP kernel: same tiles (BM so
 g = lane/16 holds the 32-wide K blocks 2g and 2g+1 of each 256-wide K step, scale bytes
 picked by op_sel), same loads (W and scales by raw buffer loads one step ahead into two
 alternating register sets, activations by 16-byte buffer->LDS DMA into two 4 KiB buffers
-with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + workgroup release/acquire around s_barrier per K step,
+with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + workgroup release/acquire around s_barrier
+per K step,
 lgkmcnt(0) before the MFMAs, a sched_barrier after them), same MFMA order (k-step, m-tile,
 n-tile) and the same epilog (f32 multiply by the top-k weight, RNE to bf16, two
 global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order). The HIP file's header

@@ -85,7 +85,8 @@ def hardware(args):
     print(f"{'M':>6}{'HIP us':>10}{'FlyDSL us':>11}{'ratio':>8}{'W TB/s (HIP)':>14}")
     for M in args.M:
         inputs = make_inputs(M, args.N, args.K, args.E, args.topk, args.block_m, "cuda")
-        print(f"M={M}: {mxgemm.explain('moe_gemm2_a4w4', *inputs, torch.zeros(M, args.N, dtype=torch.bfloat16, device='cuda'), block_m=args.block_m)}")
+        out = torch.zeros(M, args.N, dtype=torch.bfloat16, device="cuda")
+        print(f"M={M}: {mxgemm.explain('moe_gemm2_a4w4', *inputs, out, block_m=args.block_m)}")
         check(inputs, M, args.N, args.topk, args.block_m)
         hip = time_graph(inputs, M, args.N, "hip", args.block_m)
         fly = time_graph(inputs, M, args.N, "flydsl", args.block_m)

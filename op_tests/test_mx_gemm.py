@@ -120,8 +120,8 @@ def emulator_smoke() -> int:
         fmts = FORMATS[name]
         args = inputs(M, N, K, fmts, "cpu")
         return lambda: check(mxgemm.mx_gemm(*args, a_format=fmts[0], b_format=fmts[1]), args, fmts, 0)
-    return report({f"{name} M={M} N={N} K={K}": case(name, M, N, K)
-                   for name, (M, N, K) in (("mxfp8", (70, 96, 384)), ("mxfp4", (33, 64, 256)), ("a8w4", (64, 64, 256)))})
+    shapes = (("mxfp8", (70, 96, 384)), ("mxfp4", (33, 64, 256)), ("a8w4", (64, 64, 256)))
+    return report({f"{name} M={M} N={N} K={K}": case(name, M, N, K) for name, (M, N, K) in shapes})
 
 
 def main(argv=None):

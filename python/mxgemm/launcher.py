@@ -232,7 +232,8 @@ def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_
     workgroups = settings["workgroups"]
     if settings["timing"] and settings["timing_rounds"] and workgroups is None:
         from .timing import rounds_sample
-        workgroups = rounds_sample(settings["timing"], prog, symbol, grid, block, dynamic_lds, settings["timing_rounds"])
+        workgroups = rounds_sample(settings["timing"], prog, symbol, grid, block, dynamic_lds,
+                                   settings["timing_rounds"])
     emu.launch_kernarg(prog, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds, workgroups)
     _EMU_SETTINGS.last_stats = emu.last_stats
     if emu.last_timing is not None:

@@ -205,8 +205,8 @@ def main(argv) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m mxgemm perf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="all", help=f"comma list of {sorted(specs.presets())} or 'all' (every preset but "
-                                                     f"'{SMALL_PRESET}')")
+    p.add_argument("--preset", default="all",
+                   help=f"comma list of {sorted(specs.presets())} or 'all' (every preset but '{SMALL_PRESET}')")
     p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV ('-': stdout instead of the table)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-': stdout instead of the table)")
     p.add_argument("--plot", metavar="FILE.png", help="roofline chart with every case's predicted point")

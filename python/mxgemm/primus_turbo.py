@@ -13,7 +13,8 @@ methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute
     (a, b), or (b, a) when trans_c  -> mxgemm.grouped_gemm_fp8_variable_k
 ``granularity`` must be tensorwise (an enum member named TENSORWISE, or that string in any
 case): one fp32 dequantisation scale per tensor (value = fp8 * scale). Mixed e4m3 / e5m2
-operands are taken where hybrid training's backward has them (see the ops). Everything else about the call (dtypes, shapes, alignment,
+operands are taken where hybrid training's backward has them (see the ops). Everything else about the call (dtypes,
+shapes, alignment,
 device, arch) is decided by the ops' own planners, so ``can_handle`` is True exactly when
 ``execute`` runs without a GuardError, and False (no exception) otherwise.
 """

@@ -180,8 +180,8 @@ def assemble(asm: str | Path, arch: str, out_hsaco: str | Path) -> None:
     out_hsaco = Path(out_hsaco)
     obj = out_hsaco.with_suffix(f".o{os.getpid()}")
     try:
-        _run([*comp.clang, "-x", "assembler", "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", "-c", str(asm), "-o", str(obj)],
-             "assemble")
+        _run([*comp.clang, "-x", "assembler", "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", "-c", str(asm),
+              "-o", str(obj)], "assemble")
         _run([*comp.lld, "-shared", str(obj), "-o", str(out_hsaco)], "link")
     finally:
         if obj.exists():

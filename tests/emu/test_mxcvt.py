@@ -5,9 +5,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # overflow/NaN casts are the point
-
 from mxgemm.emu import mxcvt
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # overflow/NaN casts are the point
 
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
       "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn,

@@ -59,7 +59,8 @@ CATALOGUE = (
         (SMALLM_SRC, "__builtin_ldexpf(s, (int)(sa + sb) - 254)", "__builtin_ldexpf(s, (int)(sa + 127u) - 254)"),),
         "GEMV core ignores the weight's e8m0 scale"),
     Mutation("smallm-mfma-drop-b-scale", (MFMA,), (
-        (SMALLM_SRC, "load_u8(rsa, a_row[mi] * k_blocks + kb), sb);", "load_u8(rsa, a_row[mi] * k_blocks + kb), 127u);"),),
+        (SMALLM_SRC, "load_u8(rsa, a_row[mi] * k_blocks + kb), sb);",
+         "load_u8(rsa, a_row[mi] * k_blocks + kb), 127u);"),),
         "scaled MFMA gets scale 1.0 for B"),
     Mutation("smallm-mfma-swap-operands", (MFMA,), (
         (SMALLM_SRC, "mfma_scale_16x16x128_e4m3(av, bv, acc[mi], load_u8(rsa, a_row[mi] * k_blocks + kb), sb)",
@@ -178,8 +179,10 @@ CATALOGUE = (
         "each lane loads the scale of the next 32-block (off by one in the K-block index)"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
         (MX_GEMM, "half), v))",
-         "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), v), arith.constant(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
-         "ir.DenseElementsAttr.get_splat(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), ir.IntegerAttr.get(b.i32, -65536)))))))"),),
+         "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
+         "v), arith.constant(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
+         "ir.DenseElementsAttr.get_splat(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
+         "ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
     Mutation("mx-gemm-no-lds-swizzle-on-read", ("mx_gemm",), (
         (MX_GEMM, "arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks)))", "b.add(g, b.c(4 * h))"),),

@@ -161,7 +161,8 @@ def round_exact_sums_f32(rows) -> np.ndarray:
     mag = np.abs(sums)
     exact = ((sums.view(np.uint64) & _F32_MID_BITS) == _F32_MID) | ~((mag >= 2.0 ** -126) & (mag < 2.0 ** 127))
     exact &= sums != 0.0         # an exact zero sum is +0
-    out[:] = sums
+    with np.errstate(over="ignore"):   # sums past the f32 range are among the exact rows, rounded below
+        out[:] = sums
     out[sums == 0.0] = 0.0
     for r in np.nonzero(exact)[0]:
         out[r] = round_exact_sum_f32(rows[r])

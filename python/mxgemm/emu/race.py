@@ -2,7 +2,8 @@
 retired it), and LDS bytes two waves touch in one barrier epoch.
 
 Registers: a wave keeps the outstanding memory ops per wait counter of its target (``qs``, one
-queue per counter, e.g. vmcnt and lgkmcnt on gfx950) and a map ``pend`` register key -> op. LDS: per dword the last writer and last reader are packed as
+queue per counter, e.g. vmcnt and lgkmcnt on gfx950) and a map ``pend`` register key -> op. LDS: per dword the last
+writer and last reader are packed as
 epoch << WB | wave; an access conflicts with another wave's access in the same epoch. Reads
 while no dword has been written in the epoch (``wtop``, an upper bound of every writer stamp)
 cannot conflict; they are logged, and their reader stamps applied only when a write of the
@@ -262,6 +263,7 @@ def _error(w, d, bad, write, X):
         what = "direct-to-LDS data not yet retired by its counter wait (s_waitcnt vmcnt / s_wait_tensorcnt) + barrier"
     else:
         other = (k if k >= EK else int(g.lr[j])) & WMASK
-        what = (f"{'written' if write else 'read'} here while wave {other % g.nwaves if other != SEVERAL else '(several)'} "
+        wave = other % g.nwaves if other != SEVERAL else "(several)"
+        what = (f"{'written' if write else 'read'} here while wave {wave} "
                 f"accesses it without an s_barrier (and s_waitcnt) in between")
     raise RaceError(f"LDS race at byte {j * 4 % max(g.lds_size, 4):#x} ({g.where(me)}): {what}")

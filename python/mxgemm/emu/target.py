@@ -19,7 +19,7 @@ class Target:
     counters: tuple                  # names of the wait counters (race mode keeps one queue each)
     route: Callable                  # (memory class 'vm' | 'lgkm' | 'tensor', kind) -> counter name
     handlers: HandlerTable           # .builder(ins) -> builder or None (gfx1250: a lookup over GFX12 then GFX9)
-    vsharp: Callable                 # buffer resource (four SGPR values) -> (base, stride, num_records, add_tid, swizzle)
+    vsharp: Callable                 # buffer resource (four SGPRs) -> (base, stride, num_records, add_tid, swizzle)
     decode_waitcnt: Callable = None  # s_waitcnt simm16 -> (vmcnt, lgkmcnt), None = not waited on
     ttmp_ids: bool = False           # workgroup ids in ttmp9 / ttmp7 (architected SGPRs), not user SGPRs
     lane: np.ndarray = field(init=False)

@@ -118,7 +118,7 @@ def _bfe_u(a, b, c):
 
 def _bfe_i(a, b, c):
     w = (c & u32(31)).astype(i32)
-    x = (a.view(i32) if isinstance(a, np.ndarray) else np.asarray(a).view(i32)) if False else _bfe_u(a, b, c).astype(i32)
+    x = _bfe_u(a, b, c).astype(i32)
     sh = np.where(w == 0, 0, 32 - w).astype(i32)
     return np.where(w == 0, 0, (x << sh) >> sh).astype(i32)
 
@@ -236,7 +236,8 @@ _OPS = {
     "v_cvt_i16_f16": ("i16", "f16", lambda a: _cvt_i(a, i16, -32768, 32767)),
     "v_cvt_pkrtz_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(_f16_rtz(a), _f16_rtz(b))),
     "v_cvt_pk_bf16_f32": ("u32", "f32 f32", lambda a, b: _bf16(a) | (_bf16(b) << u32(16))),
-    "v_cvt_pk_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(np.asarray(a, f32).astype(f16), np.asarray(b, f32).astype(f16))),
+    "v_cvt_pk_f16_f32": ("u32", "f32 f32",
+                         lambda a, b: _pk16(np.asarray(a, f32).astype(f16), np.asarray(b, f32).astype(f16))),
     "v_cvt_pk_u16_u32": ("u32", "u32 u32", lambda a, b: np.minimum(a, 0xFFFF) | (np.minimum(b, 0xFFFF) << u32(16))),
     "v_cvt_pk_u8_f32": ("u32", "f32 u32 u32", lambda a, s, c: _pk_u8(a, s, c)),
     **{f"v_cvt_f32_ubyte{k}": ("f32", "u32", (lambda k: lambda a: ((a >> u32(8 * k)) & u32(0xFF)).astype(f32))(k))
@@ -248,7 +249,9 @@ _OPS = {
     "v_mov_b64": ("u64", "u64", lambda a: a),
     "v_not_b32": ("u32", "u32", np.invert), "v_bfrev_b32": ("u32", "u32", lambda a: _bitrev(a)),
     "v_ffbh_u32": ("u32", "u32", _ffbh),
-    "v_ffbh_i32": ("u32", "i32", lambda a: _ffbh((a ^ (a >> 31)).view(u32) if isinstance(a, np.ndarray) else u32(a ^ (a >> 31)))), "v_ffbl_b32": ("u32", "u32", _ffbl),
+    "v_ffbh_i32": ("u32", "i32", lambda a: _ffbh((a ^ (a >> 31)).view(u32) if isinstance(a, np.ndarray)
+                                                 else u32(a ^ (a >> 31)))),
+    "v_ffbl_b32": ("u32", "u32", _ffbl),
     "v_add_u32": ("u32", "u32 u32", np.add), "v_sub_u32": ("u32", "u32 u32", np.subtract),
     "v_subrev_u32": ("u32", "u32 u32", lambda a, b, out=None: np.subtract(b, a, out=out)),
     "v_add_i32": ("i32", "i32 i32", np.add), "v_sub_i32": ("i32", "i32 i32", np.subtract),

@@ -63,7 +63,8 @@ PERWAVE_SPLITS = 4    # past this many, a batch merges only waves whose scalar s
 
 class Wave:
     """k consecutive waves (k = 1: one wave) of a batch: V (uint32 [nvgpr, n], register-major,
-    so a register's lanes are contiguous however many waves the unit has; VGPRs then AGPRs), S (list of Python ints in the target's scalar numbering, shared by the
+    so a register's lanes are contiguous however many waves the unit has; VGPRs then AGPRs), S (list of Python ints
+    in the target's scalar numbering, shared by the
     k waves), scc, exec (the per-wave int) with mask (bool [n]) and full (EXEC all ones), pc,
     and the race-tracking queues. lane: lane index within its wave [n]; wid: first wave id."""
 

@@ -5,7 +5,8 @@ rounded once to fp32, then + C with one more rounding).
 Layouts (docs/gfx1250_emulator.md §3 gives the evidence and the remaining doubt): lane l holds
 row (A) / column (B) l % 16 of a 16-row operand; its elements, as one little-endian bit string
 of the lane's registers, run along K in runs of kw (KW: 16 for 8-bit, 32 for 6- and 4-bit,
-8 for 16-bit types) that alternate between the two lane halves: element i of half h is K = i % kw + kw * h + 2 kw * (i // kw).
+8 for 16-bit types) that alternate between the two lane halves: element i of half h is K = i % kw + kw * h + 2 kw *
+(i // kw).
 The 16x16 fp32 accumulator: lane l holds column l % 16, VGPR r row r + 8 (l // 16); the 32x16
 one stacks two of them (VGPRs 8-15: rows 16-31). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
 (or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1), except the

@@ -12,7 +12,8 @@ SPECS: tuple[OpSpec, ...] = tuple(m.SPEC for m in (dequant, smallm_mxfp8, moe_mx
 SMALL_PRESET = "small"   # CI: one case of every kernel that runs quickly
 
 __all__ = ["Call", "Case", "Contract", "Inputs", "OpSpec", "SPECS", "Smoke", "Work", "SMALL_PRESET", "presets",
-           "spec_of_kernel", "spec_of_op", "op_call", "work", "race_calls", "race_outputs", "gfx950_kernels_without_spec", "decode_calls", "kernel_tests"]
+           "spec_of_kernel", "spec_of_op", "op_call", "work", "race_calls", "race_outputs",
+           "gfx950_kernels_without_spec", "decode_calls", "kernel_tests", "readme_table"]
 
 
 def spec_of_kernel(kernel: str) -> OpSpec:

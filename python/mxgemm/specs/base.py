@@ -135,8 +135,9 @@ def _k_per_iteration(kernel: str, variant_items: tuple, tile_m: int, tile_n: int
     from ..emu.isa import base_mnemonic
     from ..emu.stats import classify
     art = artifact(kernel, dict(variant_items))
-    mnk = sum(math.prod(map(int, isa.MFMA_SHAPE.search(l.split()[0]).groups()))
-              for l in isa.loop_profile(art.asm, art.symbol).lines if classify(base_mnemonic(l.split()[0]))[0] == "mfma")
+    lines = isa.loop_profile(art.asm, art.symbol).lines
+    mfmas = [l for l in lines if classify(base_mnemonic(l.split()[0]))[0] == "mfma"]
+    mnk = sum(math.prod(map(int, isa.MFMA_SHAPE.search(l.split()[0]).groups())) for l in mfmas)
     return mnk * waves(kernel) // (tile_m * tile_n)
 
 
@@ -183,7 +184,7 @@ class Contract:
             bad = int((~same).sum())
             return f"{'ok' if bad == 0 else 'MISMATCH'}: {bad} of {same.numel()} fp32 elements differ bitwise"
         ulps = metrics.bf16_ulp_distance(got, ref)
-        worst, exact = int(ulps.max()) if ulps.numel() else 0, float((ulps == 0).float().mean()) if ulps.numel() else 1.0
+        worst, exact = (int(ulps.max()), float((ulps == 0).float().mean())) if ulps.numel() else (0, 1.0)
         ok = worst <= self.ulp and exact >= self.exact
         return f"{'ok' if ok else 'MISMATCH'}: max {worst} ulp, {100 * exact:.2f}% bit-exact"
 

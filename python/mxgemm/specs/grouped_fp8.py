@@ -125,6 +125,7 @@ def preset_deepseek_v3():
 
 SPEC = OpSpec(
     name="grouped_fp8", ops=(ROWS, WGRAD, AUTOGRAD), kernels=(KERNEL,), tests=("tests/test_grouped_gemm_fp8.py",),
-    reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref"), hardware_script="op_tests/test_grouped_gemm_fp8.py",
+    reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref"),
+    hardware_script="op_tests/test_grouped_gemm_fp8.py",
     contract=BITWISE, call=call, work=work, race=race, decode=decode, smoke=smoke,
     presets={"grouped_fp8": preset_deepseek_v3})

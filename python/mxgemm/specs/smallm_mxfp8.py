@@ -23,7 +23,8 @@ def work(kernel, v, M, N, K) -> Work:
 def race(kernel, v) -> list:
     """One workgroup; K covers several K steps per lane (GEMV) / per slice (MFMA)."""
     gemv = "N_SUB" in v
-    shape = dict(M=v["M_TILE"], N=16 * v["N_SUB"] if gemv else 64 // v["SPLIT_K"], K=1024 if gemv else 256 * v["SPLIT_K"])
+    n, k = (16 * v["N_SUB"], 1024) if gemv else (64 // v["SPLIT_K"], 256 * v["SPLIT_K"])
+    shape = dict(M=v["M_TILE"], N=n, K=k)
     return [call(kernel, v, shape, Inputs(seed=1))]
 
 

@@ -71,8 +71,8 @@ def report(symbol, t, top=8, out=sys.stdout) -> None:
     print(f"  {'block':24s} {'pcs':>9s} {'issued':>9s} {'cycles':>11s}  stalls (cycles)", file=out)
     for blk in b["blocks"][:top]:
         st = " ".join(f"{k} {v:.0f}" for k, v in sorted(blk["stalls"].items(), key=lambda kv: -kv[1]))
-        print(f"  {blk['block']:24s} {blk['first']:4d}-{blk['last']:<4d} {blk['issued']:9d} {blk['cycles']:11.0f}  {st}",
-              file=out)
+        where = f"{blk['first']:4d}-{blk['last']:<4d}"
+        print(f"  {blk['block']:24s} {where} {blk['issued']:9d} {blk['cycles']:11.0f}  {st}", file=out)
 
 
 def table(cases, rounds=None, out=sys.stdout) -> list:

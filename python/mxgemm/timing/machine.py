@@ -38,7 +38,8 @@ MI355X = Machine(
     name="MI355X", arch="gfx950", cus=256, xcds=8, simds=4, waves_per_simd=8, regs_per_simd_lane=512,
     lds_bytes=160 * 1024, clock_ghz=2.4, loaded_clock_ghz=2.0, valu_cycles=4, trans_cycles=16,
     smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128,
-    l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64, l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0,
+    l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64,
+    l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0,
     hbm_latency=900, hbm_bytes_per_s=8.0e12 * 0.8)
 
 MACHINES = {"mi355x": MI355X}
