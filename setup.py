@@ -6,7 +6,7 @@ user's torch, never pull a CUDA one into an isolated env):
     pip install -r requirements.txt && pip install --no-build-isolation -e .
 
 After the Python files are in place, install runs the JIT warm-up (`python -m mxgemm build
---warm`): the host extension and the default device kernel set are compiled into the cache
+--warm`): the host extension and every registered device kernel are compiled into the cache
 (MXGEMM_CACHE_DIR or ~/.cache/mxgemm). If that fails (e.g. no compiler yet) install still
 succeeds with a warning; first use builds anything missing.
 """

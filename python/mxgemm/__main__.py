@@ -52,7 +52,7 @@ def cmd_build(args) -> int:
         print("building the HIP launcher ...", file=sys.stderr, flush=True)
         launcher.host_ext()
     try:
-        arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs, default_only=args.warm)
+        arts = build.build(kernels=kernels, archs=archs, jobs=args.jobs)
     except (ValueError, toolchain.ToolchainError) as e:   # bad names, failed compiles: no traceback
         print(f"python -m mxgemm build: error: {e}", file=sys.stderr)
         return 1
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     b.add_argument("--arch", help="comma list, e.g. gfx950,gfx1250 (default: every kernel's archs)")
     b.add_argument("--kernel", help="comma list of registry names (default: all)")
     b.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
-    b.add_argument("--warm", action="store_true", help="install-time warm-up: host extension + default set")
+    b.add_argument("--warm", action="store_true", help="install-time warm-up: host extension + every kernel")
     b.add_argument("-v", "--verbose", action="store_true", help="print ISA facts of each artefact")
     b.set_defaults(fn=cmd_build)
     sub.add_parser("demo", help="build, then run sample ops on the default backend").set_defaults(fn=cmd_demo)

@@ -124,7 +124,7 @@ def _artifact(name, variant, arch):
     return art, compiled
 
 
-def plan(kernels=None, archs=None, default_only=False):
+def plan(kernels=None, archs=None):
     """All (kernel, variant, arch) triples selected by names and archs. An unknown kernel name, or
     an arch that none of the selected kernels is built for, is a ValueError naming what exists."""
     names = kernels or list(registry.KERNELS)
@@ -140,8 +140,6 @@ def plan(kernels=None, archs=None, default_only=False):
     out = []
     for n in names:
         k = registry.get(n)
-        if default_only and not k.default:
-            continue
         for arch in k.archs:
             if archs and arch not in archs:
                 continue
@@ -149,9 +147,9 @@ def plan(kernels=None, archs=None, default_only=False):
     return out
 
 
-def build(kernels=None, archs=None, jobs=None, progress=True, default_only=False) -> list[Artifact]:
+def build(kernels=None, archs=None, jobs=None, progress=True) -> list[Artifact]:
     """Build (or find cached) every selected artefact, in parallel, printing progress to stderr."""
-    todo = plan(kernels, archs, default_only)
+    todo = plan(kernels, archs)
     jobs = jobs or os.cpu_count() or 1
     errors, n_new = [], 0
 

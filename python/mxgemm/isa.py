@@ -217,10 +217,6 @@ def kernel_info(asm: str, name: str | None = None) -> KernelInfo:
     )
 
 
-def all_kernels(asm: str) -> list[KernelInfo]:
-    return [kernel_info(asm, n) for n in kernel_names(asm)]
-
-
 def loops(asm: str, name: str) -> list[range]:
     """Line ranges (indices into asm.splitlines()) of every loop of kernel ``name``: from a label
     to a later branch back to it (nested loops appear both on their own and inside their parent)."""

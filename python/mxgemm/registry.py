@@ -39,7 +39,6 @@ class Kernel:
     archs: tuple = ("gfx950",)
     variants: tuple = ({},)         # tuple of dicts of compile-time parameters
     arch_variants: dict = field(default_factory=dict)   # arch -> its own variants, replacing `variants`
-    default: bool = True            # built on install / by `python -m mxgemm build`
     doc: str = ""
     args: tuple = ()                # kernel arguments in order: names of the op's values
     grid: tuple = ()                # problem dims mapped to grid x, y, z

@@ -148,10 +148,6 @@ def f32_scale_exponent(scale_u32) -> np.ndarray:
 
 # ---- fp32 / bf16 / f16 register views -----------------------------------------------------
 
-def f32_of(u32) -> np.ndarray:
-    return np.asarray(u32, dtype=np.uint32).view(np.float32).astype(np.float64)
-
-
 def u32_of_f32(x) -> np.ndarray:
     """float64 -> fp32 bits with one RNE rounding (numpy's cast; subnormals kept)."""
     with np.errstate(over="ignore"):

@@ -50,7 +50,7 @@ def envelope(fallback: str, op: str, rule: str, detail: str, out_shape, out_dtyp
     """Out of every kernel's envelope: the fallback plan, or GuardError when asked to."""
     if fallback == "error":
         guards.fail(rule, detail + ' (fallback="error")')
-    return Plan(op, None, backend="fallback", fallback=True, reason=f"{rule}: {detail}",
+    return Plan(op, None, backend="fallback", reason=f"{rule}: {detail}",
                 out_shape=out_shape, out_dtype=out_dtype)
 
 

@@ -38,12 +38,16 @@ class Plan:
     grid: tuple = (1, 1, 1)
     block: tuple = (256, 1, 1)
     reason: str = ""
-    fallback: bool = False
     args: dict = field(default_factory=dict)   # kernel scalar arguments by registry name
     out_shape: tuple = ()          # the output an out-less call allocates
     out_dtype: torch.dtype | None = None
     zero_out: bool = False         # the kernel accumulates into out (e.g. split-K atomics): zero it first
     run: object = field(default=None, repr=False, compare=False)   # run(flat), made at the first execution
+
+    @property
+    def fallback(self) -> bool:
+        """The call runs the dequantise + torch matmul fallback, no kernel."""
+        return self.backend == "fallback"
 
     def __str__(self):
         if self.fallback:
