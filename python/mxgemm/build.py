@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import registry, toolchain
+from . import env, registry, toolchain
 
 
 @dataclass
@@ -102,7 +102,7 @@ def artifact(name: str, variant: dict | None = None, arch: str = "gfx950") -> Ar
 def _artifact(name, variant, arch):
     """(artifact, compiled_by_this_call)."""
     variant = dict(variant or {})
-    memo_key = (name, registry.variant_id(variant), arch, os.environ.get("MXGEMM_CACHE_DIR"))
+    memo_key = (name, registry.variant_id(variant), arch, env.get("MXGEMM_CACHE_DIR"))
     art = _MEMO.get(memo_key)
     if art is not None:
         return art, False

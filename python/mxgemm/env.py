@@ -28,7 +28,8 @@ VARS = {v.name: v for v in (
         "launching nothing", "libamdhip64.so"),
     Var("MXGEMM_VALIDATE", "1: check tensor contents (e.g. MoE expert ids) on GPU tensors too, at a device "
         "sync per call (always done on the emulator)", "0", ("0", "1")),
-    Var("MXGEMM_CACHE_DIR", "where compiled kernels and host libraries are cached", "~/.cache/mxgemm"),
+    Var("MXGEMM_CACHE_DIR", "where compiled kernels and host libraries are cached (unset: mxgemm in "
+        "$XDG_CACHE_HOME, else in ~/.cache)"),
     Var("MXGEMM_COMPILER", "the device compiler: rocm or ziglang (default: ROCm's clang if new enough, "
         "else ziglang's)", choices=("rocm", "ziglang")),
     Var("MXGEMM_SKIP_WARM", "any value: install without the warm-up build (setup.py)"),

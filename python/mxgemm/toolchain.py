@@ -122,8 +122,8 @@ def ld_lld_dir() -> Path:
 
 def cache_dir() -> str:
     """``MXGEMM_CACHE_DIR`` or ``~/.cache/mxgemm`` (XDG_CACHE_HOME honoured)."""
-    d = os.environ.get("MXGEMM_CACHE_DIR")   # env.VARS documents it; unset: the XDG cache
-    if not d:
+    d = env.get("MXGEMM_CACHE_DIR")
+    if d is None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         d = os.path.join(base, "mxgemm")
     os.makedirs(d, exist_ok=True)
