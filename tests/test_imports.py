@@ -78,3 +78,12 @@ def test_every_module_imports_in_a_fresh_interpreter():
         "print('FAILED', bad)\n")
     p = subprocess.run([sys.executable, "-c", code, *_modules()], capture_output=True, text=True)
     assert "FAILED []" in p.stdout, p.stdout + p.stderr[-4000:]
+
+
+def test_the_emulator_loads_without_torch():
+    """The emulator is numpy: importing it neither imports torch nor registers the ops."""
+    import subprocess
+    import sys
+    code = "import sys, mxgemm.emu; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr[-2000:]
