@@ -87,3 +87,16 @@ def test_the_emulator_loads_without_torch():
     code = "import sys, mxgemm.emu; print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr[-2000:]
+
+
+def test_the_runtime_does_not_import_the_tools():
+    """Ops, launcher, build, emulator and numerics never import the developer tools or the op
+    specs (which exist for tools and tests); only the command line, the timing model and the
+    tools themselves do."""
+    modules = _modules()
+    tool_side = ("mxgemm.tools", "mxgemm.specs", "mxgemm.timing", "mxgemm.__main__")
+    for name, path in modules.items():
+        if name.startswith(tool_side):
+            continue
+        bad = {m for m in _imports(name, path, modules) if m.startswith(tool_side[:2])}
+        assert not bad, f"{name} imports {sorted(bad)}"

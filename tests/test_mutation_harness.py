@@ -1,7 +1,7 @@
-"""The mutation harness (python -m mxgemm.devtools mutate): every catalogue entry still applies
+"""The mutation harness (python -m mxgemm.tools mutate): every catalogue entry still applies
 to the current sources (a refactor that moves a snippet must re-point the entry, not disable
 it), every gfx950 kernel has kernel tests and at least one mutation, and a small sample runs
-end to end and is caught. The full run is manual: python -m mxgemm.devtools mutate."""
+end to end and is caught. The full run is manual: python -m mxgemm.tools mutate."""
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mxgemm import registry
-from mxgemm.devtools import mutate
-from mxgemm.devtools.mutations import ALL, CATALOGUE, KERNEL_TESTS, Mutation
+from mxgemm.tools import mutate
+from mxgemm.tools.mutations import ALL, CATALOGUE, KERNEL_TESTS, Mutation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_every_gfx950_kernel_has_tests_and_mutations():
 
 
 def test_sample_run_catches_its_mutations():
-    p = subprocess.run([sys.executable, "-m", "mxgemm.devtools", "mutate",
+    p = subprocess.run([sys.executable, "-m", "mxgemm.tools", "mutate",
                         "--name", "dequant-hip-drop-scale,dequant-flydsl-drop-scale"],
                        capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ,
                                                                      "PYTHONPATH": str(ROOT / "python")})

@@ -5,8 +5,8 @@ import torch
 
 import mxgemm
 from mxgemm import guards, specs
-from mxgemm.bench import dispatch_calls
 from mxgemm.ops._op import OPS
+from mxgemm.tools.bench import dispatch_calls
 
 PUBLIC = tuple(OPS)
 

@@ -1,15 +1,16 @@
-"""mxgemm.perf: the model's arithmetic on hand-computed cases, its hot-loop counts against the
+"""mxgemm.tools.perf: the model's arithmetic on hand-computed cases, its hot-loop counts against the
 emulator's counters, and the `perf` command on the small preset."""
 import importlib.util
 import json
 
 import pytest
 
-from mxgemm import isa, perf, registry, specs
+from mxgemm import isa, registry, specs
 from mxgemm.__main__ import main
 from mxgemm.build import artifact
 from mxgemm.launcher import emulator_settings, last_emulator_stats
 from mxgemm.specs import Case
+from mxgemm.tools import perf
 
 GFX950 = isa.LIMITS["gfx950"]
 

@@ -385,7 +385,7 @@ def test_isa_gemv_uses_packed_fma_and_ldexp():
 def test_bench_dispatch_cached_path_is_cheap():
     """The CLI reports the figure (target <= 5 us); here only a loose bound against gross
     regressions such as file I/O or rebuilding the plan per call on a loaded CI machine."""
-    from mxgemm.bench import _us_per_call, dispatch_calls
+    from mxgemm.tools.bench import _us_per_call, dispatch_calls
     fn, _ = dispatch_calls()["smallm_mxfp8_gemm"]
     us = _us_per_call(fn, 2000)
     assert 0 < us < 50, us

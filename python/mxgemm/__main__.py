@@ -71,18 +71,18 @@ def cmd_demo(args) -> int:
     print("\nbuilt kernels:")
     for a in build.build(progress=False):
         print("  " + artefact_line(a))
-    from .demo import run_demos
+    from .tools.demo import run_demos
     print()
     return run_demos()
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from .tools import bench
     return bench.main(args.what)
 
 
 def cmd_perf(args) -> int:
-    from . import perf
+    from .tools import perf
     return perf.main(args.rest)   # perf parses its own options (python -m mxgemm perf --help)
 
 

@@ -76,7 +76,7 @@ def report(symbol, t, top=8, out=sys.stdout) -> None:
 
 
 def table(cases, rounds=None, out=sys.stdout) -> list:
-    """A row per case: simulated us (launches summed), the roofline us beside it (mxgemm.perf's
+    """A row per case: simulated us (launches summed), the roofline us beside it (mxgemm.tools.perf's
     work model: compulsory bytes and FLOPs at peak), and the longest launch's limiter."""
     from .. import isa, specs
     lim = isa.LIMITS["gfx950"]
@@ -98,7 +98,8 @@ def table(cases, rounds=None, out=sys.stdout) -> list:
 def main(argv) -> int:
     import argparse
 
-    from .. import perf, specs
+    from .. import specs
+    from ..tools import perf
     presets = specs.presets()
     p = argparse.ArgumentParser(prog="python -m mxgemm time", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

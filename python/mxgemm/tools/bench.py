@@ -25,8 +25,8 @@ def dispatch_calls() -> dict:
     """One decode-sized call per framework op (the specs' decode calls) -> (its cached planning
     path, tensor count): the recent-plan guard check the custom op's implementation runs on every
     call (the guards and the kernel choice ran once, when the cache filled)."""
-    from .ops._op import OPS
-    from .specs import decode_calls
+    from ..ops._op import OPS
+    from ..specs import decode_calls
     out = {}
     for name, c in decode_calls().items():
         op = OPS[name]
@@ -50,7 +50,7 @@ def _median_us(fn, n: int, batches: int = 9) -> float:
 def host_calls(out_given: bool = True) -> dict:
     """op name -> a whole public call (Python entry to launch return) on the decode-sized inputs
     of ``dispatch_calls``, with ``out`` given, or allocated by the op where it is optional."""
-    from .ops._op import OPS
+    from ..ops._op import OPS
     calls = {}
     for name, (plan, _) in dispatch_calls().items():
         op = OPS[name]
@@ -68,7 +68,7 @@ def host_floors() -> dict:
     once), and hipModuleLaunchKernel itself called through ctypes on the no-op mock runtime."""
     import ctypes
 
-    from . import build, mock_hip
+    from .. import build, mock_hip
     lib = torch.library.Library("mxgemm_bench", "FRAGMENT")
     lib.define("noop(Tensor a, Tensor(a!) out) -> ()")
     lib.impl("noop", lambda a, out: None, "CompositeExplicitAutograd")
@@ -89,7 +89,7 @@ def host_floors() -> dict:
 def host(n: int = 2000) -> dict:
     """op -> (median host microseconds per whole call with out given, the same with out
     allocated or None where the op requires out) on the no-op mock runtime, floors included."""
-    from .launcher import use_hip_library
+    from ..launcher import use_hip_library
     out = {name: (_median_us(fn, n), None) for name, fn in host_floors().items()}
     with use_hip_library("mock-noop"):
         given, allocated = host_calls(), host_calls(out_given=False)
@@ -115,6 +115,6 @@ def main(what: str) -> int:
             print(f"  {name:36s} {us:9.2f} {us / floor:8.2f}x {'' if alloc is None else f'{alloc:14.2f}'}")
         return 0
     if what == "emu":
-        from .emu.__main__ import main as emu_main
+        from ..emu.__main__ import main as emu_main
         return emu_main(["bench"])
     raise ValueError(what)

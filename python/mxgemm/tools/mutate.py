@@ -82,7 +82,7 @@ def run_one(m: Mutation, work: Path, cache: Path, timeout: float) -> str:
 
 def main(argv=None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m mxgemm.devtools mutate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mxgemm.tools mutate", description=__doc__.splitlines()[0])
     p.add_argument("--kernel", help="only mutations targeting this registry kernel")
     p.add_argument("--list", action="store_true", help="list the selected mutations and exit")
     p.add_argument("--sample", type=int, help="run N mutations evenly spaced over the catalogue")

@@ -6,8 +6,8 @@ import time
 
 
 def run_demos() -> int:
-    from .launcher import default_backend
-    from .specs import SPECS
+    from ..launcher import default_backend
+    from ..specs import SPECS
     backend = default_backend()
     print(f"running demos on backend: {backend}")
     device = "cuda" if backend == "hip" else "cpu"

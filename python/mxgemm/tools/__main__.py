@@ -1,4 +1,4 @@
-"""python -m mxgemm.devtools mutate [--kernel NAME] [--list] [--sample N]"""
+"""python -m mxgemm.tools mutate [--kernel NAME] [--list] [--sample N]"""
 import sys
 
 from . import mutate
@@ -7,5 +7,5 @@ COMMANDS = {"mutate": mutate.main}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        sys.exit(f"usage: python -m mxgemm.devtools {{{','.join(COMMANDS)}}} [options]")
+        sys.exit(f"usage: python -m mxgemm.tools {{{','.join(COMMANDS)}}} [options]")
     sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from . import isa, registry, specs
-from .specs import SMALL_PRESET, Case
-from .specs.base import waves
+from .. import isa, registry, specs
+from ..specs import SMALL_PRESET, Case
+from ..specs.base import waves
 
 
 @lru_cache(maxsize=1)
@@ -55,7 +55,7 @@ def llvm_mca_cycles(body: list[str], arch: str = "gfx950") -> str:
 def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     """One row of the model (see the module docstring); docs/perf_model.md §3 gives the rules."""
     lim = isa.LIMITS[arch]
-    from .build import artifact
+    from ..build import artifact
     art = artifact(case.kernel, case.variant, arch)
     info = art.isa()
     kern = registry.get(case.kernel)
@@ -192,7 +192,7 @@ def measure_us(fn, calls: int = 20, replays: int = 20) -> float:
 
 def measure(cases, rows) -> None:
     """Adds measured_us and model/measured to each row; refuses without a gfx950 GPU."""
-    from . import toolchain
+    from .. import toolchain
     gpu = toolchain.gpu_arch()
     if gpu != "gfx950":
         raise RuntimeError(f"--measure needs a gfx950 GPU (ROCm torch); this machine has {gpu or 'no GPU'}")
