@@ -119,7 +119,7 @@ def mn_major(sf: torch.Tensor) -> torch.Tensor:
 
 
 def tile(variant) -> str:
-    return f"{variant['BM']}x{variant['BN']}"
+    return f"BM={variant['BM']},BN={variant['BN']}"
 
 
 def run_contiguous(variant, a, sfa, b, sfb, d, m_indices):
@@ -458,7 +458,7 @@ def test_arch_guard(monkeypatch):
 def test_explain_covers_both_ops():
     t = _valid()
     call = ((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"])
-    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, config="32x32")
+    p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, config="BM=32,BN=32")
     assert p.kernel == KERNEL and p.variant == dict(BM=32, BN=32, MASKED=0, UE8M0=0, OUT="bf16")
     assert "contiguous layout, fp32 scales" in str(p) and "config given by the caller" in str(p)
     assert p.grid == (2, 8, 1)
@@ -491,7 +491,7 @@ def test_default_tile_heuristic():
     with pytest.raises(guards.GuardError, match=r"\[config\] tile 128x64 is not a registered tile dividing N = 96"):
         t = _valid(n=96)
         mxgemm.explain("deep_gemm_fp8_grouped_gemm", *(t[k] for k in ("a", "sfa", "b", "sfb", "layout", "d")),
-                       config="128x64")
+                       config="BM=128,BN=64")
 
 
 # ---- code objects ----

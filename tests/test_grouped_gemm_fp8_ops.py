@@ -217,8 +217,11 @@ def test_forced_config_same_bits_and_explained():
     ("BM=32,BN=64,GROUP_M=1,PERSISTENT=0", r"\[config\] no registered NT e4m3 x e4m3 -> bf16 variant with 32 x 64 tiles; registered tiles: 64 x 64, "
      r"128 x 128, 256 x 128$"),
     ({"BM": 64, "BN": 64, "GROUP_M": 3, "PERSISTENT": 0}, r"\[config\] .*GROUP_M in \(1, 2, 4, 8\)"),
-    ("BM=64,BN=64", r"\[config\] .* must give exactly BM, BN, GROUP_M, PERSISTENT"),
-    ("tiles=big", r"\[config\] config 'tiles=big': expected"),
+    ("BM=64,BN=64", r"\[config\] grouped_gemm_fp8: config .* lacks GROUP_M, PERSISTENT; expected 'KEY=value,...' "
+                    r"or a dict with all of: BM \(int\), BN \(int\), GROUP_M \(int\), PERSISTENT \(int\)"),
+    ("tiles=big", r"\[config\] grouped_gemm_fp8: config has unknown key 'tiles'"),
+    ("BM 64", r"\[config\] grouped_gemm_fp8: config 'BM 64' has a part without '='"),
+    ("BM=x,BN=64,GROUP_M=1,PERSISTENT=0", r"\[config\] .* has a value that is not int"),
 ])
 def test_bad_config_raises(config, match):
     with pytest.raises(guards.GuardError, match=match):

@@ -107,3 +107,13 @@ def test_ops_trace_under_torch_compile_fullgraph():
                       backend="aot_eager")
     g(a, sa, b, sb, out)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC if "config" in OPS[n].names])
+def test_one_config_grammar(name):
+    """Every op's config is 'KEY=value,...' (or a dict) with per-op keys, and the errors read alike."""
+    call = specs.decode_calls()[name]
+    for bad, why in (("NOPE=1", "has unknown key 'NOPE'"), ("BM", "'BM' has a part without '='")):
+        with pytest.raises(guards.GuardError, match=rf"\[config\] \w+: config {why}; expected 'KEY=value,\.\.\.' "
+                                                    r"or a dict with (all of|keys from): \w+ \((int|str)\)"):
+            mxgemm.explain(name, *call.args, **{**call.kw, "config": bad})

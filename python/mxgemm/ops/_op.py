@@ -76,6 +76,44 @@ NUM_CUS = isa.LIMITS["gfx950"]["cus"]   # the MI355X's compute units: the planne
 E8M0 = (torch.uint8, torch.float8_e8m0fnu)   # the dtypes an e8m0 scale tensor may have
 
 
+@dataclass(frozen=True)
+class ConfigGrammar:
+    """The one config grammar of the ops: ``"KEY=value,KEY=value"`` or the dict ``{"KEY": value}``,
+    with per-op keys and value types; ``""`` / None: no config. Every error names the op, the part
+    that is wrong and the allowed keys."""
+    op: str
+    keys: dict                       # KEY -> int | str
+    required: bool = False           # every key must be given
+
+    def fail(self, detail: str):
+        allowed = ", ".join(f"{k} ({t.__name__})" for k, t in self.keys.items())
+        guards.fail("config", f"{self.op}: config {detail}; expected 'KEY=value,...' or a dict with "
+                              f"{'all of' if self.required else 'keys from'}: {allowed}")
+
+    def parse(self, config) -> dict | None:
+        if config is None or config == "":
+            return None
+        if isinstance(config, str):
+            parts = [p.partition("=") for p in config.split(",")]
+            if any(not sep or not k for k, sep, _ in parts):
+                self.fail(f"{config!r} has a part without '='")
+            config = {k.strip(): v.strip() for k, _, v in parts}
+        unknown = [k for k in config if k not in self.keys]
+        if unknown:
+            self.fail(f"has unknown key {unknown[0]!r}")
+        if self.required and len(config) != len(self.keys):
+            self.fail(f"{dict(config)} lacks {', '.join(k for k in self.keys if k not in config)}")
+        try:
+            return {k: self.keys[k](v) for k, v in config.items()}
+        except (TypeError, ValueError):
+            self.fail(f"{dict(config)} has a value that is not {'/'.join(t.__name__ for t in set(self.keys.values()))}")
+
+    def text(self, config) -> str:
+        """The canonical string of ``config`` (what the custom op's schema carries)."""
+        parsed = self.parse(config)
+        return ",".join(f"{k}={v}" for k, v in sorted(parsed.items())) if parsed else ""
+
+
 def empty_plan(op: str, reason: str = "empty output: nothing to launch", **out) -> Plan:
     """The plan of a call with nothing to compute (``out``: out_shape, out_dtype of the result)."""
     return Plan(op, None, backend="none", reason=reason, **out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import guards, registry
-from ._op import E8M0, NUM_CUS, Plan, empty_plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
@@ -20,21 +20,17 @@ _E8M0 = (*E8M0, PACKED)
 SMALL_TILE = (32, 32)              # for N % 64 != 0 only (and the emulator tests)
 
 
+CONFIG = ConfigGrammar("deep_gemm_fp8_grouped_gemm", {"BM": int, "BN": int}, required=True)
+
+
 def parse_config(config) -> tuple | None:
-    """A tile given as "BMxBN" or {"BM": .., "BN": ..} -> (BM, BN); "" / None -> None."""
-    if not config:
-        return None
-    if isinstance(config, dict):
-        return int(config["BM"]), int(config["BN"])
-    bm, sep, bn = str(config).partition("x")
-    if not (sep and bm.isdigit() and bn.isdigit()):
-        guards.fail("config", f"config = {config!r}; expected a tile \"BMxBN\" such as \"128x64\"")
-    return int(bm), int(bn)
+    """A forced tile, "BM=128,BN=64" or {"BM": 128, "BN": 64} -> (BM, BN); "" / None -> None."""
+    cfg = CONFIG.parse(config)
+    return None if cfg is None else (cfg["BM"], cfg["BN"])
 
 
 def _config_str(config) -> str:
-    tile = parse_config(config)
-    return f"{tile[0]}x{tile[1]}" if tile else ""
+    return CONFIG.text(config)
 
 
 def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
@@ -183,7 +179,7 @@ def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
         shapes, or DeepGEMM's packing of four to an int32 along K (byte i of word j = K block
         4j + i): sfa [.., M, ceil(K/512)], sfb [G, N, ceil(K/512)] (one scale per row of b).
     out bf16 or f16 (RNE). Rows of no group (m_indices -1, rows >= masked_m) are not written.
-    config: the tile "BMxBN" (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
+    config: the tile "BM=..,BN=.." (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
     choose_tile. N % 32 == 0 (N % BN).
     K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales
     still ceil(K/128) per row) loads its 16-byte chunks past K as zeros, so the kernel needs K in

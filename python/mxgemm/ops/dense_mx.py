@@ -13,7 +13,7 @@ import torch
 
 from .. import guards, launcher, registry
 from ..quant import MX_BLOCK
-from ._op import E8M0, NUM_CUS, Plan, empty_plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 KERNEL = registry.get("mx_gemm")
 MAX_SPLITS = 8
@@ -53,27 +53,19 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
         "heuristic: smallest tile (fewer workgroups than CUs)"
 
 
+CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})
+
+
 def parse_config(config) -> dict | None:
-    """{"BM": 64, "BN": 64, "SPLITS": 2} or "BM=64,BN=64,SPLITS=2" -> dict of ints (None if empty)."""
-    if config is None or config == "":
-        return None
-    if isinstance(config, str):
-        config = dict(p.split("=") for p in config.split(",") if p)
-    try:
-        return {k: int(v) for k, v in dict(config).items()}
-    except (TypeError, ValueError):
-        guards.fail("config", f"config must map BM, BN, SPLITS to integers; got {config!r}")
+    """A forced tile and split: "BM=64,BN=64,SPLITS=2" or the same as a dict (None if empty)."""
+    return CONFIG.parse(config)
 
 
 def _config_str(config) -> str:
-    parsed = parse_config(config)
-    return "" if parsed is None else ",".join(f"{k}={v}" for k, v in sorted(parsed.items()))
+    return CONFIG.text(config)
 
 
 def _forced(cfg, arch, a_fmt, b_fmt, out):
-    bad = set(cfg) - {"BM", "BN", "SPLITS"}
-    if bad:
-        guards.fail("config", f"unknown config keys {sorted(bad)}; allowed: BM, BN, SPLITS")
     splits = cfg.get("SPLITS", 1)
     if not 1 <= splits <= MAX_SPLITS:
         guards.fail("config", f"SPLITS = {splits} must be in 1..{MAX_SPLITS}")

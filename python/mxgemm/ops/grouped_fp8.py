@@ -18,7 +18,7 @@ import types
 import torch
 
 from .. import guards, quant, registry, tuned
-from ._op import NUM_CUS, Plan, empty_plan, kernel_plan, op
+from ._op import NUM_CUS, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
@@ -32,6 +32,7 @@ KEY = ("layout", "G", "M", "N", "K")             # a tuned problem (see problem_
 CONFIG = ("BM", "BN", "GROUP_M", "PERSISTENT")   # a config
 GROUP_MS = (1, 2, 4, 8)
 PERSISTENT = (0, 1, 2)
+CONFIG_GRAMMAR = ConfigGrammar("grouped_gemm_fp8", dict.fromkeys(CONFIG, int), required=True)
 
 
 def group_offsets(x) -> torch.Tensor:
@@ -121,19 +122,10 @@ def _variant(layout, a_dtype, b_dtype, out_dtype, cfg):
 
 
 def parse_config(config) -> dict | None:
-    """A caller's config, {"BM": 128, "BN": 128, "GROUP_M": 4, "PERSISTENT": 1} or
-    "BM=128,BN=128,GROUP_M=4,PERSISTENT=1" (all four), as a dict; None for ""."""
-    if config is None or config == "":
-        return None
-    if isinstance(config, str):
-        try:
-            config = {k: int(v) for k, v in (p.split("=") for p in config.split(","))}
-        except ValueError:
-            guards.fail("config", f"config {config!r}: expected 'BM=..,BN=..,GROUP_M=..,PERSISTENT=..'")
-    if sorted(config) != sorted(CONFIG):
-        guards.fail("config", f"config {config} must give exactly {', '.join(CONFIG)}")
-    cfg = {k: int(config[k]) for k in CONFIG}
-    if cfg["GROUP_M"] not in GROUP_MS or cfg["PERSISTENT"] not in PERSISTENT:
+    """A caller's config, "BM=128,BN=128,GROUP_M=4,PERSISTENT=1" or the same as a dict (all four
+    keys), as a dict; None for ""."""
+    cfg = CONFIG_GRAMMAR.parse(config)
+    if cfg is not None and (cfg["GROUP_M"] not in GROUP_MS or cfg["PERSISTENT"] not in PERSISTENT):
         guards.fail("config", f"config {cfg}: GROUP_M in {GROUP_MS}, PERSISTENT in {PERSISTENT}")
     return cfg
 
@@ -149,8 +141,7 @@ def _tiles_str(tiles) -> str:
 
 
 def _config_str(config) -> str:
-    cfg = parse_config(config)
-    return "" if cfg is None else ",".join(f"{k}={cfg[k]}" for k in CONFIG)
+    return CONFIG_GRAMMAR.text(config)
 
 
 def choose_config(x, layout, G, M, N, K, table=None):

@@ -7,7 +7,7 @@ import torch
 
 from .. import guards, registry
 from . import _mxfp8 as mx
-from ._op import NUM_CUS, Plan, empty_plan, op
+from ._op import NUM_CUS, ConfigGrammar, Plan, empty_plan, op
 
 MOE = "smallm_mxfp8_moe_grouped_gemm"
 
@@ -20,10 +20,11 @@ def moe_heuristic_config(num_tokens: int, N: int):
     return {"BLOCK_N": block_n, "M_CHUNK": 4 if num_tokens >= 4 else 2}
 
 
+CONFIG = ConfigGrammar("moe_mxfp8_grouped_gemm", {"BLOCK_N": int, "M_CHUNK": int}, required=True)
+
+
 def _config_str(config) -> str:
-    if isinstance(config, dict):
-        return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
-    return config or ""
+    return CONFIG.text(config)
 
 
 def _plan(x) -> Plan:
@@ -68,8 +69,8 @@ def _plan(x) -> Plan:
     shape = dict(out_shape=(S, N), out_dtype=x.out_dtype)
     if S == 0 or N == 0:
         return empty_plan(name, **shape)
-    if x.config:
-        variant = {k: int(v) for k, v in (p.split("=") for p in x.config.split(",") if p)}
+    variant = CONFIG.parse(x.config)
+    if variant is not None:
         if variant not in registry.get(MOE).variants:
             guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
         why = "config given by the caller"

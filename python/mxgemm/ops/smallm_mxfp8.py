@@ -18,7 +18,7 @@ import torch
 from .. import guards, launcher, registry, tuned
 from . import _mxfp8 as mx
 from . import dense_mx
-from ._op import NUM_CUS, Plan, empty_plan, op
+from ._op import NUM_CUS, ConfigGrammar, Plan, empty_plan, op
 
 GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
 _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
@@ -102,31 +102,25 @@ def tuned_config(M: int, N: int, K: int, arch: str = ARCH):
     return None
 
 
+CONFIG = ConfigGrammar("smallm_mxfp8_gemm", {"kernel": str, "M_TILE": int, "N_SUB": int, "SPLIT_K": int})
+
+
 def parse_config(config) -> tuple | None:
-    """A user config as {"kernel": name, PARAM: value, ...} or "name:P=v,P=v" -> (kernel, variant)."""
-    if config is None or config == "":
+    """A forced kernel, "kernel=smallm_mxfp8_gemv,M_TILE=4,N_SUB=1" or the same as a dict ->
+    (kernel, variant)."""
+    cfg = CONFIG.parse(config)
+    if cfg is None:
         return None
-    if isinstance(config, str):
-        name, _, params = config.partition(":")
-        config = {"kernel": name, **{k: int(v) for k, v in
-                                     (p.split("=") for p in params.split(",") if p)}}
-    config = dict(config)
-    kernel = config.pop("kernel", None)
+    kernel = cfg.pop("kernel", None)
     if kernel not in (GEMV, MFMA):
         guards.fail("config", f"config kernel must be {GEMV!r} or {MFMA!r}; got {kernel!r}")
-    variant = {k: int(v) for k, v in config.items()}
-    if variant not in registry.get(kernel).variants:
-        guards.fail("config", f"{kernel} has no variant {variant}; registered: "
-                              f"{list(registry.get(kernel).variants)}")
-    return kernel, variant
+    if cfg not in registry.get(kernel).variants:
+        guards.fail("config", f"{kernel} has no variant {cfg}; registered: {list(registry.get(kernel).variants)}")
+    return kernel, cfg
 
 
 def _config_str(config) -> str:
-    parsed = parse_config(config)
-    if parsed is None:
-        return ""
-    kernel, variant = parsed
-    return kernel + ":" + ",".join(f"{k}={v}" for k, v in sorted(variant.items()))
+    return CONFIG.text(config)
 
 
 # ------------------------------------------------------------------------------------------

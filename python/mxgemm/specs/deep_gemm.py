@@ -50,7 +50,7 @@ def race(kernel, v) -> list:
     takes the path that skips the unrolled loop)."""
     rows = torch.tensor([40, 0, 23])
     return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K,
-                  f"{v['BM']}x{v['BN']}").expect(kernel, v) for K in (128, 768, 848)]
+                  f"BM={v['BM']},BN={v['BN']}").expect(kernel, v) for K in (128, 768, 848)]
 
 
 def decode(inp: Inputs) -> dict:
