@@ -18,6 +18,7 @@ import torch
 from mxgemm import build, isa, launcher, metrics, reference, registry
 
 KERNEL = "grouped_gemm_fp8"
+ORDER = registry.get(KERNEL).ordered_args   # raw emulator launches take the arguments by name too
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 OUT = {"bf16": torch.bfloat16, "f16": torch.float16}
 LDS_LIMIT = 160 * 1024
@@ -78,12 +79,17 @@ def run(variant, c, grid=None, group_m=2, wg_order="linear"):
         n = b.shape[1] if layout == "NT" else b.shape[2]
         out = torch.full((m, n), float("nan"), dtype=OUT[variant["OUT"]])
     grid = grid or tile_bound(layout, c["lens"], m, n, variant["BM"], variant["BN"])
-    art = build.artifact(KERNEL, variant)
-    u8 = lambda t: t.view(torch.uint8)  # noqa: E731
     with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=3):
-        launcher.launch(art, (grid, 1, 1), (256, 1, 1), [u8(a), c["a_scale"], u8(b), c["b_scale"], c["group_offs"],
-                                                         out, G, m, n, k, group_m, grid], "emu")
+        launcher.launch_variant(KERNEL, variant, "gfx950", "emu", writes=(out,), **args_of(c, a, b, out, G, m, n, k,
+                                                                                          group_m, grid))
     return out
+
+
+def args_of(c, a, b, out, G, M, N, K, group_m, grid) -> dict:
+    """The kernel's arguments by name (registry order is the kernel's business)."""
+    return dict(a=a.view(torch.uint8) if isinstance(a, torch.Tensor) else a, a_scale=c["a_scale"],
+                b=b.view(torch.uint8) if isinstance(b, torch.Tensor) else b, b_scale=c["b_scale"],
+                group_offs=c["group_offs"], out=out, G=G, M=M, N=N, K=K, group_m=group_m, grid=grid)
 
 
 def small(layout, fmt, out):
@@ -208,7 +214,7 @@ def test_beyond_4gb(layout):
     assert (s0 + lens[0]) * c["a"].shape[1] > 1 << 32
     grid = 2
     emu.launch(prog, KERNEL, grid=(grid, 1, 1), block=(256, 1, 1),
-               args=[a, c["a_scale"], b, c["b_scale"], offs, out, 1, m, nn, kk, 1, grid])
+               args=ORDER(**args_of(dict(c, group_offs=offs), a, b, out, 1, m, nn, kk, 1, grid)))
     if layout != "TN":
         out = out.read(s0 * n * 2, lens[0] * n * 2).view(torch.bfloat16).view(lens[0], n)
     metrics.assert_bitwise_equal(out, reference_out(layout, c, torch.bfloat16), f"{layout} beyond 4 GB")
@@ -241,8 +247,7 @@ def test_dropped_k_loop_vmcnt_wait_raises(layout):
         out = torch.zeros(out_shape, dtype=torch.bfloat16)
         with pytest.raises(RaceError):
             emu.launch(emu.load("\n".join(mutated)), KERNEL, grid=(1, 1, 1), block=(256, 1, 1),
-                       args=[c["a"].view(torch.uint8), c["a_scale"], c["b"].view(torch.uint8), c["b_scale"],
-                             c["group_offs"], out, 1, m, n, k, 1, 1])
+                       args=ORDER(**args_of(c, c["a"], c["b"], out, 1, m, n, k, 1, 1)))
 
 
 # B (NT/NN) and the output (TN) beyond 4 GB: the tensors are too large to compute whole, so one
@@ -272,8 +277,7 @@ def test_b_beyond_4gb_window(layout, n, k):
     grid = m_tiles * n_tiles
     emu.launch(emu.load(build.artifact(KERNEL, small(layout, "e4m3", "bf16")).asm), KERNEL, grid=(grid, 1, 1),
                block=(256, 1, 1), workgroups=[(grid - 1, 0, 0)],
-               args=[c["a"].view(torch.uint8), c["a_scale"], b, c["b_scale"], c["group_offs"], out, 2, 70, n, k, 1,
-                     grid])
+               args=ORDER(**args_of(c, c["a"], b, out, 2, 70, n, k, 1, grid)))
     got = torch.stack([out.read((r * n + j0) * 2, WIN * 2).view(torch.bfloat16) for r in range(64, 70)])
     metrics.assert_bitwise_equal(got, reference_out(layout, c, torch.bfloat16)[64:70], f"{layout} B beyond 4 GB")
 
@@ -289,8 +293,7 @@ def test_wgrad_out_beyond_4gb_window():
     grid = 2 * tiles * tiles
     emu.launch(emu.load(build.artifact(KERNEL, small("TN", "e4m3", "bf16")).asm), KERNEL, grid=(grid, 1, 1),
                block=(256, 1, 1), workgroups=[(grid - 1, 0, 0)],   # tile grid - 1: group 1, last (m, n) tile
-               args=[c["a"].view(torch.uint8), c["a_scale"], c["b"].view(torch.uint8), c["b_scale"], c["group_offs"],
-                     out, 2, m, m, 8, 1, grid])
+               args=ORDER(**args_of(c, c["a"], c["b"], out, 2, m, m, 8, 1, grid)))
     i0 = m - WIN
     got = torch.stack([out.read(((m + i0 + r) * m + i0) * 2, WIN * 2).view(torch.bfloat16) for r in range(WIN)])
     tile = dict(c, a=c["a"][:, i0:].contiguous(), b=c["b"][:, i0:].contiguous())

@@ -124,11 +124,11 @@ def test_emulator_fault_under_the_mock_is_raised_as_itself():
 
 def test_missing_hip_runtime_names_the_kernel():
     x, s = _dequant_inputs()
-    art = build.artifact("mxfp8_dequant", {}, "gfx950")
     with use_hip_library("/nonexistent/libamdhip64.so"), pytest.raises(
             RuntimeError, match=r"cannot launch mxfp8_dequant \(base, gfx950\) on the hip backend: cannot load "
                                 r"the HIP runtime /nonexistent/libamdhip64.so"):
-        launcher.launch(art, (2, 1, 1), (256, 1, 1), [x, s, torch.zeros(9, 128), 9, 128], "hip")
+        launcher.launch_variant("mxfp8_dequant", {}, "gfx950", "hip", x=x, scale=s, out=torch.zeros(9, 128), M=9,
+                                K=128, elements=9 * 128)
 
 
 def test_bound_launch_writes_only_pointers_per_call():
@@ -156,7 +156,7 @@ def test_hot_path_creates_no_tensors_and_calls_no_torch_op():
     """What HIP graph capture needs of a cached call with ``out`` given: no host sync, no
     allocation, no tensor op besides the launch. The profiler sees every op and allocation of the
     call (it sends the call through torch's dispatcher, which runs the same bound launch)."""
-    from mxgemm import bench
+    from mxgemm.tools import bench
     with use_hip_library("mock-noop"):
         for name, call in bench.host_calls().items():
             call()

@@ -189,7 +189,7 @@ def launch_variant(kernel: str, variant: dict, arch: str, backend: str, writes=(
     from . import build, registry
     k = registry.get(kernel)
     launch(build.artifact(kernel, variant, arch), k.launch_grid(variant, **values), (k.threads_for(arch),),
-           [values[a] for a in k.args], backend, writes=writes)
+           k.ordered_args(**values), backend, writes=writes)
 
 
 _PROGRAMS: dict = {}

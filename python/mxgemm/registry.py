@@ -60,6 +60,14 @@ class Kernel:
         # a cluster launch runs whole clusters: the grid rounds up (the kernel masks the extra tiles)
         return tuple(-(-n // c) * c for n, c in zip(g + (1,) * (3 - len(g)), self.cluster(variant)))
 
+    def ordered_args(self, **values) -> list:
+        """The kernel's arguments in kernel order, taken by name from ``values`` (grid dims that are
+        not kernel arguments may be among them); ValueError naming what is missing."""
+        missing = [a for a in self.args if a not in values]
+        if missing:
+            raise ValueError(f"{self.name}: kernel arguments {missing} not given; it takes {list(self.args)}")
+        return [values[a] for a in self.args]
+
     def variants_for(self, arch: str) -> tuple:
         """The variants built for ``arch``."""
         return self.arch_variants.get(arch, self.variants)
