@@ -68,8 +68,7 @@ def heuristic_rows(shapes):
     for M, N, K in shapes:
         choice = op.heuristic_config(M, N, K)
         if choice is not None:
-            kernel, variant, _ = choice
-            rows.append(row(M, N, K, kernel, variant, None, "heuristic"))
+            rows.append(row(M, N, K, choice.kernel, choice.variant, None, "heuristic"))
     return rows
 
 

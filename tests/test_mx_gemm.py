@@ -121,11 +121,11 @@ def test_e8m0_dtypes_and_fp4_dtype_accepted():
 def test_heuristic_tiles_and_split():
     def pick(*a):
         return dense_mx.heuristic_config("gfx950", *a)
-    assert pick("e4m3", "e4m3", "bf16", 8192, 8192, 8192)[0]["BM"] == 256   # 32 x 64 tiles >= 256 CUs
-    assert pick("e4m3", "e4m3", "bf16", 2048, 2048, 4096)[0]["BM"] == 128
-    v, splits, _ = pick("e4m3", "e2m1", "f32", 64, 256, 4096)
-    assert v["SPLITK"] == 1 and splits == 2
-    assert pick("e4m3", "e2m1", "bf16", 64, 256, 4096)[1] == 1              # split-K only into f32
+    assert pick("e4m3", "e4m3", "bf16", 8192, 8192, 8192).variant["BM"] == 256   # 32 x 64 tiles >= 256 CUs
+    assert pick("e4m3", "e4m3", "bf16", 2048, 2048, 4096).variant["BM"] == 128
+    split = pick("e4m3", "e2m1", "f32", 64, 256, 4096)
+    assert split.variant["SPLITK"] == 1 and split.options == {"splits": 2}
+    assert pick("e4m3", "e2m1", "bf16", 64, 256, 4096).options == {"splits": 1}   # split-K only into f32
 
 
 # ---- guards: GuardError before any launch, out untouched ----

@@ -104,7 +104,8 @@ def test_shipped_config_csv_rows_are_valid_buildable_configs():
     assert rows
     for r in rows:   # the dispatcher takes every row for its own shape (its kernel's M / K envelope)
         M, N, K = (int(r[d]) for d in "MNK")
-        assert op.tuned_config(M, N, K, r["arch"])[:2] == (r["kernel"], row_variant(r)), r
+        choice = op.tuned_config(M, N, K, r["arch"])
+        assert (choice.kernel, choice.variant) == (r["kernel"], row_variant(r)), r
         assert build.artifact(r["kernel"], row_variant(r), r["arch"]).hsaco_path.exists()   # memoised
 
 
@@ -159,8 +160,10 @@ def _planner_takes(rows, table):
     call = types.SimpleNamespace(config="", a=e4m3, b=e4m3, out_dtype=torch.bfloat16)
     for r in rows:
         key = op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
-        _, cfg, why = op.choose_config(call, *key, table=table)
-        assert cfg == {k: int(r[k]) for k in op.CONFIG} and why == f"tuned table row (source={r['source']})", r
+        choice = op.choose_config(call, *key, table=table)
+        picked = {"BM": choice.variant["BM"], "BN": choice.variant["BN"], **choice.options}
+        assert picked == {k: int(r[k]) for k in op.CONFIG}, r
+        assert choice.why == f"tuned table row (source={r['source']})", r
 
 
 def test_grouped_gemm_fp8_tuner_dry_run_writes_a_table_the_planner_reads(tmp_path):

@@ -242,7 +242,8 @@ def test_config_csv_rows_are_valid_and_match_the_documented_heuristic():
         assert op.serves(kernel, M, K), r
         assert r["source"] in ("heuristic", "measured"), r
         if r["source"] == "heuristic":
-            assert op.heuristic_config(M, N, K)[:2] == (kernel, variant), r
+            choice = op.heuristic_config(M, N, K)
+            assert (choice.kernel, choice.variant) == (kernel, variant), r
 
 
 def test_planner_uses_csv_row_nearest_tuned_m_above():

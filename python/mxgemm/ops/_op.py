@@ -77,6 +77,17 @@ E8M0 = (torch.uint8, torch.float8_e8m0fnu)   # the dtypes an e8m0 scale tensor m
 
 
 @dataclass(frozen=True)
+class Choice:
+    """What a planner's config source (the caller's config, a tuned table, a heuristic) picked:
+    the registry kernel, its variant (compile-time parameters), the run-time options of the launch
+    (split-K count, tile order, persistent grid) and why."""
+    kernel: str
+    variant: dict
+    why: str
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ConfigGrammar:
     """The one config grammar of the ops: ``"KEY=value,KEY=value"`` or the dict ``{"KEY": value}``,
     with per-op keys and value types; ``""`` / None: no config. Every error names the op, the part

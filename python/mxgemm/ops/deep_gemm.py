@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import guards, registry
-from ._op import E8M0, NUM_CUS, ConfigGrammar, Plan, empty_plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
@@ -55,6 +55,13 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
         return (*full[0], f"largest tile whose grid ({grid[full[0]]} workgroups) fills {NUM_CUS} CUs")
     best = max(big, key=lambda t: (grid[t], t[0] * t[1]))
     return (*best, f"no tile's grid fills {NUM_CUS} CUs: the most workgroups ({grid[best]})")
+
+
+def choose_variant(N: int, m_tiles, family: dict, config="") -> Choice:
+    """The Choice of the family's (MASKED, UE8M0, OUT) registered variants: its tile by choose_tile."""
+    tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants if {k: v[k] for k in family} == family]
+    bm, bn, why = choose_tile(N, m_tiles, tiles, config)
+    return Choice(_KERNEL.name, registry.find_variant(_KERNEL, BM=bm, BN=bn, **family), why)
 
 
 def scale_strides(sf: torch.Tensor, name: str) -> tuple:
@@ -120,9 +127,9 @@ def _plan(x) -> Plan:
         return empty_plan("deep_gemm_fp8_grouped_gemm", "empty problem: nothing to launch")
     family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
     row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))
-    tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants if {k: v[k] for k in family} == family]
-    bm, bn, why = choose_tile(N, row_tiles, tiles, x.config)
-    variant = registry.find_variant(_KERNEL, BM=bm, BN=bn, **family)
+    choice = choose_variant(N, row_tiles, family, x.config)
+    variant, why = choice.variant, choice.why
+    bm, bn = variant["BM"], variant["BN"]
     scales = (f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
               if ue8m0 else "fp32 scales, exact per-128-K promotion")
     return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,

@@ -13,7 +13,7 @@ import torch
 
 from .. import guards, launcher, registry
 from ..quant import MX_BLOCK
-from ._op import E8M0, NUM_CUS, ConfigGrammar, Plan, empty_plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 KERNEL = registry.get("mx_gemm")
 MAX_SPLITS = 8
@@ -34,10 +34,10 @@ def _grid_size(v, M, N) -> int:
 
 
 def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
-    """(variant, splits, why) on ``arch``. Rule (written before any hardware timing): the largest
-    registered tile (by area) that still gives >= NUM_CUS workgroups; when even the smallest
-    tile leaves half the CUs idle, f32 output has at least 8 K steps and a split-K variant
-    exists, 2 K splits (deterministic: two fp32 partials commute)."""
+    """The Choice on ``arch`` (options: splits, the K ranges along grid z). Rule (written before any
+    hardware timing): the largest registered tile (by area) that still gives >= NUM_CUS
+    workgroups; when even the smallest tile leaves half the CUs idle, f32 output has at least 8 K
+    steps and a split-K variant exists, 2 K splits (deterministic: two fp32 partials commute)."""
     cands = sorted(_variants(arch, a_fmt, b_fmt, out, 0), key=lambda v: v["BM"] * v["BN"])   # stable: first registered
     split = _variants(arch, a_fmt, b_fmt, out, 1)
     if not cands and not split:
@@ -46,11 +46,12 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
                             + ", ".join(f"{a} x {b} -> {o}" for a, b, o in have))
     if split and (not cands or _grid_size(cands[0], M, N) < NUM_CUS // 2 and K // KERNEL.k_align >= 8):
         v = min(split, key=lambda s: s["BM"] * s["BN"])
-        return v, 2, "heuristic: few output tiles, 2-way split-K with fp32 atomics"
+        return Choice(KERNEL.name, v, "heuristic: few output tiles, 2-way split-K with fp32 atomics", {"splits": 2})
     full = [v for v in cands if _grid_size(v, M, N) >= NUM_CUS]
     v = next(c for c in full if c["BM"] * c["BN"] == full[-1]["BM"] * full[-1]["BN"]) if full else cands[0]
-    return v, 1, f"heuristic: largest tile with >= {NUM_CUS} workgroups" if full else \
+    why = f"heuristic: largest tile with >= {NUM_CUS} workgroups" if full else \
         "heuristic: smallest tile (fewer workgroups than CUs)"
+    return Choice(KERNEL.name, v, why, {"splits": 1})
 
 
 CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})
@@ -76,7 +77,7 @@ def _forced(cfg, arch, a_fmt, b_fmt, out):
         guards.fail("config", f"no {arch} mx_gemm variant {a_fmt} x {b_fmt} -> {out} with SPLITS={splits} and tile "
                               f"{cfg.get('BM')}x{cfg.get('BN')}; registered tiles: {tiles}"
                               + ("" if have or splits == 1 else " (split-K needs out_dtype=torch.float32)"))
-    return match[0], splits
+    return Choice(KERNEL.name, match[0], "config given by the caller", {"splits": splits})
 
 
 def _operand(x, x_scale, fmt, name, K=None) -> int:
@@ -121,9 +122,10 @@ def _plan(x) -> Plan:
     arch = launcher.backend_for(device, KERNEL.archs)[1]
     cfg = parse_config(x.config)
     if cfg is None:
-        variant, splits, why = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K)
+        choice = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K)
     else:
-        (variant, splits), why = _forced(cfg, arch, x.a_format, x.b_format, out), "config given by the caller"
+        choice = _forced(cfg, arch, x.a_format, x.b_format, out)
+    variant, splits, why = choice.variant, choice.options["splits"], choice.why
     # The kernel rebases every buffer to its tile: a 32-bit voffset spans BM (BN) rows.
     for n, rows, row_bytes in (("a", variant["BM"], x.a.shape[1]), ("b", variant["BN"], x.b.shape[1]),
                                ("out", variant["BM"], N * x.out_dtype.itemsize)):

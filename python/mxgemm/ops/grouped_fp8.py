@@ -18,7 +18,7 @@ import types
 import torch
 
 from .. import guards, quant, registry, tuned
-from ._op import NUM_CUS, ConfigGrammar, Plan, empty_plan, kernel_plan, op
+from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
@@ -145,8 +145,8 @@ def _config_str(config) -> str:
 
 
 def choose_config(x, layout, G, M, N, K, table=None):
-    """(registered variant, config, why) for a call: the caller's config, else the tuned row of its
-    problem if its tile is registered for the call's formats, else the heuristic."""
+    """The Choice for a call (options: GROUP_M, PERSISTENT): the caller's config, else the tuned row
+    of its problem if its tile is registered for the call's formats, else the heuristic."""
     forced = parse_config(x.config)
     if forced is not None:
         variant = _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, forced)
@@ -154,11 +154,11 @@ def choose_config(x, layout, G, M, N, K, table=None):
             guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
                                   f"{_OUT[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
                                   f"registered tiles: {_tiles_str(_registered_tiles(layout, x))}")
-        return variant, forced, "config given by the caller"
+        return _choice(variant, forced, "config given by the caller")
     row = (tuned_table() if table is None else table).get(problem_key(layout, G, M, N, K))
     if row is not None and _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]) is not None:
-        return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]), row[0], \
-            f"tuned table row (source={row[1]})"
+        return _choice(_variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]), row[0],
+                       f"tuned table row (source={row[1]})")
     cfg = heuristic_config(layout, G, M, N, x.out_dtype)
     fit = [t for t in _registered_tiles(layout, x) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
     if not fit:
@@ -166,16 +166,20 @@ def choose_config(x, layout, G, M, N, K, table=None):
                              "formats are registered for hybrid training's backward only (NN e5m2 x e4m3, TN "
                              "e5m2 x e4m3 and e4m3 x e5m2), bf16 out")
     cfg = dict(cfg, BM=fit[-1][0], BN=fit[-1][1])   # mixed formats have fewer tiles: the largest not above the rule's
-    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg), cfg, "heuristic"
+    return _choice(_variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg), cfg, "heuristic")
 
 
-def _grid(cfg, tiles, num_cu):
+def _choice(variant, cfg, why) -> Choice:
+    return Choice(_KERNEL, variant, why, {k: cfg[k] for k in ("GROUP_M", "PERSISTENT")})
+
+
+def _grid(options, tiles, num_cu):
     """Workgroups: one per possible tile, or a persistent grid (PERSISTENT per CU, or num_cu)."""
     if num_cu is not None:
         return min(tiles, num_cu), f"persistent grid of {min(tiles, num_cu)} workgroups (num_cu)"
-    if cfg["PERSISTENT"]:
-        g = min(tiles, NUM_CUS * cfg["PERSISTENT"])
-        return g, f"persistent grid of {g} workgroups ({cfg['PERSISTENT']} per CU)"
+    if options["PERSISTENT"]:
+        g = min(tiles, NUM_CUS * options["PERSISTENT"])
+        return g, f"persistent grid of {g} workgroups ({options['PERSISTENT']} per CU)"
     return tiles, f"{tiles} workgroups (one per possible tile)"
 
 
@@ -204,8 +208,9 @@ def _plan_rows(x) -> Plan:
     if sum_m == 0 or N == 0:
         return empty_plan(name, **shape)
     layout = "NT" if x.trans_b else "NN"
-    variant, cfg, source = choose_config(x, layout, G, sum_m, N, K)
-    bm, bn = cfg["BM"], cfg["BN"]
+    choice = choose_config(x, layout, G, sum_m, N, K)
+    variant, cfg, source = choice.variant, choice.options, choice.why
+    bm, bn = variant["BM"], variant["BN"]
     # tiles without reading group_lens on the host: sum_g ceil(len_g / BM) <= ceil(sum_m / BM) + G
     grid, grid_why = _grid(cfg, (-(-sum_m // bm) + G) * -(-N // bn), x.num_cu)
     why = (f"{'forward (NT)' if x.trans_b else 'dgrad (NN)'}, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
@@ -229,8 +234,9 @@ def _plan_variable_k(x) -> Plan:
     shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
     if G * M * N == 0:
         return empty_plan(name, **shape)
-    variant, cfg, source = choose_config(x, "TN", G, M, N, sum_k)
-    bm, bn = cfg["BM"], cfg["BN"]
+    choice = choose_config(x, "TN", G, M, N, sum_k)
+    variant, cfg, source = choice.variant, choice.options, choice.why
+    bm, bn = variant["BM"], variant["BN"]
     grid, grid_why = _grid(cfg, G * -(-M // bm) * -(-N // bn), None)
     return kernel_plan(name, _KERNEL, variant, device,
                        f"variable-K wgrad (TN), {bm} x {bn} tiles (G x tiles of [M, N]), GROUP_M={cfg['GROUP_M']}, "

@@ -7,7 +7,7 @@ import torch
 
 from .. import guards, registry
 from . import _mxfp8 as mx
-from ._op import NUM_CUS, ConfigGrammar, Plan, empty_plan, op
+from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, op
 
 MOE = "smallm_mxfp8_moe_grouped_gemm"
 
@@ -17,7 +17,7 @@ def moe_heuristic_config(num_tokens: int, N: int):
     sorted block column, then 8; M_CHUNK = 4 when an expert gets >= 4 rows on average (T >= 4),
     else 2 so padding-heavy decode blocks skip more."""
     block_n = 16 if N >= 2 * NUM_CUS * 16 else 8
-    return {"BLOCK_N": block_n, "M_CHUNK": 4 if num_tokens >= 4 else 2}
+    return Choice(MOE, {"BLOCK_N": block_n, "M_CHUNK": 4 if num_tokens >= 4 else 2}, "heuristic (moe_heuristic_config)")
 
 
 CONFIG = ConfigGrammar("moe_mxfp8_grouped_gemm", {"BLOCK_N": int, "M_CHUNK": int}, required=True)
@@ -75,7 +75,8 @@ def _plan(x) -> Plan:
             guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
         why = "config given by the caller"
     else:
-        variant, why = moe_heuristic_config(T, N), "heuristic (see moe_heuristic_config)"
+        choice = moe_heuristic_config(T, N)
+        variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
     # One resource per expert slice: the weights are rebased per expert in the kernel.

@@ -18,7 +18,7 @@ import torch
 from .. import guards, launcher, registry, tuned
 from . import _mxfp8 as mx
 from . import dense_mx
-from ._op import NUM_CUS, ConfigGrammar, Plan, empty_plan, op
+from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, op
 
 GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
 _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
@@ -36,7 +36,7 @@ def _at_least(x: int, choices) -> int:
 
 
 def heuristic_config(M: int, N: int, K: int):
-    """(kernel name, variant, why) for a dense shape, or None when no kernel serves it.
+    """The Choice for a dense shape, or None when no kernel serves it.
 
     Rule (written before any hardware timing; op_tests/tune_smallm_mxfp8.py replaces it with
     measurements on an MI355X):
@@ -54,7 +54,7 @@ def heuristic_config(M: int, N: int, K: int):
     if M < _MFMA.m_range[0] or (K % _MFMA.k_align and M <= _GEMV.m_range[1]):
         m_tile = _at_least(M, _GEMV.values("M_TILE"))
         n_sub = 2 if {"M_TILE": m_tile, "N_SUB": 2} in _GEMV.variants and N >= 2 * NUM_CUS * 32 else 1
-        return GEMV, {"M_TILE": m_tile, "N_SUB": n_sub}, "heuristic: GEMV (M < 8 or K % 128 != 0)"
+        return Choice(GEMV, {"M_TILE": m_tile, "N_SUB": n_sub}, "heuristic: GEMV (M < 8 or K % 128 != 0)")
     if K % _MFMA.k_align:
         return None
     m_tile = _at_least(M, _MFMA.values("M_TILE"))
@@ -62,7 +62,7 @@ def heuristic_config(M: int, N: int, K: int):
     split = next((s for s in splits if _workgroups(m_tile, s, M, N) >= NUM_CUS), splits[-1])
     while split > 1 and split > K // _MFMA.k_align:
         split //= 2
-    return MFMA, {"M_TILE": m_tile, "SPLIT_K": split}, "heuristic: scaled MFMA (8 <= M <= 64, K % 128 == 0)"
+    return Choice(MFMA, {"M_TILE": m_tile, "SPLIT_K": split}, "heuristic: scaled MFMA (8 <= M <= 64, K % 128 == 0)")
 
 
 def _workgroups(m_tile, split, M, N) -> int:
@@ -93,11 +93,12 @@ def serves(kernel: str, M: int, K: int) -> bool:
 
 
 def tuned_config(M: int, N: int, K: int, arch: str = ARCH):
-    """CSV config for the nearest tuned M >= M with the same (N, K), if its kernel serves M."""
+    """The Choice of the CSV row for the nearest tuned M >= M with the same (N, K), if its kernel
+    serves M."""
     for m, kernel, variant, source in tuned_table().get((arch, N, K), ()):
         if m >= M:
             if serves(kernel, M, K):
-                return kernel, variant, f"tuned CSV row M={m} N={N} K={K} (source={source})"
+                return Choice(kernel, variant, f"tuned CSV row M={m} N={N} K={K} (source={source})")
             return None
     return None
 
@@ -146,15 +147,14 @@ def _plan(x) -> Plan:
             guards.fail("M-range", f"M = {M} is outside {kernel}'s envelope [{lo}, {hi}]")
         align = registry.get(kernel).k_align
         guards.check_multiple(K, "K", align, f"K%{align}")
-        why = "config given by the caller"
+        choice = Choice(kernel, variant, "config given by the caller")
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
         if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
-            variant, splits, how = dense_mx.heuristic_config(launcher.backend_for(device, dense_mx.KERNEL.archs)[1],
-                                                             "e4m3", "e4m3", "bf16", M, N, K)
-            choice = (dense_mx.KERNEL.name, variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
-                      f"envelope [{_GEMV.m_range[0]}, {M_MAX}] ({how})")
-            dims["splits"] = splits
+            big = dense_mx.heuristic_config(launcher.backend_for(device, dense_mx.KERNEL.archs)[1],
+                                            "e4m3", "e4m3", "bf16", M, N, K)
+            choice = Choice(big.kernel, big.variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
+                            f"envelope [{_GEMV.m_range[0]}, {M_MAX}] ({big.why})", big.options)
         if choice is None:
             if M > M_MAX:
                 return mx.envelope(x.fallback, name, "M-range", f"M = {M} is outside the small-M kernels' "
@@ -164,9 +164,9 @@ def _plan(x) -> Plan:
             return mx.envelope(x.fallback, name, f"K%{_MFMA.k_align}",
                                f"M = {M} > {_GEMV.m_range[1]} needs the MFMA kernel, which requires "
                                f"K % {_MFMA.k_align} == 0; K = {K}", **shape)
-        kernel, variant, why = choice
     named = (("a", x.a), ("a_scale", x.a_scale), ("b", x.b), ("b_scale", x.b_scale), ("out", x.out))
-    return mx.kernel_or_fallback(x.fallback, name, named, kernel, variant, device, why, **dims, **shape)
+    return mx.kernel_or_fallback(x.fallback, name, named, choice.kernel, choice.variant, device, choice.why,
+                                 **dims, **choice.options, **shape)
 
 
 def _fallback(x, plan) -> None:

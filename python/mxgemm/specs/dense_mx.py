@@ -91,8 +91,8 @@ def preset_prefill():
     cases = []
     for s in (1024, 8192):
         for fmt in ("e4m3", "e2m1"):
-            variant, splits, _ = heuristic_config("gfx950", fmt, fmt, "bf16", s, s, s)
-            cases.append(Case(KERNEL, variant, dict(M=s, N=s, K=s, splits=splits), f"MX GEMM {fmt} {s}^3",
+            choice = heuristic_config("gfx950", fmt, fmt, "bf16", s, s, s)
+            cases.append(Case(KERNEL, choice.variant, dict(M=s, N=s, K=s, **choice.options), f"MX GEMM {fmt} {s}^3",
                               "not found", "FlyDSL gfx1250 MX GEMM (numbers not found)"))
     return cases
 

@@ -71,8 +71,9 @@ def preset_decode():
     for tp, linears in MINIMAX_M3_LINEARS.items():
         for name, (K, N) in linears.items():
             for M in DECODE_MS:
-                kernel, variant, _ = tuned_config(M, N, K) or heuristic_config(M, N, K)
-                out.append(Case(kernel, variant, dict(M=M, N=N, K=K), f"M3 {name} TP{tp} M={M}", *_published(K, N, M)))
+                choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
+                out.append(Case(choice.kernel, choice.variant, dict(M=M, N=N, K=K), f"M3 {name} TP{tp} M={M}",
+                                *_published(K, N, M)))
     return out
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..isa import ARCH_LIMITS, LIMITS, VALU_CYCLES
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -34,9 +36,16 @@ class Machine:
     hbm_bytes_per_s: float      # achievable, whole chip
 
 
+def _chip(arch: str) -> dict:
+    """The facts mxgemm.isa already holds for ``arch`` (one table): CUs, SIMDs, waves, registers,
+    LDS, clock."""
+    occ, lim = ARCH_LIMITS[arch], LIMITS[arch]
+    return dict(name=lim["name"], arch=arch, cus=lim["cus"], simds=occ["simds_per_cu"], waves_per_simd=occ["max_waves"],
+                regs_per_simd_lane=occ["vgprs"], lds_bytes=occ["lds_bytes"], clock_ghz=lim["clock_ghz"])
+
+
 MI355X = Machine(
-    name="MI355X", arch="gfx950", cus=256, xcds=8, simds=4, waves_per_simd=8, regs_per_simd_lane=512,
-    lds_bytes=160 * 1024, clock_ghz=2.4, loaded_clock_ghz=2.0, valu_cycles=4, trans_cycles=16,
+    **_chip("gfx950"), xcds=8, loaded_clock_ghz=2.0, valu_cycles=VALU_CYCLES, trans_cycles=16,
     smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128,
     l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64,
     l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0,
