@@ -55,12 +55,11 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, Builder
+from ir_builder import INVALID_OFFSET, Builder, workgroup_barrier
 
 THREADS = 256
 BK = 128                          # contraction per step = the MFMA's K
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
-NUM_RECORDS = 0x7FFFFFFF          # every valid voffset is below 2^31 after rebasing
 FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
 LAYOUTS = ("NT", "NN", "TN")
 K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False)}  # (A, B) contraction-contiguous
@@ -77,20 +76,11 @@ class _Ir(Builder):
     def ceil_div(self, a, d):
         return arith.divui(arith.addi(a, self.c(d - 1)), self.c(d))
 
-    def rsrc_rebased(self, base):
-        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.c(NUM_RECORDS, self.i64),
-                                      self.c(BUFFER_FLAGS))
-
     def for_range(self, n, init=()):
         """scf.for over i32 [0, n) with loop-carried values: (op, i32 induction var, carried)."""
         loop = scf.ForOp(arith.constant(self.idx, 0), arith.index_cast(self.idx, n), arith.constant(self.idx, 1),
                          list(init))
         return loop, loop.body
-
-    def barrier(self):
-        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
-        rocdl.s_barrier()
-        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
 
 
 class _Operand:
@@ -186,7 +176,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         B.store_lds(b, buf, regs[1])
 
     stage(b.c(0), load(b.c(0)))
-    b.barrier()
+    workgroup_barrier()
     zero = arith.constant(b.v4f32, ir.DenseElementsAttr.get_splat(b.v4f32, ir.FloatAttr.get(b.f32, 0.0)))
     loop, body = b.for_range(steps, [zero] * (mi_n * nj_n))
     with ir.InsertionPoint(body):
@@ -204,7 +194,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                     b.v4f32, [b_ops[j], a_ops[i], acc[i * nj_n + j], FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale,
                               0, zero_scale])
         stage(nxt, regs)
-        b.barrier()
+        workgroup_barrier()
         scf.YieldOp(acc)
     acc = list(loop.results)
 

@@ -10,15 +10,21 @@ INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0, 
 BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
 WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
 WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
+REBASED_RECORDS = 0x7FFFFFFF      # a resource rebased to its tile: every valid voffset is below 2^31
 
 
-def loads_done_barrier():
-    """Wait for this wave's buffer loads (incl. buffer->LDS DMA), then a workgroup barrier with
-    release/acquire fences (as HIP's __syncthreads): every wave's DMA data is visible after it."""
-    rocdl.s_waitcnt(WAIT_VMCNT0)
+def workgroup_barrier():
+    """A workgroup barrier with release/acquire fences (as HIP's __syncthreads)."""
     llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
     rocdl.s_barrier()
     llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+
+
+def loads_done_barrier():
+    """Wait for this wave's buffer loads (incl. buffer->LDS DMA), then a workgroup barrier: every
+    wave's DMA data is visible after it."""
+    rocdl.s_waitcnt(WAIT_VMCNT0)
+    workgroup_barrier()
 
 
 def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
@@ -96,3 +102,8 @@ class Builder:
     def rsrc(self, base, nbytes):
         """Raw buffer resource (stride 0) over nbytes (i32) from an !llvm.ptr<1>."""
         return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.u64(nbytes), self.c(BUFFER_FLAGS))
+
+    def rsrc_rebased(self, base, flags=BUFFER_FLAGS):
+        """Raw buffer resource from ``base``, a tile's first byte, to 2^31 (range checks by offset)."""
+        return rocdl.make_buffer_rsrc(self.rsrc_t, base, self.c(0, self.i16), self.c(REBASED_RECORDS, self.i64),
+                                      self.c(flags))

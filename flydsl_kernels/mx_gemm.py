@@ -55,14 +55,13 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf, vector
-from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, loads_done_barrier
+from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, loads_done_barrier, workgroup_barrier
 
 BK = 128                           # K per step = the MMA's K
 SCALE_BLOCK = 32
 FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m1": 4}   # MMA cbsz / blgp
 TILES = (64, 128, 256)
 OUTS = ("bf16", "f16", "f32")
-NUM_RECORDS = 0x7FFFFFFF           # rebased resources: every valid voffset is below 2^31
 WAVES = 4                          # 2 x 2 per workgroup
 SCALE_PATHS = ("tdm", "buffer_lds_stage", "buffer_lds_stage_ab_split")   # gfx1250
 CLUSTER_BARRIER = -3               # s_barrier_signal / _wait id of the cluster barrier (docs/gfx1250_isa.md §5)
@@ -318,9 +317,7 @@ class Gfx1250:
         steps are in flight), every wave's are visible after the workgroup barrier; with
         multicast, no workgroup of the cluster still reads the stage the next issue overwrites."""
         rocdl.s_wait_tensorcnt(depth - 1)
-        llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
-        rocdl.s_barrier()
-        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+        workgroup_barrier()
         if self.cluster:
             self.cluster_barrier()
 
@@ -398,10 +395,6 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, sc
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 
 
-def _rsrc(b, flags, base):
-    return rocdl.make_buffer_rsrc(b.rsrc_t, base, b.c(0, b.i16), b.c(NUM_RECORDS, b.i64), b.c(flags))
-
-
 def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
     a_fmt, b_fmt, bm, bn, out_t, splitk, num_buffers, b_streaming = cfg
     b = target.b
@@ -429,10 +422,10 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
     a_row = b.mul(arith.divui(K, b.c(BK)), b.c(A.step_bytes))
     b_row = b.mul(arith.divui(K, b.c(BK)), b.c(B.step_bytes))
     flags = target.buffer_flags
-    rs = {"a": _rsrc(b, flags, base("a", a, m0, a_row, b.mul(k_lo, b.c(A.step_bytes)))),
-          "b": _rsrc(b, flags, base("b", bp, n0, b_row, b.mul(k_lo, b.c(B.step_bytes)))),
-          "sa": _rsrc(b, flags, base("sa", a_scale, m0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK)))),
-          "sb": _rsrc(b, flags, base("sb", b_scale, n0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))))}
+    rs = {"a": b.rsrc_rebased(base("a", a, m0, a_row, b.mul(k_lo, b.c(A.step_bytes))), flags),
+          "b": b.rsrc_rebased(base("b", bp, n0, b_row, b.mul(k_lo, b.c(B.step_bytes))), flags),
+          "sa": b.rsrc_rebased(base("sa", a_scale, m0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags),
+          "sb": b.rsrc_rebased(base("sb", b_scale, n0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags)}
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
     m_left, n_left = arith.subi(M, m0), arith.subi(N, n0)
@@ -518,8 +511,8 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
 
     # Epilogue: each lane holds acc_width consecutive columns of one row per 16 x 16 tile.
     esz = 4 if out_t == "f32" else 2
-    out_rs = _rsrc(b, flags, b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(m0), b.u64(N)), b.u64(n0)),
-                                            b.c(esz, b.i64))))
+    out_at = arith.muli(arith.addi(arith.muli(b.u64(m0), b.u64(N)), b.u64(n0)), b.c(esz, b.i64))
+    out_rs = b.rsrc_rebased(b.gep(out, out_at), flags)
     row_l, col_l = target.acc_coords()
     half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(out_t)
     width = target.acc_width
