@@ -46,7 +46,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, loads_done_barrier, pipelined_step
+from ir_builder import INVALID_OFFSET, Builder, flatten, loads_done_barrier, pipelined_step, unflatten
 
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
@@ -213,29 +213,18 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
         fx.rocdl.sched_barrier(0)
         return acc, nxt
 
-    def flat(acc, regs):
-        bw, sa, sb = regs
-        return [x for col in acc for x in col] + [h for pair in bw for h in pair] + list(sa) + list(sb)
-
-    def unflat(vals):
-        vals = list(vals)
-        acc = [vals[i * m_tiles:(i + 1) * m_tiles] for i in range(n_tiles)]
-        o = n_tiles * m_tiles
-        bw = [vals[o + 2 * i:o + 2 * i + 2] for i in range(n_tiles)]
-        o += 2 * n_tiles
-        return acc, (bw, vals[o:o + m_tiles], vals[o + m_tiles:])
-
     true = B.c(1, B.i1)
     regs = load_step(B.c(0), true)
     dma_step(B.c(0), true)
     acc = [[zero_acc] * m_tiles for _ in range(n_tiles)]
     idx = ir.IndexType.get()
-    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, kb), arith.constant(idx, 1), flat(acc, regs))
+    carried = (acc, regs)
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, kb), arith.constant(idx, 1), flatten(carried))
     with ir.InsertionPoint(loop.body):
         kt = arith.index_cast(B.i32, loop.induction_variable)
-        acc, regs = run_step(kt, *unflat(loop.inner_iter_args))
-        scf.YieldOp(flat(acc, regs))
-    acc, _ = unflat(loop.results)
+        acc, regs = run_step(kt, *unflatten(loop.inner_iter_args, carried))
+        scf.YieldOp(flatten((acc, regs)))
+    acc, _ = unflatten(loop.results, carried)
 
     # CShuffle epilogue: the converted BM x BN tile goes through LDS (reusing the A buffers) so
     # that d is written in 16-byte row chunks. C tile row pitch BN*2 bytes; 16-byte chunk c of

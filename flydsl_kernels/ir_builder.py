@@ -27,6 +27,20 @@ def loads_done_barrier():
     workgroup_barrier()
 
 
+def flatten(tree) -> list:
+    """The values of nested lists / tuples in order: an scf.for's loop-carried operands."""
+    return [v for t in tree for v in flatten(t)] if isinstance(tree, (list, tuple)) else [tree]
+
+
+def unflatten(values, like):
+    """``values`` (a loop's iter args or results) back into the nesting of ``like``."""
+    values = iter(list(values))
+
+    def take(t):
+        return type(t)(take(x) for x in t) if isinstance(t, (list, tuple)) else next(values)
+    return take(like)
+
+
 def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
     """The K-step skeleton of the double-buffered kernels: barrier (step kt's data has landed),
     read step kt's LDS tile, issue step kt+1's loads (empty resources past the end), wait for

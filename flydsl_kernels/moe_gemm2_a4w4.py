@@ -31,7 +31,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, pipelined_step
+from ir_builder import INVALID_OFFSET, flatten, pipelined_step, unflatten
 from ir_builder import Builder as _B
 
 THREADS = 256
@@ -181,18 +181,6 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         fx.rocdl.sched_barrier(0)
         return acc, nxt
 
-    def flat(acc, regs):
-        wf, ws, as_ = regs
-        return [x for row_ in acc for x in row_] + [x for pair in wf for x in pair] + list(ws) + list(as_)
-
-    def unflat(vals):
-        vals = list(vals)
-        acc = [vals[i * m_tiles:(i + 1) * m_tiles] for i in range(N_TILES)]
-        o = N_TILES * m_tiles
-        wf = [vals[o + 2 * i:o + 2 * i + 2] for i in range(N_TILES)]
-        o += 2 * N_TILES
-        return acc, (wf, vals[o:o + N_TILES], vals[o + N_TILES:o + N_TILES + m_tiles])
-
     zero_acc = arith.constant(b.v4f32, ir.DenseElementsAttr.get_splat(b.v4f32, ir.FloatAttr.get(b.f32, 0.0)))
     acc = [[zero_acc] * m_tiles for _ in range(N_TILES)]
     true = b.c(1, b.i1)
@@ -202,14 +190,15 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     # Pairs of steps with two alternating register sets, then an odd tail step.
     idx = ir.IndexType.get()
     pairs = arith.index_cast(idx, arith.divsi(k_steps, b.c(2)))
-    loop = scf.ForOp(arith.constant(idx, 0), pairs, arith.constant(idx, 1), flat(acc, regs0))
+    carried = (acc, regs0)
+    loop = scf.ForOp(arith.constant(idx, 0), pairs, arith.constant(idx, 1), flatten(carried))
     with ir.InsertionPoint(loop.body):
         kt = b.mul(arith.index_cast(b.i32, loop.induction_variable), b.c(2))
-        acc, regs0 = unflat(loop.inner_iter_args)
+        acc, regs0 = unflatten(loop.inner_iter_args, carried)
         acc, regs1 = run_step(kt, acc, regs0)
         acc, regs0 = run_step(b.add(kt, b.c(1)), acc, regs1)
-        scf.YieldOp(flat(acc, regs0))
-    acc, regs0 = unflat(loop.results)
+        scf.YieldOp(flatten((acc, regs0)))
+    acc, regs0 = unflatten(loop.results, carried)
     kt = b.mul(arith.divsi(k_steps, b.c(2)), b.c(2))
     acc_flat = [x for row_ in acc for x in row_]
     tail = scf.IfOp(b.cmp("slt", kt, k_steps), [x.type for x in acc_flat], has_else=True)
