@@ -1,9 +1,9 @@
-"""python -m mxgemm.tools mutate [--kernel NAME] [--list] [--sample N]"""
+"""python -m mxgemm.tools {mutate,asm} ... (mutate: the mutation harness; asm: assembly snapshots)"""
 import sys
 
-from . import mutate
+from . import asm_snapshot, mutate
 
-COMMANDS = {"mutate": mutate.main}
+COMMANDS = {"mutate": mutate.main, "asm": asm_snapshot.main}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
