@@ -42,11 +42,13 @@ chunks past K out of range (zeros, docs/buffer_oob.md) instead of from the next 
 sum is that of the K it has. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
 m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
 """
+from types import SimpleNamespace
+
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, flatten, loads_done_barrier, pipelined_step, unflatten
+from ir_builder import INVALID_OFFSET, Builder, Int, flatten, loads_done_barrier, pipelined_step, unflatten
 
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
@@ -61,154 +63,175 @@ def _check(bm, bn, masked, ue8m0, out):
 
 
 def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_st, sfb_st, lds):
-    sfa_sg, sfa_sm = sfa_st[:2]
+    rows, n, k, m_max, groups = map(Int, (rows, n, k, m_max, groups))
+    sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
-    by = fx.block_idx.y.ir_value()
+    by = Int(fx.block_idx.y.ir_value())
     if masked:
-        tiles = arith.divui(B.add(m_max, B.c(bm - 1)), B.c(bm))
-        group = arith.divui(by, tiles)
-        m_in_group = B.mul(arith.remui(by, tiles), B.c(bm))
-        limit = B.gload(B.i32, layout, B.mul(group, B.c(4)), 4)
-        row_base = B.add(B.mul(group, m_max), m_in_group)
+        tiles = (m_max + (bm - 1)) // bm
+        group = by // tiles
+        m_in_group = by % tiles * bm
+        limit = B.gload(B.i32, layout, group * 4, 4)
+        row_base = group * m_max + m_in_group
         run = B.cmp("slt", m_in_group, limit)
-        sfa_tile = B.add(B.mul(group, sfa_sg), B.mul(m_in_group, sfa_sm))  # byte of the scales of the tile's row 0
+        sfa_tile = group * sfa_sg + m_in_group * sfa_sm   # byte of the scales of the tile's row 0
 
         def row_ok(rl):
-            return B.cmp("slt", B.add(m_in_group, rl), limit)
+            return B.cmp("slt", m_in_group + rl, limit)
     else:
-        row_base = B.mul(by, B.c(bm))
-        group = B.gload(B.i32, layout, B.mul(row_base, B.c(4)), 4)
+        row_base = by * bm
+        group = Int(B.gload(B.i32, layout, row_base * 4, 4))
         run = arith.andi(B.cmp("sge", group, B.c(0)), B.cmp("slt", group, groups))
-        sfa_tile = B.mul(row_base, sfa_sm)
+        sfa_tile = row_base * sfa_sm
 
         def row_ok(rl):
-            r = B.add(row_base, rl)
+            r = row_base + rl
             inside = B.cmp("slt", r, rows)
-            owner = B.gload(B.i32, layout, B.mul(B.sel(inside, r, row_base), B.c(4)), 4)
+            owner = B.gload(B.i32, layout, Int(B.sel(inside, r, row_base)) * 4, 4)
             return arith.andi(inside, B.cmp("eq", owner, group))
     if_run = scf.IfOp(run, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
-                   sfa_tile, sfa_st, sfb_st)
+        t = _tile(B, bm, bn, ue8m0, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile,
+                  tuple(map(Int, sfa_st)), tuple(map(Int, sfb_st)))
+        _epilogue(t, _k_loop(t, *_loaders(t, a, sfa, b, sfb, d)))
         scf.YieldOp([])
 
 
-def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group, row_base, row_ok,
-               sfa_tile, sfa_st, sfb_st):
-    wm_rows, wn_cols = bm // 2, bn // 2
-    m_tiles, n_tiles = wm_rows // 16, wn_cols // 16
-    dmas = bm * (BLOCK_K // 16) // THREADS          # 16-byte A chunks per thread per K block
-    buf_bytes = bm * BLOCK_K
-    sfa_sm, sfa_sk4, sfa_sk1 = sfa_st[1:]
-    sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift = sfb_st
-    tid = fx.thread_idx.x.ir_value()
-    lane = arith.remui(tid, B.c(64))
-    wave = rocdl.readfirstlane(B.i32, arith.divui(tid, B.c(64)))
-    g, r16 = arith.divui(lane, B.c(16)), arith.remui(lane, B.c(16))
-    wm, wn = arith.shrui(wave, B.c(1)), arith.andi(wave, B.c(1))
-    n0 = B.mul(fx.block_idx.x.ir_value(), B.c(bn))
-    kb = arith.divui(B.add(k, B.c(BLOCK_K - 1)), B.c(BLOCK_K))   # K blocks, the last one possibly partial
-    last = arith.subi(kb, B.c(1))
-    tail = arith.subi(k, B.mul(last, B.c(BLOCK_K)))               # bytes of K in the last block
+def _tile(B, bm, bn, ue8m0, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile, sfa_st, sfb_st):
+    """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
+    K blocks."""
+    t = SimpleNamespace(
+        B=B, bm=bm, bn=bn, ue8m0=ue8m0, out=out, rows=rows, n=n, k=k, lds=lds, group=group, row_base=row_base,
+        row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st,
+        wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
+        dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
+        buf_bytes=bm * BLOCK_K)
+    t.tid = Int(fx.thread_idx.x.ir_value())
+    lane = t.tid % 64
+    t.wave = Int(rocdl.readfirstlane(B.i32, t.tid // 64))
+    t.g, t.r16 = lane // 16, lane % 16
+    t.wm, t.wn = t.wave >> 1, t.wave & 1
+    t.n0 = Int(fx.block_idx.x.ir_value()) * bn
+    t.kb = (k + (BLOCK_K - 1)) // BLOCK_K           # K blocks, the last one possibly partial
+    t.last = t.kb - 1
+    t.tail = k - t.last * BLOCK_K                   # bytes of K in the last block
+    return t
 
-    def last_block(offsets, in_block):
-        """The offsets for the last K block: 16-byte chunks at or past its end made out of range
-        (loads of 0) instead of reading on into the next row."""
-        return [B.sel(B.cmp("ult", c, tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]
 
-    a_rsrc = B.rsrc(a, B.mul(rows, k))
-    # The scales are strided: their range checks only have to reject INVALID_OFFSET.
-    sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))
-    b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(group), B.u64(B.mul(n, k)))), B.mul(n, k))
-    sfb_group = B.mul(group, sfb_sg)
-    d_rsrc = B.rsrc(d, B.mul(B.mul(rows, n), B.c(2)))
-    null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
+def _last_block(t, offsets, in_block):
+    """The offsets for the last K block: 16-byte chunks at or past its end made out of range
+    (loads of 0) instead of reading on into the next row."""
+    B = t.B
+    return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]
 
-    # A DMA: thread slot s = j*256 + tid fills LDS bytes 16s.., i.e. row s/8, memory chunk (s%8) ^ (row&7).
-    dma_voff, dma_chunk = [], []
-    for j in range(dmas):
-        s = B.add(B.c(j * THREADS), tid)
-        rl = arith.divui(s, B.c(8))
-        chunk = arith.xori(arith.remui(s, B.c(8)), arith.andi(rl, B.c(7)))
-        dma_voff.append(B.sel(row_ok(rl), B.add(B.mul(B.add(row_base, rl), k), B.mul(chunk, B.c(16))),
-                              B.c(INVALID_OFFSET)))
-        dma_chunk.append(B.mul(chunk, B.c(16)))
-    dma_voff_last = last_block(dma_voff, dma_chunk)
 
-    # This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets.
-    a_lds_off, sfa_voff = [], []
-    for mt in range(m_tiles):
-        rl = B.add(B.mul(wm, B.c(wm_rows)), B.add(B.c(mt * 16), r16))
-        a_lds_off.append([B.add(B.mul(rl, B.c(BLOCK_K)),
-                                B.mul(arith.xori(B.add(g, B.c(4 * h)), arith.andi(rl, B.c(7))), B.c(16)))
-                          for h in range(2)])
-        sfa_voff.append(B.sel(row_ok(rl), B.add(sfa_tile, B.mul(rl, sfa_sm)), B.c(INVALID_OFFSET)))
+def _loaders(t, a, sfa, b, sfb, d):
+    """The global loads of one K block: load_step(kt, live) -> (B halves [n-tile][2], sfa
+    [m-tile], sfb) into registers, dma_step(kt, live): A into its LDS buffer by buffer->LDS DMA;
+    past the end (live false) both read the empty resource."""
+    B, (sfa_sk4, sfa_sk1), (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift) = t.B, t.sfa_st[2:], t.sfb_st
+    a_rsrc = B.rsrc(a, t.rows * t.k)
+    sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))   # strided scales: range checks only reject INVALID_OFFSET
+    b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(t.group), B.u64(t.n * t.k))), t.n * t.k)
+    sfb_group = t.group * sfb_sg
+    t.d_rsrc = B.rsrc(d, t.rows * t.n * 2)
+    t.null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
+    dma_voff, dma_chunk = _a_dma_offsets(t)
+    dma_voff_last = _last_block(t, dma_voff, dma_chunk)
+    t.a_lds_off, sfa_voff = _lane_rows(t)
     # This lane's columns (MFMA src0 rows) of each n-tile: offsets into b and, per lane for
     # UE8M0 (the scaled MFMA takes row n's scale from lane n), into sfb.
-    cols = [B.add(n0, B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), r16))) for nt in range(n_tiles)]
-    b_voff = [[B.add(B.add(B.mul(c, k), B.mul(g, B.c(16))), B.c(64 * h)) for h in range(2)] for c in cols]
-    b_voff_last = [last_block(halves, [B.add(B.mul(g, B.c(16)), B.c(64 * h)) for h in range(2)]) for halves in b_voff]
-    if ue8m0:
+    cols = [t.n0 + (t.wn * t.wn_cols + (nt * 16 + t.r16)) for nt in range(t.n_tiles)]
+    b_voff = [[c * t.k + t.g * 16 + 64 * h for h in range(2)] for c in cols]
+    b_voff_last = [_last_block(t, halves, [t.g * 16 + 64 * h for h in range(2)]) for halves in b_voff]
+    if t.ue8m0:
         sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
-        sfb_voff = [B.add(sfb_group, B.mul(arith.shrui(c, sfb_shift), sfb_sn)) for c in cols]
+        sfb_voff = [sfb_group + (c >> sfb_shift) * sfb_sn for c in cols]
     else:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
-        sfb_row = B.gep(sfb, B.add(sfb_group, B.mul(arith.shrui(n0, sfb_shift), sfb_sn)))
-    scale_t = B.i8 if ue8m0 else B.f32
+        sfb_row = B.gep(sfb, sfb_group + (t.n0 >> sfb_shift) * sfb_sn)
+    scale_t = B.i8 if t.ue8m0 else B.f32
 
     def k_block(kt, sk4, sk1):
         """Byte offset of K block kt in a scale tensor."""
-        return B.add(B.mul(arith.shrui(kt, B.c(2)), sk4), B.mul(arith.andi(kt, B.c(3)), sk1))
+        return (kt >> 2) * sk4 + (kt & 3) * sk1
 
     def load_step(kt, live):
-        """B halves [n-tile][2], sfa [m-tile], sfb ([n-tile] for UE8M0, else [the workgroup's])
-        of K block kt (zeros / block 0 when not live)."""
-        br, sr = llvm.select(live, b_rsrc, null_rsrc), llvm.select(live, sfa_rsrc, null_rsrc)
-        soff, is_last = B.mul(kt, B.c(BLOCK_K)), B.cmp("eq", kt, last)
+        br, sr = llvm.select(live, b_rsrc, t.null_rsrc), llvm.select(live, sfa_rsrc, t.null_rsrc)
+        soff, is_last = kt * BLOCK_K, B.cmp("eq", kt, t.last)
         bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, b_voff_last[nt][h], b_voff[nt][h]), soff,
                                          aux=B.c_attr(0))
-               for h in range(2)] for nt in range(n_tiles)]
+               for h in range(2)] for nt in range(t.n_tiles)]
         sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
-              for mt in range(m_tiles)]
-        if ue8m0:
-            sbr, sbk = llvm.select(live, sfb_rsrc, null_rsrc), k_block(kt, sfb_sk4, sfb_sk1)
+              for mt in range(t.m_tiles)]
+        if t.ue8m0:
+            sbr, sbk = llvm.select(live, sfb_rsrc, t.null_rsrc), k_block(kt, sfb_sk4, sfb_sk1)
             sb = [rocdl.raw_ptr_buffer_load(B.i8, sbr, v, sbk, aux=B.c_attr(0)) for v in sfb_voff]
             return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb]
-        return bw, sa, [B.gload(B.f32, sfb_row, k_block(B.sel(live, kt, B.c(0)), sfb_sk4, sfb_sk1), 4)]
+        return bw, sa, [B.gload(B.f32, sfb_row, k_block(Int(B.sel(live, kt, B.c(0))), sfb_sk4, sfb_sk1), 4)]
 
     def dma_step(kt, live):
-        lds_buf = B.gep(lds, B.mul(arith.andi(kt, B.c(1)), B.c(buf_bytes)))
-        rs = llvm.select(live, a_rsrc, null_rsrc)
-        for j in range(dmas):
-            dst = B.gep(lds_buf, B.add(B.c(j * THREADS * 16), B.mul(wave, B.c(1024))))
-            voff = B.sel(B.cmp("eq", kt, last), dma_voff_last[j], dma_voff[j])
-            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, B.mul(kt, B.c(BLOCK_K)), B.c(0),
-                                          aux=B.c_attr(0))
+        lds_buf = B.gep(t.lds, (kt & 1) * t.buf_bytes)
+        rs = llvm.select(live, a_rsrc, t.null_rsrc)
+        for j in range(t.dmas):
+            dst = B.gep(lds_buf, B.c(j * THREADS * 16) + t.wave * 1024)
+            voff = B.sel(B.cmp("eq", kt, t.last), dma_voff_last[j], dma_voff[j])
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, kt * BLOCK_K, B.c(0), aux=B.c_attr(0))
+    return load_step, dma_step
 
-    def cat(halves):
-        return llvm.shufflevector(B.v8i32, halves[0], halves[1], list(range(8)))
 
+def _a_dma_offsets(t):
+    """A DMA: thread slot s = j*256 + tid fills LDS bytes 16s.., i.e. row s/8, memory chunk
+    (s%8) ^ (row&7). -> (global offsets, their byte within the K block)."""
+    B, voff, chunk_bytes = t.B, [], []
+    for j in range(t.dmas):
+        s = B.c(j * THREADS) + t.tid
+        rl = s // 8
+        chunk = s % 8 ^ rl & 7
+        voff.append(B.sel(t.row_ok(rl), (t.row_base + rl) * t.k + chunk * 16, B.c(INVALID_OFFSET)))
+        chunk_bytes.append(chunk * 16)
+    return voff, chunk_bytes
+
+
+def _lane_rows(t):
+    """This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets."""
+    B, a_lds_off, sfa_voff = t.B, [], []
+    for mt in range(t.m_tiles):
+        rl = t.wm * t.wm_rows + (mt * 16 + t.r16)
+        a_lds_off.append([rl * BLOCK_K + ((t.g + 4 * h) ^ rl & 7) * 16 for h in range(2)])
+        sfa_voff.append(B.sel(t.row_ok(rl), t.sfa_tile + rl * t.sfa_st[1], B.c(INVALID_OFFSET)))
+    return a_lds_off, sfa_voff
+
+
+def _cat(B, halves):
+    return llvm.shufflevector(B.v8i32, halves[0], halves[1], list(range(8)))
+
+
+def _k_loop(t, load_step, dma_step):
+    """The double-buffered K loop: per K block, the MFMAs of the block loaded one step earlier
+    while the next is prefetched. -> the fp32 accumulators [n-tile][m-tile]."""
+    B = t.B
     zero_acc = B.splat(B.v4f32, 0.0)
     one = B.c(E8M0_ONE)
 
     def read_tile(kt):
-        tile = B.gep(lds, B.mul(arith.andi(kt, B.c(1)), B.c(buf_bytes)))
-        return [cat([llvm.load(B.v4i32, B.gep(tile, a_lds_off[mt][h]), alignment=16) for h in range(2)])
-                for mt in range(m_tiles)]
+        tile = B.gep(t.lds, (kt & 1) * t.buf_bytes)
+        return [_cat(B, [llvm.load(B.v4i32, B.gep(tile, t.a_lds_off[mt][h]), alignment=16) for h in range(2)])
+                for mt in range(t.m_tiles)]
 
     def run_step(kt, acc, cur):
-        af, nxt = pipelined_step(B, kt, kb, read_tile, load_step, dma_step)
+        af, nxt = pipelined_step(B, kt, t.kb, read_tile, load_step, dma_step)
         bw, sa, sb = cur
         acc = [list(x) for x in acc]
-        if not ue8m0:
-            promote = [B.splat_value(B.v4f32, arith.mulf(sa[mt], sb[0])) for mt in range(m_tiles)]
-        for mt in range(m_tiles):
-            for nt in range(n_tiles):
-                if ue8m0:
+        if not t.ue8m0:
+            promote = [B.splat_value(B.v4f32, arith.mulf(sa[mt], sb[0])) for mt in range(t.m_tiles)]
+        for mt in range(t.m_tiles):
+            for nt in range(t.n_tiles):
+                if t.ue8m0:
                     acc[nt][mt] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                        B.v4f32, [cat(bw[nt]), af[mt], acc[nt][mt], 0, 0, 0, sb[nt], 0, sa[mt]])
+                        B.v4f32, [_cat(B, bw[nt]), af[mt], acc[nt][mt], 0, 0, 0, sb[nt], 0, sa[mt]])
                 else:
                     p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                        B.v4f32, [cat(bw[nt]), af[mt], zero_acc, 0, 0, 0, one, 0, one])
+                        B.v4f32, [_cat(B, bw[nt]), af[mt], zero_acc, 0, 0, 0, one, 0, one])
                     acc[nt][mt] = arith.addf(acc[nt][mt], arith.mulf(p, promote[mt]))
         fx.rocdl.sched_barrier(0)
         return acc, nxt
@@ -216,45 +239,48 @@ def _workgroup(B, bm, bn, ue8m0, out, a, sfa, b, sfb, d, rows, n, k, lds, group,
     true = B.c(1, B.i1)
     regs = load_step(B.c(0), true)
     dma_step(B.c(0), true)
-    acc = [[zero_acc] * m_tiles for _ in range(n_tiles)]
+    acc = [[zero_acc] * t.m_tiles for _ in range(t.n_tiles)]
     idx = ir.IndexType.get()
     carried = (acc, regs)
-    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, kb), arith.constant(idx, 1), flatten(carried))
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, t.kb), arith.constant(idx, 1), flatten(carried))
     with ir.InsertionPoint(loop.body):
-        kt = arith.index_cast(B.i32, loop.induction_variable)
+        kt = Int(arith.index_cast(B.i32, loop.induction_variable))
         acc, regs = run_step(kt, *unflatten(loop.inner_iter_args, carried))
         scf.YieldOp(flatten((acc, regs)))
-    acc, _ = unflatten(loop.results, carried)
+    return unflatten(loop.results, carried)[0]
 
-    # CShuffle epilogue: the converted BM x BN tile goes through LDS (reusing the A buffers) so
-    # that d is written in 16-byte row chunks. C tile row pitch BN*2 bytes; 16-byte chunk c of
-    # row r sits at chunk c ^ (r % chunks) (the 16 rows one MFMA tile writes hit distinct banks).
+
+def _epilogue(t, acc):
+    """CShuffle: the converted BM x BN tile goes through LDS (reusing the A buffers) so that d is
+    written in 16-byte row chunks. C tile row pitch BN*2 bytes; 16-byte chunk c of row r sits at
+    chunk c ^ (r % chunks) (the 16 rows one MFMA tile writes hit distinct banks)."""
+    B, bn = t.B, t.bn
     chunks = bn * 2 // 16
-    out_t = ir.VectorType.get([4], ir.BF16Type.get() if out == "bf16" else ir.F16Type.get())
+    out_t = ir.VectorType.get([4], ir.BF16Type.get() if t.out == "bf16" else ir.F16Type.get())
     v2i32 = ir.VectorType.get([2], B.i32)
 
     def c_tile_offset(row, col):  # col: element column, a multiple of 4
-        chunk = arith.xori(arith.shrui(col, B.c(3)), arith.remui(row, B.c(chunks)))
-        return B.add(B.mul(row, B.c(bn * 2)), B.add(B.mul(chunk, B.c(16)), B.mul(arith.andi(col, B.c(4)), B.c(2))))
+        chunk = col >> 3 ^ row % chunks
+        return row * (bn * 2) + (chunk * 16 + (col & 4) * 2)
 
     loads_done_barrier()  # every wave is past its last A reads and its last (empty) DMA
-    for mt in range(m_tiles):
-        row = B.add(B.mul(wm, B.c(wm_rows)), B.add(B.c(mt * 16), r16))
-        for nt in range(n_tiles):
-            col = B.add(B.mul(wn, B.c(wn_cols)), B.add(B.c(nt * 16), B.mul(g, B.c(4))))
+    for mt in range(t.m_tiles):
+        row = t.wm * t.wm_rows + (mt * 16 + t.r16)
+        for nt in range(t.n_tiles):
+            col = t.wn * t.wn_cols + (nt * 16 + t.g * 4)
             packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))
-            llvm.store(packed, B.gep(lds, c_tile_offset(row, col)), alignment=8)
+            llvm.store(packed, B.gep(t.lds, c_tile_offset(row, col)), alignment=8)
     loads_done_barrier()
     rows_per_pass = THREADS // chunks
-    for p in range((bm + rows_per_pass - 1) // rows_per_pass):
-        row = B.add(B.c(p * rows_per_pass), arith.divui(tid, B.c(chunks)))
-        col = B.mul(arith.remui(tid, B.c(chunks)), B.c(8))
-        live = B.cmp("slt", row, B.c(bm))
-        row = B.sel(live, row, B.c(0))  # the threads of a partial last pass read row 0, store nothing
-        v = llvm.load(B.v4i32, B.gep(lds, c_tile_offset(row, col)), alignment=16)
-        ok = arith.andi(live, row_ok(row))
-        voff = B.sel(ok, B.mul(B.add(B.mul(B.add(row_base, row), n), B.add(n0, col)), B.c(2)), B.c(INVALID_OFFSET))
-        rocdl.raw_ptr_buffer_store(v, d_rsrc, voff, B.c(0), aux=B.c_attr(0))
+    for p in range((t.bm + rows_per_pass - 1) // rows_per_pass):
+        row = B.c(p * rows_per_pass) + t.tid // chunks
+        col = t.tid % chunks * 8
+        live = B.cmp("slt", row, B.c(t.bm))
+        row = Int(B.sel(live, row, B.c(0)))  # the threads of a partial last pass read row 0, store nothing
+        v = llvm.load(B.v4i32, B.gep(t.lds, c_tile_offset(row, col)), alignment=16)
+        ok = arith.andi(live, t.row_ok(row))
+        voff = B.sel(ok, ((t.row_base + row) * t.n + (t.n0 + col)) * 2, B.c(INVALID_OFFSET))
+        rocdl.raw_ptr_buffer_store(v, t.d_rsrc, voff, B.c(0), aux=B.c_attr(0))
 
 
 def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):

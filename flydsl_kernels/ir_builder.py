@@ -13,6 +13,51 @@ WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
 REBASED_RECORDS = 0x7FFFFFFF      # a resource rebased to its tile: every valid voffset is below 2^31
 
 
+class Int(ir.Value):
+    """An integer SSA value with Python operators for index math: + - * // % & | ^ << >> (// % >>
+    unsigned, as offsets and counts are); a Python int operand becomes a constant of the value's
+    type. Comparisons stay explicit (Builder.cmp): signedness matters there."""
+
+    def _v(self, o):
+        return o if isinstance(o, ir.Value) else arith.constant(self.type, o)
+
+    def __add__(self, o):
+        return Int(arith.addi(self, self._v(o)))
+
+    def __radd__(self, o):
+        return Int(arith.addi(self._v(o), self))
+
+    def __sub__(self, o):
+        return Int(arith.subi(self, self._v(o)))
+
+    def __mul__(self, o):
+        return Int(arith.muli(self, self._v(o)))
+
+    def __rmul__(self, o):
+        return Int(arith.muli(self._v(o), self))
+
+    def __floordiv__(self, o):
+        return Int(arith.divui(self, self._v(o)))
+
+    def __mod__(self, o):
+        return Int(arith.remui(self, self._v(o)))
+
+    def __and__(self, o):
+        return Int(arith.andi(self, self._v(o)))
+
+    def __or__(self, o):
+        return Int(arith.ori(self, self._v(o)))
+
+    def __xor__(self, o):
+        return Int(arith.xori(self, self._v(o)))
+
+    def __rshift__(self, o):
+        return Int(arith.shrui(self, self._v(o)))
+
+    def __lshift__(self, o):
+        return Int(arith.shli(self, self._v(o)))
+
+
 def workgroup_barrier():
     """A workgroup barrier with release/acquire fences (as HIP's __syncthreads)."""
     llvm.fence(llvm.AtomicOrdering.release, syncscope="workgroup")
@@ -76,7 +121,7 @@ class Builder:
         self.rsrc_t = ir.Type.parse("!llvm.ptr<8>")
 
     def c(self, v, t=None):
-        return arith.constant(t or self.i32, v)
+        return Int(arith.constant(t or self.i32, v))
 
     def c_attr(self, v):
         """i32 attribute (e.g. a buffer op's aux cache bits)."""
@@ -92,10 +137,10 @@ class Builder:
         return llvm.shufflevector(vtype, llvm.insertelement(undef, x, self.c(0)), undef, [0] * vtype.shape[0])
 
     def add(self, a, b):
-        return arith.addi(a, b)
+        return Int(arith.addi(a, b))
 
     def mul(self, a, b):
-        return arith.muli(a, b)
+        return Int(arith.muli(a, b))
 
     def cmp(self, pred, a, b):
         return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)

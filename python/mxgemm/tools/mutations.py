@@ -138,10 +138,10 @@ CATALOGUE = (
          "sfa_voff[mt], k_block(B.add(kt, B.c(1)), sfa_sk4, sfa_sk1)"),),
         "activation scale of the next 128-K block (off by one in the K-block scale index)"),
     Mutation("deep-gemm-sfb-per-block-only", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "B.mul(arith.shrui(c, sfb_shift), sfb_sn)", "B.mul(arith.shrui(c, B.c(7)), sfb_sn)"),),
+        (DEEP_GEMM, "(c >> sfb_shift) * sfb_sn", "(c >> 7) * sfb_sn"),),
         "UE8M0 weight scales always read per 128 rows of b: per-row (packed recipe) scales ignored"),
     Mutation("deep-gemm-partial-k-block-unmasked", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]',
+        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]',
          "return list(offsets)"),),
         "a partial last K block reads on into the next row instead of zeros past K"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
