@@ -141,8 +141,8 @@ CATALOGUE = (
         (DEEP_GEMM, "(c >> sfb_shift) * sfb_sn", "(c >> 7) * sfb_sn"),),
         "UE8M0 weight scales always read per 128 rows of b: per-row (packed recipe) scales ignored"),
     Mutation("deep-gemm-partial-k-block-unmasked", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET)) for o, c in zip(offsets, in_block)]',
-         "return list(offsets)"),),
+        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET))',
+         "return [o"),),
         "a partial last K block reads on into the next row instead of zeros past K"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
