@@ -396,23 +396,39 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, sc
 
 
 def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
-    a_fmt, b_fmt, bm, bn, out_t, splitk, num_buffers, b_streaming = cfg
-    b = target.b
-    A = Operand(bm, a_fmt, 0, target.pad)
-    B = Operand(bn, b_fmt, A.lds_bytes, target.pad)
-    stage_bytes = stage_lds_bytes(target, A, B)
-    tid = fx.thread_idx.x.ir_value()
-    wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(target.wave)))
-    wm, wn = arith.shrui(wave, b.c(1)), arith.andi(wave, b.c(1))
-    n0 = b.mul(fx.block_idx.x.ir_value(), b.c(bn))
-    m0 = b.mul(fx.block_idx.y.ir_value(), b.c(bm))
+    t = _tile(target, cfg, M, N, K, splits)
+    _stage(t, a, a_scale, bp, b_scale, K, lds)
+    acc = _k_loop(t)
+    target.drain()
+    _epilogue(t, acc, out, N)
+
+
+def _tile(target, cfg, M, N, K, splits):
+    """The workgroup's tile: operands, waves, its rows and columns, its share of the K steps."""
+    t = SimpleNamespace(target=target, b=target.b, M=M, N=N)
+    t.a_fmt, t.b_fmt, t.bm, t.bn, t.out_t, t.splitk, t.num_buffers, t.b_streaming = cfg
+    b = t.b
+    t.A = Operand(t.bm, t.a_fmt, 0, target.pad)
+    t.B = Operand(t.bn, t.b_fmt, t.A.lds_bytes, target.pad)
+    t.stage_bytes = stage_lds_bytes(target, t.A, t.B)
+    t.tid = fx.thread_idx.x.ir_value()
+    wave = rocdl.readfirstlane(b.i32, arith.divui(t.tid, b.c(target.wave)))
+    t.wm, t.wn = arith.shrui(wave, b.c(1)), arith.andi(wave, b.c(1))
+    t.n0 = b.mul(fx.block_idx.x.ir_value(), b.c(t.bn))
+    t.m0 = b.mul(fx.block_idx.y.ir_value(), b.c(t.bm))
     steps = arith.divui(K, b.c(BK))
     per_split = arith.divui(b.add(steps, b.add(splits, b.c(-1))), splits)
-    k_lo = arith.minui(b.mul(fx.block_idx.z.ir_value(), per_split), steps)
-    nsteps = arith.subi(arith.minui(b.add(k_lo, per_split), steps), k_lo)
-    kblocks = arith.divui(K, b.c(SCALE_BLOCK))
+    t.k_lo = arith.minui(b.mul(fx.block_idx.z.ir_value(), per_split), steps)
+    t.nsteps = arith.subi(arith.minui(b.add(t.k_lo, per_split), steps), t.k_lo)
+    t.kblocks = arith.divui(K, b.c(SCALE_BLOCK))
+    return t
 
-    # Tile-rebased resources: row r of the tile at voffset r * row_bytes, K step kt at soffset.
+
+def _stage(t, a, a_scale, bp, b_scale, K, lds):
+    """The global->LDS loader's plan (t.stage): tile-rebased resources (row r of the tile at
+    voffset r * row_bytes, K step kt at soffset), DMA and scale plans, this lane's fragment rows,
+    the LDS ring of stages (t.buffer)."""
+    b, target, A, B = t.b, t.target, t.A, t.B
     bases = {}
 
     def base(key, ptr, row0, row_bytes, k_off):
@@ -421,113 +437,130 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
 
     a_row = b.mul(arith.divui(K, b.c(BK)), b.c(A.step_bytes))
     b_row = b.mul(arith.divui(K, b.c(BK)), b.c(B.step_bytes))
-    flags = target.buffer_flags
-    rs = {"a": b.rsrc_rebased(base("a", a, m0, a_row, b.mul(k_lo, b.c(A.step_bytes))), flags),
-          "b": b.rsrc_rebased(base("b", bp, n0, b_row, b.mul(k_lo, b.c(B.step_bytes))), flags),
-          "sa": b.rsrc_rebased(base("sa", a_scale, m0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags),
-          "sb": b.rsrc_rebased(base("sb", b_scale, n0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags)}
+    t.flags = flags = target.buffer_flags
+    k_lo, kblocks = t.k_lo, t.kblocks
+    rs = {"a": b.rsrc_rebased(base("a", a, t.m0, a_row, b.mul(k_lo, b.c(A.step_bytes))), flags),
+          "b": b.rsrc_rebased(base("b", bp, t.n0, b_row, b.mul(k_lo, b.c(B.step_bytes))), flags),
+          "sa": b.rsrc_rebased(base("sa", a_scale, t.m0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags),
+          "sb": b.rsrc_rebased(base("sb", b_scale, t.n0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags)}
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
-    m_left, n_left = arith.subi(M, m0), arith.subi(N, n0)
-    stage = SimpleNamespace(A=A, B=B, rs=rs, null=null, m_left=m_left, n_left=n_left, kblocks=kblocks,
-                            sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * bm)
-    stage.a_dma = target.dma_plan(A, tid, m_left, a_row, bases["a"])
-    stage.b_dma = target.dma_plan(B, tid, n_left, b_row, bases["b"])
+    t.m_left, t.n_left = arith.subi(t.M, t.m0), arith.subi(t.N, t.n0)
+    stage = t.stage = SimpleNamespace(A=A, B=B, rs=rs, null=null, m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
+                                      sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
+    stage.a_dma = target.dma_plan(A, t.tid, t.m_left, a_row, bases["a"])
+    stage.b_dma = target.dma_plan(B, t.tid, t.n_left, b_row, bases["b"])
 
     # This lane's fragment rows and scale sources per 16-row tile.
     r16, kb = target.lane_rows()
-    a_rows = [b.add(b.mul(wm, b.c(bm // 2)), b.add(b.c(16 * i), r16)) for i in range(bm // 32)]
-    b_rows = [b.add(b.mul(wn, b.c(bn // 2)), b.add(b.c(16 * j), r16)) for j in range(bn // 32)]
-    stage.scales = target.scale_plan(stage, a_rows + b_rows, [m_left] * len(a_rows) + [n_left] * len(b_rows),
-                                     kb, bases)
-    mi, nj = len(a_rows), len(b_rows)
-    stage.mi = mi
-    depth = num_buffers - 1                # K steps in flight ahead of the one computed
+    t.a_rows = [b.add(b.mul(t.wm, b.c(t.bm // 2)), b.add(b.c(16 * i), r16)) for i in range(t.bm // 32)]
+    t.b_rows = [b.add(b.mul(t.wn, b.c(t.bn // 2)), b.add(b.c(16 * j), r16)) for j in range(t.bn // 32)]
+    stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows,
+                                     [t.m_left] * len(t.a_rows) + [t.n_left] * len(t.b_rows), kb, bases)
+    t.mi, t.nj = len(t.a_rows), len(t.b_rows)
+    stage.mi = t.mi
+    t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
 
     def buffer(kt):
-        slot = arith.remui(kt, b.c(num_buffers))
-        return b.gep(lds, b.mul(slot, b.c(stage_bytes)))
+        slot = arith.remui(kt, b.c(t.num_buffers))
+        return b.gep(lds, b.mul(slot, b.c(t.stage_bytes)))
 
-    stage.buffer = buffer
+    t.buffer = stage.buffer = buffer
 
+
+def _k_loop(t):
+    """Prologue (the first `depth` steps in flight), then per K step: wait for its stage, read
+    its fragments, issue step kt + depth, the MMAs. -> the accumulators."""
+    b, target, stage, depth, nsteps = t.b, t.target, t.stage, t.depth, t.nsteps
     zero = b.splat(target.acc_t, 0.0)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
     scales = target.issue(stage, b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
     for s in range(1, depth):              # deeper rings: steps 1 .. depth-1 in flight too
-        target.commit(stage, scales, buffer(b.c(s - 1)))
+        target.commit(stage, scales, t.buffer(b.c(s - 1)))
         scales = target.issue(stage, b.c(s), b.cmp("slt", b.c(s), nsteps))
     if target.scales_in_lds:
-        target.commit(stage, scales, buffer(b.c(depth - 1)))
+        target.commit(stage, scales, t.buffer(b.c(depth - 1)))
         scales = []
     idx = ir.IndexType.get()
-    g = target.b_tiles                     # B tiles (16 columns each) one MMA covers
-    na = mi * nj // g                      # accumulators: one per (A tile, group of g B tiles)
+    t.g = target.b_tiles                   # B tiles (16 columns each) one MMA covers
+    na = t.mi * t.nj // t.g                # accumulators: one per (A tile, group of g B tiles)
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
                      [zero] * na + scales)
     with ir.InsertionPoint(loop.body):
         kt = arith.index_cast(b.i32, loop.induction_variable)
         carried = list(loop.inner_iter_args)
-        acc, scales = carried[:na], carried[na:]
-        target.stage_wait(depth)
-        buf = buffer(kt)
-        if target.scales_in_lds:
-            scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
-        a_frag = [target.fragment(A, buf, r) for r in a_rows]
-        b_frag = None if b_streaming else [target.fragment(B, buf, r) for r in b_rows]
-        kn = b.add(kt, b.c(depth))
-        nxt = target.issue(stage, kn, b.cmp("slt", kn, nsteps))
-        target.fragments_wait()
-        def b_operand(frags, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
-            if g == 1:
-                return frags[j], scales[mi + j]
-            return [frags[j + t] for t in range(g)], scales[mi + j:mi + j + g]
-
-        if b_streaming:
-            # one B group at a time: the next group's LDS reads overlap this group's WMMAs
-            def group(j):
-                return {j + t: target.fragment(B, buf, b_rows[j + t]) for t in range(g)}
-
-            frags = group(0)
-            for j in range(0, nj, g):
-                cur, frags = frags, group(j + g) if j + g < nj else None
-                fx.rocdl.sched_barrier(0)
-                for i in range(mi):
-                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
-                                                        *b_operand(cur, j), b_fmt)
-                fx.rocdl.sched_barrier(0)
-        else:
-            for i in range(mi):
-                for j in range(0, nj, g):
-                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
-                                                        *b_operand(b_frag, j), b_fmt)
-        fx.rocdl.sched_barrier(0)
-        if target.scales_in_lds:
-            target.commit(stage, nxt, buffer(kn))
-            nxt = []
+        acc, nxt = _mma_step(t, kt, carried[:na], carried[na:])
         scf.YieldOp(acc + nxt)
-    acc = list(loop.results)[:na]
-    target.drain()
+    return list(loop.results)[:na]
 
-    # Epilogue: each lane holds acc_width consecutive columns of one row per 16 x 16 tile.
-    esz = 4 if out_t == "f32" else 2
-    out_at = arith.muli(arith.addi(arith.muli(b.u64(m0), b.u64(N)), b.u64(n0)), b.c(esz, b.i64))
-    out_rs = b.rsrc_rebased(b.gep(out, out_at), flags)
+
+def _mma_step(t, kt, acc, scales):
+    """One K step of the loop body -> (accumulators, the next step's scale registers)."""
+    b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
+    a_fmt, b_fmt, a_rows, b_rows = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows
+    target.stage_wait(t.depth)
+    buf = t.buffer(kt)
+    if target.scales_in_lds:
+        scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
+    a_frag = [target.fragment(A, buf, r) for r in a_rows]
+    b_frag = None if t.b_streaming else [target.fragment(B, buf, r) for r in b_rows]
+    kn = b.add(kt, b.c(t.depth))
+    nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
+    target.fragments_wait()
+
+    def b_operand(frags, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
+        if g == 1:
+            return frags[j], scales[mi + j]
+        return [frags[j + u] for u in range(g)], scales[mi + j:mi + j + g]
+
+    if t.b_streaming:
+        # one B group at a time: the next group's LDS reads overlap this group's WMMAs
+        def group(j):
+            return {j + u: target.fragment(B, buf, b_rows[j + u]) for u in range(g)}
+
+        frags = group(0)
+        for j in range(0, nj, g):
+            cur, frags = frags, group(j + g) if j + g < nj else None
+            fx.rocdl.sched_barrier(0)
+            for i in range(mi):
+                acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
+                                                    *b_operand(cur, j), b_fmt)
+            fx.rocdl.sched_barrier(0)
+    else:
+        for i in range(mi):
+            for j in range(0, nj, g):
+                acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
+                                                    *b_operand(b_frag, j), b_fmt)
+    fx.rocdl.sched_barrier(0)
+    if target.scales_in_lds:
+        target.commit(stage, nxt, t.buffer(kn))
+        nxt = []
+    return acc, nxt
+
+
+def _epilogue(t, acc, out, N):
+    """Each lane holds acc_width consecutive columns of one row per 16 x 16 tile: stored (bf16 /
+    f16 packed, f32 in 16-byte parts) or, split-K, added with fp32 atomics; rows and columns past
+    the problem get an out-of-range offset (dropped)."""
+    b, target, g, nj, esz = t.b, t.target, t.g, t.nj, 4 if t.out_t == "f32" else 2
+    out_at = arith.muli(arith.addi(arith.muli(b.u64(t.m0), b.u64(N)), b.u64(t.n0)), b.c(esz, b.i64))
+    out_rs = b.rsrc_rebased(b.gep(out, out_at), t.flags)
     row_l, col_l = target.acc_coords()
-    half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(out_t)
+    half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(t.out_t)
     width = target.acc_width
     packed_t = ir.VectorType.get([width // 2], b.i32)
-    for i in range(mi):
-        row = b.add(b.mul(wm, b.c(bm // 2)), b.add(b.c(16 * i), row_l))
+    for i in range(t.mi):
+        row = b.add(b.mul(t.wm, b.c(t.bm // 2)), b.add(b.c(16 * i), row_l))
         for j in range(nj):
-            col = b.add(b.mul(wn, b.c(bn // 2)), b.add(b.c(16 * j), col_l))
-            ok = arith.andi(b.cmp("slt", row, m_left), b.cmp("slt", col, n_left))
+            col = b.add(b.mul(t.wn, b.c(t.bn // 2)), b.add(b.c(16 * j), col_l))
+            ok = arith.andi(b.cmp("slt", row, t.m_left), b.cmp("slt", col, t.n_left))
             voff = b.sel(ok, b.mul(b.add(b.mul(row, N), col), b.c(esz)), b.c(INVALID_OFFSET))
             v = acc[(i * nj + j) // g]
             if g > 1:                      # this B tile's rows of the stacked accumulator
                 v = llvm.shufflevector(ir.VectorType.get([width], b.f32), v, v, list(range(width * (j % g),
                                                                                           width * (j % g + 1))))
-            if splitk:
+            if t.splitk:
                 for e in range(width):
                     x = llvm.extractelement(v, b.c(e))
                     rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))

@@ -188,15 +188,15 @@ CATALOGUE = (
         (MX_GEMM, "arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks)))", "b.add(g, b.c(4 * h))"),),
         "fragments read LDS chunk g unswizzled: the DMA stored it at g ^ (row % chunks)"),
     Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
-        (MX_GEMM, "slot = arith.remui(kt, b.c(num_buffers))", "slot = b.c(0)"),),
+        (MX_GEMM, "slot = arith.remui(kt, b.c(t.num_buffers))", "slot = b.c(0)"),),
         "one LDS stage: step kt+1's DMA overwrites the tile other waves are still reading"),
     Mutation("mx-gemm-split-floor", ("mx_gemm",), (
         (MX_GEMM, "per_split = arith.divui(b.add(steps, b.add(splits, b.c(-1))), splits)",
          "per_split = arith.divui(steps, splits)"),),
         "K steps per split rounded down: an uneven split-K drops its last steps"),
     Mutation("mx-gemm-row-tail-unmasked", ("mx_gemm",), (
-        (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, m_left), b.cmp(\"slt\", col, n_left))",
-         "ok = b.cmp(\"slt\", col, n_left)"),),
+        (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, t.m_left), b.cmp(\"slt\", col, t.n_left))",
+         "ok = b.cmp(\"slt\", col, t.n_left)"),),
         "epilogue stores rows past M (into the next rows of out, or past its end)"),
     # ---- emulator semantics (kernel tests must pin them)
     Mutation("emu-v_add_f32-plus-1ulp", ALL, (
