@@ -55,7 +55,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, workgroup_barrier
+from ir_builder import INVALID_OFFSET, Builder, Int, workgroup_barrier
 
 THREADS = 256
 BK = 128                          # contraction per step = the MFMA's K
@@ -96,18 +96,18 @@ class _Operand:
         self.lds_bytes = (bmn if k_major else BK) * self.stride
         self.chunks = bmn * BK // (THREADS * 16)                 # 16-byte loads per thread and step
         per_row = BK // 16 if k_major else bmn // 16
-        tid = fx.thread_idx.x.ir_value()
+        tid = Int(fx.thread_idx.x.ir_value())
         self.slots = []                                          # (row-dim index, contraction index, LDS byte)
         for p in range(self.chunks):
-            q = arith.addi(tid, b.c(p * THREADS))
-            line, col = arith.divui(q, b.c(per_row)), arith.remui(q, b.c(per_row))
-            col = arith.muli(col, b.c(16))
+            q = tid + p * THREADS
+            line, col = q // per_row, q % per_row
+            col = col * 16
             r, c = (line, col) if k_major else (col, line)
-            self.slots.append((r, c, arith.addi(arith.muli(line, b.c(self.stride)), col)))
+            self.slots.append((r, c, line * self.stride + col))
 
     def step_base(self, b, tile_base, ld, kt):
         """64-bit base of contraction step kt."""
-        adv = b.u64(arith.muli(kt, b.c(BK)))
+        adv = b.u64(kt * BK)
         return b.gep(tile_base, adv if self.k_major else arith.muli(adv, b.u64(ld)))
 
     def load(self, b, base, ld, rows, c_left):
@@ -116,31 +116,30 @@ class _Operand:
         out = []
         for r, c, _ in self.slots:
             ok = arith.andi(b.cmp("slt", r, rows), b.cmp("slt", c, c_left))
-            off = arith.addi(arith.muli(r, ld), c) if self.k_major else arith.addi(arith.muli(c, ld), r)
+            off = r * ld + c if self.k_major else c * ld + r
             voff = arith.select(ok, off, b.c(INVALID_OFFSET))
             out.append(rocdl.raw_ptr_buffer_load(b.v4i32, rs, voff, b.c(0), aux=ir.IntegerAttr.get(b.i32, 0)))
         return out
 
     def store_lds(self, b, buf, regs):
         for (_, _, at), v in zip(self.slots, regs):
-            llvm.store(v, b.gep(buf, arith.addi(b.c(self.lds_off), at)), alignment=16)
+            llvm.store(v, b.gep(buf, b.c(self.lds_off) + at), alignment=16)
 
     def mfma_operand(self, b, buf, r0, lane):
         """v8i32 operand of rows r0 .. r0+15 (lane l: row l % 16, contraction 16(l/16) + i % 16 + 64(i/16))."""
-        g, s = arith.divui(lane, b.c(16)), arith.remui(lane, b.c(16))
+        g, s = lane // 16, lane % 16
         region = b.gep(buf, b.c(self.lds_off))
         if self.k_major:
-            row = arith.muli(arith.addi(r0, s), b.c(self.stride))
-            parts = [llvm.load(b.v4i32, b.gep(region, arith.addi(row, arith.addi(arith.muli(g, b.c(16)), b.c(h)))),
-                               alignment=16) for h in (0, 64)]
+            row = (r0 + s) * self.stride
+            parts = [llvm.load(b.v4i32, b.gep(region, row + (g * 16 + h)), alignment=16) for h in (0, 64)]
             return llvm.shufflevector(b.v8i32, parts[0], parts[1], list(range(8)))
         # Transposing reads: lane s of a 16-lane group reads 8 bytes of contraction row
         # (k0 + s/2) at rows 8(s%2).. ; lane j receives the rows-dim element j of rows k0..k0+7.
-        col = arith.addi(r0, arith.muli(arith.remui(s, b.c(2)), b.c(8)))
+        col = r0 + s % 2 * 8
         parts = []
         for k0 in (0, 8, 64, 72):
-            krow = arith.addi(arith.addi(arith.muli(g, b.c(16)), b.c(k0)), arith.divui(s, b.c(2)))
-            at = arith.addi(arith.muli(krow, b.c(self.stride)), col)
+            krow = g * 16 + k0 + s // 2
+            at = krow * self.stride + col
             parts.append(rocdl.ds_read_tr8_b64(b.v2i32, b.gep(region, at)))
         lo = llvm.shufflevector(b.v4i32, parts[0], parts[1], list(range(4)))
         hi = llvm.shufflevector(b.v4i32, parts[2], parts[3], list(range(4)))
@@ -152,23 +151,23 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     operand tile; c_len: contraction length; out_ld: output row stride in elements."""
     bm, bn, (fmt_a, fmt_b), out_t = cfg
     A, B = ops
-    tid = fx.thread_idx.x.ir_value()
-    lane = arith.remui(tid, b.c(64))
-    wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(64)))
-    wm, wn = arith.divui(wave, b.c(2)), arith.remui(wave, b.c(2))
+    tid = Int(fx.thread_idx.x.ir_value())
+    lane = tid % 64
+    wave = Int(rocdl.readfirstlane(b.i32, tid // 64))
+    wm, wn = wave // 2, wave % 2
     mi_n, nj_n = bm // 32, bn // 32
-    a_r0 = [arith.addi(arith.muli(wm, b.c(bm // 2)), b.c(16 * i)) for i in range(mi_n)]
-    b_r0 = [arith.addi(arith.muli(wn, b.c(bn // 2)), b.c(16 * j)) for j in range(nj_n)]
+    a_r0 = [wm * (bm // 2) + 16 * i for i in range(mi_n)]
+    b_r0 = [wn * (bn // 2) + 16 * j for j in range(nj_n)]
     buf_bytes = A.lds_bytes + B.lds_bytes
     steps = b.ceil_div(c_len, BK)
 
     def load(kt):
-        c_left = arith.subi(c_len, arith.muli(kt, b.c(BK)))
+        c_left = arith.subi(c_len, kt * BK)
         return (A.load(b, A.step_base(b, a_base, a_ld, kt), a_ld, a_rows, c_left),
                 B.load(b, B.step_base(b, b_base, b_ld, kt), b_ld, b_rows, c_left))
 
     def buffer(kt):
-        return b.gep(lds, arith.muli(arith.andi(kt, b.c(1)), b.c(buf_bytes)))
+        return b.gep(lds, (kt & 1) * buf_bytes)
 
     def stage(kt, regs):
         buf = buffer(kt)
@@ -180,9 +179,9 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     zero = arith.constant(b.v4f32, ir.DenseElementsAttr.get_splat(b.v4f32, ir.FloatAttr.get(b.f32, 0.0)))
     loop, body = b.for_range(steps, [zero] * (mi_n * nj_n))
     with ir.InsertionPoint(body):
-        kt = arith.index_cast(b.i32, loop.induction_variable)
+        kt = Int(arith.index_cast(b.i32, loop.induction_variable))
         acc = list(loop.inner_iter_args)
-        nxt = arith.addi(kt, b.c(1))
+        nxt = kt + 1
         regs = load(nxt)                                  # prefetch; all-zero past the last step
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
@@ -204,15 +203,14 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     v4h = ir.VectorType.get([4], half)
     splat = llvm.shufflevector(b.v4f32, llvm.insertelement(llvm.mlir_undef(b.v4f32), scale, b.c(0)),
                                llvm.mlir_undef(b.v4f32), [0, 0, 0, 0])
-    row_l = arith.remui(lane, b.c(16))
-    col_l = arith.muli(arith.divui(lane, b.c(16)), b.c(4))
+    row_l = lane % 16
+    col_l = lane // 16 * 4
     for i in range(mi_n):
-        row = arith.addi(a_r0[i], row_l)
+        row = a_r0[i] + row_l
         for j in range(nj_n):
-            col = arith.addi(b_r0[j], col_l)
+            col = b_r0[j] + col_l
             ok = arith.andi(b.cmp("slt", row, a_rows), b.cmp("slt", col, b_rows))
-            voff = arith.select(ok, arith.muli(arith.addi(arith.muli(row, out_ld), col), b.c(2)),
-                                b.c(INVALID_OFFSET))
+            voff = arith.select(ok, (row * out_ld + col) * 2, b.c(INVALID_OFFSET))
             v = llvm.bitcast(b.v2i32, arith.truncf(v4h, arith.mulf(acc[i * nj_n + j], splat)))
             rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=ir.IntegerAttr.get(b.i32, 0))
 
