@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import build, env, guards, isa, launcher, registry
+from .. import build, env, guards, launcher, registry
+from ..hardware import LIMITS
 
 
 @dataclass
@@ -72,7 +73,7 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
                 reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
 
 
-NUM_CUS = isa.LIMITS["gfx950"]["cus"]   # the MI355X's compute units: the planners size grids against them
+NUM_CUS = LIMITS["gfx950"]["cus"]   # the MI355X's compute units: the planners size grids against them
 E8M0 = (torch.uint8, torch.float8_e8m0fnu)   # the dtypes an e8m0 scale tensor may have
 
 

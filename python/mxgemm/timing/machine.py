@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..isa import ARCH_LIMITS, LIMITS, VALU_CYCLES
+from ..hardware import ARCH_LIMITS, LIMITS
+from ..isa import VALU_CYCLES
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Machine:
 
 
 def _chip(arch: str) -> dict:
-    """The facts mxgemm.isa already holds for ``arch`` (one table): CUs, SIMDs, waves, registers,
-    LDS, clock."""
+    """The facts mxgemm.hardware already holds for ``arch`` (one table): CUs, SIMDs, waves,
+    registers, LDS, clock."""
     occ, lim = ARCH_LIMITS[arch], LIMITS[arch]
     return dict(name=lim["name"], arch=arch, cus=lim["cus"], simds=occ["simds_per_cu"], waves_per_simd=occ["max_waves"],
                 regs_per_simd_lane=occ["vgprs"], lds_bytes=occ["lds_bytes"], clock_ghz=lim["clock_ghz"])
