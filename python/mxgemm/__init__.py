@@ -11,14 +11,14 @@ import importlib
 
 __version__ = "0.1.0"
 
-OPS = ("deep_gemm_fp8_grouped_gemm", "explain", "grouped_gemm_fp8", "grouped_gemm_fp8_kernel",
+OP_NAMES = ("deep_gemm_fp8_grouped_gemm", "explain", "grouped_gemm_fp8", "grouped_gemm_fp8_kernel",
        "grouped_gemm_fp8_variable_k", "moe_gemm2_a4w4", "moe_mxfp8_grouped_gemm", "mx_gemm", "mxfp8_dequantize",
        "smallm_mxfp8_gemm")
-__all__ = list(OPS)
+__all__ = list(OP_NAMES)
 
 
 def __getattr__(name: str):
-    if name in OPS:
+    if name in OP_NAMES:
         from . import ops
         return getattr(ops, name)
     try:                       # mxgemm.quant etc. without an explicit import, as before
@@ -30,4 +30,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted([*globals(), *OPS])
+    return sorted([*globals(), *OP_NAMES])

@@ -29,10 +29,6 @@ def parse_config(config) -> tuple | None:
     return None if cfg is None else (cfg["BM"], cfg["BN"])
 
 
-def _config_str(config) -> str:
-    return CONFIG.text(config)
-
-
 def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     """(BM, BN, why): the caller's config, else the deterministic default over the registered
     tiles (``tiles``, for this call's layout, scales and output) with N % BN == 0: the 32 x 32
@@ -166,7 +162,7 @@ def _check_layout(x, plan) -> None:
                                        "(pad every group to get_mk_alignment_for_contiguous_layout())")
 
 
-@op(plan=_plan, check_data=_check_layout, convert={"config": _config_str})
+@op(plan=_plan, check_data=_check_layout, convert={"config": CONFIG.text})
 def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
                                layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False,
                                config: str = "") -> torch.Tensor:

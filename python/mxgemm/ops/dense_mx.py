@@ -54,16 +54,7 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
     return Choice(KERNEL.name, v, why, {"splits": 1})
 
 
-CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})
-
-
-def parse_config(config) -> dict | None:
-    """A forced tile and split: "BM=64,BN=64,SPLITS=2" or the same as a dict (None if empty)."""
-    return CONFIG.parse(config)
-
-
-def _config_str(config) -> str:
-    return CONFIG.text(config)
+CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})   # a forced tile and split count
 
 
 def _forced(cfg, arch, a_fmt, b_fmt, out):
@@ -120,7 +111,7 @@ def _plan(x) -> Plan:
     if M == 0 or N == 0:
         return empty_plan(name, **shape)
     arch = launcher.backend_for(device, KERNEL.archs)[1]
-    cfg = parse_config(x.config)
+    cfg = CONFIG.parse(x.config)
     if cfg is None:
         choice = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K)
     else:
@@ -140,7 +131,7 @@ def _plan(x) -> Plan:
     return plan
 
 
-@op(plan=_plan, alloc=torch.empty, convert={"config": _config_str})
+@op(plan=_plan, alloc=torch.empty, convert={"config": CONFIG.text})
 def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
             a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: torch.dtype = torch.bfloat16,
             out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:

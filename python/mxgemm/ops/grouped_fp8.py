@@ -140,10 +140,6 @@ def _tiles_str(tiles) -> str:
     return ", ".join(f"{bm} x {bn}" for bm, bn in tiles) or "none"
 
 
-def _config_str(config) -> str:
-    return CONFIG_GRAMMAR.text(config)
-
-
 def choose_config(x, layout, G, M, N, K, table=None):
     """The Choice for a call (options: GROUP_M, PERSISTENT): the caller's config, else the tuned row
     of its problem if its tile is registered for the call's formats, else the heuristic."""
@@ -261,7 +257,7 @@ def _check_groups(x, plan) -> None:
 
 
 @op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": _config_str})
+    convert={"config": CONFIG_GRAMMAR.text})
 def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                             group_lens: torch.Tensor, group_offs: torch.Tensor | None = None, trans_b: bool = True,
                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
@@ -284,7 +280,7 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
 
 
 @op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": _config_str})
+    convert={"config": CONFIG_GRAMMAR.text})
 def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                 group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                                 out_dtype: torch.dtype = torch.bfloat16, *,

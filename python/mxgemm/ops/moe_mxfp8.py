@@ -23,10 +23,6 @@ def moe_heuristic_config(num_tokens: int, N: int):
 CONFIG = ConfigGrammar("moe_mxfp8_grouped_gemm", {"BLOCK_N": int, "M_CHUNK": int}, required=True)
 
 
-def _config_str(config) -> str:
-    return CONFIG.text(config)
-
-
 def _plan(x) -> Plan:
     name = "moe_mxfp8_grouped_gemm"
     a, w, block_m = x.a, x.w, x.block_m
@@ -114,7 +110,7 @@ def _fallback(x, plan) -> None:
     out[:n].copy_(vals)
 
 
-@op(plan=_plan, fallback=_fallback, alloc=torch.zeros, convert={"config": _config_str},
+@op(plan=_plan, fallback=_fallback, alloc=torch.zeros, convert={"config": CONFIG.text},
     check_data=_check_expert_ids)
 def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                            sorted_token_ids: torch.Tensor, sorted_expert_ids: torch.Tensor,

@@ -120,10 +120,6 @@ def parse_config(config) -> tuple | None:
     return kernel, cfg
 
 
-def _config_str(config) -> str:
-    return CONFIG.text(config)
-
-
 # ------------------------------------------------------------------------------------------
 # Plan
 # ------------------------------------------------------------------------------------------
@@ -173,7 +169,7 @@ def _fallback(x, plan) -> None:
     x.out.copy_(mx.dequant(x.a, x.a_scale) @ mx.dequant(x.b, x.b_scale).T)
 
 
-@op(plan=_plan, fallback=_fallback, alloc=torch.empty, convert={"config": _config_str})
+@op(plan=_plan, fallback=_fallback, alloc=torch.empty, convert={"config": CONFIG.text})
 def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
                       out: torch.Tensor | None = None, config: str = "", fallback: str = "auto") -> torch.Tensor:
     """Decode-regime MXFP8 GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 e8m0 K-block

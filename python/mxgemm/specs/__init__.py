@@ -38,8 +38,9 @@ def presets() -> dict:
 
 
 def op_call(case: Case, device="cpu", fill: str = "bytes") -> Call:
-    """The Call that runs ``case`` through its public op on ``device`` (variant checked)."""
-    return spec_of_kernel(case.kernel).call(case.kernel, case.variant, case.shape, Inputs(fill, device))
+    """The Call that runs ``case`` through its public op on ``device``, checked to run its variant."""
+    call = spec_of_kernel(case.kernel).call(case.kernel, case.variant, case.shape, Inputs(fill, device))
+    return call.expect(case.kernel, case.variant)
 
 
 def work(case: Case) -> Work:

@@ -213,12 +213,13 @@ class OpSpec:
     """Everything tools and tests need to know about one op file's ops.
 
     ``call(kernel, variant, shape, inputs)`` -> the Call that runs ``kernel`` ``variant`` on a
-    case's shape through its public op (the variant forced where the op takes a config, and
-    checked); ``work(kernel, variant, **shape)`` -> Work; ``presets`` name -> () -> [Case];
+    case's shape through its public op (the variant forced where the op takes a config; checked
+    by ``specs.op_call``); ``work(kernel, variant, **shape)`` -> Work; ``presets`` name -> () -> [Case];
     ``race(kernel, variant)`` -> fresh Calls reaching the variant's code paths (partial tiles,
     loop remainders, empty groups), for the race-deletion sweep and the GPU-path test;
     ``decode(inputs)`` -> {op: Call} at a decode-sized shape (dispatch and host benchmarks);
-    ``smoke(device)`` -> [(label, Call, reference output)] checked under ``contract``."""
+    ``smoke(device)`` -> [Smoke] checked under ``contract``. Every race call is checked to run
+    its variant by ``specs.race_calls``."""
     name: str                        # the op file: mxgemm/ops/<name>.py
     ops: tuple                       # public ops (framework ops first)
     kernels: tuple                   # registry kernels they dispatch to
