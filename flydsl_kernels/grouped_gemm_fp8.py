@@ -176,7 +176,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
 
     stage(b.c(0), load(b.c(0)))
     workgroup_barrier()
-    zero = arith.constant(b.v4f32, ir.DenseElementsAttr.get_splat(b.v4f32, ir.FloatAttr.get(b.f32, 0.0)))
+    zero = b.splat(b.v4f32, 0.0)
     loop, body = b.for_range(steps, [zero] * (mi_n * nj_n))
     with ir.InsertionPoint(body):
         kt = Int(arith.index_cast(b.i32, loop.induction_variable))
