@@ -1,5 +1,7 @@
 """quant.py spec: MX scales/payloads as torchao's to_mx, FP8 casts as DeepGEMM's recipes,
 and quantise -> dequantise error bounds."""
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from mxgemm import formats as F
 from mxgemm import quant as Q
+from mxgemm.guards import GuardError
 from mxgemm.metrics import assert_bitwise_equal
 
 try:  # torchao is the upstream definition of the MX scale modes; fall back to the oracle below
@@ -238,3 +241,59 @@ def test_per_token_roundtrip_error_bound(vals, use_ue8m0):
     y = (x * (1.0 / sf)).double()  # the value actually rounded, incl. the reciprocal's rounding
     assert ((d - y * sf.double()).abs() <= half_ulp(y, "e4m3") * sf.double() + 1e-300).all()
     assert (y.abs() <= 448 * (1 + 2**-20)).all()  # the scale leaves room: nothing saturates
+
+
+# ---- argument guards ----
+X = torch.ones(2, 32)
+P, S = Q.quantize_mx(X)  # a valid e4m3 payload [2, 32] with its scales [2, 1]
+MX_FORMATS = ", ".join(F.SPECS)
+BAD_CALLS = [  # (case, call, message naming the rule, the argument and its value)
+    ("quantize_mx-format", lambda: Q.quantize_mx(X, "e9m9"), f"[format] fmt = 'e9m9': expected one of {MX_FORMATS}"),
+    ("quantize_mx-mode", lambda: Q.quantize_mx(X, mode="ceil"), "[mode] mode = 'ceil': expected one of floor, rceil, even"),
+    ("quantize_mx-0d", lambda: Q.quantize_mx(torch.tensor(1.0)), "[shape] x must have at least 1 dimension; got a 0-d tensor"),
+    ("quantize_mx-block-0", lambda: Q.quantize_mx(X, block=0), "[block] block = 0 must be a positive int"),
+    ("quantize_mx-list", lambda: Q.quantize_mx([[1.0] * 32]), "[type] x must be a torch.Tensor; got list"),
+    ("quantize_mx-int", lambda: Q.quantize_mx(X.int()), "[dtype] x has dtype torch.int32; expected a floating dtype"),
+    ("quantize_mx-fp4-odd-K", lambda: Q.quantize_mx(torch.ones(1, 3), "e2m1", block=1),
+     "[fp4 packing: K % 2 == 0] K of x (its last dimension) = 3 must be a multiple of 2"),
+    ("mx_scale_e8m0-format", lambda: Q.mx_scale_e8m0(torch.ones(2), "e9m9"), f"[format] fmt = 'e9m9': expected one of {MX_FORMATS}"),
+    ("mx_scale_e8m0-mode", lambda: Q.mx_scale_e8m0(torch.ones(2), "e4m3", "x"), "[mode] mode = 'x': expected one of floor, rceil, even"),
+    ("mx_values-format", lambda: Q.mx_values(P, "e8m0"), f"[format] fmt = 'e8m0': expected one of {MX_FORMATS}"),
+    ("dequantize_mx-format", lambda: Q.dequantize_mx(P, S, "e9m9"), f"[format] fmt = 'e9m9': expected one of {MX_FORMATS}"),
+    ("dequantize_mx-list", lambda: Q.dequantize_mx([1], S), "[type] payload must be a torch.Tensor; got list"),
+    ("dequantize_mx-payload-dtype", lambda: Q.dequantize_mx(P.float(), S),
+     "[dtype] payload has dtype torch.float32; expected torch.uint8 or torch.float8_e4m3fn"),
+    ("dequantize_mx-scale-dtype", lambda: Q.dequantize_mx(P, S.float()),
+     "[dtype] scale has dtype torch.float32; expected torch.uint8 or torch.float8_e8m0fnu"),
+    ("dequantize_mx-scale-shape", lambda: Q.dequantize_mx(P, S.repeat(1, 2)), "[shape] scale has shape [2, 2]; expected [2, 1]"),
+    ("dequantize_mx-block-0", lambda: Q.dequantize_mx(P, S, block=0), "[block] block = 0 must be a positive int"),
+    ("dequantize_mx-K-off-block", lambda: Q.dequantize_mx(P[:, :20], S),
+     "[MX block: K % 32 == 0] K of payload (its last dimension, in elements) = 20 must be a multiple of 32"),
+    ("per_token-1d", lambda: Q.per_token_cast_to_fp8(torch.ones(4)), "[shape] x must be 2-D [rows, K]; got shape [4]"),
+    ("per_token-gran_k-0", lambda: Q.per_token_cast_to_fp8(X, gran_k=0), "[block] gran_k = 0 must be a positive int"),
+    ("per_token-list", lambda: Q.per_token_cast_to_fp8([[1.0]]), "[type] x must be a torch.Tensor; got list"),
+    ("per_block-3d", lambda: Q.per_block_cast_to_fp8(torch.ones(2, 4, 4)), "[shape] x must be 2-D [rows, K]; got shape [2, 4, 4]"),
+    ("per_block-gran-0", lambda: Q.per_block_cast_to_fp8(X, gran=0), "[block] gran = 0 must be a positive int"),
+    ("tensorwise-format", lambda: Q.tensorwise_cast_to_fp8(X, "e2m1"), "[format] fmt = 'e2m1': expected one of e4m3, e5m2"),
+    ("tensorwise-list", lambda: Q.tensorwise_cast_to_fp8([1.0]), "[type] x must be a torch.Tensor; got list"),
+    ("dequantize_fp8_blocks-1d", lambda: Q.dequantize_fp8_blocks(P[0], S, 1, 32), "[shape] q must be 2-D [M, K]; got shape [32]"),
+    ("dequantize_fp8_blocks-e5m2", lambda: Q.dequantize_fp8_blocks(P.view(torch.float8_e5m2), S.float(), 1, 32),
+     "[dtype] q has dtype torch.float8_e5m2; expected torch.float8_e4m3fn or torch.uint8"),
+    ("dequantize_fp8_blocks-bm-0", lambda: Q.dequantize_fp8_blocks(P, S.float(), 0, 32), "[block] bm = 0 must be a positive int"),
+    ("dequantize_fp8_blocks-sf-shape", lambda: Q.dequantize_fp8_blocks(P, S[:1].float(), 1, 32),
+     "[shape] sf has shape [1, 1]; expected [2, 1]"),
+    ("ceil_to_ue8m0-list", lambda: Q.ceil_to_ue8m0([1.0]), "[type] sf must be a torch.Tensor; got list"),
+]
+
+
+@pytest.mark.parametrize("call,message", [pytest.param(c, m, id=i) for i, c, m in BAD_CALLS])
+def test_rejects_bad_arguments(call, message):
+    with pytest.raises(GuardError, match=re.escape(message)):
+        call()
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_tensorwise_cast_of_an_empty_tensor_has_the_zero_tensor_scale(fmt):
+    q, sf = Q.tensorwise_cast_to_fp8(torch.ones(0, 4, dtype=torch.bfloat16), fmt)
+    assert q.shape == (0, 4) and q.dtype == F.TORCH_DTYPES[fmt]
+    assert sf.shape == () and sf.item() == Q.tensorwise_cast_to_fp8(torch.zeros(3, 4), fmt)[1].item()

@@ -1,9 +1,12 @@
 """routing.moe_sorting spec: aiter's block-aligned expert-sorted layout."""
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mxgemm.guards import GuardError
 from mxgemm.metrics import assert_bitwise_equal
 from mxgemm.routing import decode_sorted_id, moe_sorting
 
@@ -82,3 +85,59 @@ def test_layout_invariants(T, E, data, block_m):
     key = (tok * topk + slot)[real]
     same = blk_exp[real][1:] == blk_exp[real][:-1]
     assert (key[1:][same] > key[:-1][same]).all()
+
+
+def sorting_args(**override):
+    """A valid moe_sorting call (T=2, topk=2, E=4) with some arguments replaced."""
+    args = dict(topk_ids=torch.tensor([[0, 1], [2, 3]]), topk_weights=torch.rand(2, 2), num_experts=4)
+    return {**args, **override}
+
+
+BAD_SORTING = {  # case: (arguments, message naming the rule, the argument and its value)
+    "weights-shape": (dict(topk_ids=torch.tensor([[1, 2]]), topk_weights=torch.rand(3, 5)),
+                      "[shape] topk_weights has shape [3, 5]; expected [1, 2]"),
+    "weights-int": (dict(topk_weights=torch.ones(2, 2, dtype=torch.int64)),
+                    "[dtype] topk_weights has dtype torch.int64; expected a floating dtype"),
+    "weights-device": (dict(topk_weights=torch.rand(2, 2, device="meta")),
+                       "[device] all tensors must be on one device; got topk_ids=cpu, topk_weights=meta"),
+    "float-ids": (dict(topk_ids=torch.tensor([[1.7, 2.2]]), topk_weights=torch.rand(1, 2)),
+                  "[dtype] topk_ids has dtype torch.float32; expected an integer dtype"),
+    "list-ids": (dict(topk_ids=[[0, 1], [2, 3]]), "[type] topk_ids must be a torch.Tensor; got list"),
+    "1d-ids": (dict(topk_ids=torch.tensor([1, 2]), topk_weights=torch.rand(2)),
+               "[shape] topk_ids must be 2-D [T, topk]; got shape [2]"),
+    "topk-129": (dict(topk_ids=torch.zeros(1, 129, dtype=torch.int64), topk_weights=torch.rand(1, 129),
+                      num_experts=200, pad_value=0),
+                 "[shape] topk_ids has shape [1, 129]: a sorted id packs (slot << 24) | token into int32"),
+    "topk-128-default-pad": (dict(topk_ids=torch.zeros(1, 128, dtype=torch.int64), topk_weights=torch.rand(1, 128),
+                                  num_experts=200),
+                             "[shape] topk_ids has shape [1, 128]: a sorted id packs (slot << 24) | token into int32"),
+    "topk-over-experts": (dict(topk_ids=torch.tensor([[0, 0]]), num_experts=1, block_m=1, topk_weights=torch.rand(1, 2)),
+                          "[topk] topk = 2 (topk_ids shape [1, 2]) > num_experts = 1"),
+    "id-negative": (dict(topk_ids=torch.tensor([[0, 1], [-1, 3]])),
+                    "[expert-id] topk_ids[1, 0] = -1; expected an expert id 0 <= id < num_experts = 4"),
+    "id-too-big": (dict(topk_ids=torch.tensor([[0, 1], [2, 4]])),
+                   "[expert-id] topk_ids[1, 1] = 4; expected an expert id 0 <= id < num_experts = 4"),
+    "num_experts-0": (dict(num_experts=0), "[num_experts] num_experts = 0 must be a positive int"),
+    "block_m-0": (dict(block_m=0), "[block_m] block_m = 0 must be a positive int"),
+    "mask-length": (dict(expert_mask=torch.ones(3)), "[shape] expert_mask has shape [3]; expected [4]"),
+    "num_valid_len-3": (dict(num_valid_len=3), "[num_valid_len] num_valid_len = 3; expected 1"),
+    "pad_value-int32": (dict(pad_value=2**31), "[pad_value] pad_value = 2147483648 must be an int32"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SORTING)
+def test_rejects_bad_arguments(case):
+    override, message = BAD_SORTING[case]
+    with pytest.raises(GuardError, match=re.escape(message)):
+        moe_sorting(**sorting_args(**override))
+
+
+def test_skipping_routes_through_a_masked_extra_expert():
+    """The docstring's recipe for aiter's skip of out-of-range ids: route them to expert E, masked out."""
+    ids, w, E, block_m = torch.tensor([[0, -1], [2, 1], [-1, 3], [1, 2]]), torch.rand(4, 2), 4, 4
+    out = moe_sorting(torch.where(ids < 0, E, ids), w, E + 1, block_m, expert_mask=torch.tensor([1] * E + [0]))
+    want_ids, want_w, want_exp, n = loop_sorting(ids, w, E, block_m, (2 << 24) | 4)  # -1 matches no expert
+    assert out.num_valid_ids.tolist() == [n]
+    assert_bitwise_equal(out.sorted_token_ids[:len(want_ids)], want_ids, "sorted_token_ids")
+    assert_bitwise_equal(out.sorted_weights[:len(want_w)], want_w, "sorted_weights")
+    assert_bitwise_equal(out.sorted_expert_ids[:len(want_exp)], want_exp, "sorted_expert_ids")

@@ -8,7 +8,12 @@ Layouts (row-major, K fastest):
                        scales [ceil(N/128), ceil(K/128)] fp32 (powers of two with use_ue8m0).
   Tensorwise FP8:      one fp32 scale (0-dim tensor).
 Dequantised value = decode(code) * scale.
+Every helper refuses bad arguments (non-tensors, wrong dtypes or ranks, unknown formats or
+modes, non-positive block sizes, scales not matching the payload) with mxgemm.guards.GuardError
+(a ValueError) before computing anything.
 """
+import numbers
+
 import torch
 
 from . import formats as F
@@ -18,6 +23,40 @@ MX_BLOCK = 32
 # floor(log2(max)) of each element format: the exponent OCP MX aligns the block amax to
 EMAX = {"e4m3": 8, "e5m2": 15, "e3m2": 4, "e2m3": 2, "e2m1": 2}
 MX_MODES = ("floor", "rceil", "even")
+
+
+def _check_tensor(x, name: str, floating: bool = False) -> None:
+    if not isinstance(x, torch.Tensor):
+        guards.fail("type", f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if floating and not x.is_floating_point():
+        guards.fail("dtype", f"{name} has dtype {x.dtype}; expected a floating dtype")
+
+
+def _check_block(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        guards.fail("block", f"{name} = {value!r} must be a positive int (elements per scale block)")
+
+
+def _check_fmt(fmt, allowed) -> None:
+    """``allowed``: a formats table (F.SPECS, F.TORCH_DTYPES) whose keys are the valid names."""
+    if not isinstance(fmt, str) or fmt not in allowed:
+        guards.fail("format", f"fmt = {fmt!r}: expected one of {', '.join(allowed)}")
+
+
+def _check_mode(mode) -> None:
+    if not isinstance(mode, str) or mode not in MX_MODES:
+        guards.fail("mode", f"mode = {mode!r}: expected one of {', '.join(MX_MODES)}")
+
+
+def _check_payload(payload, fmt) -> None:
+    """MX payload: codes as uint8 (packed for e2m1) or the format's torch fp8 dtype, >= 1-D.
+    A payload of another dtype would be reinterpreted byte by byte, silently."""
+    _check_fmt(fmt, F.SPECS)
+    _check_tensor(payload, "payload")
+    guards.check_dtype(payload, "payload", (torch.uint8, F.TORCH_DTYPES[fmt]) if fmt in F.TORCH_DTYPES
+                       else torch.uint8)
+    if payload.dim() == 0:
+        guards.fail("shape", "payload must have at least 1 dimension; got a 0-d tensor")
 
 
 def _floor_log2(x: torch.Tensor) -> torch.Tensor:
@@ -34,19 +73,20 @@ def mx_scale_e8m0(amax: torch.Tensor, fmt: str, mode: str = "floor") -> torch.Te
     rceil: 2^ceil(log2(amax / max)) with amax / max rounded to fp32 first; never saturates.
     amax == 0 gives code 0 (2^-127), NaN gives 0xFF; exponents clamp to [-127, 127].
     """
+    _check_tensor(amax, "amax")
+    _check_fmt(fmt, F.SPECS)
+    _check_mode(mode)
     amax = amax.float()
     ebits, mbits, _ = F.SPECS[fmt]
     if mode == "rceil":
         d = amax / F.max_value(fmt)
         exp = _floor_log2(d) + (torch.frexp(d.double())[0] != 0.5).long()  # ceil; exact
         exp = torch.where(torch.isinf(d), 127, exp)
-    elif mode in ("floor", "even"):
+    else:
         if mode == "even":  # add half an element-ulp to the f32 mantissa, truncate to the exponent
             b = amax.view(torch.int32) + (1 << (22 - mbits))
             amax = torch.where(torch.isnan(amax), amax, (b & 0x7F800000).view(torch.float32))
         exp = torch.where(torch.isinf(amax), 128, _floor_log2(amax)) - EMAX[fmt]
-    else:
-        raise ValueError(f"unknown MX scale mode {mode!r}")
     exp = torch.where(amax == 0, -127, exp)
     code = exp.clamp(-127, 127) + F.E8M0_BIAS
     return torch.where(torch.isnan(amax), F.E8M0_NAN, code).to(torch.uint8)
@@ -58,10 +98,18 @@ def quantize_mx(x: torch.Tensor, fmt: str = "e4m3", mode: str = "floor", block: 
     Elements are divided by their block's scale exactly (powers of two) and encoded
     with RNE, saturating. payload: fp8 torch dtype for e4m3/e5m2, packed uint8
     [..., K/2] for e2m1, uint8 codes for e3m2/e2m3. K must be a multiple of ``block``
-    (mxgemm.guards.GuardError, a ValueError, otherwise).
+    (and even for e2m1, two codes a byte).
     """
+    _check_tensor(x, "x", floating=True)
+    if x.dim() == 0:
+        guards.fail("shape", "x must have at least 1 dimension; got a 0-d tensor")
+    _check_fmt(fmt, F.SPECS)
+    _check_mode(mode)
+    _check_block(block, "block")
     K = x.shape[-1]
     guards.check_multiple(K, "K of x (its last dimension)", block, f"MX block: K % {block} == 0")
+    if fmt == "e2m1":
+        guards.check_multiple(K, "K of x (its last dimension)", 2, "fp4 packing: K % 2 == 0")
     xb = x.float().reshape(*x.shape[:-1], K // block, block)
     scale = mx_scale_e8m0(xb.abs().amax(-1), fmt, mode)
     codes = F.encode(xb / F.decode_e8m0(scale).unsqueeze(-1), fmt, saturate=True).reshape(x.shape)
@@ -72,13 +120,22 @@ def quantize_mx(x: torch.Tensor, fmt: str = "e4m3", mode: str = "floor", block: 
 
 def mx_values(payload: torch.Tensor, fmt: str) -> torch.Tensor:
     """Unscaled element values of an MX payload (fp4 unpacked), fp32 [..., K]."""
+    _check_payload(payload, fmt)
     codes = F.unpack_fp4(payload) if fmt == "e2m1" else F.as_codes(payload)
     return F.decode(codes, fmt)
 
 
 def dequantize_mx(payload: torch.Tensor, scale: torch.Tensor, fmt: str = "e4m3",
                   block: int = MX_BLOCK) -> torch.Tensor:
-    """(payload, e8m0 scales) -> fp32 [..., K]; exact (power-of-two scaling)."""
+    """(payload, e8m0 scales [..., K/block], uint8 codes or torch.float8_e8m0fnu) -> fp32 [..., K];
+    exact (power-of-two scaling)."""
+    _check_payload(payload, fmt)
+    _check_tensor(scale, "scale")
+    guards.check_dtype(scale, "scale", (torch.uint8, torch.float8_e8m0fnu))
+    _check_block(block, "block")
+    K = payload.shape[-1] * (2 if fmt == "e2m1" else 1)
+    guards.check_multiple(K, "K of payload (its last dimension, in elements)", block, f"MX block: K % {block} == 0")
+    guards.check_shape(scale, "scale", (*payload.shape[:-1], K // block))
     v = mx_values(payload, fmt)
     return v * F.decode_e8m0(scale).repeat_interleave(block, dim=-1)
 
@@ -89,6 +146,7 @@ FP8_AMAX_EPS = 1e-4  # DeepGEMM clamps amax so all-zero blocks get a finite scal
 
 def ceil_to_ue8m0(sf: torch.Tensor) -> torch.Tensor:
     """Round positive fp32 scales up to a power of two (exponent clamped to [-126, 127])."""
+    _check_tensor(sf, "sf", floating=True)
     b = sf.abs().float().view(torch.int32)
     exp = ((b >> 23) & 0xFF) + ((b & 0x7FFFFF) != 0).int()
     return (exp.clamp(1, 254) << 23).view(torch.float32)
@@ -108,27 +166,49 @@ def _cast_blocks(x: torch.Tensor, bm: int, bk: int, use_ue8m0: bool, fmt: str = 
     return F.to_torch_fp8(codes, fmt), sf
 
 
+def _check_matrix(x) -> None:
+    _check_tensor(x, "x", floating=True)
+    if x.dim() != 2:
+        guards.fail("shape", f"x must be 2-D [rows, K]; got shape {list(x.shape)}")
+
+
 def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128):
     """x [M, K] -> (e4m3 [M, K], sf fp32 [M, ceil(K/gran_k)]): 1 x gran_k activation scales,
     sf = max(amax, 1e-4) / 448 (rounded up to a power of two with use_ue8m0)."""
+    _check_matrix(x)
+    _check_block(gran_k, "gran_k")
     return _cast_blocks(x, 1, gran_k, use_ue8m0)
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran: int = 128):
     """w [N, K] -> (e4m3 [N, K], sf fp32 [ceil(N/gran), ceil(K/gran)]): gran x gran weight scales."""
+    _check_matrix(x)
+    _check_block(gran, "gran")
     return _cast_blocks(x, gran, gran, use_ue8m0)
 
 
 def tensorwise_cast_to_fp8(x: torch.Tensor, fmt: str = "e4m3"):
     """x (any shape) -> (fmt same shape, sf fp32 0-dim): one scale max(amax, 1e-4) / fmt max
-    (448 e4m3, 57344 e5m2)."""
-    q, sf = _cast_blocks(x.reshape(1, -1), 1, x.numel(), False, fmt)
-    return q.view(x.shape), sf.reshape(())
+    (448 e4m3, 57344 e5m2). An empty x has amax 0: the all-zero tensor's scale, 1e-4 / fmt max."""
+    _check_tensor(x, "x", floating=True)
+    _check_fmt(fmt, F.TORCH_DTYPES)
+    flat = x.reshape(1, -1) if x.numel() else x.new_zeros(1, 1)  # a block of 0 elements has no scale
+    q, sf = _cast_blocks(flat, 1, flat.shape[1], False, fmt)
+    return q[:, :x.numel()].reshape(x.shape), sf.reshape(())
 
 
 def dequantize_fp8_blocks(q: torch.Tensor, sf: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
-    """e4m3 [M, K] with sf [ceil(M/bm), ceil(K/bk)] -> fp32 [M, K] (bm=1: per-token)."""
+    """e4m3 [M, K] (float8_e4m3fn or uint8 codes) with sf [ceil(M/bm), ceil(K/bk)] -> fp32 [M, K]
+    (bm=1: per-token)."""
+    _check_tensor(q, "q")
+    guards.check_dtype(q, "q", (torch.float8_e4m3fn, torch.uint8))
+    if q.dim() != 2:
+        guards.fail("shape", f"q must be 2-D [M, K]; got shape {list(q.shape)}")
+    _check_tensor(sf, "sf", floating=True)
+    _check_block(bm, "bm")
+    _check_block(bk, "bk")
     M, K = q.shape
+    guards.check_shape(sf, "sf", (-(-M // bm), -(-K // bk)))
     s = sf.float().repeat_interleave(bm, 0)[:M].repeat_interleave(bk, 1)[:, :K]
     return F.decode(q, "e4m3") * s
 
