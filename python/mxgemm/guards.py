@@ -69,13 +69,30 @@ def check_range(value: int, name: str, allowed, rule: str) -> None:
         fail(rule, f"{name} = {value} is outside the kernel envelope {sorted(allowed)}")
 
 
-def check_expert_ids(sorted_expert_ids, num_valid_ids, block_m: int, experts: int) -> None:
-    """Every block holding live rows (below num_valid_ids[0]) names an expert of ``w``: the
-    kernels skip or misread a block whose id is >= the expert count. Reads the ids (a device
-    sync on a GPU)."""
-    ids = sorted_expert_ids[:-(-int(num_valid_ids[0]) // block_m)]
-    bad = int(ids.max()) if ids.numel() else -1
+def check_routing(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m: int, tokens: int, topk,
+                  experts: int) -> None:
+    """The sorted MoE layout the kernels trust (each rule is one they would otherwise break by
+    reading out of bounds or reading another row): 0 <= num_valid_ids[0] <= len(sorted_token_ids);
+    every live entry (below num_valid_ids[0]) naming a real token (token < ``tokens``; larger
+    token ids are padding) has slot < ``topk`` (None: the op reads no slot); every block holding
+    live rows names an expert of w (< ``experts``; -1: none). Reads the tensors: a device-to-host
+    copy and a sync on a GPU."""
+    rows = sorted_token_ids.numel()
+    live = int(num_valid_ids[0])
+    if not 0 <= live <= rows:
+        fail("num_valid_ids", f"num_valid_ids[0] = {live} must be within 0..{rows} (the length of sorted_token_ids)")
+    ids = sorted_token_ids[:live]
+    token, slot = ids & 0xFFFFFF, (ids >> 24) & 0xFF
+    if topk is not None:
+        bad = ((token < tokens) & (slot >= topk)).nonzero()
+        if bad.numel():
+            p = int(bad[0])
+            fail("sorted_token_ids", f"sorted_token_ids[{p}] = {int(ids[p]) & 0xFFFFFFFF:#x} is token {int(token[p])} "
+                                     f"slot {int(slot[p])}: a real token's slot must be < topk = {topk} "
+                                     f"(entries are (slot << 24) | token; token >= {tokens} marks padding)")
+    blocks = sorted_expert_ids[:-(-live // block_m)]
+    bad = int(blocks.max()) if blocks.numel() else -1
     if bad >= experts:
-        block = int((ids == bad).nonzero()[0])
+        block = int((blocks == bad).nonzero()[0])
         fail("expert-id", f"sorted_expert_ids[{block}] = {bad} but w holds {experts} experts "
                           f"(ids 0..{experts - 1})")

@@ -15,13 +15,14 @@ methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute
 case): one fp32 dequantisation scale per tensor (value = fp8 * scale). Mixed e4m3 / e5m2
 operands are taken where hybrid training's backward has them (see the ops). Everything else about the call (dtypes,
 shapes, alignment,
-device, arch) is decided by the ops' own planners, so ``can_handle`` is True exactly when
-``execute`` runs without a GuardError, and False (no exception) otherwise.
+device, arch) and about its data (group sizes against the rows) is decided by the ops' own
+checks, which ``can_handle`` runs without launching: it is True exactly when ``execute`` runs
+without a GuardError, and False (no exception) otherwise.
 """
 from __future__ import annotations
 
 from . import guards
-from .ops import explain, grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
+from .ops import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
 
 
 def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, out_dtype, granularity, num_cu,
@@ -48,7 +49,7 @@ class GroupedGemmFP8Backend:
     def can_handle(**kw) -> bool:
         try:
             op, args, op_kw = _call(**kw)
-            explain(op.name, *args, **op_kw)
+            op.check(*args, **op_kw)
         except guards.GuardError:
             return False
         return True

@@ -70,6 +70,9 @@ def _flat(a, b, d, layout, recipe, masked: bool, config):
     for name, pair in (("a", a), ("b", b)):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             guards.fail("args", f"{name} must be a (fp8 tensor, scales) pair as in DeepGEMM; got {type(pair).__name__}")
+    if not isinstance(layout, torch.Tensor):
+        guards.fail("type", f"{'masked_m' if masked else 'm_indices'} must be an int32 torch.Tensor; "
+                            f"got {type(layout).__name__}")
     want = (1, 1, 128) if b[1].dtype == PACKED else (1, 128, 128)  # DeepGEMM's default for this sfb
     if recipe is not None and tuple(recipe) != want:
         guards.fail("recipe", f"recipe = {tuple(recipe)}: with sfb of dtype {b[1].dtype} the block scaling is {want}")

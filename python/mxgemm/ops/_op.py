@@ -9,8 +9,10 @@ fallback; ``op(...)`` turns them into the op.
 The framework makes the torch.library custom op ``mxgemm::my_gemm`` (and ``my_gemm_out``,
 mutating ``out``, when ``out`` is optional), whose fake impl runs the same planner so guards
 fire under tracing; memoises plans (the last few behind torch's C++ tensor guard, the rest on
-a key of what guards read of each tensor: shape, dtype, device, contiguity, and the other
-arguments); and launches the plan's kernel with its arguments taken by name (registry
+a key of what guards read of each tensor: shape, strides, dtype, device, and the other
+arguments); checks a caller's ``out`` on every call (it must not overlap an input, nor require
+grad); runs the op's data checks (``check_data``, e.g. routing metadata) before the launch
+unless the call says ``validate=False``; and launches the plan's kernel with its arguments taken by name (registry
 ``Kernel.args``) from the call's values and ``plan.args``. The planner sees the call as a
 namespace (``x.a``, ``x.out``) and returns a Plan after running its guards, which raise
 GuardError before anything runs.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import build, env, guards, launcher, registry
+from .. import build, guards, launcher, registry
 from ..hardware import LIMITS
 
 
@@ -44,6 +46,8 @@ class Plan:
     out_dtype: torch.dtype | None = None
     zero_out: bool = False         # the kernel accumulates into out (e.g. split-K atomics): zero it first
     run: object = field(default=None, repr=False, compare=False)   # run(flat), made at the first execution
+    # (index, bytes spanned) of each tensor of a call with a caller's out, for the overlap check
+    extents: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def fallback(self) -> bool:
@@ -146,12 +150,12 @@ def _schema_type(hint) -> str:
 
 def _key_function(types_):
     """key(flat) of the plan cache for an op with these parameter types: what guards read of
-    each tensor (shape, dtype, device, contiguity; None stays None) and every other argument.
+    each tensor (shape, strides, dtype, device; None stays None) and every other argument.
     Generated once per op as straight-line code, so no loop or per-tensor call is added to the
     attribute reads."""
     fields = []
     for i, t in enumerate(types_):
-        read = f"t{i}.shape, t{i}.dtype, t{i}.device, t{i}.is_contiguous()"
+        read = f"t{i}.shape, t{i}.stride(), t{i}.dtype, t{i}.device"
         fields.append(read if t == "Tensor" else f"(None if t{i} is None else ({read}))" if t == "Tensor?"
                       else f"t{i}")
     names = ", ".join(f"t{i}" for i in range(len(types_)))
@@ -216,7 +220,8 @@ class _Default:
 
 
 class Op:
-    def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None):
+    def __init__(self, fn, plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None,
+                 out_shape=None):
         hints = typing.get_type_hints(fn)
         params = list(inspect.signature(fn).parameters.values())
         self.name, self.__doc__ = fn.__name__, fn.__doc__
@@ -225,6 +230,7 @@ class Op:
         self.defaults = tuple(p.default for p in params)
         types_ = [_schema_type(hints[n]) for n in self.names]
         self.tensors = tuple(i for i, t in enumerate(types_) if t.startswith("Tensor"))
+        self._required = tuple(i for i, t in enumerate(types_) if t == "Tensor")
         self._key = _key_function(types_)
         self._recent: list = []
         # plan(flat): the memoised plan of a call given one value per parameter (out may be
@@ -235,9 +241,12 @@ class Op:
         self._convert = convert or {}
         self._fill = fill or {}
         self._check_data = check_data
+        self._out_shape = out_shape
         self._plans: dict = {}
         self.out_index = self.names.index("out")
         optional_out = types_[self.out_index] == "Tensor?"
+        if optional_out != (out_shape is not None) or (check_data is not None) != ("validate" in self.names):
+            raise TypeError(f"{self.name}: an optional out needs out_shape; check_data needs a validate parameter")
         decl = [f"{t} {n}" for n, t in zip(self.names, types_)]
         if optional_out:  # functional op (allocates out) + the mutating _out op
             self._define(self.name, "(" + ", ".join(d for n, d in zip(self.names, decl) if n != "out")
@@ -277,11 +286,13 @@ class Op:
             i = self.names.index(n)
             scope[f"conv{i}"] = conv
             body.append(f"    flat[{i}] = conv{i}(flat[{i}])")
-        for n, derive in self._fill.items():
+        for n, derive in self._fill.items():   # derive(other params by name), traceable by dynamo
             i = self.names.index(n)
             scope[f"fill{i}"] = derive
-            body.append(f"    if flat[{i}] is None:\n        flat[{i}] = fill{i}(namespace(flat))")
-        scope.update(namespace=self.namespace, functional=self._functional_op, out_op=self._out_op,
+            given = ", ".join(f"flat[{self.names.index(p)}]" for p in inspect.signature(derive).parameters)
+            body.append(f"    if flat[{i}] is None:\n        flat[{i}] = fill{i}({given})")
+        scope.update(functional=self._functional_op, out_op=self._out_op, check_types=self._check_types,
+                     check_out=self._check_out,
                      recent=self._recent_plan, execute=self._execute, alloc=self._alloc,
                      bump=torch._C._increment_version, compiling=torch.compiler.is_compiling,
                      dispatch_modes=torch._C._len_torch_dispatch_stack,
@@ -295,11 +306,12 @@ class Op:
              # functional tensors never pass the guards)
              f"    p = None if compiling() or dispatch_modes() or function_modes() or "
              f"profiler._is_profiler_enabled else recent(flat)\n"
+             f"    if p is None:\n        check_types(flat)\n"
              f"    if {out} is None:\n"
              f"        if p is None:\n            del flat[{o}]\n            return functional(*flat)\n"
              f"        flat[{o}] = {out} = alloc(p.out_shape, dtype=p.out_dtype, device={dev})\n"
              f"    elif p is None:\n        out_op(*flat)\n        return {out}\n"
-             f"    else:\n        bump(({out},))\n"
+             f"    else:\n        check_out(p, flat)\n        bump(({out},))\n"
              f"    execute(p, flat)\n    return {out}\n", scope)
         return scope["flatten"], scope["call"]
 
@@ -310,8 +322,47 @@ class Op:
     def explain(self, *args, **kw) -> Plan:
         return self.plan(self.flatten(args, kw))
 
+    def check(self, *args, **kw) -> Plan:
+        """``explain``, then every other check the call would run before its launch (the
+        caller's out, the data checks unless validate=False): GuardError exactly when the call
+        would raise one."""
+        flat = self.flatten(args, kw)
+        p = self.plan(flat)
+        if flat[self.out_index] is not None:
+            self._check_out(p, flat)
+        if self._check_data is not None and flat[self.names.index("validate")]:
+            self._check_data(self.namespace(flat), p)
+        return p
+
     # -- planning
+    def _check_types(self, flat) -> None:
+        for i in self.tensors:
+            if (flat[i] is not None or i in self._required) and not isinstance(flat[i], torch.Tensor):
+                guards.fail("type", f"{self.names[i]} must be a torch.Tensor; got {type(flat[i]).__name__}")
+
+    def _check_out(self, p: Plan, flat) -> None:
+        """A caller's out: not a tensor autograd tracks (an in-place write would bypass it), and
+        sharing no byte with an input (the kernel would read what it has written). Byte ranges
+        (first to last element) are compared, so interleaved views count as overlapping."""
+        out = flat[self.out_index]
+        if out.requires_grad:
+            guards.fail("out-requires-grad", f"{self.name}: out requires grad; the op writes it in place, "
+                                             "outside autograd (pass a tensor that does not require grad)")
+        ext = p.extents
+        if ext is None:
+            ext = p.extents = tuple((i, _span(flat[i])) for i in self.tensors if flat[i] is not None)
+        lo = out.data_ptr()
+        hi = lo + _span(out)
+        for i, n in ext:
+            if i != self.out_index and n:
+                t = flat[i].data_ptr()
+                if t < hi and lo < t + n:
+                    guards.fail("out-alias", f"{self.name}: out (bytes {lo:#x}..{hi:#x}) overlaps input "
+                                             f"{self.names[i]} (bytes {t:#x}..{t + n:#x}); pass an out that "
+                                             "shares no memory with the inputs")
+
     def _plan_miss(self, flat, others, tensors) -> Plan:
+        self._check_types(flat)
         key = self._key(flat)
         p = self._plans.get(key)
         if p is None:
@@ -335,8 +386,9 @@ class Op:
         flat.insert(self.out_index, out)
         return flat
 
-    def _plan_flat(self, *flat):
-        self.plan(flat)
+    def _plan_flat(self, *flat):   # the out op's fake impl: guards only
+        if not _symbolic(flat):
+            self.plan(flat)
 
     # -- custom op impls
     def _functional(self, *flat):
@@ -347,12 +399,19 @@ class Op:
         return flat[self.out_index]
 
     def _functional_fake(self, *flat):
-        p = self.plan(self._with_out(flat, None))
-        return flat[self.tensors[0]].new_empty(p.out_shape, dtype=p.out_dtype)
+        """Guards and planning on concrete shapes; on symbolic ones (torch.compile's dynamic
+        shapes) only the output's shape arithmetic: the real call plans each size."""
+        flat = self._with_out(flat, None)
+        if not _symbolic(flat):
+            self.plan(flat)
+        shape, dtype = self._out_shape(self.namespace(flat))
+        return flat[self.tensors[0]].new_empty(shape, dtype=dtype)
 
     def _run(self, *flat):
+        p = self.plan(flat)
+        self._check_out(p, flat)
         torch._C._increment_version((flat[self.out_index],))   # out changes in place
-        self._execute(self.plan(flat), flat)
+        self._execute(p, flat)
 
     def _execute(self, p: Plan, flat) -> None:
         if p.run is None:
@@ -363,11 +422,10 @@ class Op:
         """``run(flat)``: a plan's execution, made at its first call. Arguments the kernel takes
         from the plan or from non-tensor parameters are constants of the plan (its cache key holds
         them); tensors come from each call."""
-        if p.kernel is None and not p.fallback:
-            return lambda flat: None
-        # host data is free to read on the emulator; a GPU (or the mock runtime, which stands
-        # for one) pays a sync, so only under MXGEMM_VALIDATE=1
-        check = self._check_data if self._check_data is not None and (p.backend == "emu" or validate()) else None
+        # on a GPU the data checks cost a device-to-host copy and a sync; validate=False skips them
+        check = self._check_data if self._check_data is not None and flat[self.names.index("validate")] else None
+        if p.kernel is None and not p.fallback:   # nothing to compute, but the data must still be valid
+            return (lambda flat: check(self.namespace(flat), p)) if check else (lambda flat: None)
         if p.fallback:
             def run(flat):
                 x = self.namespace(flat)
@@ -395,22 +453,30 @@ class Op:
         return run
 
 
-@functools.lru_cache(maxsize=1)
-def validate() -> bool:
-    """``MXGEMM_VALIDATE=1``: run the data checks (e.g. expert ids) on the hip backend too (GPU
-    tensors, or CPU tensors through the mock runtime), at the cost of a device sync per call.
-    The emulator backend always checks. Read once per process."""
-    return env.get("MXGEMM_VALIDATE") == "1"
+def _span(t: torch.Tensor) -> int:
+    """Bytes from t's first element to the end of its last (0 when empty)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-def op(plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None):
+def _symbolic(flat) -> bool:
+    """Does any argument hold a symbolic size (torch.compile's dynamic shapes)?"""
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    return any(isinstance(v, sym) or isinstance(v, torch.Tensor)
+               and any(isinstance(d, sym) for d in (*v.shape, *v.stride())) for v in flat)
+
+
+def op(plan, fallback=None, alloc=None, convert=None, check_data=None, fill=None, out_shape=None):
     """Decorator: the annotated signature function -> the public op (see the module docstring).
-    ``alloc``: torch.empty / torch.zeros for out-less calls; ``convert``: {param: fn} applied
-    to user values (e.g. a config dict -> its string form); ``fill``: {param: fn(x)} computes an
-    argument left None from the others (e.g. group offsets from group lengths); ``check_data(x,
-    plan)``: checks of tensor contents, run on CPU tensors (and on GPU ones under MXGEMM_VALIDATE=1)."""
+    ``alloc``: torch.empty / torch.zeros for out-less calls; ``out_shape(x)``: (shape, dtype) of
+    an out-less call's result by shape arithmetic alone (torch.compile's symbolic shapes);
+    ``convert``: {param: fn} applied to user values (e.g. a config dict -> its string form);
+    ``fill``: {param: fn(other params by name)} computes an argument left None (e.g. group offsets
+    from group lengths); ``check_data(x, plan)``: checks of tensor contents before the launch,
+    skipped when the call passes ``validate=False`` (the op then has that parameter)."""
     def deco(fn):
-        return functools.update_wrapper(Op(fn, plan, fallback, alloc, convert, check_data, fill), fn,
+        return functools.update_wrapper(Op(fn, plan, fallback, alloc, convert, check_data, fill, out_shape), fn,
                                         updated=())
     return deco
 

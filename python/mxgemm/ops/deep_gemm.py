@@ -63,8 +63,7 @@ def choose_variant(N: int, m_tiles, family: dict, config="") -> Choice:
 def scale_strides(sf: torch.Tensor, name: str) -> tuple:
     """Byte strides (group, row, 4 K blocks, K block within 4) of scales [G?, rows, columns]:
     row-major (contiguous) or DeepGEMM's MN-major TMA-aligned layout (rows unit-stride, each
-    column padded to 4 elements). Any other layout is refused: the plan cache keys on
-    contiguity, not strides."""
+    column padded to 4 elements). Any other layout is refused."""
     m, cols = sf.shape[-2:]
     if sf.is_contiguous():
         st = sf.stride()
@@ -138,9 +137,9 @@ def _plan(x) -> Plan:
 
 def _check_layout(x, plan) -> None:
     """Group ids and row counts the kernel relies on (reads the tensor: a sync on a GPU)."""
-    G, lay = plan.args["groups"], x.layout
+    G, lay = x.b.shape[0], x.layout
     if x.masked:
-        m_max = plan.args["m_max"]
+        m_max = x.a.shape[1]
         bad = ((lay < 0) | (lay > m_max)).nonzero()
         if bad.numel():
             i = int(bad[0])
@@ -165,7 +164,7 @@ def _check_layout(x, plan) -> None:
 @op(plan=_plan, check_data=_check_layout, convert={"config": CONFIG.text})
 def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
                                layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False,
-                               config: str = "") -> torch.Tensor:
+                               config: str = "", validate: bool = True) -> torch.Tensor:
     """Grouped FP8 GEMM, NT, with DeepGEMM's block scales, written into ``out`` (DeepGEMM's d):
         out[m, n] = sum over 128-K blocks kb of sfa[m, kb] * sfb[g, n, kb] * (a[m, kb] . b[g, n, kb])
     with g the group of row m (sfb[g, n, kb]: the scale of n's 128-row block, or of row n).
@@ -182,6 +181,7 @@ def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
         shapes, or DeepGEMM's packing of four to an int32 along K (byte i of word j = K block
         4j + i): sfa [.., M, ceil(K/512)], sfb [G, N, ceil(K/512)] (one scale per row of b).
     out bf16 or f16 (RNE). Rows of no group (m_indices -1, rows >= masked_m) are not written.
+    validate: check m_indices / masked_m before the launch (a sync on a GPU); False skips it.
     config: the tile "BM=..,BN=.." (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
     choose_tile. N % 32 == 0 (N % BN).
     K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales

@@ -131,7 +131,8 @@ def _plan(x) -> Plan:
     return plan
 
 
-@op(plan=_plan, alloc=torch.empty, convert={"config": CONFIG.text})
+@op(plan=_plan, alloc=torch.empty, convert={"config": CONFIG.text},
+    out_shape=lambda x: ((x.a.shape[0], x.b.shape[0]), x.out_dtype))
 def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
             a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: torch.dtype = torch.bfloat16,
             out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:

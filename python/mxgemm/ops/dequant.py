@@ -38,7 +38,7 @@ def _plan(c) -> Plan:
                        f"sample kernel in {c.language}, one thread per 4 elements", **shape, elements=M * K, M=M, K=K)
 
 
-@op(plan=_plan, alloc=torch.empty)
+@op(plan=_plan, alloc=torch.empty, out_shape=lambda x: (tuple(x.x.shape), torch.float32))
 def mxfp8_dequantize(x: torch.Tensor, scale: torch.Tensor, *, out: torch.Tensor | None = None,
                      language: str = "hip") -> torch.Tensor:
     """Decode MXFP8: out[m, k] = e4m3(x[m, k]) * 2^(scale[m, k // 32] - 127), fp32.

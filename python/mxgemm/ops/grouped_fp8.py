@@ -13,7 +13,6 @@ op_tests/tune_grouped_gemm_fp8.py), else ``heuristic_config``. ``num_cu`` always
 from __future__ import annotations
 
 import functools
-import types
 
 import torch
 
@@ -35,9 +34,11 @@ PERSISTENT = (0, 1, 2)
 CONFIG_GRAMMAR = ConfigGrammar("grouped_gemm_fp8", dict.fromkeys(CONFIG, int), required=True)
 
 
-def group_offsets(x) -> torch.Tensor:
+def group_offsets(group_lens) -> torch.Tensor:
     """[0, cumsum(group_lens)] as int64, on group_lens' device."""
-    lens = x.group_lens.reshape(-1).to(torch.int64)   # a malformed group_lens meets its guard in the planner
+    if not isinstance(group_lens, torch.Tensor):
+        guards.fail("type", f"group_lens must be a torch.Tensor (int64 [G]); got {type(group_lens).__name__}")
+    lens = group_lens.reshape(-1).to(torch.int64)   # a malformed group_lens meets its guard in the planner
     return torch.cat([lens.new_zeros(1), lens.cumsum(0)])
 
 
@@ -257,11 +258,12 @@ def _check_groups(x, plan) -> None:
 
 
 @op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text})
+    convert={"config": CONFIG_GRAMMAR.text},
+    out_shape=lambda x: ((x.a.shape[0], x.b.shape[1] if x.trans_b else x.b.shape[2]), x.out_dtype))
 def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                             group_lens: torch.Tensor, group_offs: torch.Tensor | None = None, trans_b: bool = True,
                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
-                            out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
+                            out: torch.Tensor | None = None, config: str = "", validate: bool = True) -> torch.Tensor:
     """Grouped GEMM with tensorwise FP8 operands, groups along the rows of ``a`` (MoE forward
     and dgrad): for g < G and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
         out[r, :] = rne(fp32(a_scale * b_scale) * a[r, :] . B_g)   with fp32 accumulation,
@@ -275,16 +277,19 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
     [sum_m, N] of that dtype. num_cu: cap the grid at this many workgroups (persistent: each
     loops over tiles); None leaves the grid to the config. config: force one (parse_config);
     default: the tuned table row of the problem, else heuristic_config (module docstring).
-    Group sizes are checked against sum_m on CPU tensors (on a GPU only under MXGEMM_VALIDATE=1).
+    validate: check group_lens / group_offs against sum_m before the launch (on a GPU a
+    device-to-host copy and a sync); False skips it for callers that know them valid.
     """
 
 
 @op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text})
+    convert={"config": CONFIG_GRAMMAR.text},
+    out_shape=lambda x: ((x.group_lens.shape[0], x.a.shape[1], x.b.shape[1]), x.out_dtype))
 def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                 group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                                 out_dtype: torch.dtype = torch.bfloat16, *,
-                                out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
+                                out: torch.Tensor | None = None, config: str = "",
+                                validate: bool = True) -> torch.Tensor:
     """Grouped GEMM with tensorwise FP8 operands, groups along the contraction (MoE wgrad):
         out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
     fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
@@ -293,7 +298,7 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     in either order with bf16 out: hybrid training's wgrad); a_scale,
     b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
     (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
-    (torch.bfloat16 or torch.float16). config: as for grouped_gemm_fp8_kernel.
+    (torch.bfloat16 or torch.float16). config, validate: as for grouped_gemm_fp8_kernel.
     """
 
 
@@ -306,27 +311,30 @@ class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
     variable-K wgrad."""
 
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt, validate):
         fwd_fmt, ctx.grad_fmt = FORMATS[fmt]
         (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fwd_fmt) for t in (a, b))
         ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
         ctx.trans_b, ctx.num_cu, ctx.out_dtype = trans_b, num_cu, out_dtype
         ctx.dtypes = a.dtype, b.dtype
-        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu)
+        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu,
+                                       validate=validate)
 
     @staticmethod
     def backward(ctx, grad_out):
         aq, sa, bq, sb, lens, offs = ctx.saved_tensors
         gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.grad_fmt)
-        grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu)
-        grad_b = (grouped_gemm_fp8_variable_k(gq, sg, aq, sa, lens, offs, ctx.out_dtype) if ctx.trans_b
-                  else grouped_gemm_fp8_variable_k(aq, sa, gq, sg, lens, offs, ctx.out_dtype))
-        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), None, None, None, None, None, None
+        # the groups were checked (or vouched for) by the forward
+        grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu,
+                                         validate=False)
+        lhs, rhs = ((gq, sg), (aq, sa)) if ctx.trans_b else ((aq, sa), (gq, sg))
+        grad_b = grouped_gemm_fp8_variable_k(*lhs, *rhs, lens, offs, ctx.out_dtype, validate=False)
+        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), *(None,) * 7
 
 
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                      trans_b: bool = True, out_dtype: torch.dtype | None = None, num_cu: int | None = None,
-                     format: str = "e4m3") -> torch.Tensor:
+                     format: str = "e4m3", validate: bool = True) -> torch.Tensor:
     """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
     group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
 
@@ -335,8 +343,8 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     in e4m3, grad_out in e5m2: its wider range for gradients); out_dtype: bf16 or fp16, default
     a.dtype. The backward quantises grad_out and runs
     grouped_gemm_fp8_kernel (grad_a) and grouped_gemm_fp8_variable_k (grad_b), each computed in
-    out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu as in
-    grouped_gemm_fp8_kernel."""
+    out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu / validate as
+    in grouped_gemm_fp8_kernel (the forward checks the groups; the backward reuses them)."""
     if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
         guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
                              f"got a {a.dtype}, b {b.dtype}")
@@ -347,5 +355,6 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     if format not in FORMATS:
         guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
-        group_offs = group_offsets(types.SimpleNamespace(group_lens=group_lens))
-    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format)
+        group_offs = group_offsets(group_lens)
+    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format,
+                                           validate)

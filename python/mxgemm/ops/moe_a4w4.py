@@ -67,11 +67,11 @@ def _plan(x) -> Plan:
         guards.fail("shape", f"a has K = {a.shape[1] * 2} (shape {list(a.shape)}, 2 values per byte) "
                              f"but w has K = {K} (shape {list(w.shape)})")
     rows = a.shape[0]
-    if T == 0 or rows % T:
+    if rows % max(T, 1) or (T == 0) != (rows == 0):
         guards.fail("shape", f"out has shape {list(out.shape)}: its T = {T} does not divide the {rows} rows "
                              f"of a (a holds T*topk rows, one per token and top-k slot)")
-    topk = rows // T
-    if T >= _MAX_TOKENS or topk > _MAX_TOPK:
+    topk = rows // T if T else None
+    if T >= _MAX_TOKENS or (topk or 0) > _MAX_TOPK:
         guards.fail("routing", f"T = {T} must be < 2^24 and topk = {topk} <= 256 "
                                "(sorted_token_ids packs (slot << 24) | token)")
     guards.check_shape(x.a_scale, "a_scale", (rows, K // 32))
@@ -113,24 +113,27 @@ def _plan(x) -> Plan:
            else f"language={language!r} requested")
     language = "hip" if language == "auto" else language
     blocks = x.sorted_expert_ids.numel()
-    if K == 0 or N == 0 or blocks == 0:
-        return empty_plan("moe_gemm2_a4w4", "empty problem: nothing to launch")
+    routing = dict(block_m=int(block_m), tokens=T, topk=topk, experts=E)   # what the data check reads
+    if K == 0 or N == 0 or blocks == 0 or T == 0:
+        return empty_plan("moe_gemm2_a4w4", "empty problem: nothing to launch", args=routing)
     return kernel_plan("moe_gemm2_a4w4", _KERNEL[language], {"BM": int(block_m), "NT": int(nt)}, device,
                        f"{why}; BM={block_m} from the routing layout, NT={int(nt)} "
                        f"({'weights streamed' if nt else 'weights cached'}; {rows} rows over {E} experts)",
-                       N=N, K=K, blocks=blocks, tokens=T, topk=topk, experts=E)
+                       N=N, K=K, blocks=blocks, **routing)
 
 
-def _check_expert_ids(x, plan) -> None:
-    guards.check_expert_ids(x.sorted_expert_ids, x.num_valid_ids, plan.variant["BM"], plan.args["experts"])
+def _check_routing(x, plan) -> None:
+    r = plan.args
+    guards.check_routing(x.sorted_token_ids, x.sorted_expert_ids, x.num_valid_ids, r["block_m"], r["tokens"],
+                         r["topk"], r["experts"])
 
 
-@op(plan=_plan, check_data=_check_expert_ids)
+@op(plan=_plan, check_data=_check_routing)
 def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                    sorted_token_ids: torch.Tensor, sorted_expert_ids: torch.Tensor,
                    num_valid_ids: torch.Tensor, sorted_weights: torch.Tensor, out: torch.Tensor, *,
                    block_m: int | None = None, nt: bool | None = None, language: str = "auto",
-                   backend: str | None = None) -> torch.Tensor:
+                   backend: str | None = None, validate: bool = True) -> torch.Tensor:
     """MoE down-projection, accumulated into ``out``: for every real sorted row p with
     (token, slot) = sorted_token_ids[p] and expert e of p's block,
         out[token, :] += bf16(sorted_weights[p] * (A[token*topk + slot] . W[e]^T))
@@ -149,7 +152,9 @@ def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     nt:       non-temporal weight loads (None: on when experts average <= one block of rows).
     language: the kernel: "hip" (reference kernel), "flydsl" (its bit-identical port) or "auto"
               (hip); backend: its deprecated alias (a DeprecationWarning).
-    Expert ids: the kernels skip a block whose expert id is >= E, so its rows would be missing
-    from out. For CPU tensors such an id raises GuardError [expert-id]; on a GPU the ids are not
-    read (that costs a sync) unless MXGEMM_VALIDATE=1.
+    validate: before the launch, check the routing metadata the kernel trusts (GuardError,
+    out untouched): 0 <= num_valid_ids[0] <= P; a live entry's slot < topk unless its token is
+    padding (>= T); a block holding live rows names an expert < E (the kernels would skip it and
+    its rows would be missing). On a GPU that costs a device-to-host copy and a sync per call;
+    validate=False skips it for metadata made by moe_sorting.
     """

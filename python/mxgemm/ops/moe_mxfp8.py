@@ -76,7 +76,8 @@ def _plan(x) -> Plan:
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
     # One resource per expert slice: the weights are rebased per expert in the kernel.
-    named = (("a", a), ("a_scale", x.a_scale), ("w[expert]", w[0]), ("w_scale[expert]", x.w_scale[0]),
+    expert = (w[0], x.w_scale[0]) if w.shape[0] else (w, x.w_scale)
+    named = (("a", a), ("a_scale", x.a_scale), ("w[expert]", expert[0]), ("w_scale[expert]", expert[1]),
              ("out", x.out))
     flags = (1 if tw is not None else 0) | (2 if a.dim() == 3 else 0) | (4 if x.out_dtype == torch.float32 else 0)
     return mx.kernel_or_fallback(x.fallback, name, named, MOE, variant, device, why, **shape, N=N, K=K,
@@ -84,8 +85,15 @@ def _plan(x) -> Plan:
                                  block_m=block_m, flags=flags)
 
 
-def _check_expert_ids(x, plan) -> None:
-    guards.check_expert_ids(x.sorted_expert_ids, x.num_valid_ids, x.block_m, x.w.shape[0])
+def topk_of(x):
+    """The top-k the op reads slots against: a's [T, topk, K] rows or topk_weights' columns;
+    None when it reads no slot (2-D a, no weights)."""
+    return x.a.shape[1] if x.a.dim() == 3 else None if x.topk_weights is None else x.topk_weights.shape[1]
+
+
+def _check_routing(x, plan) -> None:
+    guards.check_routing(x.sorted_token_ids, x.sorted_expert_ids, x.num_valid_ids, x.block_m, x.a.shape[0],
+                         topk_of(x), x.w.shape[0])
 
 
 def _fallback(x, plan) -> None:
@@ -111,13 +119,13 @@ def _fallback(x, plan) -> None:
 
 
 @op(plan=_plan, fallback=_fallback, alloc=torch.zeros, convert={"config": CONFIG.text},
-    check_data=_check_expert_ids)
+    check_data=_check_routing, out_shape=lambda x: ((x.sorted_token_ids.shape[0], x.w.shape[1]), x.out_dtype))
 def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                            sorted_token_ids: torch.Tensor, sorted_expert_ids: torch.Tensor,
                            num_valid_ids: torch.Tensor, *, topk_weights: torch.Tensor | None = None,
                            block_m: int, out: torch.Tensor | None = None,
                            out_dtype: torch.dtype = torch.bfloat16, config: str = "",
-                           fallback: str = "auto") -> torch.Tensor:
+                           fallback: str = "auto", validate: bool = True) -> torch.Tensor:
     """MXFP8 MoE grouped GEMM over the expert-sorted layout of ``mxgemm.routing.moe_sorting``.
 
     a: [T, K] e4m3 (one row per token; gemm1 style) or [T, topk, K] (one row per (token, slot))
@@ -132,7 +140,9 @@ def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
     config: force a variant, e.g. {"BLOCK_N": 16, "M_CHUNK": 4}. fallback: as smallm_mxfp8_gemm.
     The 2 GB rule applies to a, a_scale, out and ONE expert's slice of w / w_scale (the
     kernel rebases the weight resource per expert).
-    Expert ids: an id >= E in a block holding live rows raises GuardError [expert-id] for CPU
-    tensors. On a GPU the ids are not read (that costs a sync) and the kernel would read past
-    w: set MXGEMM_VALIDATE=1 to check them there too.
+    validate: before the launch, check the routing metadata the kernel trusts (GuardError,
+    nothing written): 0 <= num_valid_ids[0] <= S; a live entry's slot < topk (a's or
+    topk_weights') unless its token is padding (>= T); a block holding live rows names an expert
+    < E. On a GPU that costs a device-to-host copy and a sync per call; validate=False skips it
+    for metadata made by moe_sorting, and a malformed layout then reads out of bounds.
     """

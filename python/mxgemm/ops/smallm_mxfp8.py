@@ -169,7 +169,8 @@ def _fallback(x, plan) -> None:
     x.out.copy_(mx.dequant(x.a, x.a_scale) @ mx.dequant(x.b, x.b_scale).T)
 
 
-@op(plan=_plan, fallback=_fallback, alloc=torch.empty, convert={"config": CONFIG.text})
+@op(plan=_plan, fallback=_fallback, alloc=torch.empty, convert={"config": CONFIG.text},
+    out_shape=lambda x: ((x.a.shape[0], x.b.shape[0]), torch.bfloat16))
 def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
                       out: torch.Tensor | None = None, config: str = "", fallback: str = "auto") -> torch.Tensor:
     """Decode-regime MXFP8 GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 e8m0 K-block

@@ -49,7 +49,9 @@ def _median_us(fn, n: int, batches: int = 9) -> float:
 
 def host_calls(out_given: bool = True) -> dict:
     """op name -> a whole public call (Python entry to launch return) on the decode-sized inputs
-    of ``dispatch_calls``, with ``out`` given, or allocated by the op where it is optional."""
+    of ``dispatch_calls``, with ``out`` given, or allocated by the op where it is optional, and
+    validate=False where the op checks tensor contents (on a GPU that check is a host sync: the
+    serving hot path, HIP graph capture included, passes metadata it made itself)."""
     from ..ops._op import OPS
     calls = {}
     for name, (plan, _) in dispatch_calls().items():
@@ -58,6 +60,8 @@ def host_calls(out_given: bool = True) -> dict:
         if flat[op.out_index] is None and out_given:
             p = op.plan(flat)
             flat[op.out_index] = torch.empty(p.out_shape, dtype=p.out_dtype)
+        if "validate" in op.names:
+            flat[op.names.index("validate")] = False
         pos, kw = flat[:op.n_positional], dict(zip(op.names[op.n_positional:], flat[op.n_positional:]))
         calls[name] = functools.partial(op, *pos, **kw)
     return calls
