@@ -1,5 +1,6 @@
 """Registry + build: every registered kernel compiles for its archs; the cache is content-hashed
-(a repeat build compiles nothing; editing one source rebuilds only that kernel)."""
+(a repeat build compiles nothing; editing one source rebuilds only that kernel) and checked (an
+entry whose files do not match their recorded sha256 is rebuilt)."""
 import pytest
 
 from mxgemm import build, registry, toolchain
@@ -128,3 +129,65 @@ def test_cmake_builds_every_hip_variant_with_its_defines(tmp_path):
         if registry.get(n).language == "hip" and v:
             defines = " ".join(f"-D{k}={x}" for k, x in sorted(v.items()))
             assert f"{defines} -S {root}/{registry.get(n).source}" in rules, (n, v)
+
+
+@pytest.fixture
+def tiny_kernel(tmp_path, monkeypatch):
+    """One throw-away HIP kernel (one variant, gfx950) in a private cache dir."""
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "scratch_tiny.hip"
+    src.write_text(HIP_TEMPLATE.format(name="scratch_tiny", value=4.5))
+    registry.register(Kernel("scratch_tiny", "hip", str(src), "scratch_tiny"))
+    yield "scratch_tiny"
+    registry.KERNELS.pop("scratch_tiny")
+
+
+def _flip_last_byte(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1])
+
+
+DAMAGE = {   # what happens to which file of a cached entry
+    "truncated .s": (".s", lambda data: data[:len(data) // 2]),
+    "truncated .hsaco": (".hsaco", lambda data: data[:len(data) // 2]),
+    "deleted .sha256": (".sha256", None),
+    "one byte of .s changed": (".s", _flip_last_byte),
+    "one byte of .hsaco changed": (".hsaco", _flip_last_byte),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_cache_entry_is_rebuilt(tiny_kernel, damage, capsys):
+    first = build.artifact(tiny_kernel)
+    suffix, edit = DAMAGE[damage]
+    victim = first.hsaco_path.with_suffix(suffix)
+    if edit is None:
+        victim.unlink()
+    else:
+        victim.write_bytes(edit(victim.read_bytes()))
+
+    build._MEMO.clear()  # a new process: only the disk cache
+    (art,) = build.build(kernels=[tiny_kernel])
+    assert build.build.last_compiled == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"[1/1] rebuilt  {tiny_kernel} [base] gfx950 ("), line
+    assert line.endswith(f"): the cached files did not match their recorded hash ({victim} "
+                         + ("is missing)" if edit is None else "differs)")), line
+    assert art.hsaco_path.read_bytes()[:4] == b"\x7fELF" and ".amdgpu_metadata" in art.asm
+    art.isa()                                          # the kernel's metadata parses
+    build._MEMO.clear()
+    build.build(kernels=[tiny_kernel], progress=False)
+    assert build.build.last_compiled == 0              # and passes the check
+
+
+def test_intact_entry_records_its_hashes_and_is_not_recompiled(tiny_kernel, monkeypatch):
+    import hashlib
+    first = build.artifact(tiny_kernel)
+    assert first.sums_path.read_text() == "".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in (first.asm_path, first.hsaco_path))
+
+    def no_compile(*a, **kw):
+        raise AssertionError("an intact cache entry was recompiled")
+    monkeypatch.setattr(toolchain, "compile_hip_asm", no_compile)
+    build._MEMO.clear()
+    again = build.artifact(tiny_kernel)
+    assert again.seconds == 0 and again.rebuilt is None and again.asm == first.asm

@@ -1,11 +1,14 @@
-"""python -m mxgemm: help without a command, one-line errors for bad names, build -v labels."""
+"""python -m mxgemm: help without a command, one-line errors for bad names and unusable environment
+variables, build -v labels, what info reports."""
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from mxgemm import registry
+import pytest
+
+from mxgemm import registry, toolchain
 from mxgemm.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +51,59 @@ def test_info_lists_every_emulator_target(capsys):
     out = capsys.readouterr().out
     assert "emulator      gfx950: wave64, 160 KiB LDS" in out
     assert "emulator      gfx1250: wave32, 320 KiB LDS, wait counters load/store/ds/km/tensor" in out
+
+
+def _cli(*argv, **env_vars):
+    """Run python -m mxgemm in a fresh process, this tree's package, MXGEMM_BACKEND/HIP_LIB unset unless given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MXGEMM_BACKEND", "MXGEMM_HIP_LIB")}
+    env.update(env_vars, PYTHONPATH=str(ROOT / "python"))
+    return subprocess.run([sys.executable, "-m", "mxgemm", *argv], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+@pytest.mark.parametrize("argv, var, value, problem", [
+    (["info"], "MXGEMM_BACKEND", "bogus", "must be one of emu, hip"),
+    (["demo"], "MXGEMM_BACKEND", "bogus", "must be one of emu, hip"),
+    (["build", "--kernel", "mxfp8_dequant"], "MXGEMM_COMPILER", "bogus", "must be one of rocm, ziglang"),
+    (["build", "--kernel", "mxfp8_dequant"], "MXGEMM_CACHE_DIR", str(ROOT / "README.md"), "not a directory"),
+], ids=["info-backend", "demo-backend", "build-compiler", "build-cache_dir"])
+def test_unusable_variable_is_one_line_naming_it(argv, var, value, problem):
+    p = _cli(*argv, **{var: value})
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"python -m mxgemm {argv[0]}: error: {var}={value!r}: {problem} ("), p.stderr
+
+
+@pytest.mark.skipif(toolchain.gpu_arch() is not None, reason="this machine has a ROCm GPU")
+def test_hip_forced_without_a_gpu_is_a_warning_in_info_and_one_error_in_demo():
+    warning = "WARNING: MXGEMM_BACKEND=hip forces the hip backend, but no ROCm GPU / HIP runtime is found"
+    p = _cli("info", MXGEMM_BACKEND="hip")
+    assert p.returncode == 0 and "backend       hip" in p.stdout and warning in p.stdout, p.stdout
+    p = _cli("info", MXGEMM_BACKEND="hip", MXGEMM_HIP_LIB="mock")   # the mock runtime needs no GPU
+    assert p.returncode == 0 and "backend       hip" in p.stdout and "WARNING" not in p.stdout, p.stdout
+    p = _cli("demo", MXGEMM_BACKEND="hip")
+    assert p.returncode == 1 and "FAILED" not in p.stdout, p.stdout
+    assert p.stderr.startswith(f"python -m mxgemm demo: error: {warning.removeprefix('WARNING: ')}")
+    assert p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.skipif(toolchain.gpu_arch() is not None, reason="this machine has a ROCm GPU")
+def test_demo_on_the_mock_hip_runtime_runs_cpu_tensors():
+    p = _cli("demo", MXGEMM_BACKEND="hip", MXGEMM_HIP_LIB="mock")
+    assert p.returncode == 0 and "running demos on backend: hip" in p.stdout, p.stdout + p.stderr
+    assert "FAILED" not in p.stdout and "MISMATCH" not in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("kind", ["regular file", "read-only directory"])
+def test_info_reports_an_unusable_cache_dir(kind, tmp_path):
+    path = tmp_path / "cache"
+    if kind == "regular file":
+        path.write_text("")
+        problem = "not a directory"
+    else:
+        path.mkdir(mode=0o555)
+        if os.access(path, os.W_OK):
+            pytest.skip("running as root, which can write to a read-only directory (tests/test_env.py covers it)")
+        problem = "not writable"
+    p = _cli("info", MXGEMM_CACHE_DIR=str(path))
+    assert p.returncode == 0, p.stderr
+    assert f"cache         UNUSABLE (MXGEMM_CACHE_DIR='{path}': {problem} (where " in p.stdout, p.stdout

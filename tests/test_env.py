@@ -30,3 +30,41 @@ def test_value_outside_the_choices_names_the_variable(monkeypatch):
         env.get("MXGEMM_VALIDATE")
     monkeypatch.setenv("MXGEMM_VALIDATE", "")
     assert env.get("MXGEMM_VALIDATE") == "0"
+
+
+
+def test_cache_dir_that_is_not_a_directory_names_the_variable(tmp_path, monkeypatch):
+    from mxgemm import toolchain
+    regular = tmp_path / "a_file"
+    regular.write_text("")
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(regular))
+    with pytest.raises(env.EnvError, match=re.escape(f"MXGEMM_CACHE_DIR='{regular}': not a directory (where ")):
+        toolchain.cache_dir()
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(regular / "sub"))
+    with pytest.raises(env.EnvError, match=re.escape(f"MXGEMM_CACHE_DIR='{regular / 'sub'}': cannot be created: "
+                                                     f"{regular} is not a directory (where ")):
+        toolchain.cache_dir()
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(tmp_path / "new" / "cache"))
+    assert toolchain.cache_dir() == str(tmp_path / "new" / "cache") and (tmp_path / "new" / "cache").is_dir()
+
+
+def test_cache_dir_that_is_read_only_names_the_variable(tmp_path, monkeypatch):
+    import os
+
+    from mxgemm import toolchain
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.access(read_only, os.W_OK):   # root writes anywhere: answer as the kernel would for any other user
+        real_access = os.access
+
+        def access(path, mode):
+            return False if path == str(read_only) and mode & os.W_OK else real_access(path, mode)
+        monkeypatch.setattr(os, "access", access)
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(read_only))
+    with pytest.raises(env.EnvError, match=re.escape(f"MXGEMM_CACHE_DIR='{read_only}': not writable (where ")):
+        toolchain.cache_dir()
+    monkeypatch.setenv("MXGEMM_CACHE_DIR", str(read_only / "sub"))
+    with pytest.raises(env.EnvError, match=re.escape(f"MXGEMM_CACHE_DIR='{read_only / 'sub'}': cannot be created: "
+                                                     f"{read_only} is not writable (where ")):
+        toolchain.cache_dir()

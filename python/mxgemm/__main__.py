@@ -1,13 +1,15 @@
 """python -m mxgemm {info,build,demo,bench,perf}
 
-Without a command it prints this help and exits with status 2. `build` with an unknown kernel,
-an arch no selected kernel supports, or a failed compile prints one error message (no
-traceback) and exits with status 1."""
+Without a command it prints this help and exits with status 2. An MXGEMM_* variable mxgemm
+cannot use, and `build` with an unknown kernel, an arch no selected kernel supports, or a failed
+compile print one error message (no traceback) and exit with status 1."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+
+from . import env
 
 
 def cmd_info(args) -> int:
@@ -22,16 +24,25 @@ def cmd_info(args) -> int:
         except toolchain.ToolchainError as e:
             print(f"compiler      {arch}: NOT FOUND ({e})")
     print(f"flydsl        {toolchain.flydsl_version() or 'not installed'}")
-    print(f"ld.lld        {toolchain.ld_lld_dir() / 'llvm' / 'bin' / 'ld.lld'} (ROCM_PATH for FlyDSL)")
+    try:   # without ROCm it lives in the cache, which info reports on below
+        print(f"ld.lld        {toolchain.ld_lld_dir() / 'llvm' / 'bin' / 'ld.lld'} (ROCM_PATH for FlyDSL)")
+    except env.EnvError as e:
+        print(f"ld.lld        NOT AVAILABLE ({e})")
     gpu = toolchain.gpu_arch()
     print(f"gpu           {gpu or 'none'}")
-    from .launcher import default_backend
+    from .launcher import backend_problem, default_backend
     print(f"backend       {default_backend()}  (hip on a ROCm GPU, emu otherwise; MXGEMM_BACKEND forces one)")
+    problem = backend_problem()
+    if problem:
+        print(f"              WARNING: {problem}")
     from .emu.launch import TARGETS
     for t in TARGETS.values():
         print(f"emulator      {t.arch}: wave{t.wave}, {t.lds_bytes // 1024} KiB LDS, wait counters "
               f"{'/'.join(t.counters)}")
-    print(f"cache         {toolchain.cache_dir()}")
+    try:
+        print(f"cache         {toolchain.cache_dir()}")
+    except env.EnvError as e:
+        print(f"cache         UNUSABLE ({e})")
     return 0
 
 
@@ -66,8 +77,11 @@ def cmd_build(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import build
+    from . import build, launcher
     cmd_info(args)
+    problem = launcher.backend_problem()
+    if problem:   # every demo would fail on it: one error instead
+        raise env.EnvError(problem)
     print("\nbuilt kernels:")
     for a in build.build(progress=False):
         print("  " + artefact_line(a))
@@ -118,7 +132,11 @@ def main(argv=None) -> int:
     if args.cmd is None:          # bare `python -m mxgemm`: the help, as a usage error (exit 2)
         p.print_help()
         return 2
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except env.EnvError as e:     # a variable's value mxgemm cannot use: name it, no traceback
+        print(f"python -m mxgemm {args.cmd}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

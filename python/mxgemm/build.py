@@ -4,7 +4,9 @@
 The key hashes everything that can change the output: the kernel source, the shared device
 headers (HIP) or the FlyDSL build driver (FlyDSL), the compile flags, the variant and the
 compiler identity. A repeat build of unchanged sources compiles nothing; editing one kernel
-source rebuilds only that kernel's artefacts.
+source rebuilds only that kernel's artefacts. Each entry records the sha256 of its two files
+(``.sha256``, in sha256sum's format), checked when a process first loads it: an entry that is
+damaged, partial or has no record is rebuilt, never used.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Artifact:
     hsaco_path: Path
     key: str
     seconds: float = 0.0            # compile time when this process compiled it, else 0
+    rebuilt: str | None = None      # why this process rebuilt a cached entry: which file failed the check
     _asm: str | None = field(default=None, repr=False)
 
     @property
@@ -35,6 +38,11 @@ class Artifact:
         if self._asm is None:
             self._asm = self.asm_path.read_text()
         return self._asm
+
+    @property
+    def sums_path(self) -> Path:
+        """The entry's recorded sha256 of .s and .hsaco, written last: a complete entry has it."""
+        return self.hsaco_path.with_suffix(".sha256")
 
     @property
     def symbol(self) -> str:
@@ -69,23 +77,53 @@ def _paths(kernel, variant, arch, key):
     return d / f"{stem}.s", d / f"{stem}.hsaco"
 
 
-def _compile(kernel, variant, arch, asm_path: Path, hsaco_path: Path):
-    asm_path.parent.mkdir(parents=True, exist_ok=True)
+def _sums(files: dict) -> str:
+    """sha256sum's format (so `sha256sum -c` checks an entry by hand): file name -> bytes."""
+    return "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items())
+
+
+def _compile(kernel, variant, art: Artifact):
+    art.asm_path.parent.mkdir(parents=True, exist_ok=True)
     tag = f".tmp{os.getpid()}_{id(variant)}"
-    tmp_s, tmp_h = asm_path.with_name(asm_path.name + tag), hsaco_path.with_name(hsaco_path.name + tag)
+    final = (art.asm_path, art.hsaco_path, art.sums_path)
+    tmp_s, tmp_h, tmp_sums = tmp = [p.with_name(p.name + tag) for p in final]
     try:
         if kernel.language == "hip":
-            toolchain.compile_hip_asm(kernel.path, arch, tmp_s, variant)
-            toolchain.assemble(tmp_s, arch, tmp_h)
+            toolchain.compile_hip_asm(kernel.path, art.arch, tmp_s, variant)
+            toolchain.assemble(tmp_s, art.arch, tmp_h)
         else:
             from .flydsl_build import compile_flydsl
-            compile_flydsl(kernel.path, arch, variant, tmp_s, tmp_h, kernel.symbol)
-        # hsaco last: its presence marks a complete entry
-        os.replace(tmp_s, asm_path)
-        os.replace(tmp_h, hsaco_path)
+            compile_flydsl(kernel.path, art.arch, variant, tmp_s, tmp_h, kernel.symbol)
+        tmp_sums.write_text(_sums({art.asm_path.name: tmp_s.read_bytes(), art.hsaco_path.name: tmp_h.read_bytes()}))
+        for t, p in zip(tmp, final):   # the sums last: their presence marks a complete entry
+            os.replace(t, p)
     finally:
-        for t in (tmp_s, tmp_h):
+        for t in tmp:
             t.unlink(missing_ok=True)
+
+
+def _check(art: Artifact) -> str | None:
+    """None when the cached entry of ``art`` matches its recorded sha256s (its assembly is then
+    kept: it was read anyway), else what does not."""
+    try:
+        lines = art.sums_path.read_text().splitlines()
+    except FileNotFoundError:
+        return f"{art.sums_path} is missing"
+    except UnicodeDecodeError:
+        lines = []
+    recorded = {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
+    if recorded.keys() != {art.asm_path.name, art.hsaco_path.name}:
+        return f"{art.sums_path} is malformed"
+    data = {}
+    for p in (art.asm_path, art.hsaco_path):
+        try:
+            data[p] = p.read_bytes()
+        except FileNotFoundError:
+            return f"{p} is missing"
+        if hashlib.sha256(data[p]).hexdigest() != recorded[p.name]:
+            return f"{p} differs"
+    art._asm = data[art.asm_path].decode()
+    return None
 
 
 _MEMO: dict = {}
@@ -94,7 +132,8 @@ _MEMO: dict = {}
 def artifact(name: str, variant: dict | None = None, arch: str = "gfx950") -> Artifact:
     """The built artefact of one (kernel, variant, arch), compiling it if it is not cached.
 
-    Memoised per process, so the dispatcher's steady state does no hashing or file I/O.
+    Memoised per process, so the dispatcher's steady state does no hashing or file I/O; the
+    first load in a process checks the cached files against their recorded sha256.
     """
     return _artifact(name, variant, arch)[0]
 
@@ -115,10 +154,12 @@ def _artifact(name, variant, arch):
     key = cache_key(kernel, variant, arch)
     asm_path, hsaco_path = _paths(kernel, variant, arch, key)
     art = Artifact(name, variant, arch, asm_path, hsaco_path, key)
-    compiled = not hsaco_path.exists()
+    cached = any(p.exists() for p in (asm_path, hsaco_path, art.sums_path))
+    art.rebuilt = _check(art) if cached else None
+    compiled = not cached or art.rebuilt is not None
     if compiled:
         t0 = time.perf_counter()
-        _compile(kernel, variant, arch, asm_path, hsaco_path)
+        _compile(kernel, variant, art)
         art.seconds = time.perf_counter() - t0
     _MEMO[memo_key] = art
     return art, compiled
@@ -162,14 +203,17 @@ def build(kernels=None, archs=None, jobs=None, progress=True) -> list[Artifact]:
         label = {f: f"{n} [{registry.variant_id(v)}] {a}" for f, (n, v, a) in zip(futs, todo)}
         for i, fut in enumerate(as_completed(futs), 1):   # progress in completion order
             e = fut.exception()
+            if isinstance(e, env.EnvError):               # every artefact fails on it: say it once
+                raise e
             if e is not None:                             # report all failures, then raise
                 errors.append((label[fut], e))
                 say(f"[{i}/{len(todo)}] FAILED {label[fut]}: {str(e).splitlines()[0]}")
                 continue
             art, compiled = fut.result()
             n_new += compiled
-            say(f"[{i}/{len(todo)}] {'compiled' if compiled else 'cached  '} {label[fut]}"
-                + (f" ({art.seconds:.1f} s)" if compiled else ""))
+            verb = "rebuilt " if art.rebuilt else "compiled" if compiled else "cached  "
+            say(f"[{i}/{len(todo)}] {verb} {label[fut]}" + (f" ({art.seconds:.1f} s)" if compiled else "")
+                + (f": the cached files did not match their recorded hash ({art.rebuilt})" if art.rebuilt else ""))
     if errors:
         raise toolchain.ToolchainError(f"build failed ({len(errors)} of {len(todo)} artefacts):\n"
                                        + "\n".join(f"  {l}: {e}" for l, e in errors))

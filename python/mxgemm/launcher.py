@@ -77,6 +77,15 @@ def default_backend() -> str:
     return forced_backend() or ("hip" if toolchain.gpu_arch() else "emu")
 
 
+def backend_problem() -> str | None:
+    """Why ops cannot run on the default backend, or None: MXGEMM_BACKEND=hip forced with no ROCm
+    GPU and no mock runtime to launch on."""
+    if forced_backend() == "hip" and not toolchain.gpu_arch() and hip_library() not in MOCKS:
+        return ("MXGEMM_BACKEND=hip forces the hip backend, but no ROCm GPU / HIP runtime is found; "
+                "unset it to run on the emulator, or set MXGEMM_HIP_LIB=mock for the mock runtime")
+    return None
+
+
 def backend_for(device: torch.device, archs: tuple) -> tuple[str, str]:
     """(backend, arch) that runs a kernel built for ``archs`` on tensors on ``device``, or
     GuardError [arch] / [backend] naming the device and what it is."""

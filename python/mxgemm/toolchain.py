@@ -121,7 +121,8 @@ def ld_lld_dir() -> Path:
 
 
 def cache_dir() -> str:
-    """``MXGEMM_CACHE_DIR`` or ``~/.cache/mxgemm`` (XDG_CACHE_HOME honoured)."""
+    """``MXGEMM_CACHE_DIR`` or ``~/.cache/mxgemm`` (XDG_CACHE_HOME honoured), created if missing;
+    EnvError naming MXGEMM_CACHE_DIR when it is not, and cannot be made, a writable directory."""
     d = env.get("MXGEMM_CACHE_DIR")
     if d is None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

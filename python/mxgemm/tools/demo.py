@@ -6,11 +6,12 @@ import time
 
 
 def run_demos() -> int:
-    from ..launcher import default_backend
+    from ..launcher import MOCKS, default_backend, hip_library
     from ..specs import SPECS
     backend = default_backend()
     print(f"running demos on backend: {backend}")
-    device = "cuda" if backend == "hip" else "cpu"
+    # the mock HIP runtime takes CPU tensors through the hip launch path
+    device = "cuda" if backend == "hip" and hip_library() not in MOCKS else "cpu"
     failures = 0
     for spec in SPECS:
         try:
