@@ -25,12 +25,11 @@ def test_the_package_reads_only_registered_variables():
 
 
 def test_value_outside_the_choices_names_the_variable(monkeypatch):
-    monkeypatch.setenv("MXGEMM_VALIDATE", "yes")
-    with pytest.raises(env.EnvError, match=r"MXGEMM_VALIDATE='yes': must be one of 0, 1"):
-        env.get("MXGEMM_VALIDATE")
-    monkeypatch.setenv("MXGEMM_VALIDATE", "")
-    assert env.get("MXGEMM_VALIDATE") == "0"
-
+    monkeypatch.setenv("MXGEMM_EMU_ARCH", "gfx9")
+    with pytest.raises(env.EnvError, match=r"MXGEMM_EMU_ARCH='gfx9': must be one of gfx950, gfx1250"):
+        env.get("MXGEMM_EMU_ARCH")
+    monkeypatch.setenv("MXGEMM_EMU_ARCH", "")
+    assert env.get("MXGEMM_EMU_ARCH") == "gfx950"
 
 
 def test_cache_dir_that_is_not_a_directory_names_the_variable(tmp_path, monkeypatch):

@@ -255,18 +255,25 @@ def _verdict(op, flat):
 
 
 def _layouts(t):
-    """Same shape, other strides: column-major and a padded row pitch."""
+    """Same shape, other strides: column-major, column-major with a padded pitch, a padded row pitch."""
     if t is None or t.dim() < 2:
         return []
     col = t.mT.contiguous().mT
+    col_wide = torch.empty(*t.shape[:-2], t.shape[-1], t.shape[-2] + 8, dtype=t.dtype).mT[..., :t.shape[-2], :]
     wide = torch.empty(*t.shape[:-1], t.shape[-1] + 8, dtype=t.dtype)[..., :t.shape[-1]]
-    return [col, wide]
+    return [col, col_wide, wide]
+
+
+def _deep_gemm_multi_k():
+    """A deep_gemm call whose scales have several K blocks (so strides tell layouts apart)."""
+    v = registry.find_variant(registry.get("deep_gemm_fp8"), BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16")
+    return list(specs.deep_gemm._call(specs.Inputs(), v, 2, torch.tensor([128, 100]), 128, 128, 512).args)
 
 
 @pytest.mark.parametrize("op", OUT_OPS)
 def test_warm_plan_cache_gives_the_cold_verdict(op):
     """For each tensor: call with layout X (warm), then Y; Y's verdict must equal a cold call's."""
-    flat = _with_out(op)
+    flat = flat_of(op, _deep_gemm_multi_k(), {}) if op == "deep_gemm_fp8_grouped_gemm" else _with_out(op)
     for i in OPS[op].tensors:
         variants = [flat[i], *_layouts(flat[i])]
         for x in variants:
@@ -284,9 +291,7 @@ def test_warm_plan_cache_gives_the_cold_verdict(op):
 
 def test_deep_gemm_mn_major_scales_then_another_stride():
     """The case that was poisoned: a valid MN-major sfa, then a view of other strides."""
-    v = registry.find_variant(registry.get("deep_gemm_fp8"), BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16")
-    a, sfa, b, sfb, m_indices, d = specs.deep_gemm._call(specs.Inputs(), v, 2, torch.tensor([128, 100]), 128,
-                                                         128, 512).args
+    a, sfa, b, sfb, m_indices, d = _deep_gemm_multi_k()
     mn = deep_gemm.get_mn_major_tma_aligned_tensor(sfa)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, mn), (b, sfb), d, m_indices)
     bad = torch.empty(sfa.shape[1], sfa.shape[0] + 8).t()[:sfa.shape[0]]   # rows unit-stride, pitch M + 8

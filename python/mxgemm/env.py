@@ -41,8 +41,6 @@ VARS = {v.name: v for v in (
     Var("MXGEMM_HIP_LIB", "the HIP runtime the hip backend loads: a library name or path; mock: the mock "
         "runtime (CPU tensors through the GPU launch path, launches on the emulator); mock-noop: the same, "
         "launching nothing", "libamdhip64.so"),
-    Var("MXGEMM_VALIDATE", "1: check tensor contents (e.g. MoE expert ids) on GPU tensors too, at a device "
-        "sync per call (always done on the emulator)", "0", ("0", "1")),
     Var("MXGEMM_CACHE_DIR", "where compiled kernels and host libraries are cached (unset: mxgemm in "
         "$XDG_CACHE_HOME, else in ~/.cache)", check=writable_dir),
     Var("MXGEMM_COMPILER", "the device compiler: rocm or ziglang (default: ROCm's clang if new enough, "
