@@ -120,6 +120,25 @@ def test_issue_examples_of_out_aliasing():
                                                 config="BM=64,BN=64,SPLITS=2"), a)
 
 
+@pytest.mark.parametrize("library", ["mock", "mock-noop"])
+def test_cached_gpu_path_refuses_overlap_and_requires_grad(library):
+    """The hip backend's cached path (a recent plan, the launch comparing the addresses it packs)
+    refuses what the first call's checks refused."""
+    from mxgemm.launcher import use_hip_library
+    a, sa = quantize_mx(torch.randn(2, 256), "e4m3")
+    b, sb = quantize_mx(torch.randn(128, 256), "e4m3")    # out [M, K/2] bf16 spans a's bytes exactly
+    kw = {}
+    n = 128
+    with use_hip_library(library):
+        out = torch.empty(a.shape[0], n, dtype=torch.bfloat16)
+        mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, out=out, **kw)
+        assert mxgemm.explain("smallm_mxfp8_gemm", a, sa, b, sb, out=out, **kw).backend == "hip"
+        rejects("out-alias", lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, out=a.view(torch.bfloat16), **kw), a)
+        grad = out.clone().requires_grad_()
+        for _ in range(2):
+            rejects("out-requires-grad", lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, out=grad, **kw))
+
+
 @pytest.mark.parametrize("op", OUT_OPS)
 def test_out_that_requires_grad_is_refused(op):
     flat = _with_out(op)

@@ -151,16 +151,21 @@ def launch(art, grid, block, args, backend: str, writes=(), dynamic_lds: int = 0
         kernel(stream)
 
 
-def bind(art, grid, block, sources, backend: str, out_index: int, device, dynamic_lds: int = 0):
+def bind(art, grid, block, sources, backend: str, out_index: int, device, dynamic_lds: int = 0, spans=None,
+         overlap=None):
     """``run(flat)``: the launch of ``art`` for one plan, on tensors on ``device``. ``sources``
     gives each kernel argument in order: ("call", i), the tensor flat[i] of the call, or
     ("const", value), the same in every call of the plan. On the hip backend the kernarg segment
     is packed once with the constants in place; a call writes only the tensors' addresses and
-    launches, as straight-line code made here."""
+    launches, as straight-line code made here. ``spans`` ({i: bytes}) and ``overlap(flat)`` (it
+    raises): a call whose flat[out_index] meets another tensor's bytes calls ``overlap`` instead of
+    launching (on hip, from the addresses the call packs anyway)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = tuple(block) + (1,) * (3 - len(block))
     if backend == "emu":
         def run(flat):
+            if overlap:
+                overlap(flat, spans)
             launch(art, grid, block, [flat[v] if how == "call" else v for how, v in sources], "emu",
                    writes=(flat[out_index],), dynamic_lds=dynamic_lds)
         return run
@@ -177,14 +182,19 @@ def bind(art, grid, block, sources, backend: str, out_index: int, device, dynami
     # torch's current stream on the tensors' GPU, so launches order with torch's work; the null
     # stream for host memory (the mock runtime)
     stream = "0" if device.type == "cpu" else f"raw_stream({device.index or 0})"
-    args = ", ".join([stream] + [f"flat[{i}].data_ptr()" for _, i in calls])
+    ptrs = "".join(f"    p{i} = flat[{i}].data_ptr()\n" for _, i in calls)
+    args = ", ".join([stream] + [f"p{i}" for _, i in calls])
+    o, ins = out_index, [i for _, i in calls if i != out_index and spans and spans.get(i)]
+    meets = " or ".join(f"p{i} < p{o} + {spans[o]} and p{o} < p{i} + {spans[i]}" for i in ins) if overlap else ""
+    check = f"    if {meets}:\n        overlap(flat, spans)\n" if meets and spans.get(o) else ""
+    scope.update(overlap=overlap, spans=spans)
     if _mock_active():
         from . import mock_hip
         scope["mock"] = mock_hip.run
         body = f"mock(k, ({args},), [t for t in flat if isinstance(t, Tensor)])"
     else:
         body = f"k({args})"
-    exec(f"def run(flat):\n    {body}\n", scope)
+    exec(f"def run(flat):\n{ptrs}{check}    {body}\n", scope)
     return scope["run"]
 
 

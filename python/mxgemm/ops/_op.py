@@ -46,8 +46,6 @@ class Plan:
     out_dtype: torch.dtype | None = None
     zero_out: bool = False         # the kernel accumulates into out (e.g. split-K atomics): zero it first
     run: object = field(default=None, repr=False, compare=False)   # run(flat), made at the first execution
-    # (index, bytes spanned) of each tensor of a call with a caller's out, for the overlap check
-    extents: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def fallback(self) -> bool:
@@ -292,7 +290,7 @@ class Op:
             given = ", ".join(f"flat[{self.names.index(p)}]" for p in inspect.signature(derive).parameters)
             body.append(f"    if flat[{i}] is None:\n        flat[{i}] = fill{i}({given})")
         scope.update(functional=self._functional_op, out_op=self._out_op, check_types=self._check_types,
-                     check_out=self._check_out,
+
                      recent=self._recent_plan, execute=self._execute, alloc=self._alloc,
                      bump=torch._C._increment_version, compiling=torch.compiler.is_compiling,
                      dispatch_modes=torch._C._len_torch_dispatch_stack,
@@ -311,7 +309,7 @@ class Op:
              f"        if p is None:\n            del flat[{o}]\n            return functional(*flat)\n"
              f"        flat[{o}] = {out} = alloc(p.out_shape, dtype=p.out_dtype, device={dev})\n"
              f"    elif p is None:\n        out_op(*flat)\n        return {out}\n"
-             f"    else:\n        check_out(p, flat)\n        bump(({out},))\n"
+             f"    else:\n        bump(({out},))\n"
              f"    execute(p, flat)\n    return {out}\n", scope)
         return scope["flatten"], scope["call"]
 
@@ -342,24 +340,29 @@ class Op:
 
     def _check_out(self, p: Plan, flat) -> None:
         """A caller's out: not a tensor autograd tracks (an in-place write would bypass it), and
-        sharing no byte with an input (the kernel would read what it has written). Byte ranges
-        (first to last element) are compared, so interleaved views count as overlapping."""
-        out = flat[self.out_index]
-        if out.requires_grad:
+        sharing no byte with an input (the kernel would read what it has written)."""
+        if flat[self.out_index].requires_grad:
             guards.fail("out-requires-grad", f"{self.name}: out requires grad; the op writes it in place, "
                                              "outside autograd (pass a tensor that does not require grad)")
-        ext = p.extents
-        if ext is None:
-            ext = p.extents = tuple((i, _span(flat[i])) for i in self.tensors if flat[i] is not None)
-        lo = out.data_ptr()
-        hi = lo + _span(out)
-        for i, n in ext:
-            if i != self.out_index and n:
-                t = flat[i].data_ptr()
-                if t < hi and lo < t + n:
-                    guards.fail("out-alias", f"{self.name}: out (bytes {lo:#x}..{hi:#x}) overlaps input "
-                                             f"{self.names[i]} (bytes {t:#x}..{t + n:#x}); pass an out that "
-                                             "shares no memory with the inputs")
+        self._check_overlap(flat)
+
+    def _spans(self, flat) -> dict:
+        """Tensor index -> bytes it spans (fixed by the plan's shapes, strides and dtypes)."""
+        return {i: _span(flat[i]) for i in self.tensors if flat[i] is not None}
+
+    def _check_overlap(self, flat, spans=None) -> None:
+        """GuardError [out-alias] when out's bytes (first to last element) meet an input's, so
+        interleaved views count as overlapping."""
+        spans = spans or self._spans(flat)
+        o = self.out_index
+        lo = flat[o].data_ptr()
+        hi = lo + spans[o]
+        for i, n in spans.items():
+            t = flat[i].data_ptr() if i != o and n else 0
+            if t and t < hi and lo < t + n:
+                guards.fail("out-alias", f"{self.name}: out (bytes {lo:#x}..{hi:#x}) overlaps input "
+                                         f"{self.names[i]} (bytes {t:#x}..{t + n:#x}); pass an out that "
+                                         "shares no memory with the inputs")
 
     def _plan_miss(self, flat, others, tensors) -> Plan:
         self._check_types(flat)
@@ -368,7 +371,8 @@ class Op:
         if p is None:
             p = self._plans[key] = self._plan_fn(self.namespace(flat))
         guard = _tensor_guard(tensors)
-        if guard is not None:
+        out = flat[self.out_index]
+        if guard is not None and not (out is not None and out.requires_grad):   # the fast path skips that check
             self._recent.insert(0, (guard, others, p))
             del self._recent[RECENT_PLANS:]
         return p
@@ -426,8 +430,10 @@ class Op:
         check = self._check_data if self._check_data is not None and flat[self.names.index("validate")] else None
         if p.kernel is None and not p.fallback:   # nothing to compute, but the data must still be valid
             return (lambda flat: check(self.namespace(flat), p)) if check else (lambda flat: None)
+        spans = self._spans(flat)
         if p.fallback:
             def run(flat):
+                self._check_overlap(flat, spans)
                 x = self.namespace(flat)
                 if check:
                     check(x, p)
@@ -439,12 +445,15 @@ class Op:
             sources.append(("call", i) if i in self.tensors and flat[i] is not None
                            else ("const", p.args[name] if i is None else flat[i]))
         device = flat[self.out_index].device
+        # the launch refuses an out that overlaps an input, from the addresses it packs anyway
         launch = launcher.bind(build.artifact(p.kernel, p.variant, p.arch), p.grid, p.block, sources, p.backend,
-                               self.out_index, device)
+                               self.out_index, device, spans=spans, overlap=self._check_overlap)
         if not check and not p.zero_out:
             return launch
 
         def run(flat):
+            if p.zero_out:        # zeroing comes before the launch's own check
+                self._check_overlap(flat, spans)
             if check:
                 check(self.namespace(flat), p)
             if p.zero_out:
