@@ -15,8 +15,9 @@ on v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for three l
 Numerics: each MFMA sums one 128-wide contraction chunk [128 s, 128 s + 128) of the tile (zero
 padded past the end); chunks are accumulated in increasing order into fp32 from +0 (for TN the
 chunks start at the group's first row). The epilogue multiplies by the fp32 product a_scale *
-b_scale and rounds to bf16 or fp16 (RNE). mxgemm.reference.grouped_gemm_fp8_ref models exactly
-this order.
+b_scale, with ACCUM=1 adds (fp32) the value out held (beta = 1: Megatron's fused main_grad
+accumulation), and rounds to bf16 or fp16 (RNE) or stores fp32. mxgemm.reference.grouped_gemm_fp8_ref
+models exactly this order.
 
 Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
 block of 16 x 16 MFMA tiles. Per 128-wide contraction step both operand tiles go global ->
@@ -49,7 +50,8 @@ Kernel arguments (no hidden ones):
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
-source, so e4m3 x e5m2 mixes are the same body), OUT (bf16 / f16), BM, BN (64, 128, 256).
+source, so e4m3 x e5m2 mixes are the same body), OUT (bf16 / f16 / f32), ACCUM (0: out = result;
+1: out += result; absent = 0), BM, BN (64, 128, 256).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -149,7 +151,7 @@ class _Operand:
 def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, out_base, out_ld, scale):
     """One BM x BN output tile. *_base: 64-bit tile bases; *_rows: existing rows of each
     operand tile; c_len: contraction length; out_ld: output row stride in elements."""
-    bm, bn, (fmt_a, fmt_b), out_t = cfg
+    bm, bn, (fmt_a, fmt_b), out_t, accum = cfg
     A, B = ops
     tid = Int(fx.thread_idx.x.ir_value())
     lane = tid % 64
@@ -197,22 +199,38 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         scf.YieldOp(acc)
     acc = list(loop.results)
 
-    # Epilogue: lane holds out[i0 + lane%16, j0 + 4(lane/16) .. +3] of each 16 x 16 tile.
+    _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows)
+
+
+OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+def _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows):
+    """Lane holds out[i0 + lane%16, j0 + 4(lane/16) .. +3] of each 16 x 16 tile: one 8-byte (half)
+    or 16-byte (fp32) access; accum reads the same bytes first (zeros where the store is dropped)."""
     out_rs = b.rsrc_rebased(out_base)
-    half = ir.BF16Type.get() if out_t == "bf16" else ir.F16Type.get()
-    v4h = ir.VectorType.get([4], half)
+    elem = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get(), "f32": b.f32}[out_t]
+    v4e = ir.VectorType.get([4], elem)
+    raw = b.v4f32 if out_t == "f32" else b.v2i32     # what one lane's four elements load / store as
+    aux = ir.IntegerAttr.get(b.i32, 0)
     splat = llvm.shufflevector(b.v4f32, llvm.insertelement(llvm.mlir_undef(b.v4f32), scale, b.c(0)),
                                llvm.mlir_undef(b.v4f32), [0, 0, 0, 0])
     row_l = lane % 16
     col_l = lane // 16 * 4
-    for i in range(mi_n):
-        row = a_r0[i] + row_l
-        for j in range(nj_n):
-            col = b_r0[j] + col_l
+    nj_n = len(b_r0)
+    for i, r0 in enumerate(a_r0):
+        row = r0 + row_l
+        for j, c0 in enumerate(b_r0):
+            col = c0 + col_l
             ok = arith.andi(b.cmp("slt", row, a_rows), b.cmp("slt", col, b_rows))
-            voff = arith.select(ok, (row * out_ld + col) * 2, b.c(INVALID_OFFSET))
-            v = llvm.bitcast(b.v2i32, arith.truncf(v4h, arith.mulf(acc[i * nj_n + j], splat)))
-            rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=ir.IntegerAttr.get(b.i32, 0))
+            voff = arith.select(ok, (row * out_ld + col) * OUT_BYTES[out_t], b.c(INVALID_OFFSET))
+            v = arith.mulf(acc[i * nj_n + j], splat)
+            if accum:
+                old = rocdl.raw_ptr_buffer_load(raw, out_rs, voff, b.c(0), aux=aux)
+                v = arith.addf(v, old if out_t == "f32" else arith.extf(b.v4f32, llvm.bitcast(v4e, old)))
+            if out_t != "f32":
+                v = llvm.bitcast(raw, arith.truncf(v4e, v))
+            rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=aux)
 
 
 def _group_bounds(b, group_offs, g):
@@ -250,7 +268,7 @@ def _swizzle(b, local, m_tiles, n_tiles, group_m):
 
 def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, group_m, nwg, lds):
     b = _Ir()
-    bm, bn, _, _ = cfg
+    bm, bn, _, out_t, _ = cfg
     ka, kb = K_MAJOR[layout]
     A = _Operand(b, bm, ka, 0)
     B = _Operand(b, bn, kb, A.lds_bytes)
@@ -268,7 +286,7 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
     loop, body = b.for_range(iters)
     with ir.InsertionPoint(body):
         tile = arith.addi(bid, arith.muli(arith.index_cast(b.i32, loop.induction_variable), nwg))
-        two = b.c(2, b.i64)
+        esize = b.c(OUT_BYTES[out_t], b.i64)
         if layout == "TN":
             g = arith.remui(tile, G)
             mt, nt = _swizzle(b, arith.divui(tile, G), m_tiles, n_tiles, group_m)
@@ -277,7 +295,7 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             a_base = b.gep(a, arith.addi(arith.muli(b.u64(s), b.u64(M)), b.u64(i0)))
             b_base = b.gep(bp, arith.addi(arith.muli(b.u64(s), b.u64(N)), b.u64(j0)))
             out_row = arith.addi(arith.muli(b.u64(g), b.u64(M)), b.u64(i0))
-            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), two))
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), esize))
             _tile(b, cfg, ops, lds, a_base, M, arith.subi(M, i0), b_base, N, arith.subi(N, j0), arith.subi(e, s),
                   out_base, N, scale)
         else:
@@ -291,22 +309,22 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
                 b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K)))), K
             else:
                 b_base, b_ld = b.gep(bp, arith.addi(b_group, b.u64(j0))), N
-            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), two))
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), esize))
             _tile(b, cfg, ops, lds, a_base, K, arith.subi(e, row0), b_base, b_ld, arith.subi(N, j0), K,
                   out_base, N, scale)
         scf.YieldOp([])
 
 
-def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64):
+def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0):
     """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
-    if layout not in LAYOUTS or fmt not in FMT_CODE or fmt_b not in FMT_CODE or out not in ("bf16", "f16") \
-            or bm not in (64, 128, 256) or bn not in (64, 128, 256):
-        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn}: LAYOUT in "
-                         f"{LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)}, OUT in (bf16, f16), BM and BN in "
-                         f"(64, 128, 256)")
+    if layout not in LAYOUTS or fmt not in FMT_CODE or fmt_b not in FMT_CODE or out not in OUT_BYTES \
+            or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1):
+        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum}: "
+                         f"LAYOUT in {LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)}, OUT in {tuple(OUT_BYTES)}, BM and "
+                         f"BN in (64, 128, 256), ACCUM in (0, 1)")
     ka, kb = K_MAJOR[layout]
     lds_bytes = 2 * sum((n if k else BK) * ((BK if k else n) + PAD) for n, k in ((bm, ka), (bn, kb)))
-    cfg = (bm, bn, (fmt, fmt_b), out)
+    cfg = (bm, bn, (fmt, fmt_b), out, accum)
 
     @fx.struct
     class SharedStorage:
@@ -331,11 +349,11 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
 
 
 def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,
-                      BN=64):
+                      BN=64, ACCUM=0):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(symbol, LAYOUT, FMT, FMT_B, OUT, BM, BN)
+    fn = build(symbol, LAYOUT, FMT, FMT_B, OUT, BM, BN, ACCUM)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     flyc.compile(fn, p(fx.Uint8), p(fx.Float32), p(fx.Uint8), p(fx.Float32), p(fx.Int64),
-                 p(fx.BFloat16 if OUT == "bf16" else fx.Float16), 1, 64, 64, 128, 1, 1)
+                 p({"bf16": fx.BFloat16, "f16": fx.Float16, "f32": fx.Float32}[OUT]), 1, 64, 64, 128, 1, 1)
     return fn

@@ -20,7 +20,7 @@ from mxgemm import build, isa, launcher, metrics, reference, registry
 KERNEL = "grouped_gemm_fp8"
 ORDER = registry.get(KERNEL).ordered_args   # raw emulator launches take the arguments by name too
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-OUT = {"bf16": torch.bfloat16, "f16": torch.float16}
+OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 LDS_LIMIT = 160 * 1024
 
 
@@ -59,21 +59,22 @@ def make_case(layout, fmt, lens, n, k, seed=0):
     return dict(a=a, b=b, a_scale=scales[:1].clone(), b_scale=scales[1:].clone(), group_offs=offs, lens=lens)
 
 
-def reference_out(layout, c, out_dtype):
+def reference_out(layout, c, out_dtype, init=None):
     if layout == "TN":
         return reference.grouped_gemm_fp8_variable_k_ref(c["a"], c["a_scale"][0], c["b"], c["b_scale"][0],
-                                                         c["group_offs"], out_dtype)
+                                                         c["group_offs"], out_dtype, accumulate_into=init)
     return reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"][0], c["b"], c["b_scale"][0], c["group_offs"],
                                           trans_b=layout == "NT", out_dtype=out_dtype)
 
 
-def run(variant, c, grid=None, group_m=2, wg_order="linear"):
-    """Launch on the emulator; grid None = one workgroup per tile bound (over-launch)."""
+def run(variant, c, grid=None, group_m=2, wg_order="linear", init=None):
+    """Launch on the emulator; grid None = one workgroup per tile bound (over-launch); init: out's
+    values before the launch (else NaN, which no written element may keep)."""
     layout, a, b = variant["LAYOUT"], c["a"], c["b"]
     G = len(c["lens"])
     if layout == "TN":
         m, n, k = a.shape[1], b.shape[1], a.shape[0]
-        out = torch.full((G, m, n), float("nan"), dtype=OUT[variant["OUT"]])
+        out = torch.full((G, m, n), float("nan"), dtype=OUT[variant["OUT"]]) if init is None else init.clone()
     else:
         m, k = a.shape
         n = b.shape[1] if layout == "NT" else b.shape[2]
@@ -139,16 +140,41 @@ def test_persistent_grid_equals_one_tile_per_workgroup():
 
 
 ISA_VARIANTS = [v for v in registry.get(KERNEL).variants
-                if v["FMT"] == v["FMT_B"] == "e4m3" and v["OUT"] == "bf16"]
+                if v["FMT"] == v["FMT_B"] == "e4m3" and v["OUT"] in ("bf16", "f32")]
+
+
+def _main_grad(layout, c, out_dtype, seed):
+    """A non-zero out to accumulate into (TN: [G, n, k])."""
+    G, n, k = len(c["lens"]), c["a"].shape[1], c["b"].shape[1]
+    return torch.randn(G, n, k, generator=torch.Generator().manual_seed(seed)).to(out_dtype)
 
 
 @pytest.mark.parametrize("variant", [v for v in ISA_VARIANTS if v["BM"] > 64], ids=registry.variant_id)
 def test_hardware_tiles_bit_exact(variant):
     """The 128 x 128 / 256 x 128 tiles (accumulators partly in AGPRs) on a two-workgroup persistent grid."""
-    layout = variant["LAYOUT"]
+    layout, out_dtype = variant["LAYOUT"], OUT[variant["OUT"]]
     c = make_case(layout, "e4m3", [140, 0, 20] if layout == "TN" else [130, 0, 77], 144, 160, seed=variant["BM"])
-    metrics.assert_bitwise_equal(run(variant, c, grid=2), reference_out(layout, c, torch.bfloat16),
+    init = _main_grad(layout, c, out_dtype, 1) if variant.get("ACCUM") else None
+    metrics.assert_bitwise_equal(run(variant, c, grid=2, init=init), reference_out(layout, c, out_dtype, init),
                                  f"{KERNEL} {registry.variant_id(variant)}")
+
+
+WGRAD_VARIANTS = [v for v in registry.get(KERNEL).variants if "ACCUM" in v and v["BM"] == 64]
+
+
+@pytest.mark.parametrize("variant", WGRAD_VARIANTS, ids=registry.variant_id)
+def test_wgrad_fp32_out_and_accumulation_bit_exact(variant):
+    """fp32 out, and out += result (Megatron's fused main_grad) into a non-zero out: every format
+    pair, an empty group (its slice keeps out's values), a partial tile each way, a shuffled
+    two-workgroup persistent grid."""
+    fmt = f"{variant['FMT']}/{variant['FMT_B']}"
+    out_dtype = OUT[variant["OUT"]]
+    c = make_case("TN", fmt, [130, 0, 57], 80, 112, seed=7)
+    init = _main_grad("TN", c, out_dtype, 2) if variant["ACCUM"] else None
+    out = run(variant, c, grid=2, wg_order="shuffled", init=init)
+    metrics.assert_bitwise_equal(out, reference_out("TN", c, out_dtype, init), f"{KERNEL} {registry.variant_id(variant)}")
+    if variant["ACCUM"]:
+        assert torch.equal(out[1], init[1]) and not torch.equal(out[0], init[0])
 
 
 # ---- code objects ----

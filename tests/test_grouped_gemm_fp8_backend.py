@@ -78,3 +78,49 @@ def test_refused_calls_answer_false_and_execute_raises_guard_error(name, kw):
     assert Backend.can_handle(**kw) is False
     with pytest.raises(guards.GuardError):
         Backend.execute(**kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("trans_c", [False, True])
+def test_wgrad_accumulates_into_main_grad(dtype, trans_c):
+    """inplace_add_to_out=True, out=main_grad (Megatron's fused wgrad accumulation): main_grad +=
+    the wgrad, bit-exact with the reference's one-rounding accumulation; an empty group's slice
+    keeps its values; execute returns main_grad itself."""
+    lhs, rhs = ("b", "a") if trans_c else ("a", "b")
+    kw = {**WGRAD, "trans_c": trans_c, "out_dtype": torch.bfloat16}
+    G, m, n = len(LENS), kw[lhs].shape[1], kw[rhs].shape[1]
+    main_grad = torch.randn(G, m, n, generator=torch.Generator().manual_seed(4)).to(dtype)
+    before = main_grad.clone()
+    kw.update(out=main_grad, inplace_add_to_out=True)
+    assert Backend.can_handle(**kw) is True
+    assert Backend.execute(**kw) is main_grad
+    want = reference.grouped_gemm_fp8_variable_k_ref(kw[lhs], kw[f"{lhs}_scales"], kw[rhs], kw[f"{rhs}_scales"], OFFS,
+                                                     dtype, accumulate_into=before)
+    metrics.assert_bitwise_equal(main_grad, want, "main_grad += wgrad")
+    assert torch.equal(main_grad[1], before[1]) and not torch.equal(main_grad[0], before[0])
+
+
+def test_out_is_written_and_returned():
+    out = torch.empty(64, 32, dtype=torch.bfloat16)
+    assert Backend.can_handle(**FWD, out=out)
+    assert Backend.execute(**FWD, out=out) is out
+    metrics.assert_bitwise_equal(out, reference.grouped_gemm_fp8_ref(FWD["a"], FWD["a_scales"], FWD["b"],
+                                                                     FWD["b_scales"], OFFS), "out")
+
+
+ACCUMULATE_REFUSED = [
+    ("forward", {**FWD, "out": torch.zeros(64, 32, dtype=torch.bfloat16), "inplace_add_to_out": True}),
+    ("no-out", {**WGRAD, "inplace_add_to_out": True}),
+    ("f16-main_grad", {**WGRAD, "out": torch.zeros(3, 32, 48, dtype=torch.float16), "inplace_add_to_out": True}),
+    ("main_grad-shape", {**WGRAD, "out": torch.zeros(3, 48, 32), "inplace_add_to_out": True}),
+]
+
+
+@pytest.mark.parametrize("name,kw", ACCUMULATE_REFUSED, ids=[r[0] for r in ACCUMULATE_REFUSED])
+def test_accumulation_it_cannot_do_is_refused_untouched(name, kw):
+    out = kw.get("out")
+    before = None if out is None else out.clone()
+    assert Backend.can_handle(**kw) is False
+    with pytest.raises(guards.GuardError):
+        Backend.execute(**kw)
+    assert out is None or torch.equal(out, before)

@@ -75,7 +75,7 @@ ROWS_BAD = [
     ("dtype", _with(ROWS, a=ROWS["a"].to(torch.float16)), r"\[dtype\] a has dtype torch.float16"),
     ("dtype-b", _with(ROWS, b=ROWS["b"].to(torch.bfloat16)), r"\[dtype\] b has dtype torch.bfloat16; expected"),
     ("mixed-forward", _with(ROWS, b=ROWS["b"].to(torch.float32).to(E5M2)),
-     r"\[dtype\] no NT variant for a torch.float8_e4m3fn x b torch.float8_e5m2 -> torch.bfloat16: mixed formats"),
+     r"\[dtype\] no NT variant for a torch.float8_e4m3fn x b torch.float8_e5m2 -> torch.bfloat16; registered for NT: e4m3 x e4m3 -> bf16"),
     ("scale", _with(ROWS, a_scale=torch.ones(2)), r"\[shape\] a_scale must hold one fp32 scale"),
     ("k-mismatch", _with(ROWS, b=fp8(3, 64, 96)), r"\[shape\] b has K = 96 .* but a has K = 128"),
     ("groups", _with(ROWS, b=fp8(2, 64, 128)), r"\[shape\] b holds 2 groups .* group_lens has 3"),
@@ -115,7 +115,7 @@ VK_BAD = [
     ("lens-sum", _with(VK, group_lens=torch.tensor([130, 0, 50])),
      r"\[group_lens\] group_lens sums to 180 but a.shape\[0\] \(sum_k\) = 187"),
     ("m-align", _with(VK, a=fp8(187, 40)), r"\[M%16\] M = 40"),
-    ("out-dtype", _with(VK, out_dtype=torch.float32), r"\[dtype\] out_dtype is torch.float32"),
+    ("out-dtype", _with(VK, out_dtype=torch.float64), r"\[dtype\] out_dtype is torch.float64"),
     ("contiguity", _with(VK, a=fp8(48, 187).T), r"\[contiguity\] a must be contiguous"),
 ]
 

@@ -4,20 +4,23 @@ A Primus-Turbo-like dispatcher keeps, per op, a table of backend classes with tw
 methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute(**kw)``:
 
     a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, out_dtype,
-    granularity, num_cu  (+ trans_c for the variable-K op; other keys are ignored)
+    granularity, num_cu  (+ trans_c for the variable-K op, out, inplace_add_to_out; other keys
+    are ignored)
 
 ``GroupedGemmFP8Backend`` serves both of its grouped GEMM dispatchers:
   * b 3-D (M-grouped, trans_a=False): out[sum_m, N] = a_g @ b[g]^T (trans_b, forward NT) or
     a_g @ b[g] (dgrad NN)            -> mxgemm.grouped_gemm_fp8_kernel
   * b 2-D (variable K, trans_a=True, trans_b=False): out[g] = lhs_g^T @ rhs_g with (lhs, rhs) =
     (a, b), or (b, a) when trans_c  -> mxgemm.grouped_gemm_fp8_variable_k
+``out``: written and returned. ``inplace_add_to_out=True`` (Megatron's fused weight-gradient
+accumulation, out = main_grad): out += the wgrad in the kernel's epilogue, in out's dtype (fp32
+or bf16); the forward / dgrad have no accumulation and refuse it.
 ``granularity`` must be tensorwise (an enum member named TENSORWISE, or that string in any
 case): one fp32 dequantisation scale per tensor (value = fp8 * scale). Mixed e4m3 / e5m2
-operands are taken where hybrid training's backward has them (see the ops). Everything else about the call (dtypes,
-shapes, alignment,
-device, arch) and about its data (group sizes against the rows) is decided by the ops' own
-checks, which ``can_handle`` runs without launching: it is True exactly when ``execute`` runs
-without a GuardError, and False (no exception) otherwise.
+operands are taken where hybrid training's backward has them (see the ops). Everything else
+about the call (dtypes, shapes, alignment, device, arch) and about its data (group sizes against
+the rows) is decided by the ops' own checks, which ``can_handle`` runs without launching: it is
+True exactly when ``execute`` runs without a GuardError, and False (no exception) otherwise.
 """
 from __future__ import annotations
 
@@ -26,18 +29,26 @@ from .ops import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
 
 
 def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, out_dtype, granularity, num_cu,
-          trans_c=False, **kwargs):
+          trans_c=False, out=None, inplace_add_to_out=False, **kwargs):
     """(op, positional args, keyword args) of the mxgemm op serving this call; GuardError
     [backend] for a granularity or layout no mxgemm op has."""
     b_dim = b.dim() if hasattr(b, "dim") else None
     if str(getattr(granularity, "name", granularity)).upper() != "TENSORWISE":
         guards.fail("backend", f"granularity {granularity}: mxgemm's FP8 grouped GEMMs take tensorwise scales only")
     if b_dim == 3 and not trans_a:
+        if inplace_add_to_out:
+            guards.fail("backend", "inplace_add_to_out: mxgemm accumulates into out in the variable-K wgrad only "
+                                   "(b 2-D, trans_a=True), not in the forward / dgrad")
         return grouped_gemm_fp8_kernel, (a, a_scales, b, b_scales, group_lens, group_offs), \
-            dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu)
+            dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out)
     if b_dim == 2 and trans_a and not trans_b:
         lhs, rhs = ((b, b_scales), (a, a_scales)) if trans_c else ((a, a_scales), (b, b_scales))
-        return grouped_gemm_fp8_variable_k, (*lhs, *rhs, group_lens, group_offs), dict(out_dtype=out_dtype)
+        if inplace_add_to_out:
+            if out is None:
+                guards.fail("backend", "inplace_add_to_out=True needs out (the main_grad to accumulate into)")
+            out_dtype = out.dtype     # the accumulation is in out's dtype, as Primus-Turbo's backends do
+        return grouped_gemm_fp8_variable_k, (*lhs, *rhs, group_lens, group_offs), \
+            dict(out_dtype=out_dtype, out=out, accumulate=bool(inplace_add_to_out))
     guards.fail("backend", f"b.dim() = {b_dim}, trans_a = {trans_a}, trans_b = {trans_b}: mxgemm serves b 3-D with "
                            "trans_a=False (forward / dgrad) and b 2-D with trans_a=True, trans_b=False (wgrad)")
 

@@ -210,11 +210,13 @@ def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
 
 
 # ---- FP8 tensorwise grouped GEMM (one fp32 scale per tensor) ----
-def _tensorwise(a, sa, b, sb, out_dtype) -> torch.Tensor:
-    """a [M, R] x b [N, R]^T fp8 -> out_dtype: rne(acc * fp32(sa * sb)), acc summed in
-    TENSORWISE_CHUNK (= the f8f6f4 MFMA's K) chunks from the first row of R."""
+def _tensorwise(a, sa, b, sb, out_dtype, old=None) -> torch.Tensor:
+    """a [M, R] x b [N, R]^T fp8 -> out_dtype: rne(acc * fp32(sa * sb) [+ fp32(old)]), acc summed
+    in TENSORWISE_CHUNK (= the f8f6f4 MFMA's K) chunks from the first row of R; ``old``: the
+    value accumulated into (added in fp32 before the one rounding)."""
     acc = _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), TENSORWISE_CHUNK)
-    return _out(acc * (sa.float() * sb.float()), out_dtype)
+    v = acc * (sa.float() * sb.float())
+    return _out(v if old is None else v + old.float(), out_dtype)
 
 
 def _groups(group_offs: torch.Tensor):
@@ -234,12 +236,16 @@ def grouped_gemm_fp8_ref(a, a_scale, b, b_scale, group_offs, trans_b: bool = Tru
     return out
 
 
-def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
+def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16,
+                                    accumulate_into=None) -> torch.Tensor:
     """Variable-K (wgrad): a [sum_k, M] fp8, b [sum_k, N] fp8 -> [G, M, N], out[g] = a_scale *
-    b_scale * a_g^T b_g over the group's rows (empty group -> 0); chunks start at the group's first row."""
+    b_scale * a_g^T b_g over the group's rows (empty group -> 0); chunks start at the group's first
+    row. accumulate_into: [G, M, N] of out_dtype, the result is then that + the product (fp32 add,
+    one rounding)."""
     out = torch.zeros(len(group_offs) - 1, a.shape[1], b.shape[1], dtype=out_dtype)
     for g, s, e in _groups(group_offs):
-        out[g] = _tensorwise(a[s:e].T, a_scale, b[s:e].T, b_scale, out_dtype)
+        old = None if accumulate_into is None else accumulate_into[g]
+        out[g] = _tensorwise(a[s:e].T, a_scale, b[s:e].T, b_scale, out_dtype, old)
     return out
 
 

@@ -210,7 +210,9 @@ register(Kernel(
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
 # bf16 variants (256 x 256 needs more than 512 registers per lane and spills). FMT / FMT_B: the
 # formats of a / b. Mixed pairs only where hybrid training (e4m3 activations and weights, e5m2
-# gradients) has them: the backward's dgrad (e5m2 grad_out x e4m3 weights) and wgrads.
+# gradients) has them: the backward's dgrad (e5m2 grad_out x e4m3 weights) and wgrads. The wgrad
+# (TN) also writes fp32 and accumulates (ACCUM=1: out += result, Megatron's fused main_grad in
+# fp32 or bf16), every format pair at 64 x 64, e4m3 at 128 x 128.
 _GROUPED_FP8_SAME = tuple(dict(FMT=f, FMT_B=f) for f in ("e4m3", "e5m2"))
 _GROUPED_FP8_HYBRID = (dict(LAYOUT="NN", FMT="e5m2", FMT_B="e4m3"), dict(LAYOUT="TN", FMT="e5m2", FMT_B="e4m3"),
                        dict(LAYOUT="TN", FMT="e4m3", FMT_B="e5m2"))
@@ -222,6 +224,15 @@ def _grouped_fp8_variants(**params):
                         if v["OUT"] == "bf16" and v["BM"] in (64, 256))
 
 
+def _grouped_fp8_wgrad_variants(formats, tile):
+    """TN variants writing fp32 (ACCUM 0, 1) or accumulating into bf16, per (FMT, FMT_B) pair."""
+    return tuple(dict(LAYOUT="TN", FMT=fa, FMT_B=fb, OUT=o, BM=tile, BN=tile, ACCUM=acc) for fa, fb in formats
+                 for o, acc in (("f32", 0), ("f32", 1), ("bf16", 1)))
+
+
+_GROUPED_FP8_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e5m2", "e4m3"), ("e4m3", "e5m2"))
+
+
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
     symbol="grouped_gemm_fp8",
@@ -229,9 +240,11 @@ register(Kernel(
     # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
     grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
     variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
-    + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,)),
+    + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
+    + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128),
     doc="per-tensor FP8 grouped GEMM (e4m3/e5m2 or mixed, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
-        "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out"))
+        "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out; the wgrad also "
+        "fp32 out and out += result (fused main_grad accumulation)"))
 
 # --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).

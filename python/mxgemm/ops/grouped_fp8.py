@@ -23,6 +23,7 @@ _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # the wgrad also writes (and accumulates into) fp32
 _MAX_ROWS = 1 << 31       # row counts and group offsets are i32 inside the kernel
 _VOFFSET_ROWS = 256       # a tile's 32-bit buffer offsets span up to max(BM, BN, 128) row strides
 ARCH, = _FACTS.archs         # the one arch the tuned table is for
@@ -42,7 +43,7 @@ def group_offsets(group_lens) -> torch.Tensor:
     return torch.cat([lens.new_zeros(1), lens.cumsum(0)])
 
 
-def _check_operands(x, names_2d, b_dim):
+def _check_operands(x, names_2d, b_dim, outs=_OUT):
     fmt_dtypes = tuple(_FMT)
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
@@ -53,8 +54,8 @@ def _check_operands(x, names_2d, b_dim):
             guards.fail("shape", f"{n} must hold one fp32 scale (tensorwise); got shape {list(t.shape)}")
     guards.check_dtype(x.group_lens, "group_lens", torch.int64)
     guards.check_dtype(x.group_offs, "group_offs", torch.int64)
-    if x.out_dtype not in _OUT:
-        guards.fail("dtype", f"out_dtype is {x.out_dtype}; expected torch.bfloat16 or torch.float16")
+    if x.out_dtype not in outs:
+        guards.fail("dtype", f"out_dtype is {x.out_dtype}; expected {' or '.join(map(str, outs))}")
     if x.a.dim() != 2:
         guards.fail("shape", f"a must be 2-D {names_2d}; got shape {list(x.a.shape)}")
     if x.b.dim() != b_dim:
@@ -115,11 +116,18 @@ def tuned_table(path=None) -> dict:
             for r in tuned.read_rows(path or CONFIG_CSV)}
 
 
-def _variant(layout, a_dtype, b_dtype, out_dtype, cfg):
+def _variant(layout, a_dtype, b_dtype, out_dtype, cfg, accumulate=False):
     """The registered variant of a config, or None."""
-    want = dict(LAYOUT=layout, FMT=_FMT[a_dtype], FMT_B=_FMT[b_dtype], OUT=_OUT[out_dtype], BM=cfg["BM"],
+    want = dict(LAYOUT=layout, FMT=_FMT[a_dtype], FMT_B=_FMT[b_dtype], OUT=_OUT_WGRAD[out_dtype], BM=cfg["BM"],
                 BN=cfg["BN"])
+    if accumulate or out_dtype == torch.float32:   # the variants that have an ACCUM key
+        want["ACCUM"] = int(accumulate)
     return want if want in _FACTS.variants else None
+
+
+def _call_variant(layout, x, cfg):
+    """The registered variant of a config for call ``x`` (its formats, output, accumulation), or None."""
+    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg, getattr(x, "accumulate", False))
 
 
 def parse_config(config) -> dict | None:
@@ -133,8 +141,8 @@ def parse_config(config) -> dict | None:
 
 def _registered_tiles(layout, x) -> list:
     """(BM, BN) of the variants registered for the call's layout, formats and output, smallest first."""
-    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if _variant(layout, x.a.dtype, x.b.dtype,
-                                                                           x.out_dtype, v)}, key=lambda t: t[0] * t[1])
+    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if _call_variant(layout, x, v)},
+                  key=lambda t: t[0] * t[1])
 
 
 def _tiles_str(tiles) -> str:
@@ -146,24 +154,26 @@ def choose_config(x, layout, G, M, N, K, table=None):
     of its problem if its tile is registered for the call's formats, else the heuristic."""
     forced = parse_config(x.config)
     if forced is not None:
-        variant = _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, forced)
+        variant = _call_variant(layout, x, forced)
         if variant is None:
             guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
-                                  f"{_OUT[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
+                                  f"{_OUT_WGRAD[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
                                   f"registered tiles: {_tiles_str(_registered_tiles(layout, x))}")
         return _choice(variant, forced, "config given by the caller")
     row = (tuned_table() if table is None else table).get(problem_key(layout, G, M, N, K))
-    if row is not None and _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]) is not None:
-        return _choice(_variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, row[0]), row[0],
+    if row is not None and _call_variant(layout, x, row[0]) is not None:
+        return _choice(_call_variant(layout, x, row[0]), row[0],
                        f"tuned table row (source={row[1]})")
     cfg = heuristic_config(layout, G, M, N, x.out_dtype)
     fit = [t for t in _registered_tiles(layout, x) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
     if not fit:
-        guards.fail("dtype", f"no {layout} variant for a {x.a.dtype} x b {x.b.dtype} -> {x.out_dtype}: mixed "
-                             "formats are registered for hybrid training's backward only (NN e5m2 x e4m3, TN "
-                             "e5m2 x e4m3 and e4m3 x e5m2), bf16 out")
+        accum = getattr(x, "accumulate", False)
+        have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
+                       for v in _FACTS.variants if v["LAYOUT"] == layout})
+        guards.fail("dtype", f"no {layout} variant for a {x.a.dtype} x b {x.b.dtype} -> {x.out_dtype}"
+                             f"{' accumulating into out' if accum else ''}; registered for {layout}: {', '.join(have)}")
     cfg = dict(cfg, BM=fit[-1][0], BN=fit[-1][1])   # mixed formats have fewer tiles: the largest not above the rule's
-    return _choice(_variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg), cfg, "heuristic")
+    return _choice(_call_variant(layout, x, cfg), cfg, "heuristic")
 
 
 def _choice(variant, cfg, why) -> Choice:
@@ -217,7 +227,9 @@ def _plan_rows(x) -> Plan:
 
 
 def _plan_variable_k(x) -> Plan:
-    G, device = _check_operands(x, "[sum_k, M]", 2)
+    G, device = _check_operands(x, "[sum_k, M]", 2, _OUT_WGRAD)
+    if x.accumulate and x.out is None:
+        guards.fail("accumulate", "accumulate=True adds the product into out: pass out ([G, M, N] of out_dtype)")
     sum_k, M = x.a.shape
     if x.b.shape[0] != sum_k:
         guards.fail("shape", f"b has {x.b.shape[0]} contraction rows (shape {list(x.b.shape)}) but a has "
@@ -288,7 +300,7 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
 def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                 group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                                 out_dtype: torch.dtype = torch.bfloat16, *,
-                                out: torch.Tensor | None = None, config: str = "",
+                                out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
                                 validate: bool = True) -> torch.Tensor:
     """Grouped GEMM with tensorwise FP8 operands, groups along the contraction (MoE wgrad):
         out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
@@ -298,7 +310,10 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     in either order with bf16 out: hybrid training's wgrad); a_scale,
     b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
     (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
-    (torch.bfloat16 or torch.float16). config, validate: as for grouped_gemm_fp8_kernel.
+    (torch.bfloat16, torch.float16 or torch.float32). accumulate: out += the product (beta = 1,
+    in the kernel's epilogue: out[g] = rne(fp32(out[g]) + fp32(a_scale * b_scale) * a_g^T b_g));
+    out required, fp32 or bf16 (Megatron's main_grad). config, validate: as for
+    grouped_gemm_fp8_kernel.
     """
 
 

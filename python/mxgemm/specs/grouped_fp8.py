@@ -30,10 +30,20 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
     G, m, N, K = shape["groups"], shape["m"], shape["N"], shape["K"]
     lens = torch.full((G,), m, dtype=torch.int64, device=inp.device)
     if v["LAYOUT"] == "TN":
-        return Call(WGRAD, (inp.fp8(G * m, N), _one(inp), inp.fp8(G * m, K), _one(inp), lens))
+        return Call(WGRAD, (inp.fp8(G * m, N), _one(inp), inp.fp8(G * m, K), _one(inp), lens), **_wgrad_out(v, G, N, K))
     nt = v["LAYOUT"] == "NT"
     a, b = inp.fp8(G * m, K), inp.fp8(G, N, K) if nt else inp.fp8(G, K, N)
     return Call(ROWS, (a, _one(inp), b, _one(inp), lens), dict(trans_b=nt))
+
+
+def _wgrad_out(v, G, M, N) -> dict:
+    """A wgrad call's out arguments for variant v: its out_dtype, and for ACCUM=1 accumulate=True
+    into an out holding values (a main_grad)."""
+    dtype = OUT_DTYPES[v["OUT"]]
+    if not v.get("ACCUM"):
+        return dict(kw=dict(out_dtype=dtype))
+    out = torch.randn(G, M, N, generator=torch.Generator().manual_seed(11)).to(dtype)
+    return dict(kw=dict(out_dtype=dtype, out=out, accumulate=True), out=out)
 
 
 def _one(inp: Inputs):
@@ -68,7 +78,7 @@ def race(kernel, v) -> list:
     bm, bn, one = v["BM"], v["BN"], torch.ones(1)
     kw = dict(out_dtype=OUT_DTYPES[v["OUT"]])
     if v["LAYOUT"] == "TN":
-        return [Call(WGRAD, (qa(133, bm), one, qb(133, bn), one, torch.tensor([130, 3])), kw)]
+        return [Call(WGRAD, (qa(133, bm), one, qb(133, bn), one, torch.tensor([130, 3])), **_wgrad_out(v, 2, bm, bn))]
     lens, trans_b, K = torch.tensor([bm + 2] + [0] * 7 + [bm - 2]), v["LAYOUT"] == "NT", 384
     kw.update(trans_b=trans_b, num_cu=1, config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
     b = qb(9, bn, K) if trans_b else qb(9, K, bn)
