@@ -10,7 +10,9 @@ on v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for three l
 
   a: NT/NN [sum_m, K], TN [sum_k, M];  b: NT [G, N, K], NN [G, K, N], TN [sum_k, N];  all fp8 bytes.
   a_scale, b_scale: fp32 scalars (pointers); group_offs: int64 [G + 1], non-decreasing (rows
-  before offs[0] or from offs[G] on belong to no group: never read, never written).
+  before offs[0] belong to no group: never read, never written). Rows from offs[G] to M, a
+  padded tail of an over-allocated a: NT/NN write them as zeros without reading them (tiles
+  after the groups' with an empty contraction); TN never reads them.
 
 Numerics: each MFMA sums one 128-wide contraction chunk [128 s, 128 s + 128) of the tile (zero
 padded past the end); chunks are accumulated in increasing order into fp32 from +0 (for TN the
@@ -233,12 +235,17 @@ def _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a
             rocdl.raw_ptr_buffer_store(v, out_rs, voff, b.c(0), aux=aux)
 
 
+def _offset(b, group_offs, g):
+    """group_offs[g] as a uniform i32 (row counts stay below 2^31). Loads after the tile loop's
+    stores may not be scalar loads; readfirstlane keeps the buffer resources built from them in
+    SGPRs (no waterfall loops)."""
+    return rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
+        b.i64, b.gep(group_offs, arith.muli(b.u64(g), b.c(8, b.i64))))))
+
+
 def _group_bounds(b, group_offs, g):
-    """(group_offs[g], group_offs[g + 1]) as uniform i32 (row counts stay below 2^31). Loads after
-    the tile loop's stores may not be scalar loads; readfirstlane keeps the buffer resources
-    built from them in SGPRs (no waterfall loops)."""
-    return [rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
-        b.i64, b.gep(group_offs, arith.muli(b.u64(arith.addi(g, b.c(d))), b.c(8, b.i64)))))) for d in (0, 1)]
+    """(group_offs[g], group_offs[g + 1])."""
+    return [_offset(b, group_offs, arith.addi(g, b.c(d))) for d in (0, 1)]
 
 
 def _group_scan(b, group_offs, G, bm, n_tiles, tile):
@@ -281,7 +288,11 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
         m_tiles = b.ceil_div(M, bm)
         total = arith.muli(G, arith.muli(m_tiles, n_tiles))
     else:
-        total = _group_scan(b, group_offs, G, bm, n_tiles, bid)[0]
+        # rows from group_offs[G] to M (an over-allocated a's tail) are written as zeros: tiles
+        # after the groups' with no contraction
+        tail_s = _offset(b, group_offs, G)
+        tail_tiles = arith.muli(b.ceil_div(arith.maxsi(arith.subi(M, tail_s), b.c(0)), bm), n_tiles)
+        total = arith.addi(_group_scan(b, group_offs, G, bm, n_tiles, bid)[0], tail_tiles)
     iters = arith.divui(arith.addi(arith.subi(arith.maxsi(total, bid), bid), arith.subi(nwg, b.c(1))), nwg)
     loop, body = b.for_range(iters)
     with ir.InsertionPoint(body):
@@ -299,7 +310,11 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             _tile(b, cfg, ops, lds, a_base, M, arith.subi(M, i0), b_base, N, arith.subi(N, j0), arith.subi(e, s),
                   out_base, N, scale)
         else:
-            _, g, local, s, e = _group_scan(b, group_offs, G, bm, n_tiles, tile)
+            grouped, g, local, s, e = _group_scan(b, group_offs, G, bm, n_tiles, tile)
+            tail = b.cmp("sge", tile, grouped)
+            g, local = arith.select(tail, b.c(0), g), arith.select(tail, arith.subi(tile, grouped), local)
+            s, e = arith.select(tail, tail_s, s), arith.select(tail, M, e)
+            c_len = arith.select(tail, b.c(0), K)
             mt, nt = _swizzle(b, local, b.ceil_div(arith.subi(e, s), bm), n_tiles, group_m)
             row0 = arith.addi(s, arith.muli(mt, b.c(bm)))
             j0 = arith.muli(nt, b.c(bn))
@@ -310,7 +325,7 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             else:
                 b_base, b_ld = b.gep(bp, arith.addi(b_group, b.u64(j0))), N
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), esize))
-            _tile(b, cfg, ops, lds, a_base, K, arith.subi(e, row0), b_base, b_ld, arith.subi(N, j0), K,
+            _tile(b, cfg, ops, lds, a_base, K, arith.subi(e, row0), b_base, b_ld, arith.subi(N, j0), c_len,
                   out_base, N, scale)
         scf.YieldOp([])
 

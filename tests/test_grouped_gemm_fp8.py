@@ -30,10 +30,11 @@ def ceil_div(a, b):
 
 def tile_bound(layout, lens, m, n, bm, bn):
     """Workgroups that cover every tile without reading group sizes on the host: NT/NN
-    sum ceil(len_g / BM) <= ceil(sum_m / BM) + G (the kernel's own scan drops the excess)."""
+    sum ceil(len_g / BM) + ceil(tail / BM) <= ceil(m / BM) + G, m the rows of a (the kernel's
+    own scan drops the excess)."""
     if layout == "TN":
         return len(lens) * ceil_div(m, bm) * ceil_div(n, bn)
-    return (ceil_div(sum(lens), bm) + len(lens)) * ceil_div(n, bn)
+    return (ceil_div(m, bm) + len(lens)) * ceil_div(n, bn)
 
 
 def formats(fmt):
@@ -42,14 +43,15 @@ def formats(fmt):
     return fa, fb or fa
 
 
-def make_case(layout, fmt, lens, n, k, seed=0):
+def make_case(layout, fmt, lens, n, k, seed=0, tail=0):
     """fp8 operands + fp32 scales; NT/NN: a [sum_m, k], b [G, n, k] / [G, k, n], out [sum_m, n];
-    TN: a [sum_k, n] (out rows), b [sum_k, k] (out columns), out [G, n, k]."""
+    TN: a [sum_k, n] (out rows), b [sum_k, k] (out columns), out [G, n, k]. tail: rows of a
+    (and TN's b) past the groups, as of an over-allocated buffer."""
     g = torch.Generator().manual_seed(seed)
     fa, fb = formats(fmt)
     qa = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fa])  # noqa: E731
     qb = lambda *s: (torch.randn(*s, generator=g) * 3).to(FP8[fb])  # noqa: E731
-    s = sum(lens)
+    s = sum(lens) + tail
     offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
     if layout == "TN":
         a, b = qa(s, n), qb(s, k)
@@ -130,6 +132,19 @@ def test_bit_exact_vs_reference(case):
     if layout == "TN":  # an empty group's slice is written as zeros
         for g, length in enumerate(lens):
             assert length or bool((out[g] == 0).all())
+
+
+@pytest.mark.parametrize("layout,grid", [("NT", None), ("NN", 2), ("TN", None)])
+def test_padded_tail_past_the_groups(layout, grid):
+    """Rows of a past group_offs[G] (an over-allocated activation buffer, Primus-Turbo's padded
+    tail): NT / NN write their out rows as zeros (out starts NaN), TN ignores them; a tail of
+    more than one row tile, and groups ending mid-tile."""
+    variant = small(layout, "e4m3", "bf16")
+    c = make_case(layout, "e4m3", [40, 0, 30], 80, 144, seed=9, tail=150)
+    out = run(variant, c, grid=grid)
+    metrics.assert_bitwise_equal(out, reference_out(layout, c, torch.bfloat16), f"{layout} padded tail")
+    if layout != "TN":
+        assert bool((out[70:] == 0).all()) and not bool((out[:70] == 0).all())
 
 
 def test_persistent_grid_equals_one_tile_per_workgroup():

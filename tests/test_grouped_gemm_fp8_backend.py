@@ -124,3 +124,19 @@ def test_accumulation_it_cannot_do_is_refused_untouched(name, kw):
     with pytest.raises(guards.GuardError):
         Backend.execute(**kw)
     assert out is None or torch.equal(out, before)
+
+
+def test_over_allocated_activations():
+    """a.shape[0] > sum(group_lens), the padded tail of Primus-Turbo's fixed-capacity permute:
+    handled; the forward's and dgrad's tail rows are zeros, the wgrad ignores the tail rows."""
+    pad = 40
+    fwd = {**FWD, "a": torch.cat([FWD["a"], fp8(pad, 128, seed=5)])}
+    assert Backend.can_handle(**fwd)
+    out = Backend.execute(**fwd)
+    metrics.assert_bitwise_equal(out[:64], Backend.execute(**FWD), "rows of the groups")
+    assert out.shape == (64 + pad, 32) and bool((out[64:] == 0).all())
+    wgrad = {**WGRAD, "a": torch.cat([WGRAD["a"], fp8(pad, 32, seed=6)]), "b": torch.cat([WGRAD["b"], fp8(pad, 48, seed=7)])}
+    assert Backend.can_handle(**wgrad)
+    metrics.assert_bitwise_equal(Backend.execute(**wgrad), Backend.execute(**WGRAD), "wgrad ignores the tail")
+    over = {**FWD, "group_lens": torch.tensor([24, 0, 41]), "group_offs": torch.tensor([0, 24, 24, 65])}
+    assert Backend.can_handle(**over) is False      # more rows in the groups than a has

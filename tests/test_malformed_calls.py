@@ -239,11 +239,21 @@ def test_a4w4_takes_an_empty_batch_like_moe_mxfp8():
 
 
 # --- grouped and deep_gemm data checks on empty outputs -------------------------------------------
-def test_variable_k_with_zero_groups_but_k_rows_is_refused():
+def test_variable_k_data_checks_run_when_the_output_is_empty():
+    """Zero groups: the output [0, M, N] is empty, but group_offs is still checked (the check
+    was skipped with the launch)."""
     args, kw = small("grouped_gemm_fp8_variable_k")
     args[4] = torch.zeros(0, dtype=torch.int64)
-    kw.pop("group_offs", None)
-    rejects("group_lens", lambda: mxgemm.grouped_gemm_fp8_variable_k(*args[:5], **kw))
+    rejects("group_offs", lambda: mxgemm.grouped_gemm_fp8_variable_k(*args[:5], torch.tensor([3]), **kw))
+
+
+def test_zero_groups_with_rows_agree_between_forward_and_wgrad():
+    """All rows a padded tail (sum(group_lens) = 0 <= rows): the forward writes zero rows, the
+    wgrad an empty [0, M, N]; before, the wgrad returned empty and the forward refused."""
+    a, b = torch.randn(64, 128).to(torch.float8_e4m3fn), torch.randn(0, 32, 128).to(torch.float8_e4m3fn)
+    none, one = torch.zeros(0, dtype=torch.int64), torch.ones(1)
+    assert torch.equal(mxgemm.grouped_gemm_fp8_kernel(a, one, b, one.clone(), none), torch.zeros(64, 32).bfloat16())
+    assert mxgemm.grouped_gemm_fp8_variable_k(a, one, a.clone(), one.clone(), none).shape == (0, 128, 128)
 
 
 def test_deep_gemm_with_zero_groups_in_b_is_refused():
@@ -369,7 +379,7 @@ def _backend_kw(**over):
     return kw
 
 
-@pytest.mark.parametrize("over", [dict(group_lens=torch.tensor([40, 50]), group_offs=torch.tensor([0, 40, 90])),
+@pytest.mark.parametrize("over", [dict(group_lens=torch.tensor([50, 50]), group_offs=torch.tensor([0, 50, 100])),
                                   dict(a=None), dict(group_lens=[48, 48]), dict(b=None)])
 def test_can_handle_is_false_when_execute_would_raise(over):
     kw = _backend_kw(**over)

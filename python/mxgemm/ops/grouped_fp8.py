@@ -254,14 +254,15 @@ def _plan_variable_k(x) -> Plan:
 
 
 def _check_groups(x, plan) -> None:
-    """group_lens non-negative, summing to the grouped dimension; group_offs its prefix sums from 0."""
+    """group_lens non-negative, summing to at most the grouped dimension (the rest is a padded
+    tail); group_offs its prefix sums from 0."""
     lens, offs = x.group_lens.cpu(), x.group_offs.cpu()
     rows, what = x.a.shape[0], "a.shape[0] (" + ("sum_m)" if plan.op == "grouped_gemm_fp8_kernel" else "sum_k)")
     if lens.numel() and int(lens.min()) < 0:
         g = int((lens < 0).nonzero()[0])
         guards.fail("group_lens", f"group_lens[{g}] = {int(lens[g])} is negative")
-    if int(lens.sum()) != rows:
-        guards.fail("group_lens", f"group_lens sums to {int(lens.sum())} but {what} = {rows}")
+    if int(lens.sum()) > rows:
+        guards.fail("group_lens", f"group_lens sums to {int(lens.sum())}, more than {what} = {rows}")
     want = torch.cat([offs.new_zeros(1), lens.cumsum(0)])
     if not torch.equal(offs, want):
         g = int((offs != want).nonzero()[0])
@@ -283,8 +284,10 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
 
     a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same, or mixed as hybrid training's dgrad
     has it (a e5m2 gradients x b e4m3 weights, NN, bf16 out); a_scale, b_scale: one fp32
-    each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to
-    sum_m); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
+    each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to at
+    most sum_m: rows past the sum are a padded tail, as of an over-allocated activation buffer,
+    never read, their out rows zeros); group_offs: int64 [G + 1] = [0, cumsum(group_lens)]
+    (computed when None).
     K % 16 == 0, N % 16 == 0. out_dtype: torch.bfloat16 or torch.float16; out: optional
     [sum_m, N] of that dtype. num_cu: cap the grid at this many workgroups (persistent: each
     loops over tiles); None leaves the grid to the config. config: force one (parse_config);
@@ -307,9 +310,9 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
 
     a: [sum_k, M], b: [sum_k, N], float8_e4m3fn or float8_e5m2 (one format, or e4m3 with e5m2
-    in either order with bf16 out: hybrid training's wgrad); a_scale,
-    b_scale: one fp32 each. group_lens int64 [G] summing to sum_k; group_offs int64 [G + 1]
-    (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
+    in either order with bf16 out: hybrid training's wgrad); a_scale, b_scale: one fp32 each.
+    group_lens int64 [G] summing to at most sum_k (rows past the sum: a padded tail, never read);
+    group_offs int64 [G + 1] (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
     (torch.bfloat16, torch.float16 or torch.float32). accumulate: out += the product (beta = 1,
     in the kernel's epilogue: out[g] = rne(fp32(out[g]) + fp32(a_scale * b_scale) * a_g^T b_g));
     out required, fp32 or bf16 (Megatron's main_grad). config, validate: as for

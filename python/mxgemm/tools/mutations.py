@@ -150,11 +150,21 @@ CATALOGUE = (
          "scale = llvm.load(b.f32, a_scale)"),),
         "epilogue scales by a_scale only, not the product a_scale * b_scale"),
     Mutation("grouped-fp8-bf16-truncate", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "arith.truncf(v4h, arith.mulf(acc[i * nj_n + j], splat))",
-         "arith.truncf(v4h, llvm.bitcast(b.v4f32, arith.andi(llvm.bitcast(b.v4i32, arith.mulf("
-         "acc[i * nj_n + j], splat)), arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat("
-         "b.v4i32, ir.IntegerAttr.get(b.i32, -65536))))))"),),
+        (GROUPED_FP8, "v = llvm.bitcast(raw, arith.truncf(v4e, v))",
+         "v = llvm.bitcast(raw, arith.truncf(v4e, llvm.bitcast(b.v4f32, arith.andi(llvm.bitcast(b.v4i32, v), "
+         "arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
+    Mutation("grouped-fp8-accumulate-drops-old", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "v = arith.addf(v, old if", "v = arith.addf(v, v if"),),
+        "out += result adds the result to itself, not to what out held (fp32 main_grad)"),
+    Mutation("grouped-fp8-accumulate-old-rounded", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "v = arith.addf(v, old if out_t == \"f32\" else arith.extf(b.v4f32, llvm.bitcast(v4e, old)))",
+         "v = arith.addf(v, old) if out_t == \"f32\" else arith.extf(b.v4f32, arith.addf(arith.truncf(v4e, v), "
+         "llvm.bitcast(v4e, old)))"),),
+        "bf16 accumulation rounds the product to bf16 before the add (two roundings, not one)"),
+    Mutation("grouped-fp8-f32-out-half-stride", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}', 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 2}'),),
+        "fp32 output addressed with 2-byte elements"),
     Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a]", "FMT_CODE[fmt_a], FMT_CODE[fmt_b]"),),
         "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
@@ -162,6 +172,10 @@ CATALOGUE = (
         (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
          "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),
         "group scan counts ceil((len - 1) / BM) row tiles: a last row alone in its tile is never computed"),
+    Mutation("grouped-fp8-padded-tail-unwritten", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "total = arith.addi(_group_scan(b, group_offs, G, bm, n_tiles, bid)[0], tail_tiles)",
+         "total = _group_scan(b, group_offs, G, bm, n_tiles, bid)[0]"),),
+        "NT / NN leave the out rows of a padded tail (past group_offs[G]) unwritten instead of zero"),
     Mutation("grouped-fp8-tn-contraction-off-by-one", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "arith.subi(e, s),\n                  out_base, N, scale)",
          "arith.subi(arith.subi(e, s), b.c(1)),\n                  out_base, N, scale)"),),
