@@ -5,6 +5,8 @@ explain names the kernel and tiles; every broken rule raises GuardError before a
 the caller's out left untouched. mxgemm.grouped_gemm_fp8 (dynamic tensorwise quantisation +
 autograd): forward and both gradients bit-identical to the reference on the quantised tensors,
 SNR against fp32 math."""
+import functools
+
 import pytest
 import torch
 
@@ -145,33 +147,38 @@ def test_mixed_formats_bit_exact():
     big["b"] = big["b"].to(torch.float32).to(E5M2)
     p = mxgemm.explain("grouped_gemm_fp8_variable_k", **big)
     assert (p.variant["FMT"], p.variant["FMT_B"], p.variant["BM"], p.variant["BN"]) == ("e4m3", "e5m2", 256, 128)
-    with pytest.raises(guards.GuardError, match=r"\[dtype\] no NN variant .* -> torch.float16"):
-        mxgemm.grouped_gemm_fp8_kernel(**c, trans_b=False, out_dtype=torch.float16)
+    fwd = rows_case(n=64, k=128)                    # a forward never mixes formats
+    fwd["b"] = fwd["b"].to(torch.float32).to(E5M2)
+    with pytest.raises(guards.GuardError, match=r"\[dtype\] no NT variant for a torch.float8_e4m3fn x b torch.float8_e5m2"):
+        mxgemm.grouped_gemm_fp8_kernel(**fwd)
 
 
-@pytest.mark.parametrize("trans_b,fmt,y_db,grad_db", [(True, "e4m3", 25.0, 25.0), (False, "e5m2", 20.0, 20.0),
-                                                      (True, "hybrid", 25.0, 20.0)])
-def test_autograd_op_forward_and_backward(trans_b, fmt, y_db, grad_db):
+@pytest.mark.parametrize("trans_b,fmt,dtype,y_db,grad_db", [
+    (True, "e4m3", torch.bfloat16, 25.0, 25.0), (False, "e5m2", torch.bfloat16, 20.0, 20.0),
+    (True, "hybrid", torch.bfloat16, 25.0, 20.0), (False, "hybrid", torch.bfloat16, 25.0, 20.0),
+    (True, "hybrid", torch.float16, 25.0, 20.0), (False, "hybrid", torch.float16, 25.0, 20.0)])
+def test_autograd_op_forward_and_backward(trans_b, fmt, dtype, y_db, grad_db):
     """mxgemm.grouped_gemm_fp8 (dynamic tensorwise quantisation + autograd): y, grad_a and
     grad_b are bit-identical to the reference on the quantised tensors (hybrid: a and b in
-    e4m3, grad_out in e5m2), and within y_db / grad_db SNR of fp32 math on the unquantised ones."""
+    e4m3, grad_out in e5m2, both weight layouts and both half outputs), and within y_db /
+    grad_db SNR of fp32 math on the unquantised ones."""
     from mxgemm.ops.grouped_fp8 import FORMATS
     from mxgemm.quant import tensorwise_cast_to_fp8
     g = torch.Generator().manual_seed(7)
     lens, n, k = [40, 0, 77], 96, 128
     offs = offsets(lens)
-    x = torch.randn(sum(lens), k, generator=g).bfloat16().requires_grad_()
+    x = torch.randn(sum(lens), k, generator=g).to(dtype).requires_grad_()
     w = (torch.randn(3, n, k, generator=g) * 0.05 if trans_b else torch.randn(3, k, n, generator=g) * 0.05)
-    w = w.bfloat16().requires_grad_()
-    dy = torch.randn(sum(lens), n, generator=g).bfloat16()
+    w = w.to(dtype).requires_grad_()
+    dy = torch.randn(sum(lens), n, generator=g).to(dtype)
     y = mxgemm.grouped_gemm_fp8(x, w, torch.tensor(lens), trans_b=trans_b, format=fmt)
     y.backward(dy)
     fwd, grad = FORMATS[fmt]
     (xq, xs), (wq, ws), (dq, ds) = (tensorwise_cast_to_fp8(t.detach(), f) for t, f in ((x, fwd), (w, fwd), (dy, grad)))
-    metrics.assert_bitwise_equal(y, reference.grouped_gemm_fp8_ref(xq, xs, wq, ws, offs, trans_b=trans_b), "y")
-    metrics.assert_bitwise_equal(x.grad, reference.grouped_gemm_fp8_ref(dq, ds, wq, ws, offs, trans_b=not trans_b),
-                                 "grad_a")
-    vk = reference.grouped_gemm_fp8_variable_k_ref
+    ref = functools.partial(reference.grouped_gemm_fp8_ref, out_dtype=dtype)
+    metrics.assert_bitwise_equal(y, ref(xq, xs, wq, ws, offs, trans_b=trans_b), "y")
+    metrics.assert_bitwise_equal(x.grad, ref(dq, ds, wq, ws, offs, trans_b=not trans_b), "grad_a")
+    vk = functools.partial(reference.grouped_gemm_fp8_variable_k_ref, out_dtype=dtype)
     metrics.assert_bitwise_equal(w.grad, vk(dq, ds, xq, xs, offs) if trans_b else vk(xq, xs, dq, ds, offs), "grad_b")
     rows = [slice(s, e) for s, e in zip(offs[:-1].tolist(), offs[1:].tolist())]
     xf, wf, dyf = x.detach().float(), w.detach().float(), dy.float()
