@@ -5,6 +5,8 @@ explain names the kernel and tiles; every broken rule raises GuardError before a
 the caller's out left untouched. mxgemm.grouped_gemm_fp8 (dynamic tensorwise quantisation +
 autograd): forward and both gradients bit-identical to the reference on the quantised tensors,
 SNR against fp32 math."""
+import dataclasses
+import enum
 import functools
 
 import pytest
@@ -269,3 +271,42 @@ def test_autograd_op_with_a_padded_tail():
     a2, b2 = a[:64].clone().requires_grad_(), b.clone().requires_grad_()
     mxgemm.grouped_gemm_fp8(a2, b2, lens).backward(dy[:64])
     assert torch.equal(b1.grad, b2.grad) and torch.equal(a1.grad[:64], a2.grad)
+
+
+class _Enum(enum.Enum):   # stand-ins for Primus-Turbo's Format / ScalingGranularity / ScaleDtype members
+    E4M3, E5M2, HYBRID, TENSORWISE, ROWWISE, MX_BLOCKWISE, FP32, E8M0 = range(8)
+
+
+@dataclasses.dataclass
+class Float8QuantConfig:   # Primus-Turbo's fields, read by name
+    format: _Enum = _Enum.E4M3
+    granularity: _Enum = _Enum.TENSORWISE
+    scale_dtype: _Enum = _Enum.FP32
+    block_size: int | None = None
+
+
+def test_autograd_op_takes_primus_turbo_signature_and_config():
+    """Primus-Turbo's call, positional (a, b, group_lens, group_offs, trans_b, out_dtype, config,
+    num_cu), gives format="hybrid"'s bits for Format.HYBRID; what it cannot do is refused by name."""
+    g = torch.Generator().manual_seed(5)
+    lens = torch.tensor([24, 0, 40])
+    a, b = torch.randn(64, 128, generator=g).bfloat16(), torch.randn(3, 32, 128, generator=g).bfloat16()
+    want = mxgemm.grouped_gemm_fp8(a, b, lens, format="hybrid")
+    got = mxgemm.grouped_gemm_fp8(a, b, lens, None, True, None, Float8QuantConfig(_Enum.HYBRID), 2)
+    assert torch.equal(got, want)
+    for config, rule in ((Float8QuantConfig(granularity=_Enum.ROWWISE), "granularity"),
+                         (Float8QuantConfig(granularity=_Enum.MX_BLOCKWISE, block_size=32), "granularity"),
+                         (Float8QuantConfig(scale_dtype=_Enum.E8M0), "scale_dtype")):
+        with pytest.raises(guards.GuardError, match=rf"\[{rule}\] config.{rule} = "):
+            mxgemm.grouped_gemm_fp8(a, b, lens, config=config)
+    with pytest.raises(guards.GuardError, match=r"\[format\] config.format = 'e4m3' and format = 'e5m2'"):
+        mxgemm.grouped_gemm_fp8(a, b, lens, config=Float8QuantConfig(), format="e5m2")
+
+
+def test_autograd_op_refuses_pre_quantised_inputs_by_name():
+    class QuantizedTensor(torch.Tensor):    # the name of Primus-Turbo's pre-quantised wrapper
+        pass
+    a = torch.randn(64, 128).bfloat16().as_subclass(QuantizedTensor)
+    with pytest.raises(guards.GuardError, match=r"\[type\] a must be a bf16 / fp16 / fp32 torch.Tensor .* got "
+                                                 r"QuantizedTensor"):
+        mxgemm.grouped_gemm_fp8(a, torch.randn(3, 32, 128).bfloat16(), torch.tensor([24, 0, 40]))

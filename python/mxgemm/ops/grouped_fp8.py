@@ -350,19 +350,56 @@ class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
         return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), *(None,) * 7
 
 
+def _quant_config(config, format):
+    """The format of Primus-Turbo's ``config`` (a Float8QuantConfig: format, granularity, block
+    size, scale dtype; read by field and enum member name) or of ``format``; GuardError for what
+    the tensorwise op does not do."""
+    if config is None:
+        return format or "e4m3"
+    name = lambda v: str(getattr(v, "name", v)).lower()  # noqa: E731   an enum member or its name
+    fmt = name(getattr(config, "format", getattr(config, "dtype", "e4m3")))
+    if fmt not in FORMATS or (format is not None and format != fmt):
+        guards.fail("format", f"config.format = {fmt!r}{f' and format = {format!r}' if format else ''}: expected one "
+                              f"of {', '.join(map(repr, FORMATS))}, given once")
+    granularity = name(getattr(config, "granularity", "tensorwise"))
+    if granularity != "tensorwise":
+        guards.fail("granularity", f"config.granularity = {granularity.upper()}: grouped_gemm_fp8 quantises "
+                                   "tensorwise only (one scale per tensor)")
+    if name(getattr(config, "scale_dtype", "fp32")) not in ("fp32", "float32"):
+        guards.fail("scale_dtype", f"config.scale_dtype = {name(config.scale_dtype).upper()}: tensorwise scales "
+                                   "are fp32")
+    return fmt
+
+
+def _check_high_precision(t, name: str) -> None:
+    """A plain tensor to quantise: pre-quantised wrappers (Primus-Turbo's QuantizedTensor) are
+    refused by name rather than read as a tensor of their outer shape."""
+    wrapper = next((c.__name__ for c in type(t).__mro__ if "Quantized" in c.__name__ or c.__name__ == "Float8Tensor"),
+                   None)
+    if not isinstance(t, torch.Tensor) or wrapper:
+        guards.fail("type", f"{name} must be a bf16 / fp16 / fp32 torch.Tensor (quantised by the op); got "
+                            f"{wrapper or type(t).__name__}: pre-quantised inputs are not taken")
+
+
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
-                     trans_b: bool = True, out_dtype: torch.dtype | None = None, num_cu: int | None = None,
-                     format: str = "e4m3", validate: bool = True) -> torch.Tensor:
+                     trans_b: bool = True, out_dtype: torch.dtype | None = None, config=None,
+                     num_cu: int | None = None, *, format: str | None = None, validate: bool = True) -> torch.Tensor:
     """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
-    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]).
+    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]). Primus-Turbo's
+    signature and argument order (``turbo.ops.grouped_gemm_fp8``).
 
     a, b: bf16, fp16 or fp32 (one dtype), quantised on every call with one scale per tensor
-    (mxgemm.quant.tensorwise_cast_to_fp8) in ``format``: "e4m3", "e5m2", or "hybrid" (a and b
-    in e4m3, grad_out in e5m2: its wider range for gradients); out_dtype: bf16 or fp16, default
-    a.dtype. The backward quantises grad_out and runs
-    grouped_gemm_fp8_kernel (grad_a) and grouped_gemm_fp8_variable_k (grad_b), each computed in
-    out_dtype and returned in its input's dtype. group_lens / group_offs / num_cu / validate as
-    in grouped_gemm_fp8_kernel (the forward checks the groups; the backward reuses them)."""
+    (mxgemm.quant.tensorwise_cast_to_fp8) in the format of ``config`` (Primus-Turbo's
+    Float8QuantConfig: format E4M3 / E5M2 / HYBRID, granularity TENSORWISE, scale_dtype FP32)
+    or of ``format``: "e4m3" (default), "e5m2", or "hybrid" (a and b in e4m3, grad_out in e5m2:
+    its wider range for gradients); out_dtype: bf16 or fp16, default a.dtype. The backward
+    quantises grad_out and runs grouped_gemm_fp8_kernel (grad_a) and
+    grouped_gemm_fp8_variable_k (grad_b), each computed in out_dtype and returned in its input's
+    dtype. group_lens / group_offs / num_cu / validate as in grouped_gemm_fp8_kernel (the forward
+    checks the groups; the backward reuses them)."""
+    _check_high_precision(a, "a")
+    _check_high_precision(b, "b")
+    format = _quant_config(config, format)
     if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
         guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
                              f"got a {a.dtype}, b {b.dtype}")
