@@ -42,17 +42,10 @@ DTYPES = (E4M3, E5M2, torch.uint8, torch.int8, E8M0FNU, torch.bfloat16, torch.fl
 INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 LIMIT = guards.VOFFSET_LIMIT
 ABSENT = "absent"   # the out argument is not passed
-# Library bugs, pinned by the xfail tests at the end, that the strategies steer around:
+# Open library questions, pinned by the xfail tests at the end, that the strategies steer around:
 KNOWN = {
-    "meta-recall": "moe_mxfp8_grouped_gemm: a second identical all-meta call runs the routing check on meta data",
-    "outless-2gb": "mxfp8_dequantize, moe_mxfp8_grouped_gemm: an out-less call's output skips the 2 GB rule",
-    "rceil": "quantize_mx(mode='rceil'): an amax whose amax / max underflows fp32 gets scale 1, not 2^-127",
-    "scalar-type": "a scalar argument of the wrong Python type (block_m=2.0, config=5): not drawn here",
     "far-scales": "smallm (MFMA kernel), moe_gemm2_a4w4: block scales >= 2^24 apart in one 128-K MFMA step with "
                   "cancelling partial sums: the kernel gives 0, the 32-K-chunk reference a normal number",
-    "rows-after-padding": "deep_gemm contiguous: a group's row after -1 padding in its 128-row block is accepted "
-                          "and never written (the kernel skips a tile that starts with padding)",
-    "k0-ref": "reference.mx_gemm_ref(chunk=128) fails on K = 0 (the op returns +0, the empty sum)",
 }
 
 
@@ -286,7 +279,7 @@ def huge(data, op: str, build, expect_2gb: bool, fallback: bool = False, meta_on
     what even an untouched CPU allocation may reserve."""
     if chance(data, 40) or meta_only:
         args, kw = build(lambda *s, dtype: torch.empty(*s, dtype=dtype, device="meta"))
-        got = check(lambda: OPS[op](**args, **kw), args, again=op != "moe_mxfp8_grouped_gemm")   # KNOWN["meta-recall"]
+        got = check(lambda: OPS[op](**args, **kw), args, again=True)
         assert got is None or got.device.type == "meta"
         return
     args, kw = build(lambda *s, dtype: torch.empty(*s, dtype=dtype))
@@ -389,7 +382,7 @@ def break_routing(data, ids, expert_ids, num_valid, T: int, topk: int, E: int, b
 def test_mxfp8_dequantize(data, bad):
     if bad == "huge":   # x, scale and out each under 2^31 bytes
         M, K = pick(data, [(2 ** 16, 2 ** 15), (2 ** 14, 2 ** 15), (2 ** 12, 2 ** 15), (1, 2 ** 31 - 32)])
-        give_out = chance(data, 50) or M * K < LIMIT <= 4 * M * K   # KNOWN["outless-2gb"]
+        give_out = chance(data, 50)
         return huge(data, "mxfp8_dequantize", lambda empty: (
             dict(x=empty(M, K, dtype=E4M3), scale=empty(M, K // 32, dtype=torch.uint8)),
             dict(out=empty(M, K, dtype=torch.float32)) if give_out else {}), 4 * M * K >= LIMIT)
@@ -455,8 +448,7 @@ def test_smallm_mxfp8_gemm(data, bad):
         assert {a.dtype, b.dtype} == {E4M3} and {sa.dtype, sb.dtype} <= set(E8M0), "accepted off-contract dtypes"
         assert a.shape[1] == b.shape[1] and a.shape[1] % 32 == 0, "accepted off-contract shapes"
         if not config and M > 64 and K % 128 == 0 and N % 32 == 0:   # routed to mx_gemm: bitwise
-            return bitwise(got, reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K) if K else
-                           torch.zeros(M, N, dtype=torch.bfloat16))   # KNOWN["k0-ref"]
+            return bitwise(got, reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K))
         if not config and M > 16 and K % 128:                          # the fallback: fp32 reordering
             return within_fp32_reordering(got, dq(a, sa) @ dq(b, sb).T, dq(a, sa).abs() @ dq(b, sb).abs().T, K)
         contract("smallm_mxfp8_gemm", got, reference.smallm_mxfp8_gemm_ref(a, sa, b, sb))
@@ -510,8 +502,6 @@ def test_mx_gemm(data, bad):
     def ref(got):
         a, sa, b, sb = (args[n] for n in ("a", "a_scale", "b", "b_scale"))
         assert (a_fmt, b_fmt) in MX_PAIRS and out_dtype in (torch.bfloat16, torch.float16, torch.float32)
-        if K == 0:   # KNOWN["k0-ref"]
-            return bitwise(got, torch.zeros(M, N, dtype=out_dtype))
         want = reference.mx_gemm_ref(u8(a), sa, u8(b), sb, a_fmt, b_fmt, out_dtype, chunk=reference.MX_MMA_K,
                                      splits=splits)
         if splits <= 2:   # bit-reproducible; more splits: arrival order decides the last bits
@@ -528,7 +518,7 @@ def test_moe_mxfp8_grouped_gemm(data, bad):
         T, E, N, K, S = pick(data, [(2 ** 16, 1, 16, 2 ** 15, 64), (4, 2 ** 12, 2 ** 10, 2 ** 10, 64),
                                     (4, 1, 2 ** 12, 2 ** 19, 64), (4, 1, 2 ** 16, 32, 2 ** 13)])
         out_dtype = pick(data, [torch.bfloat16, torch.float32])
-        give_out = chance(data, 50) or S * N * out_dtype.itemsize >= LIMIT   # KNOWN["outless-2gb"]
+        give_out = chance(data, 50)
         srt, _ = routes(Inputs(), 4, 1, 1, 16)
 
         def build(empty):
@@ -737,7 +727,6 @@ def test_deep_gemm_fp8_grouped_gemm(data, bad):
         if masked:
             layout[data.draw(st.integers(0, G - 1))] = pick(data, [m_max + 1, -1, 2 ** 30])
         else:
-            # (not 0 after padding: KNOWN["rows-after-padding"])
             layout[data.draw(st.integers(0, len(layout) - 1))] = pick(data, [G, -2, 2 ** 30])
     if bad == "tensor":
         perturb(data, args)
@@ -1039,7 +1028,7 @@ def test_quantize_mx(data, bad):
     fmt, mode, block = pick(data, list(FORMATS)), pick(data, quant.MX_MODES), pick(data, [32, 32, 16, 2])
     rows = [pick(data, [1, 2, 3]) for _ in range(data.draw(st.integers(0, 2)))]
     K = block * pick(data, [0, 1, 2, 3])
-    exponents = [-20, 0, 20, 100] + [-140] * (mode != "rceil")   # KNOWN["rceil"]
+    exponents = [-20, 0, 20, 100, -140]
     x = torch.randn(*rows, K, generator=g) * 2.0 ** pick(data, exponents)
     if x.numel() and chance(data, 30):
         special = [0.0, float("inf"), float("nan"), -448.0, 1e-45]
@@ -1091,18 +1080,14 @@ def _mx_pair(*shape):
     return quant.quantize_mx(torch.randn(*shape, generator=torch.Generator().manual_seed(0)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="mxfp8_dequantize: the fp32 output an out-less call "
-                   "allocates is not held to the 2 GB rule (a call passing that out is refused [2GB-voffset])")
-def test_bug_dequantize_outless_output_over_2gb():
+def test_dequantize_outless_output_over_2gb():
     x = torch.empty(2 ** 14, 2 ** 15, dtype=torch.uint8)   # 512 MiB, never touched: out would be 2^31 bytes
     s = torch.empty(2 ** 14, 2 ** 10, dtype=torch.uint8)
     assert rule_of(lambda: mxgemm.explain("mxfp8_dequantize", x, s, out=torch.empty(2 ** 14, 2 ** 15))) == "2GB-voffset"
     assert rule_of(lambda: mxgemm.explain("mxfp8_dequantize", x, s)) == "2GB-voffset"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="moe_mxfp8_grouped_gemm: the [S, N] output an out-less "
-                   "call allocates is not held to the 2 GB rule (a call passing that out is refused [2GB-voffset])")
-def test_bug_moe_mxfp8_outless_output_over_2gb():
+def test_moe_mxfp8_outless_output_over_2gb():
     S, N, K = 2 ** 13, 2 ** 16, 32   # out: S x N fp32 = 2^31 bytes; one expert's w: 2 MiB
     args = (torch.empty(1, K, dtype=E4M3), torch.empty(1, 1, dtype=torch.uint8), torch.empty(1, N, K, dtype=E4M3),
             torch.empty(1, N, 1, dtype=torch.uint8), torch.full((S,), 1, dtype=torch.int32),
@@ -1113,10 +1098,7 @@ def test_bug_moe_mxfp8_outless_output_over_2gb():
     assert rule_of(lambda: mxgemm.explain("moe_mxfp8_grouped_gemm", *args, **kw)) == "2GB-voffset"
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="moe_mxfp8_grouped_gemm on meta tensors: the first call "
-                   "returns a meta result (fake impl), an identical second call takes the cached-plan path and runs "
-                   "the routing check on the meta data: RuntimeError 'Tensor.item() cannot be called on meta tensors'")
-def test_bug_moe_mxfp8_second_identical_meta_call():
+def test_moe_mxfp8_second_identical_meta_call():
     srt = routing.moe_sorting(torch.tensor([[0], [1]]), torch.ones(2, 1), 2, block_m=4)
     m = lambda *s, dtype=E4M3: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
     args = (m(2, 64), m(2, 2, dtype=torch.uint8), m(2, 16, 64), m(2, 16, 2, dtype=torch.uint8),
@@ -1140,33 +1122,24 @@ def _wrong_scalar_calls():
     }
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="a scalar argument of the wrong Python type gets torch's "
-                   "schema RuntimeError, not GuardError [type] (moe's [block_m] guard for a non-int is unreachable)")
 @pytest.mark.parametrize("name", list(_wrong_scalar_calls()))
-def test_bug_scalar_argument_of_the_wrong_type(name):
+def test_scalar_argument_of_the_wrong_type(name):
     with pytest.raises(guards.GuardError):
         _wrong_scalar_calls()[name]()
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="ConfigGrammar.parse iterates a config that is neither a "
-                   "str nor a dict: config=5 raises TypeError 'int' object is not iterable, not GuardError [config]")
-def test_bug_config_of_another_type():
+def test_config_of_another_type():
     (a, sa), (b, sb) = _mx_pair(1, 128), _mx_pair(32, 128)
     with pytest.raises(guards.GuardError, match=r"\[config\]"):
         mxgemm.mx_gemm(a, sa, b, sb, config=5)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="quant.mx_scale_e8m0(mode='rceil'): a nonzero amax "
-                   "whose amax / max rounds to 0 in fp32 gets code 127 (scale 1) instead of the clamped 2^-127 "
-                   "(code 0): quantize_mx(torch.full((1, 32), 1e-42), 'e5m2', 'rceil') flushes the block to 0")
 @pytest.mark.parametrize("fmt,amax", [("e4m3", 2.0 ** -149), ("e5m2", 1e-42), ("e2m1", 2.0 ** -149)])
-def test_bug_rceil_scale_of_a_tiny_amax(fmt, amax):
+def test_rceil_scale_of_a_tiny_amax(fmt, amax):
     assert int(quant.mx_scale_e8m0(torch.tensor([amax]), fmt, "rceil")) == 0
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="mxgemm.reference.mx_gemm_ref(chunk=128) on K = 0: "
-                   "range() arg 3 must not be zero (mx_gemm itself returns the empty sum, +0)")
-def test_bug_mx_gemm_ref_with_k_0():
+def test_mx_gemm_ref_with_k_0():
     z = torch.zeros(1, 0, dtype=torch.uint8)
     zb = torch.zeros(32, 0, dtype=torch.uint8)
     want = torch.zeros(1, 32, dtype=torch.bfloat16)
@@ -1214,10 +1187,7 @@ def test_bug_a4w4_far_apart_block_scales():
                                               srt.sorted_expert_ids, srt.num_valid_ids, 16, 1))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="deep_gemm_fp8_grouped_gemm (contiguous): m_indices "
-                   "with a group's row after -1 padding in a 128-row block passes the [group-alignment] check, and "
-                   "the 32 x 32-tile kernel skips the tile that starts with padding: row 40 is never written")
-def test_bug_deep_gemm_group_row_after_padding():
+def test_deep_gemm_group_row_after_padding():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(128, 16, generator=g).to(E4M3), torch.randn(1, 32, 16, generator=g).to(E4M3)
     m_indices = torch.full((128,), -1, dtype=torch.int32)

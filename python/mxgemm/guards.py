@@ -53,7 +53,18 @@ def check_same_device(**tensors) -> torch.device:
 
 
 def check_voffset(t: torch.Tensor, name: str, limit: int = VOFFSET_LIMIT) -> None:
-    nbytes = t.numel() * t.element_size()
+    check_bytes(t.numel() * t.element_size(), name, limit)
+
+
+def check_output_bytes(shape, dtype, limit: int = VOFFSET_LIMIT) -> None:
+    """The 2 GB rule for the output an out-less call allocates."""
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= d
+    check_bytes(nbytes, "out (allocated by the call)", limit)
+
+
+def check_bytes(nbytes: int, name: str, limit: int = VOFFSET_LIMIT) -> None:
     if nbytes >= limit:
         fail("2GB-voffset", f"{name} spans {nbytes} bytes, addressed through one raw buffer resource "
                             f"it must be < {limit} bytes (2^31): split the call")

@@ -87,7 +87,8 @@ def mx_scale_e8m0(amax: torch.Tensor, fmt: str, mode: str = "floor") -> torch.Te
             b = amax.view(torch.int32) + (1 << (22 - mbits))
             amax = torch.where(torch.isnan(amax), amax, (b & 0x7F800000).view(torch.float32))
         exp = torch.where(torch.isinf(amax), 128, _floor_log2(amax)) - EMAX[fmt]
-    exp = torch.where(amax == 0, -127, exp)
+    # amax == 0, or (rceil) an amax / max that underflows fp32: the smallest scale
+    exp = torch.where((amax == 0) | (d == 0) if mode == "rceil" else amax == 0, -127, exp)
     code = exp.clamp(-127, 127) + F.E8M0_BIAS
     return torch.where(torch.isnan(amax), F.E8M0_NAN, code).to(torch.uint8)
 

@@ -127,7 +127,7 @@ def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3"
     if chunk == MX_BLOCK and splits == 1:
         return _out(_mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt), out_dtype)
     parts = _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk)
-    per = -(-len(parts) // splits)
+    per = max(-(-len(parts) // splits), 1)   # K = 0: no chunk, the empty sum
     acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
     for s in range(0, len(parts), per):
         partial = torch.zeros_like(acc)

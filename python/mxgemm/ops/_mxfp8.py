@@ -61,6 +61,8 @@ def kernel_or_fallback(fallback, op, named, kernel, variant, device, reason, out
         for n, t in named:
             if t is not None:
                 guards.check_voffset(t, n)
+            elif n == "out":
+                guards.check_output_bytes(out_shape, out_dtype)
         return kernel_plan(op, kernel, variant, device, reason, out_shape, out_dtype, **dims)
     except guards.GuardError as e:
         return envelope(fallback, op, e.rule, e.detail, out_shape, out_dtype)

@@ -107,6 +107,8 @@ class ConfigGrammar:
     def parse(self, config) -> dict | None:
         if config is None or config == "":
             return None
+        if not isinstance(config, (str, dict)):
+            self.fail(f"is a {type(config).__name__} ({config!r})")
         if isinstance(config, str):
             parts = [p.partition("=") for p in config.split(",")]
             if any(not sep or not k for k, sep, _ in parts):
@@ -137,6 +139,9 @@ OPS: dict = {}
 _LIBRARY = torch.library.Library("mxgemm", "DEF")
 _SCHEMA_TYPES = {torch.Tensor: "Tensor", int: "int", bool: "bool", str: "str", float: "float",
                  torch.dtype: "ScalarType"}
+# the Python values each schema type takes (symbolic ones under torch.compile; no bool for a number)
+_VALUES = {"int": (int, torch.SymInt), "bool": (bool, torch.SymBool), "str": str,
+           "float": (int, float, torch.SymInt, torch.SymFloat), "ScalarType": torch.dtype}
 
 
 def _schema_type(hint) -> str:
@@ -196,8 +201,9 @@ def _plan_function(types_, recent: list, miss):
 def _tensor_guard(tensors):
     """torch's C++ guard of these tensors' metadata, or None where it cannot be built or could
     never pass (tensor subclasses such as FakeTensor, one tensor passed twice, a torch whose
-    guard API differs): such calls take the Python-key path."""
-    if any(type(t) is not torch.Tensor for t in tensors) or len(set(map(id, tensors))) < len(tensors):
+    guard API differs) or must not (meta tensors: their calls are the fake impl's, never a
+    launch): such calls take the Python-key path."""
+    if any(type(t) is not torch.Tensor or t.is_meta for t in tensors) or len(set(map(id, tensors))) < len(tensors):
         return None
     try:
         from torch._C._dynamo.guards import TensorGuards
@@ -229,6 +235,8 @@ class Op:
         types_ = [_schema_type(hints[n]) for n in self.names]
         self.tensors = tuple(i for i, t in enumerate(types_) if t.startswith("Tensor"))
         self._required = tuple(i for i, t in enumerate(types_) if t == "Tensor")
+        self._scalars = tuple((i, t.rstrip("?"), t.endswith("?")) for i, t in enumerate(types_)
+                              if not t.startswith("Tensor"))
         self._key = _key_function(types_)
         self._recent: list = []
         # plan(flat): the memoised plan of a call given one value per parameter (out may be
@@ -337,6 +345,12 @@ class Op:
         for i in self.tensors:
             if (flat[i] is not None or i in self._required) and not isinstance(flat[i], torch.Tensor):
                 guards.fail("type", f"{self.names[i]} must be a torch.Tensor; got {type(flat[i]).__name__}")
+        for i, t, optional in self._scalars:
+            v = flat[i]
+            if not (v is None and optional) and (not isinstance(v, _VALUES[t]) or t not in ("bool", "str", "ScalarType")
+                                                 and isinstance(v, bool)):
+                guards.fail("type", f"{self.names[i]} must be {'None or ' if optional else ''}"
+                                    f"{'a torch.dtype' if t == 'ScalarType' else t}; got {v!r}")
 
     def _check_out(self, p: Plan, flat) -> None:
         """A caller's out: not a tensor autograd tracks (an in-place write would bypass it), and

@@ -151,7 +151,8 @@ def _check_layout(x, plan) -> None:
         guards.fail("m_indices", f"m_indices[{i}] = {int(lay[i])}: a group of b (0..{G - 1}) or -1 (padding)")
     blocks = lay.view(-1, M_ALIGN)
     first = blocks[:, :1]
-    mixed = ((blocks != first) & (blocks >= 0)) | ((first < 0) & (blocks >= 0))
+    padded = (blocks < 0).cummax(dim=1).values      # at or after a block's first padding row
+    mixed = ((blocks != first) & (blocks >= 0)) | (padded & (blocks >= 0))
     bad = mixed.any(dim=1).nonzero()
     if bad.numel():
         r = int(bad[0]) * M_ALIGN

@@ -28,6 +28,8 @@ def _plan(c) -> Plan:
     for n, t in (("x", c.x), ("scale", c.scale), ("out", c.out)):
         if t is not None:
             guards.check_voffset(t, n)
+    if c.out is None:
+        guards.check_output_bytes((M, K), torch.float32)
     device = guards.check_same_device(x=c.x, scale=c.scale, out=c.out)
     if c.language not in _KERNEL:
         guards.fail("language", f"language must be one of {sorted(_KERNEL)}; got {c.language!r}")
