@@ -495,3 +495,14 @@ def test_fake_out_shape_matches_the_planners():
 def test_tensorwise_cast_of_an_empty_tensor():
     q, s = tensorwise_cast_to_fp8(torch.zeros(0, 16))
     assert q.shape == (0, 16) and torch.isfinite(s).all()
+
+
+def test_scalar_arguments_are_checked_against_the_schema():
+    """A bool parameter takes True / False / 0 / 1 (nt=2 was taken as True); an int one no bool."""
+    flat, _ = _moe(MOE[1])
+    flat[OPS[MOE[1]].names.index("nt")] = 2
+    assert "nt must be None or bool; got 2" in rejects("type", lambda: call_flat(MOE[1], flat))
+    flat[OPS[MOE[1]].names.index("nt")] = 1
+    call_flat(MOE[1], flat)
+    args, kw = small("moe_mxfp8_grouped_gemm")
+    rejects("type", lambda: mxgemm.moe_mxfp8_grouped_gemm(*args, **{**kw, "block_m": True}))

@@ -139,7 +139,8 @@ OPS: dict = {}
 _LIBRARY = torch.library.Library("mxgemm", "DEF")
 _SCHEMA_TYPES = {torch.Tensor: "Tensor", int: "int", bool: "bool", str: "str", float: "float",
                  torch.dtype: "ScalarType"}
-# the Python values each schema type takes (symbolic ones under torch.compile; no bool for a number)
+# the Python values each schema type takes (symbolic ones under torch.compile; no bool for an int;
+# a bool also as 0 or 1)
 _VALUES = {"int": (int, torch.SymInt), "bool": (bool, torch.SymBool), "str": str,
            "float": (int, float, torch.SymInt, torch.SymFloat), "ScalarType": torch.dtype}
 
@@ -347,8 +348,9 @@ class Op:
                 guards.fail("type", f"{self.names[i]} must be a torch.Tensor; got {type(flat[i]).__name__}")
         for i, t, optional in self._scalars:
             v = flat[i]
-            if not (v is None and optional) and (not isinstance(v, _VALUES[t]) or t not in ("bool", "str", "ScalarType")
-                                                 and isinstance(v, bool)):
+            ok = isinstance(v, _VALUES[t]) and (t != "int" or not isinstance(v, bool)) \
+                or t == "bool" and type(v) is int and v in (0, 1)
+            if not (ok or v is None and optional):
                 guards.fail("type", f"{self.names[i]} must be {'None or ' if optional else ''}"
                                     f"{'a torch.dtype' if t == 'ScalarType' else t}; got {v!r}")
 
