@@ -27,7 +27,8 @@ MBITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
 def numpy_to_mx(x: torch.Tensor, fmt: str, mode: str):
     """Independent restatement of OCP MX / torchao scale modes in numpy float math + ml_dtypes.
 
-    floor: s = 2^(floor(log2 amax) - emax); rceil: s = 2^ceil(log2(f32(amax / max)));
+    floor: s = 2^(floor(log2 amax) - emax); rceil: s = 2^ceil(log2(f32(amax / max))) (2^-127 when
+    that ratio underflows fp32);
     even: amax rounded half-up to mbits mantissa bits, then floor. amax = 0 -> 2^-127.
     Elements: clip(x / s, +-max) cast with ml_dtypes (RNE). Returns (uint8 codes, uint8 scales).
     """
@@ -37,8 +38,9 @@ def numpy_to_mx(x: torch.Tensor, fmt: str, mode: str):
     xb = x.numpy().astype(np.float32).reshape(*x.shape[:-1], -1, 32)
     amax = np.abs(xb).max(-1).astype(np.float64)
     if mode == "rceil":
-        m, e = np.frexp((amax.astype(np.float32) / vmax).astype(np.float64))
-        exp = np.where(m == 0.5, e - 1, e)
+        d = (amax.astype(np.float32) / vmax).astype(np.float64)
+        m, e = np.frexp(d)
+        exp = np.where(d == 0, -127, np.where(m == 0.5, e - 1, e))   # an underflowing ratio: 2^-127, as torchao
     else:
         if mode == "even":
             m, e = np.frexp(amax)
