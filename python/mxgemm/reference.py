@@ -116,7 +116,7 @@ def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3"
 
     a: [M, K] fp8 codes (float8 dtype or uint8) or [M, K/2] packed e2m1 (a_fmt="e2m1");
     a_scale: [M, K/32] uint8 e8m0; b: [N, K] / [N, K/2], b_scale: [N, K/32].
-    FP8 x FP8: a_fmt, b_fmt in {e4m3, e5m2}; FP4 x FP4: both "e2m1"; A8W4: a_fmt e4m3, b_fmt e2m1.
+    a_fmt, b_fmt: each of e4m3, e5m2 (FP8) and e2m1 (FP4), in any pair.
     chunk: K summed exactly (with every 32-block's scale) before one fp32 rounding: 32 (the
     module model) or MX_MMA_K = 128 (one scaled 16x16x128 MMA: mxgemm.mx_gemm's numerics).
     splits: the chunks are cut into `splits` contiguous ranges of ceil(chunks / splits) (the

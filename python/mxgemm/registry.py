@@ -247,12 +247,13 @@ register(Kernel(
         "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out; the wgrad also "
         "fp32 out and out += result (fused main_grad accumulation)"))
 
-# --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4) ---
+# --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4, every pair of e4m3, e5m2, e2m1) ---
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
 # Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
 # f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
 # partials of grid-z K ranges with atomics (OUT=f32).
-_MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
+_MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3"),
+             ("e5m2", "e2m1"), ("e2m1", "e4m3"), ("e2m1", "e5m2"))
 
 
 def _mx_variants(pairs, tiles, outs, splitk):

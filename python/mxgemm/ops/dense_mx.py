@@ -142,7 +142,8 @@ def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: to
        (e2m1: packed two per byte, even k in the low nibble; uint8 or float4_e2m1fn_x2).
     b: [N, K] / [N, K/2] likewise (weights, K contiguous, natural layout).
     a_scale [M, K/32], b_scale [N, K/32]: e8m0 (uint8 or float8_e8m0fnu).
-    Format pairs: e4m3 x e4m3, e5m2 x e5m2, e4m3 x e5m2 (MXFP8), e2m1 x e2m1 (MXFP4), e4m3 x e2m1 (A8W4).
+    Format pairs on gfx950: every a_format x b_format of e4m3, e5m2 (MXFP8) and e2m1 (MXFP4), mixes
+    included (e4m3 x e2m1: A8W4); on gfx1250 e4m3 x e4m3, e2m1 x e2m1 and e4m3 x e2m1.
     out_dtype bf16 / f16 (RNE of the fp32 accumulator) or f32; out: optional [M, N] of it.
     Any M >= 1, N % 32 == 0, K % 128 == 0 (rows and columns past the tile edges are masked).
     Numerics: each 128-wide K step is summed exactly and rounded once to fp32, then added to
