@@ -55,7 +55,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf, vector
-from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, loads_done_barrier, workgroup_barrier
+from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, Int, loads_done_barrier, workgroup_barrier
 
 BK = 128                           # K per step = the MMA's K
 SCALE_BLOCK = 32
@@ -101,19 +101,18 @@ class Gfx950:
         b, t = self.b, self.threads()
         plan = []
         for j in range(op.lds_bytes // (16 * t)):
-            s = b.add(b.c(j * t), tid)
-            row = arith.divui(s, b.c(op.chunks))
-            chunk = arith.xori(arith.remui(s, b.c(op.chunks)), arith.remui(row, b.c(op.chunks)))
-            voff = b.sel(b.cmp("slt", row, rows_left), b.add(b.mul(row, row_bytes), b.mul(chunk, b.c(16))),
-                         b.c(INVALID_OFFSET))
-            wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(self.wave)))
-            plan.append((b.add(b.c(op.lds_off + j * t * 16), b.mul(wave, b.c(16 * self.wave))), voff))
+            s = j * t + Int(tid)
+            row = s // op.chunks
+            chunk = s % op.chunks ^ row % op.chunks
+            voff = b.sel(b.cmp("slt", row, rows_left), row * row_bytes + chunk * 16, b.c(INVALID_OFFSET))
+            wave = Int(rocdl.readfirstlane(b.i32, Int(tid) // self.wave))
+            plan.append((op.lds_off + j * t * 16 + wave * (16 * self.wave), voff))
         return plan
 
     def stage_loads(self, rsrc, plan, buf, kt, op):
         b = self.b
         for dst, voff in plan:
-            rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, b.mul(kt, b.c(op.step_bytes)),
+            rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, Int(kt) * op.step_bytes,
                                           b.c(0), aux=b.c_attr(0))
 
     def stage_wait(self, depth):
@@ -128,7 +127,7 @@ class Gfx950:
     def scale_plan(self, stage, rows, lefts, kb, bases):
         """voffset of this lane's scale byte (row, K block kb of the step) per 16-row tile."""
         b, kblocks = self.b, stage.kblocks
-        return [b.sel(b.cmp("slt", r, left), b.add(b.mul(r, kblocks), kb), b.c(INVALID_OFFSET))
+        return [b.sel(b.cmp("slt", r, left), Int(r) * kblocks + kb, b.c(INVALID_OFFSET))
                 for r, left in zip(rows, lefts)]
 
     def issue(self, stage, kt, live):
@@ -138,7 +137,7 @@ class Gfx950:
         buf = stage.buffer(kt)
         self.stage_loads(sel["a"], stage.a_dma, buf, kt, stage.A)
         self.stage_loads(sel["b"], stage.b_dma, buf, kt, stage.B)
-        soff = b.mul(kt, b.c(BK // SCALE_BLOCK))
+        soff = Int(kt) * (BK // SCALE_BLOCK)
         return [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel[k], v, soff, aux=b.c_attr(0)))
                 for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:])) for v in voffs]
 
@@ -146,22 +145,19 @@ class Gfx950:
         """v8i32 MMA operand of LDS row `row` (this lane's): fp8 chunks g and g + 4 (bytes
         16g.. and 64 + 16g..), fp4 chunk g (nibbles 32g..) in the low half, zeros above."""
         b = self.b
-        lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
-        g = arith.divui(lane, b.c(16))
-        base = b.add(b.c(op.lds_off), b.mul(row, b.c(op.step_bytes)))
+        g = Int(fx.thread_idx.x.ir_value()) % self.wave // 16
+        base = op.lds_off + Int(row) * op.step_bytes
         halves = range(2) if op.chunks == 8 else range(1)
-        parts = [llvm.load(b.v4i32, b.gep(buf, b.add(base, b.mul(
-            arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks))), b.c(16)))), alignment=16)
-            for h in halves]
+        parts = [llvm.load(b.v4i32, b.gep(buf, base + ((g + 4 * h) ^ Int(row) % op.chunks) * 16), alignment=16)
+                 for h in halves]
         if len(parts) == 1:
             parts.append(arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, 0))))
         return llvm.shufflevector(b.v8i32, parts[0], parts[1], list(range(8)))
 
     def lane_rows(self):
         """(row of the 16-row tile this lane feeds, K block of the 128-wide step whose scale it holds)."""
-        b = self.b
-        lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
-        return arith.remui(lane, b.c(16)), arith.divui(lane, b.c(16))
+        lane = Int(fx.thread_idx.x.ir_value()) % self.wave
+        return lane % 16, lane // 16
 
     def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
         return fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
@@ -169,9 +165,8 @@ class Gfx950:
 
     def acc_coords(self):
         """(row in the 16 x 16 tile, first of the 4 consecutive columns) of this lane's accumulator."""
-        b = self.b
-        lane = arith.remui(fx.thread_idx.x.ir_value(), b.c(self.wave))
-        return arith.remui(lane, b.c(16)), b.mul(arith.divui(lane, b.c(16)), b.c(4))
+        lane = Int(fx.thread_idx.x.ir_value()) % self.wave
+        return lane % 16, lane // 16 * 4
 
 
 class Piece:
@@ -210,11 +205,11 @@ class Gfx1250:
         return WAVES * self.wave
 
     def lane(self):
-        return arith.remui(fx.thread_idx.x.ir_value(), self.b.c(self.wave))
+        return Int(fx.thread_idx.x.ir_value()) % self.wave
 
     def lane_rows(self):
         """(row of the 16-row tile this lane feeds, None: a lane holds all four K blocks' scales)."""
-        return arith.remui(self.lane(), self.b.c(16)), None
+        return self.lane() % 16, None
 
     def masks(self):
         """TDM multicast masks (A, B) of this workgroup: grid x walks N tiles, y M tiles, and the
@@ -223,7 +218,7 @@ class Gfx1250:
             return 0, 0
         b, (cm, cn) = self.b, self.cluster
         lx, ly = rocdl.cluster_workgroup_id_x(b.i32), rocdl.cluster_workgroup_id_y(b.i32)
-        a_mask = arith.shli(b.c((1 << cn) - 1), b.mul(ly, b.c(cn)))
+        a_mask = arith.shli(b.c((1 << cn) - 1), Int(ly) * cn)
         b_mask = arith.shli(b.c(sum(1 << (y * cn) for y in range(cm))), lx)
         return a_mask, b_mask
 
@@ -233,29 +228,28 @@ class Gfx1250:
         halves = 2 if self.scale_path == "buffer_lds_stage_ab_split" else 1
         h_rows = op.rows // halves
         b = self.b
-        return [Piece(b.gep(base, arith.extui(b.i64, b.mul(b.c(h * h_rows), row_bytes))),
-                      arith.subi(rows_left, b.c(h * h_rows)), row_bytes, op.step_bytes, h_rows, 1, op.step_bytes,
+        return [Piece(b.gep(base, arith.extui(b.i64, b.c(h * h_rows) * row_bytes)), Int(rows_left) - h * h_rows,
+                      row_bytes, op.step_bytes, h_rows, 1, op.step_bytes,
                       op.lds_off + h * h_rows * op.row_stride, op.row_stride - op.step_bytes, mask)
                 for h in range(halves)]
 
     def scale_plan(self, st, rows, lefts, kb, bases):
         """TDM path: the a_scale / b_scale tile pieces (one i32 of four K-block bytes per row).
         Buffer paths: the indices of the scale words (a rows, then b rows) this thread stages."""
-        b = self.b
         if self.scale_path == "tdm":
             a_mask, b_mask = self.masks()
-            words = arith.divui(st.kblocks, b.c(4))
+            words = Int(st.kblocks) // 4
             return [Piece(bases[k], left, words, 1, op.rows, 4, 4, off, 0, mask)
                     for k, left, op, off, mask in (("sa", st.m_left, st.A, st.sa_off, a_mask),
                                                    ("sb", st.n_left, st.B, st.sb_off, b_mask))]
-        return [b.add(b.c(j * self.threads()), fx.thread_idx.x.ir_value())
+        return [j * self.threads() + Int(fx.thread_idx.x.ir_value())
                 for j in range((st.A.rows + st.B.rows) // self.threads())]
 
     def tdm_load(self, piece, buf, kt, live):
         """tensor_load_to_lds of one piece of step kt into stage `buf` (docs/gfx1250_isa.md §4)."""
         b = self.b
-        gaddr = llvm.ptrtoint(b.i64, b.gep(piece.base, arith.extui(b.i64, b.mul(kt, b.c(piece.step_bytes)))))
-        lds = b.add(llvm.ptrtoint(b.i32, buf), b.c(piece.lds_off))
+        gaddr = llvm.ptrtoint(b.i64, b.gep(piece.base, arith.extui(b.i64, Int(kt) * piece.step_bytes)))
+        lds = Int(llvm.ptrtoint(b.i32, buf)) + piece.lds_off
         hi = arith.ori(arith.trunci(b.i32, arith.shrui(gaddr, b.c(32, b.i64))), b.c(-(1 << 31)))
         g0 = vector.from_elements(b.v4i32, [arith.extui(b.i32, live), lds, arith.trunci(b.i32, gaddr), hi])
         cfg = (piece.elem_bytes.bit_length() - 1) << 16
@@ -289,18 +283,18 @@ class Gfx1250:
         words = []
         for w in stage.scales:
             is_a = b.cmp("slt", w, b.c(stage.A.rows))
-            row = b.sel(is_a, w, arith.subi(w, b.c(stage.A.rows)))
+            row = b.sel(is_a, w, Int(w) - stage.A.rows)
             left = b.sel(is_a, stage.m_left, stage.n_left)
-            voff = b.sel(b.cmp("slt", row, left), b.mul(row, stage.kblocks), b.c(INVALID_OFFSET))
+            voff = b.sel(b.cmp("slt", row, left), Int(row) * stage.kblocks, b.c(INVALID_OFFSET))
             rsrc = llvm.select(live, llvm.select(is_a, stage.rs["sa"], stage.rs["sb"]), stage.null)
-            words.append(rocdl.raw_ptr_buffer_load(b.i32, rsrc, voff, b.mul(kt, b.c(4)), aux=b.c_attr(0)))
+            words.append(rocdl.raw_ptr_buffer_load(b.i32, rsrc, voff, Int(kt) * 4, aux=b.c_attr(0)))
         return words
 
     def commit(self, stage, words, buf):
         """Store the scale words of a buffer path into their stage (a, then b rows, 4 bytes each)."""
         b = self.b
         for w, v in zip(stage.scales, words):
-            llvm.store(v, b.gep(buf, b.add(b.c(stage.sa_off), b.mul(w, b.c(4)))), alignment=4)
+            llvm.store(v, b.gep(buf, stage.sa_off + Int(w) * 4), alignment=4)
 
     def cluster_barrier(self):
         """Every workgroup of the cluster is past this point: wave 0 signals, all waves wait."""
@@ -335,15 +329,15 @@ class Gfx1250:
     def scales(self, stage, buf, rows, op_off):
         """This lane's scale word (four K-block bytes of its row) per 16-row tile."""
         b = self.b
-        return [llvm.load(b.i32, b.gep(buf, b.add(b.c(op_off), b.mul(r, b.c(4)))), alignment=4) for r in rows]
+        return [llvm.load(b.i32, b.gep(buf, op_off + Int(r) * 4), alignment=4) for r in rows]
 
     def fragment(self, op, buf, row):
         """v16i32 (fp8) / v8i32 (fp4) operand of LDS row `row`: the row's 16-byte chunks g, g + 2, ...
         for lane group g (docs/gfx1250_isa.md §3.2)."""
         b = self.b
-        g = arith.divui(self.lane(), b.c(16))
-        base = b.add(b.c(op.lds_off), b.add(b.mul(row, b.c(op.row_stride)), b.mul(g, b.c(16))))
-        parts = [llvm.load(b.v4i32, b.gep(buf, b.add(base, b.c(32 * s))), alignment=16) for s in range(op.chunks // 2)]
+        g = self.lane() // 16
+        base = op.lds_off + (Int(row) * op.row_stride + g * 16)
+        parts = [llvm.load(b.v4i32, b.gep(buf, base + 32 * s), alignment=16) for s in range(op.chunks // 2)]
         while len(parts) > 1:
             n = ir.VectorType(parts[0].type).shape[0]
             t = ir.VectorType.get([2 * n], b.i32)
@@ -366,8 +360,7 @@ class Gfx1250:
 
     def acc_coords(self):
         """(row in the 16 x 16 tile, first of the 8 consecutive columns) of this lane's accumulator."""
-        b = self.b
-        return arith.remui(self.lane(), b.c(16)), b.mul(arith.divui(self.lane(), b.c(16)), b.c(8))
+        return self.lane() % 16, self.lane() // 16 * 8
 
 
 TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
@@ -412,15 +405,15 @@ def _tile(target, cfg, M, N, K, splits):
     t.B = Operand(t.bn, t.b_fmt, t.A.lds_bytes, target.pad)
     t.stage_bytes = stage_lds_bytes(target, t.A, t.B)
     t.tid = fx.thread_idx.x.ir_value()
-    wave = rocdl.readfirstlane(b.i32, arith.divui(t.tid, b.c(target.wave)))
-    t.wm, t.wn = arith.shrui(wave, b.c(1)), arith.andi(wave, b.c(1))
-    t.n0 = b.mul(fx.block_idx.x.ir_value(), b.c(t.bn))
-    t.m0 = b.mul(fx.block_idx.y.ir_value(), b.c(t.bm))
-    steps = arith.divui(K, b.c(BK))
-    per_split = arith.divui(b.add(steps, b.add(splits, b.c(-1))), splits)
-    t.k_lo = arith.minui(b.mul(fx.block_idx.z.ir_value(), per_split), steps)
-    t.nsteps = arith.subi(arith.minui(b.add(t.k_lo, per_split), steps), t.k_lo)
-    t.kblocks = arith.divui(K, b.c(SCALE_BLOCK))
+    wave = Int(rocdl.readfirstlane(b.i32, Int(t.tid) // target.wave))
+    t.wm, t.wn = wave >> 1, wave & 1
+    t.n0 = Int(fx.block_idx.x.ir_value()) * t.bn
+    t.m0 = Int(fx.block_idx.y.ir_value()) * t.bm
+    steps = Int(K) // BK
+    per_split = (steps + (Int(splits) + -1)) // splits
+    t.k_lo = Int(arith.minui(Int(fx.block_idx.z.ir_value()) * per_split, steps))
+    t.nsteps = Int(arith.minui(t.k_lo + per_split, steps)) - t.k_lo
+    t.kblocks = Int(K) // SCALE_BLOCK
     return t
 
 
@@ -435,17 +428,17 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
         bases[key] = b.gep(ptr, arith.addi(arith.muli(b.u64(row0), b.u64(row_bytes)), b.u64(k_off)))
         return bases[key]
 
-    a_row = b.mul(arith.divui(K, b.c(BK)), b.c(A.step_bytes))
-    b_row = b.mul(arith.divui(K, b.c(BK)), b.c(B.step_bytes))
+    a_row = Int(K) // BK * A.step_bytes
+    b_row = Int(K) // BK * B.step_bytes
     t.flags = flags = target.buffer_flags
     k_lo, kblocks = t.k_lo, t.kblocks
-    rs = {"a": b.rsrc_rebased(base("a", a, t.m0, a_row, b.mul(k_lo, b.c(A.step_bytes))), flags),
-          "b": b.rsrc_rebased(base("b", bp, t.n0, b_row, b.mul(k_lo, b.c(B.step_bytes))), flags),
-          "sa": b.rsrc_rebased(base("sa", a_scale, t.m0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags),
-          "sb": b.rsrc_rebased(base("sb", b_scale, t.n0, kblocks, b.mul(k_lo, b.c(BK // SCALE_BLOCK))), flags)}
+    rs = {"a": b.rsrc_rebased(base("a", a, t.m0, a_row, k_lo * A.step_bytes), flags),
+          "b": b.rsrc_rebased(base("b", bp, t.n0, b_row, k_lo * B.step_bytes), flags),
+          "sa": b.rsrc_rebased(base("sa", a_scale, t.m0, kblocks, k_lo * (BK // SCALE_BLOCK)), flags),
+          "sb": b.rsrc_rebased(base("sb", b_scale, t.n0, kblocks, k_lo * (BK // SCALE_BLOCK)), flags)}
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
-    t.m_left, t.n_left = arith.subi(t.M, t.m0), arith.subi(t.N, t.n0)
+    t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
     stage = t.stage = SimpleNamespace(A=A, B=B, rs=rs, null=null, m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
                                       sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
     stage.a_dma = target.dma_plan(A, t.tid, t.m_left, a_row, bases["a"])
@@ -453,8 +446,8 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
 
     # This lane's fragment rows and scale sources per 16-row tile.
     r16, kb = target.lane_rows()
-    t.a_rows = [b.add(b.mul(t.wm, b.c(t.bm // 2)), b.add(b.c(16 * i), r16)) for i in range(t.bm // 32)]
-    t.b_rows = [b.add(b.mul(t.wn, b.c(t.bn // 2)), b.add(b.c(16 * j), r16)) for j in range(t.bn // 32)]
+    t.a_rows = [t.wm * (t.bm // 2) + (16 * i + r16) for i in range(t.bm // 32)]
+    t.b_rows = [t.wn * (t.bn // 2) + (16 * j + r16) for j in range(t.bn // 32)]
     stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows,
                                      [t.m_left] * len(t.a_rows) + [t.n_left] * len(t.b_rows), kb, bases)
     t.mi, t.nj = len(t.a_rows), len(t.b_rows)
@@ -462,8 +455,7 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
 
     def buffer(kt):
-        slot = arith.remui(kt, b.c(t.num_buffers))
-        return b.gep(lds, b.mul(slot, b.c(t.stage_bytes)))
+        return b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)
 
     t.buffer = stage.buffer = buffer
 
@@ -505,7 +497,7 @@ def _mma_step(t, kt, acc, scales):
         scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
     a_frag = [target.fragment(A, buf, r) for r in a_rows]
     b_frag = None if t.b_streaming else [target.fragment(B, buf, r) for r in b_rows]
-    kn = b.add(kt, b.c(t.depth))
+    kn = Int(kt) + t.depth
     nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
     target.fragments_wait()
 
@@ -551,11 +543,11 @@ def _epilogue(t, acc, out, N):
     width = target.acc_width
     packed_t = ir.VectorType.get([width // 2], b.i32)
     for i in range(t.mi):
-        row = b.add(b.mul(t.wm, b.c(t.bm // 2)), b.add(b.c(16 * i), row_l))
+        row = t.wm * (t.bm // 2) + (16 * i + row_l)
         for j in range(nj):
-            col = b.add(b.mul(t.wn, b.c(t.bn // 2)), b.add(b.c(16 * j), col_l))
+            col = t.wn * (t.bn // 2) + (16 * j + col_l)
             ok = arith.andi(b.cmp("slt", row, t.m_left), b.cmp("slt", col, t.n_left))
-            voff = b.sel(ok, b.mul(b.add(b.mul(row, N), col), b.c(esz)), b.c(INVALID_OFFSET))
+            voff = b.sel(ok, (row * N + col) * esz, b.c(INVALID_OFFSET))
             v = acc[(i * nj + j) // g]
             if g > 1:                      # this B tile's rows of the stacked accumulator
                 v = llvm.shufflevector(ir.VectorType.get([width], b.f32), v, v, list(range(width * (j % g),
@@ -563,11 +555,11 @@ def _epilogue(t, acc, out, N):
             if t.splitk:
                 for e in range(width):
                     x = llvm.extractelement(v, b.c(e))
-                    rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, b.add(voff, b.c(4 * e)), b.c(0), aux=b.c_attr(0))
+                    rocdl.raw_ptr_buffer_atomic_fadd(b.f32, x, out_rs, Int(voff) + 4 * e, b.c(0), aux=b.c_attr(0))
             elif half is None:
                 for q in range(width // 4):    # 16-byte stores
                     part = v if width == 4 else llvm.shufflevector(b.v4f32, v, v, list(range(4 * q, 4 * q + 4)))
-                    rocdl.raw_ptr_buffer_store(part, out_rs, b.add(voff, b.c(16 * q)) if q else voff, b.c(0),
+                    rocdl.raw_ptr_buffer_store(part, out_rs, Int(voff) + 16 * q if q else voff, b.c(0),
                                                aux=b.c_attr(0))
             else:
                 packed = llvm.bitcast(packed_t, arith.truncf(ir.VectorType.get([width], half), v))

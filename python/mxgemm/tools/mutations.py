@@ -189,7 +189,7 @@ CATALOGUE = (
         (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale", "FMT_CODE[a_fmt], FMT_CODE[b_fmt], 0, b_scale"),),
         "cbsz / blgp swapped: mixed-format operands (A8W4, e4m3 x e5m2) decoded in each other's format"),
     Mutation("mx-gemm-scale-next-k-block", ("mx_gemm",), (
-        (MX_GEMM, "b.add(b.mul(r, kblocks), kb)", "b.add(b.mul(r, kblocks), b.add(kb, b.c(1)))"),),
+        (MX_GEMM, "Int(r) * kblocks + kb", "Int(r) * kblocks + kb + 1"),),
         "each lane loads the scale of the next 32-block (off by one in the K-block index)"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
         (MX_GEMM, "half), v))",
@@ -199,14 +199,13 @@ CATALOGUE = (
          "ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
     Mutation("mx-gemm-no-lds-swizzle-on-read", ("mx_gemm",), (
-        (MX_GEMM, "arith.xori(b.add(g, b.c(4 * h)), arith.remui(row, b.c(op.chunks)))", "b.add(g, b.c(4 * h))"),),
+        (MX_GEMM, "((g + 4 * h) ^ Int(row) % op.chunks) * 16", "(g + 4 * h) * 16"),),
         "fragments read LDS chunk g unswizzled: the DMA stored it at g ^ (row % chunks)"),
     Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
-        (MX_GEMM, "slot = arith.remui(kt, b.c(t.num_buffers))", "slot = b.c(0)"),),
+        (MX_GEMM, "b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)", "b.gep(lds, b.c(0))"),),
         "one LDS stage: step kt+1's DMA overwrites the tile other waves are still reading"),
     Mutation("mx-gemm-split-floor", ("mx_gemm",), (
-        (MX_GEMM, "per_split = arith.divui(b.add(steps, b.add(splits, b.c(-1))), splits)",
-         "per_split = arith.divui(steps, splits)"),),
+        (MX_GEMM, "per_split = (steps + (Int(splits) + -1)) // splits", "per_split = steps // splits"),),
         "K steps per split rounded down: an uneven split-K drops its last steps"),
     Mutation("mx-gemm-row-tail-unmasked", ("mx_gemm",), (
         (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, t.m_left), b.cmp(\"slt\", col, t.n_left))",
