@@ -47,19 +47,9 @@ def test_cache_dir_that_is_not_a_directory_names_the_variable(tmp_path, monkeypa
     assert toolchain.cache_dir() == str(tmp_path / "new" / "cache") and (tmp_path / "new" / "cache").is_dir()
 
 
-def test_cache_dir_that_is_read_only_names_the_variable(tmp_path, monkeypatch):
-    import os
-
+def test_cache_dir_that_is_read_only_names_the_variable(read_only_dir, monkeypatch):
     from mxgemm import toolchain
-    read_only = tmp_path / "read_only"
-    read_only.mkdir()
-    read_only.chmod(0o555)
-    if os.access(read_only, os.W_OK):   # root writes anywhere: answer as the kernel would for any other user
-        real_access = os.access
-
-        def access(path, mode):
-            return False if path == str(read_only) and mode & os.W_OK else real_access(path, mode)
-        monkeypatch.setattr(os, "access", access)
+    read_only = read_only_dir
     monkeypatch.setenv("MXGEMM_CACHE_DIR", str(read_only))
     with pytest.raises(env.EnvError, match=re.escape(f"MXGEMM_CACHE_DIR='{read_only}': not writable (where ")):
         toolchain.cache_dir()

@@ -2,6 +2,8 @@
 launch, so a rejected call never writes its outputs."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 VOFFSET_LIMIT = 2 ** 31  # >= 2^31 breaks the OOB sentinel offsets (docs/gfx950_isa.md §6)
@@ -58,10 +60,7 @@ def check_voffset(t: torch.Tensor, name: str, limit: int = VOFFSET_LIMIT) -> Non
 
 def check_output_bytes(shape, dtype, limit: int = VOFFSET_LIMIT) -> None:
     """The 2 GB rule for the output an out-less call allocates."""
-    nbytes = dtype.itemsize
-    for d in shape:
-        nbytes *= d
-    check_bytes(nbytes, "out (allocated by the call)", limit)
+    check_bytes(math.prod(shape) * dtype.itemsize, "out (allocated by the call)", limit)
 
 
 def check_bytes(nbytes: int, name: str, limit: int = VOFFSET_LIMIT) -> None:

@@ -299,7 +299,6 @@ class Op:
             given = ", ".join(f"flat[{self.names.index(p)}]" for p in inspect.signature(derive).parameters)
             body.append(f"    if flat[{i}] is None:\n        flat[{i}] = fill{i}({given})")
         scope.update(functional=self._functional_op, out_op=self._out_op, check_types=self._check_types,
-
                      recent=self._recent_plan, execute=self._execute, alloc=self._alloc,
                      bump=torch._C._increment_version, compiling=torch.compiler.is_compiling,
                      dispatch_modes=torch._C._len_torch_dispatch_stack,
@@ -336,9 +335,12 @@ class Op:
         flat = self.flatten(args, kw)
         p = self.plan(flat)
         if flat[self.out_index] is not None:
-            self._check_out(p, flat)
-        if self._check_data is not None and flat[self.names.index("validate")]:
-            self._check_data(self.namespace(flat), p)
+            self._check_requires_grad(flat)
+            if p.kernel is not None or p.fallback:   # what the bound run checks before writing out
+                self._check_overlap(flat)
+        check = self._data_check(flat)
+        if check is not None:
+            check(self.namespace(flat), p)
         return p
 
     # -- planning
@@ -354,21 +356,27 @@ class Op:
                 guards.fail("type", f"{self.names[i]} must be {'None or ' if optional else ''}"
                                     f"{'a torch.dtype' if t == 'ScalarType' else t}; got {v!r}")
 
-    def _check_out(self, p: Plan, flat) -> None:
-        """A caller's out: not a tensor autograd tracks (an in-place write would bypass it), and
-        sharing no byte with an input (the kernel would read what it has written)."""
+    def _check_requires_grad(self, flat) -> None:
+        """A caller's out is not a tensor autograd tracks (an in-place write would bypass it). The
+        cached fast path never holds a plan for such an out, so only the planning path checks it."""
         if flat[self.out_index].requires_grad:
             guards.fail("out-requires-grad", f"{self.name}: out requires grad; the op writes it in place, "
                                              "outside autograd (pass a tensor that does not require grad)")
-        self._check_overlap(flat)
+
+    def _data_check(self, flat):
+        """The op's check of tensor contents for this call, or None (no check, or validate=False)."""
+        if self._check_data is not None and flat[self.names.index("validate")]:
+            return self._check_data
+        return None
 
     def _spans(self, flat) -> dict:
         """Tensor index -> bytes it spans (fixed by the plan's shapes, strides and dtypes)."""
         return {i: _span(flat[i]) for i in self.tensors if flat[i] is not None}
 
     def _check_overlap(self, flat, spans=None) -> None:
-        """GuardError [out-alias] when out's bytes (first to last element) meet an input's, so
-        interleaved views count as overlapping."""
+        """GuardError [out-alias] when a caller's out shares a byte with an input (the kernel would
+        read what it has written): byte ranges, first to last element, so interleaved views count
+        as overlapping. Every bound run that writes out checks it (run(flat) below)."""
         spans = spans or self._spans(flat)
         o = self.out_index
         lo = flat[o].data_ptr()
@@ -429,7 +437,7 @@ class Op:
 
     def _run(self, *flat):
         p = self.plan(flat)
-        self._check_out(p, flat)
+        self._check_requires_grad(flat)
         torch._C._increment_version((flat[self.out_index],))   # out changes in place
         self._execute(p, flat)
 
@@ -443,7 +451,7 @@ class Op:
         from the plan or from non-tensor parameters are constants of the plan (its cache key holds
         them); tensors come from each call."""
         # on a GPU the data checks cost a device-to-host copy and a sync; validate=False skips them
-        check = self._check_data if self._check_data is not None and flat[self.names.index("validate")] else None
+        check = self._data_check(flat)
         if p.kernel is None and not p.fallback:   # nothing to compute, but the data must still be valid
             return (lambda flat: check(self.namespace(flat), p)) if check else (lambda flat: None)
         spans = self._spans(flat)
