@@ -2,8 +2,11 @@
 
 The grouped FP8 GEMMs ``m_grouped_fp8_gemm_nt_contiguous`` / ``m_grouped_fp8_gemm_nt_masked``
 (DeepGEMM's argument order; they run the op ``mxgemm.deep_gemm_fp8_grouped_gemm``, whose
-docstring gives layouts and numerics), the layout helpers DeepGEMM users call when they build
-grouped inputs, and ``mxgemm.deep_gemm.utils`` (DeepGEMM's casts and ``calc_diff``).
+docstring gives layouts and numerics), DeepGEMM 2.6's scale-layout and alignment helpers
+(``layout.py``: the AMD meaning of TMA alignment, the contiguous-layout alignment, the UE8M0
+packers, ``transform_sf_into_required_layout``), its runtime settings (``runtime.py``:
+``set_num_sms`` caps persistent grids) and ``mxgemm.deep_gemm.utils`` (DeepGEMM's casts,
+``calc_diff``, ``count_bytes``).
 
 Scales: fp32 sfa/sfb (DeepGEMM's SM90 recipe) are applied exactly per 128-K block in fp32 and
 never cast, so ``disable_ue8m0_cast`` changes nothing; UE8M0 scales go to the scaled MFMA's
@@ -18,51 +21,38 @@ ops/deep_gemm.py). Rows of no group (m_indices == -1, rows >= masked_m) are left
 Not covered: DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16 ones) and NN grouped
 forms, its K-grouped weight-gradient GEMMs, the FP4 and attention-logit kernels (no kernel here
 for them: mxgemm's tensorwise FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), the psum
-layout and ``use_psum_layout``, SM-count settings (``set_num_sms``: CUDA-specific, the grid
-here is fixed by the tile), ``set_mk_alignment_for_contiguous_layout`` (the alignment is the
-kernel's 128), ``transform_sf_into_required_layout`` (scales are taken in the layouts above),
-K % 16 != 0 and N % 32 != 0 (the kernel's load-chunk and tile rules: see the op's docstring).
+layout and ``use_psum_layout``, contiguous-layout alignments below 128, K % 16 != 0 and
+N % 32 != 0 (the kernel's load-chunk and tile rules: see the op's docstring).
 """
 import torch
 
 from .. import guards
 from ..ops._op import OPS
-from ..ops.deep_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
-from .utils import align, ceil_div
-
-# Rows of each group in the contiguous layout are padded to a multiple of this (padding rows
-# carry group -1). Every tile of the kernel then belongs to exactly one group.
-MK_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT = M_ALIGN
-
-
-def get_mk_alignment_for_contiguous_layout() -> int:
-    """Row alignment of each group in ``m_grouped_fp8_gemm_nt_contiguous``'s input."""
-    return MK_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT
-
-
-# DeepGEMM's earlier name for the same function (both are part of its public API).
-get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
-
-
-def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
-    """The same scales [G?, MN, C] in DeepGEMM's MN-major TMA-aligned layout: MN unit-stride,
-    each column padded to a multiple of 4 elements."""
-    mn, c = sf.shape[-2:]
-    storage = sf.new_zeros(*sf.shape[:-2], c, align(mn, 4))
-    storage[..., :mn] = sf.transpose(-1, -2)
-    return storage[..., :mn].transpose(-1, -2)
-
-
-def get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor) -> torch.Tensor:
-    """fp32 scales [G?, MN, K/128] -> UE8M0 codes (the fp32 exponent field: exact for powers of
-    two) packed four to an int32 along K, byte i of word j holding K block 4j + i (missing
-    blocks 0), in the MN-major TMA-aligned layout: int32 [G?, MN, ceil(K/512)]."""
-    if sf.dtype != torch.float32:
-        guards.fail("dtype", f"sf has dtype {sf.dtype}; expected torch.float32")
-    codes = ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
-    kb = sf.shape[-1]
-    codes = torch.nn.functional.pad(codes, (0, align(kb, 4) - kb))
-    return get_mn_major_tma_aligned_tensor(codes.contiguous().view(PACKED))
+from ..ops.deep_gemm import PACKED, deep_gemm_fp8_grouped_gemm
+from .layout import (
+    align,
+    ceil_div,
+    get_k_alignment_for_contiguous_layout,
+    get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_m_alignment_for_contiguous_layout,
+    get_mk_alignment_for_contiguous_layout,
+    get_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_tensor,
+    get_theoretical_mk_alignment_for_contiguous_layout,
+    get_tma_aligned_size,
+    set_mk_alignment_for_contiguous_layout,
+    transform_sf_into_required_layout,
+)
+from .runtime import (
+    get_num_sms,
+    get_pdl,
+    get_tc_util,
+    set_block_size_multiple_of,
+    set_ignore_compile_dims,
+    set_num_sms,
+    set_pdl,
+    set_tc_util,
+)
 
 
 def _flat(a, b, d, layout, recipe, masked: bool, config):
@@ -117,7 +107,11 @@ def explain(fn, *args, **kw):
     return OPS["deep_gemm_fp8_grouped_gemm"].explain(*flat, **flat_kw)
 
 
-__all__ = ["align", "ceil_div", "explain", "get_mk_alignment_for_contiguous_layout",
-           "get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
-           "get_mn_major_tma_aligned_tensor", "m_grouped_fp8_gemm_nt_contiguous",
-           "m_grouped_fp8_gemm_nt_masked"]
+__all__ = ["align", "ceil_div", "explain", "get_k_alignment_for_contiguous_layout",
+           "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "get_m_alignment_for_contiguous_layout",
+           "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+           "get_mn_major_tma_aligned_tensor", "get_num_sms", "get_pdl", "get_tc_util",
+           "get_theoretical_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
+           "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "set_block_size_multiple_of",
+           "set_ignore_compile_dims", "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl",
+           "set_tc_util", "transform_sf_into_required_layout"]
