@@ -121,6 +121,9 @@ def test_k_grouped_packer_packs_each_group_alone():
     psum = deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         sf, torch.tensor([256, 896, 896, 1024], dtype=torch.int32), None, 128, 128, use_psum_layout=True)
     assert torch.equal(psum, p)
+    upper = deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(     # ks_cpu: upper bounds
+        sf, torch.tensor([256, 896, 896, 1024], dtype=torch.int32), [640, 640, 0, 640], 128, 128, use_psum_layout=True)
+    assert upper.shape == (6, 9) and torch.equal(upper[:4], p) and not upper[4:].any()
 
 
 def test_transform_sf_into_required_layout():
@@ -148,10 +151,12 @@ def test_contiguous_alignment_settings():
         deep_gemm.set_mk_alignment_for_contiguous_layout(256)
         assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 256
         assert deep_gemm.get_m_alignment_for_contiguous_layout() == 256
-        for bad in (64, 0, 130, True, 128.0):
-            with pytest.raises(GuardError, match=r"\[alignment\].*multiple of 128"):
+        deep_gemm.set_mk_alignment_for_contiguous_layout(32)
+        assert deep_gemm.get_k_alignment_for_contiguous_layout() == 32
+        for bad in (48, 0, 130, True, 128.0):
+            with pytest.raises(GuardError, match=r"\[alignment\].*multiple of 32"):
                 deep_gemm.set_mk_alignment_for_contiguous_layout(bad)
-        assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 256
+        assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 32
     finally:
         deep_gemm.set_mk_alignment_for_contiguous_layout(128)
 

@@ -7,7 +7,9 @@ strides are reproduced exactly. UE8M0 scales may come packed four to an int32 al
 word j = K block 4j + i), as DeepGEMM's SM100 kernels take them.
 
 Contiguous-layout alignment: every group of an M-grouped (or K-grouped) contiguous input starts
-at a multiple of the alignment, so each row tile (at most 128 rows) belongs to one group.
+at a multiple of the alignment. 128 (``get_theoretical_mk_alignment_for_contiguous_layout``) is
+what every kernel here serves: each row tile (at most 128 rows) and each 128-K scale block then
+belongs to one group.
 """
 from __future__ import annotations
 
@@ -33,12 +35,12 @@ def get_mk_alignment_for_contiguous_layout() -> int:
 
 
 def set_mk_alignment_for_contiguous_layout(new_value: int) -> None:
-    """Set the contiguous-layout alignment: a positive multiple of 128 here (every row tile and
-    scale block divides it); DeepGEMM's smaller SM100 alignments have no kernel here."""
-    if isinstance(new_value, bool) or not isinstance(new_value, int) or new_value <= 0 \
-            or new_value % TILE_ALIGNMENT:
+    """Set the contiguous-layout alignment: a positive multiple of 32, DeepGEMM's rule. The
+    layout helpers follow any such value; a GEMM whose kernel needs more (its row tile or
+    128-K scale block) refuses a layout that does not meet it, naming its own rule."""
+    if isinstance(new_value, bool) or not isinstance(new_value, int) or new_value <= 0 or new_value % 32:
         guards.fail("alignment", f"set_mk_alignment_for_contiguous_layout({new_value!r}): the alignment must be a "
-                                 f"positive multiple of {TILE_ALIGNMENT} (the kernels' row tile and scale block)")
+                                 "positive multiple of 32")
     _state["mk_alignment"] = new_value
 
 
@@ -123,22 +125,32 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, gro
     """K-grouped per-channel fp32 UE8M0 scales [sum over groups of ceil(k_g / gran_k), MN] (each
     group's blocks one after another) -> int32 [sum over groups of ceil(k_g / (4 gran_k)), MN]:
     each group's blocks packed four to a word on their own (a group never shares a word).
-    ks_cpu: the groups' K (a list); with use_psum_layout it may be None or empty, grouped_layout
-    (int32 [G], group ends) then gives them."""
+    Without the psum layout ks_cpu (a list) gives the groups' K. With it, the groups' K come from
+    grouped_layout (int32 [G] group ends; group g starts at the end of g - 1 aligned up to
+    k_alignment) and ks_cpu, when given, are upper bounds sizing the result (rows past the
+    packed groups are 0)."""
     if sf.dim() != 2:
         guards.fail("shape", f"sf must be [K blocks, MN]; got shape {list(sf.shape)}")
-    if gran_k not in (32, 128) or k_alignment % 32:
+    if gran_k not in (32, 128) or k_alignment <= 0 or k_alignment % 32:
         guards.fail("recipe", f"gran_k = {gran_k} (32 or 128), k_alignment = {k_alignment} (a multiple of 32)")
-    if not ks_cpu:
-        if not use_psum_layout:
-            guards.fail("ks_cpu", "ks_cpu (the groups' K) is required without the psum layout")
+    words = lambda ks: sum(ceil_div(k, 4 * gran_k) for k in ks)   # noqa: E731
+    if use_psum_layout:
         ends = grouped_layout.cpu().tolist()
-        ks_cpu = [e - (align(p, k_alignment) if i else 0) for i, (p, e) in enumerate(zip([0, *ends], ends))]
-    blocks = [ceil_div(k, gran_k) for k in ks_cpu]
+        ks = [e - (align(p, k_alignment) if i else 0) for i, (p, e) in enumerate(zip([0, *ends], ends))]
+        rows = max(words(ks), words(ks_cpu)) if ks_cpu else words(ks)
+    elif not ks_cpu:
+        guards.fail("ks_cpu", "ks_cpu (the groups' K) is required without the psum layout")
+    else:
+        ks, rows = list(ks_cpu), words(ks_cpu)
+    blocks = [ceil_div(k, gran_k) for k in ks]
     if sum(blocks) > sf.shape[0]:
-        guards.fail("shape", f"sf has {sf.shape[0]} K-block rows; the groups' K {list(ks_cpu)} need {sum(blocks)}")
-    parts = [get_mn_major_tma_aligned_packed_ue8m0_tensor(s.t()).t() for s in sf[:sum(blocks)].split(blocks) if len(s)]
-    return torch.cat(parts) if parts else sf.new_zeros(0, sf.shape[1], dtype=torch.int32)
+        guards.fail("shape", f"sf has {sf.shape[0]} K-block rows; the groups' K {ks} need {sum(blocks)}")
+    out = sf.new_zeros(rows, sf.shape[1], dtype=torch.int32)
+    packed = [get_mn_major_tma_aligned_packed_ue8m0_tensor(s.t()).t() for s in sf[:sum(blocks)].split(blocks) if len(s)]
+    if packed:
+        done = torch.cat(packed)
+        out[:len(done)] = done
+    return out
 
 
 def transform_sf_into_required_layout(sf: torch.Tensor, mn: int, k: int, recipe, num_groups: int | None = None,
