@@ -3,7 +3,7 @@ the emulator in race mode against a float64 product of the same E4M3 inputs."""
 import pytest
 import torch
 
-from mxgemm import calibration, isa
+from mxgemm import asm_facts, calibration
 from mxgemm.emu import Emulator
 
 
@@ -35,4 +35,4 @@ def test_stage_computes_the_gemm(prog, symbol):
 
 @pytest.mark.parametrize("symbol", list(calibration.STAGES))
 def test_stage_is_spill_free(symbol):
-    assert isa.kernel_info(calibration.assembly(), symbol).spills == 0
+    assert asm_facts.kernel_info(calibration.assembly(), symbol).spills == 0

@@ -15,7 +15,7 @@ Launches go through mxgemm.launcher.launch (artefact + grid/block/kernel argumen
 import pytest
 import torch
 
-from mxgemm import build, isa, launcher, metrics, reference, registry
+from mxgemm import asm_facts, build, launcher, metrics, reference, registry
 
 KERNEL = "grouped_gemm_fp8"
 ORDER = registry.get(KERNEL).ordered_args   # raw emulator launches take the arguments by name too
@@ -203,7 +203,7 @@ def test_code_object(variant):
     assert info.spills == 0 and info.scratch_bytes == 0
     assert 0 < info.lds_bytes <= LDS_LIMIT
     assert info.occupancy(256) >= 1
-    loops = isa.loop_bodies(art.asm, KERNEL)
+    loops = asm_facts.loop_bodies(art.asm, KERNEL)
     # the contraction loop: MFMAs between barriers, a whole number of (BM/32) x (BN/32) steps
     per_step = (variant["BM"] // 32) * (variant["BN"] // 32)
     k_loops = [body for body in loops if any(l.startswith("v_mfma_f32_16x16x128_f8f6f4") for l in body)]
@@ -265,7 +265,7 @@ def test_beyond_4gb(layout):
 def _k_loop(asm):
     """Line range of the innermost loop holding the MFMAs (the contraction loop)."""
     lines = asm.splitlines()
-    k_loops = [r for r in isa.loops(asm, KERNEL) if any("v_mfma" in lines[i] for i in r)]
+    k_loops = [r for r in asm_facts.loops(asm, KERNEL) if any("v_mfma" in lines[i] for i in r)]
     return min(k_loops, key=len)
 
 

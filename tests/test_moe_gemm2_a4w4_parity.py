@@ -16,7 +16,7 @@ import pytest
 from test_moe_gemm2_a4w4 import VARIANTS, assert_within_atomic_order_bound, make_case, reference_out, run
 
 from mxgemm import build, metrics, registry
-from mxgemm.isa import k_step_profile
+from mxgemm.asm_facts import k_step_profile
 
 # (tokens, topk, experts, K, skew): token counts 4..32 (what the emulator runs quickly),
 # top-k 1..9, uneven routing (skew), K = 256 (1 step: tail only), 512 (pair loop), 768 (both).

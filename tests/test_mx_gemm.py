@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import build, formats, guards, isa, reference, registry
+from mxgemm import asm_facts, build, formats, guards, reference, registry
 from mxgemm.launcher import emulator_settings
 from mxgemm.ops import dense_mx
 
@@ -192,7 +192,7 @@ def test_isa(v):
     step = {fmt: 64 if fmt == "e2m1" else 128 for fmt in ("e4m3", "e5m2", "e2m1")}
     assert info.lds_bytes == 2 * (v["BM"] * step[v["A_FMT"]] + v["BN"] * step[v["B_FMT"]]) <= 160 * 1024
     assert info.occupancy(256) >= 1
-    loop = " ".join(" ".join(body) for body in isa.loop_bodies(art.asm, art.symbol))
+    loop = " ".join(" ".join(body) for body in asm_facts.loop_bodies(art.asm, art.symbol))
     # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave, one
     # 16-byte buffer -> LDS DMA per 4 KiB of the stage, one scale byte per tile row of A and B
     steps = loop.count("v_mfma_scale_f32_16x16x128_f8f6f4") // ((v["BM"] // 32) * (v["BN"] // 32))

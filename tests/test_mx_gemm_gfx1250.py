@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from mxgemm import build, isa, registry
+from mxgemm import asm_facts, build, registry
 
 KERNEL = "mx_gemm"
 ARCH = "gfx1250"
@@ -32,7 +32,7 @@ def arts():
 
 
 def _hot(art):
-    return isa.hot_loop(art.asm, art.symbol)
+    return asm_facts.hot_loop(art.asm, art.symbol)
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=registry.variant_id)
@@ -90,7 +90,7 @@ def test_gfx1250_epilogue(arts, v):
 
 @pytest.mark.parametrize("v", VARIANTS, ids=registry.variant_id)
 def test_gfx1250_cluster_launch_metadata(arts, v):
-    meta = isa.metadata(arts[registry.variant_id(v)].asm)["amdhsa.kernels"][0]
+    meta = asm_facts.metadata(arts[registry.variant_id(v)].asm)["amdhsa.kernels"][0]
     clustered = v["CLUSTER_M"] * v["CLUSTER_N"] > 1
     # grid x walks N tiles, y M tiles
     assert meta.get(".cluster_dims") == ([v["CLUSTER_N"], v["CLUSTER_M"], 1] if clustered else None)
@@ -99,7 +99,7 @@ def test_gfx1250_cluster_launch_metadata(arts, v):
 def test_gfx1250_mnemonics(arts, capsys):
     """The sorted gfx1250 mnemonics of every gfx1250 variant (what a gfx1250 emulator must run);
     `pytest -s` prints them."""
-    used = sorted({m for a in arts.values() for m in isa.mnemonics(a.asm, a.symbol)})
+    used = sorted({m for a in arts.values() for m in asm_facts.mnemonics(a.asm, a.symbol)})
     assert {"v_wmma_scale_f32_16x16x128_f8f6f4", "v_wmma_scale_f32_32x16x128_f4", "tensor_load_to_lds",
             "buffer_atomic_add_f32", "s_wait_tensorcnt", "s_barrier_signal",
             "s_barrier_wait", "buffer_load_b32", "ds_load_b128"} <= set(used)

@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from mxgemm import isa, registry, specs
+from mxgemm import asm_facts, registry, specs
 from mxgemm.__main__ import main
 from mxgemm.build import artifact
 from mxgemm.launcher import emulator_settings, last_emulator_stats
 from mxgemm.specs import Case
 from mxgemm.tools import perf
 
-GFX950 = isa.LIMITS["gfx950"]
+GFX950 = asm_facts.LIMITS["gfx950"]
 
 
 # ---- arithmetic, one hand-computed case per op family ----
@@ -53,13 +53,13 @@ def test_work_by_hand(kernel, variant, shape, flops, nbytes, grid, wave_iters):
 def test_roofline_and_mfma_cycles_by_hand():
     # per SIMD and clock: 5.0 PFLOP/s fp8 / (256 CUs x 4 SIMDs x 2.4 GHz) = 2034.5 FLOP
     fp8 = "v_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], v[0:3], v20, v21 op_sel_hi:[0,0,0]"
-    assert isa.mfma_cycles(fp8) == pytest.approx(2 * 16 * 16 * 128 / (5.0e15 / (256 * 4 * 2.4e9)))
-    assert isa.mfma_cycles(fp8) == pytest.approx(32.2, abs=0.05)
+    assert asm_facts.mfma_cycles(fp8) == pytest.approx(2 * 16 * 16 * 128 / (5.0e15 / (256 * 4 * 2.4e9)))
+    assert asm_facts.mfma_cycles(fp8) == pytest.approx(32.2, abs=0.05)
     fp4 = "v_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:7], v[12:15], v[0:3], v20, v21 cbsz:4 blgp:4"
-    assert isa.mfma_cycles(fp4) == pytest.approx(65536 / (10.1e15 / (256 * 4 * 2.4e9)))   # ~15.9
+    assert asm_facts.mfma_cycles(fp4) == pytest.approx(65536 / (10.1e15 / (256 * 4 * 2.4e9)))   # ~15.9
     mixed = "v_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:15], v[0:3], v20, v21 blgp:4"
-    assert isa.mfma_cycles(mixed) == isa.mfma_cycles(fp8)      # the slower operand sets the rate
-    assert isa.mfma_cycles("v_mfma_f32_32x32x16_bf16 a[0:15], v[0:3], v[4:7], a[0:15]") == \
+    assert asm_facts.mfma_cycles(mixed) == asm_facts.mfma_cycles(fp8)      # the slower operand sets the rate
+    assert asm_facts.mfma_cycles("v_mfma_f32_32x32x16_bf16 a[0:15], v[0:3], v[4:7], a[0:15]") == \
         pytest.approx(2 * 32 * 32 * 16 / (2.5e15 / (256 * 4 * 2.4e9)))
     # a 1 x 1280 x 8192 GEMV is memory-bound: 8 KiB + 10.5 MB of e4m3 + scales over 8 TB/s
     row = perf.predict(Case("smallm_mxfp8_gemv", {"M_TILE": 1, "N_SUB": 1}, dict(M=1, N=1280, K=8192), "t"),
@@ -101,7 +101,7 @@ def test_hot_loop_counts_equal_emulator_counters(kernel, variant, shape, dim, va
     wave-iterations) to every counter class of the emulator: the loop read from the assembly is
     the loop that runs, and the model counts its iterations right."""
     art = artifact(kernel, variant)
-    loop = isa.loop_profile(art.asm, art.symbol)
+    loop = asm_facts.loop_profile(art.asm, art.symbol)
     stats, works = [], []
     for value in values:
         case = Case(kernel, variant, {**shape, dim: value}, "t")
@@ -158,5 +158,5 @@ def test_legacy_fp8_mfma_runs_at_half_the_f8f6f4_rate():
     gfx950 scheduling model: half the FLOP rate of v_mfma_*_f8f6f4 with FP8 operands."""
     legacy16 = "v_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]"
     legacy32 = "v_mfma_f32_32x32x16_bf8_fp8 v[0:15], v[4:5], v[6:7], v[0:15]"
-    assert isa.mfma_cycles(legacy16) == pytest.approx(16.1, abs=0.05)
-    assert isa.mfma_cycles(legacy32) == pytest.approx(32.2, abs=0.1)
+    assert asm_facts.mfma_cycles(legacy16) == pytest.approx(16.1, abs=0.05)
+    assert asm_facts.mfma_cycles(legacy32) == pytest.approx(32.2, abs=0.1)

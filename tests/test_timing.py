@@ -5,7 +5,7 @@ the table's calibration (python -m mxgemm.timing calibrate; docs/timing_model.md
 import pytest
 import torch
 
-from mxgemm import calibration, isa, toolchain
+from mxgemm import asm_facts, calibration, toolchain
 from mxgemm.emu import Emulator
 from mxgemm.timing import MACHINES, xcd0_sample
 
@@ -29,7 +29,7 @@ MXGEMM_KERNEL(mfmas)(int* out) {
   asm volatile("v_mov_b32 v40, 127\n%BODY%" ::: %CLOB%, "v40");
 }''').replace("%BODY%", body).replace("%CLOB%", clobbers)
     t = _timed(src, "mfmas", [torch.zeros(1, dtype=torch.int32)])
-    pipe = n * isa.mfma_cycles(MFMA.format(d=16, e=19))
+    pipe = n * asm_facts.mfma_cycles(MFMA.format(d=16, e=19))
     assert pipe <= t["cycles"] <= pipe + 100, (t["cycles"], pipe)
 
 

@@ -49,9 +49,9 @@ class Artifact:
         return registry.get(self.kernel).symbol
 
     def isa(self):
-        """Static facts of the kernel (registers, spills, LDS, occupancy): mxgemm.isa."""
-        from . import isa
-        return isa.kernel_info(self.asm, self.symbol)
+        """Static facts of the kernel (registers, spills, LDS, occupancy): mxgemm.asm_facts."""
+        from . import asm_facts
+        return asm_facts.kernel_info(self.asm, self.symbol)
 
 
 def cache_key(kernel: registry.Kernel, variant: dict, arch: str) -> str:

@@ -12,7 +12,7 @@ _FLOAT_FORMATS = {2: "<e", 4: "<f", 8: "<d"}
 
 
 def layout(info) -> tuple:
-    """(slots, kernarg size) of a kernel (an mxgemm.isa.KernelInfo)."""
+    """(slots, kernarg size) of a kernel (an mxgemm.asm_facts.KernelInfo)."""
     return [(a[".offset"], a[".size"], a[".value_kind"]) for a in info.args], info.kernarg_size
 
 

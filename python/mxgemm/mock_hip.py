@@ -81,9 +81,9 @@ def _on_load(module, image, size):
 @functools.lru_cache(maxsize=None)
 def _kernels(asm_path: Path) -> dict:
     """symbol -> (kernarg slots, kernarg size) of every kernel in an assembly file."""
-    from . import isa, kernarg
+    from . import asm_facts, kernarg
     text = asm_path.read_text()
-    return {symbol: kernarg.layout(isa.kernel_info(text, symbol)) for symbol in isa.kernel_names(text)}
+    return {symbol: kernarg.layout(asm_facts.kernel_info(text, symbol)) for symbol in asm_facts.kernel_names(text)}
 
 
 @_callback

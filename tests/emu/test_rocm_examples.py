@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxgemm import isa, toolchain
+from mxgemm import asm_facts, toolchain
 from mxgemm.emu import Emulator
 
 HERE = Path(__file__).parent / "peer_hip"
@@ -15,7 +15,7 @@ HERE = Path(__file__).parent / "peer_hip"
 @pytest.fixture(scope="module")
 def prog():
     asm = toolchain.compile_hip_source((HERE / "hip_compat.h").read_text() + (HERE / "rocm_examples.hip").read_text())
-    symbols = {n.split("_Z", 1)[1].lstrip("0123456789").split("P")[0]: n for n in isa.kernel_names(asm)}
+    symbols = {n.split("_Z", 1)[1].lstrip("0123456789").split("P")[0]: n for n in asm_facts.kernel_names(asm)}
     emu = Emulator(arch="gfx950", race_check=True)
     return emu, emu.load(asm), symbols
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hip_run import program, run
 
-from mxgemm import isa
+from mxgemm import asm_facts
 from mxgemm.emu import EmulatorFault
 
 SOURCE = r"""
@@ -56,7 +56,7 @@ def test_dynamically_indexed_private_array(grid, block):
 @pytest.mark.parametrize("grid, block", [(3, 64), (1, 192)])
 def test_register_spills_run_and_are_reported(grid, block):
     asm = program(SOURCE)[2]
-    info = isa.kernel_info(asm, "spill")
+    info = asm_facts.kernel_info(asm, "spill")
     assert info.vgpr_spills > 0 and info.scratch_bytes > 0      # what the zero-spill checks assert on
     assert "Folded Spill" in asm and "Folded Reload" in asm
     rng = np.random.default_rng(2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .. import isa as static_isa
+from .. import asm_facts
 from .isa import Instr, UnsupportedInstruction, parse_mods, parse_operand, split_operands
 
 _LABEL = re.compile(r"^([.\w$]+):")
@@ -69,7 +69,7 @@ def parse(text: str, sgprs: dict):
     """-> (codes: dict name -> KernelCode, metas: dict name -> KernelMeta); sgprs: the target's
     named scalar registers."""
     lines = text.splitlines()
-    md, directives = static_isa.metadata(text), static_isa.directives(text)
+    md, directives = asm_facts.metadata(text), asm_facts.directives(text)
     funcs = set(_FUNCTION.findall(text))
     metas = {}
     for k in md.get("amdhsa.kernels", []):

@@ -122,22 +122,22 @@ def mx_bytes(rows, k, bits):         # payload + e8m0 scales (one per 32)
 
 
 def waves(kernel: str, arch: str = "gfx950") -> int:
-    from .. import isa
-    return -(-registry.get(kernel).threads_for(arch) // isa.LIMITS[arch]["wave_size"])
+    from .. import asm_facts
+    return -(-registry.get(kernel).threads_for(arch) // asm_facts.LIMITS[arch]["wave_size"])
 
 
 @lru_cache(maxsize=None)
 def _k_per_iteration(kernel: str, variant_items: tuple, tile_m: int, tile_n: int) -> int:
     import math
 
-    from .. import isa
+    from .. import asm_facts
     from ..build import artifact
     from ..emu.isa import base_mnemonic
     from ..emu.stats import classify
     art = artifact(kernel, dict(variant_items))
-    lines = isa.loop_profile(art.asm, art.symbol).lines
+    lines = asm_facts.loop_profile(art.asm, art.symbol).lines
     mfmas = [l for l in lines if classify(base_mnemonic(l.split()[0]))[0] == "mfma"]
-    mnk = sum(math.prod(map(int, isa.MFMA_SHAPE.search(l.split()[0]).groups())) for l in mfmas)
+    mnk = sum(math.prod(map(int, asm_facts.MFMA_SHAPE.search(l.split()[0]).groups())) for l in mfmas)
     return mnk * waves(kernel) // (tile_m * tile_n)
 
 

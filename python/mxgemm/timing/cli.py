@@ -78,8 +78,8 @@ def report(symbol, t, top=8, out=sys.stdout) -> None:
 def table(cases, rounds=None, out=sys.stdout) -> list:
     """A row per case: simulated us (launches summed), the roofline us beside it (mxgemm.tools.perf's
     work model: compulsory bytes and FLOPs at peak), and the longest launch's limiter."""
-    from .. import isa, specs
-    lim = isa.LIMITS["gfx950"]
+    from .. import asm_facts, specs
+    lim = asm_facts.LIMITS["gfx950"]
     print(f"{'kernel':30s} {'case':34s} {'sim_us':>8s} {'roof_us':>8s} {'of_roof':>7s}  limiter  sampled", file=out)
     rows = []
     for case in cases:

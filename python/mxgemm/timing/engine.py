@@ -3,7 +3,7 @@ by cycle in event order (docs/timing_model.md §1).
 
 Each CU has ``simds`` SIMDs; a SIMD issues at most one instruction a cycle from its resident
 waves, a wave one at a time in program order. Pipes: VALU (``valu_cycles`` a wave64
-instruction), the matrix pipe (an MFMA holds it for its cycles: mxgemm.isa.mfma_cycles), the
+instruction), the matrix pipe (an MFMA holds it for its cycles: mxgemm.asm_facts.mfma_cycles), the
 CU's LDS pipe (bank-conflict cycles, then ``lds_latency``). Global memory goes through a per-CU
 L1 and the XCD's L2 (LRU caches of lines, addresses from the run) to HBM, each level with its
 latency and (L2, HBM) a bandwidth queue; ``s_waitcnt`` waits for the counted operations to
@@ -16,7 +16,7 @@ import heapq
 import re
 from collections import OrderedDict, defaultdict
 
-from .. import isa
+from .. import asm_facts
 from ..emu.stats import classify
 
 _TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
@@ -45,7 +45,7 @@ def _static(instrs):
         cls, _ = classify(base, bool(ins.mods.get("lds")))
         waits = None
         if cls == "mfma":
-            kind, cost = "mfma", isa.mfma_cycles(ins.text.split(";")[0].strip())
+            kind, cost = "mfma", asm_facts.mfma_cycles(ins.text.split(";")[0].strip())
         elif cls.startswith(("vmem", "scratch")):
             kind, cost = "vmem", 4
         elif cls.startswith("lds"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..asm_facts import VALU_CYCLES
 from ..hardware import ARCH_LIMITS, LIMITS
-from ..isa import VALU_CYCLES
 
 
 @dataclass(frozen=True)

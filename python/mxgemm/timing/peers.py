@@ -64,8 +64,8 @@ def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
 def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int) -> None:
     """Run a Triton kernel on ``emu`` as Triton's launcher would: ``args`` in the kernel's order
     (constexprs apart), then its scratch pointers, unused here (null)."""
-    from .. import isa
-    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in isa.kernel_info(asm, name).args)
+    from .. import asm_facts
+    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
     emu.launch(emu.load(asm), name, grid=tuple(grid) + (1,) * (3 - len(grid)), block=(64 * warps, 1, 1),
                args=list(args) + [None] * (n_args - len(args)), dynamic_lds=lds)
 

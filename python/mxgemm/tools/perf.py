@@ -2,11 +2,11 @@
 
 Nobody here can time an MI355X, so this is a model, and says so. Per (kernel, variant, shape):
 FLOPs, compulsory bytes (inputs once, output once; atomics read and write it), arithmetic
-intensity and the roofline time from ``isa.LIMITS`` (docs/perf_model.md §1); the launch shape
+intensity and the roofline time from ``asm_facts.LIMITS`` (docs/perf_model.md §1); the launch shape
 (workgroups, resident workgroups per CU from the kernel's registers and LDS, the waves of
 workgroups and how full the last one is); the hot loop read from the kernel's own assembly
-(``isa.loop_profile``: instructions per iteration by the emulator's classes, MFMA cycles from
-``isa.mfma_cycles``, other issue cycles, global and LDS bytes, waits); and a predicted time with
+(``asm_facts.loop_profile``: instructions per iteration by the emulator's classes, MFMA cycles from
+``asm_facts.mfma_cycles``, other issue cycles, global and LDS bytes, waits); and a predicted time with
 the factor that limits it (docs/perf_model.md §3). Published numbers of the peers are facts
 of their sources, printed beside the model, never derived from it.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .. import isa, registry, specs
+from .. import asm_facts, registry, specs
 from ..specs import SMALL_PRESET, Case
 from ..specs.base import waves
 
@@ -54,12 +54,12 @@ def llvm_mca_cycles(body: list[str], arch: str = "gfx950") -> str:
 # ---- the model ----
 def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     """One row of the model (see the module docstring); docs/perf_model.md §3 gives the rules."""
-    lim = isa.LIMITS[arch]
+    lim = asm_facts.LIMITS[arch]
     from ..build import artifact
     art = artifact(case.kernel, case.variant, arch)
     info = art.isa()
     kern = registry.get(case.kernel)
-    loop = isa.loop_profile(art.asm, art.symbol, arch)
+    loop = asm_facts.loop_profile(art.asm, art.symbol, arch)
     w = specs.work(case)
     clock = lim["clock_ghz"] * 1e9
     peak = lim["peak_tflops"][w.rate] * 1e12
@@ -152,7 +152,7 @@ def plot(rows, path, arch="gfx950"):
         raise RuntimeError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    lim = isa.LIMITS[arch]
+    lim = asm_facts.LIMITS[arch]
     bw = lim["hbm_tbps"] * 1e12
     fig, ax = plt.subplots(figsize=(9, 6))
     xs = [10 ** (i / 10) for i in range(-10, 50)]

@@ -1,7 +1,7 @@
-"""mxgemm.isa: static facts of compiled kernels, and the sample kernels' budgets."""
+"""mxgemm.asm_facts: static facts of compiled kernels, and the sample kernels' budgets."""
 import pytest
 
-from mxgemm import build, isa, registry, toolchain
+from mxgemm import asm_facts, build, registry, toolchain
 
 SAMPLES = ("mxfp8_dequant", "mxfp8_dequant_flydsl")
 
@@ -13,8 +13,8 @@ def test_sample_kernels_compile_without_spills_within_limits(name, arch):
     assert info.arch == arch and info.name == registry.get(name).symbol
     assert info.wave_size == (64 if arch == "gfx950" else 32)
     assert info.spills == 0 and info.scratch_bytes == 0
-    assert info.lds_bytes <= isa.ARCH_LIMITS[arch]["lds_bytes"]
-    assert 1 <= info.occupancy(256) <= isa.ARCH_LIMITS[arch]["max_waves"]
+    assert info.lds_bytes <= asm_facts.ARCH_LIMITS[arch]["lds_bytes"]
+    assert 1 <= info.occupancy(256) <= asm_facts.ARCH_LIMITS[arch]["max_waves"]
     assert info.histogram["s_endpgm"] >= 1
     assert [a[".value_kind"] for a in info.args[:5]] == ["global_buffer"] * 3 + ["by_value"] * 2
 
@@ -27,8 +27,8 @@ def test_occupancy_agrees_with_clang_for_register_bound_kernels():
 
 
 def test_occupancy_from_vgprs_agprs_and_lds():
-    # Hand-made facts, limits from the comment in mxgemm.isa (512 regs/lane, granule 8, 8 waves).
-    k = isa.KernelInfo("k", "gfx950", vgprs=128, agprs=0, sgprs=32, vgpr_spills=0, sgpr_spills=0,
+    # Hand-made facts, limits from the comment in mxgemm.asm_facts (512 regs/lane, granule 8, 8 waves).
+    k = asm_facts.KernelInfo("k", "gfx950", vgprs=128, agprs=0, sgprs=32, vgpr_spills=0, sgpr_spills=0,
                        scratch_bytes=0, lds_bytes=0, wave_size=64, kernarg_size=0, accum_offset=128)
     assert k.occupancy() == 4
     k.agprs, k.accum_offset = 64, 128          # unified file: 128 + 64 = 192 -> 2 waves
@@ -44,8 +44,8 @@ def test_kernel_info_parses_a_snippet():
         "  __shared__ float t[1024];\n"
         "  t[mxgemm::thread_x()] = 1.0f; mxgemm::syncthreads();\n"
         "  o[mxgemm::thread_x()] = t[1023 - mxgemm::thread_x()];\n}\n")
-    info = isa.kernel_info(asm)
+    info = asm_facts.kernel_info(asm)
     assert info.lds_bytes == 4096 and info.count("ds_") >= 2 and info.histogram["s_barrier"] == 1
-    assert isa.kernel_names(asm) == ["lds_user"]
+    assert asm_facts.kernel_names(asm) == ["lds_user"]
     with pytest.raises(ValueError, match="not in assembly"):
-        isa.kernel_info(asm, "other")
+        asm_facts.kernel_info(asm, "other")
