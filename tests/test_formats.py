@@ -136,6 +136,17 @@ def test_fp4_pack_low_nibble_first():
     assert_bitwise_equal(F.unpack_fp4(packed), codes, "unpack")
 
 
+def test_fp6_pack_is_a_little_endian_bit_string():
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 64, (3, 40), generator=g, dtype=torch.uint8)
+    packed = F.pack_fp6(codes)
+    assert packed.shape == (3, 30)
+    bits = np.unpackbits(packed.numpy(), axis=1, bitorder="little").reshape(3, 40, 6)
+    assert (bits @ (1 << np.arange(6)) == codes.numpy()).all()       # code i = bits [6i, 6i + 6)
+    assert_bitwise_equal(F.unpack_fp6(packed), codes, "fp6 roundtrip")
+    assert F.pack_fp6(torch.tensor([[0x3F, 0, 0, 0x3F]], dtype=torch.uint8)).tolist() == [[0x3F, 0x00, 0xFC]]
+
+
 def test_fp4_pack_roundtrip_all_pairs():
     a = torch.arange(16, dtype=torch.uint8)
     codes = torch.stack(torch.meshgrid(a, a, indexing="ij"), -1).reshape(-1)  # every (lo, hi) pair

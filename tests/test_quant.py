@@ -20,8 +20,10 @@ try:  # torchao is the upstream definition of the MX scale modes; fall back to t
 except Exception:
     _torchao_to_mx = None
 
-ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn}
-MBITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
+ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn,
+      "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn}
+MBITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1, "e2m3": 3, "e3m2": 2}
+TORCHAO_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
 
 
 def numpy_to_mx(x: torch.Tensor, fmt: str, mode: str):
@@ -54,15 +56,14 @@ def numpy_to_mx(x: torch.Tensor, fmt: str, mode: str):
 
 
 def torchao_to_mx(x, fmt, mode):
-    tdt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}[fmt]
-    s, d = _torchao_to_mx(x, tdt, 32, getattr(ScaleCalculationMode, mode.upper()))
+    s, d = _torchao_to_mx(x, TORCHAO_DTYPES[fmt], 32, getattr(ScaleCalculationMode, mode.upper()))
     d = d.view(torch.uint8)
     return (F.unpack_fp4(d) if fmt == "e2m1" else d), s.view(torch.uint8)
 
 
 def our_codes(x, fmt, mode):
     p, s = Q.quantize_mx(x, fmt, mode)
-    return (F.unpack_fp4(p) if fmt == "e2m1" else F.as_codes(p)), s
+    return (F.PACKED[fmt][3](p) if fmt in F.PACKED else F.as_codes(p)), s
 
 
 def mx_input(seed, shape=(64, 256)):
@@ -89,7 +90,7 @@ def assert_same_mx(x, fmt, mode, oracle):
 @pytest.mark.parametrize("fmt", list(ML))
 @pytest.mark.parametrize("mode", Q.MX_MODES)
 def test_quantize_mx_matches_torchao(fmt, mode):
-    oracle = torchao_to_mx if _torchao_to_mx is not None else numpy_to_mx
+    oracle = torchao_to_mx if _torchao_to_mx is not None and fmt in TORCHAO_DTYPES else numpy_to_mx
     assert_same_mx(mx_input(0), fmt, mode, oracle)
 
 
@@ -257,7 +258,11 @@ BAD_CALLS = [  # (case, call, message naming the rule, the argument and its valu
     ("quantize_mx-list", lambda: Q.quantize_mx([[1.0] * 32]), "[type] x must be a torch.Tensor; got list"),
     ("quantize_mx-int", lambda: Q.quantize_mx(X.int()), "[dtype] x has dtype torch.int32; expected a floating dtype"),
     ("quantize_mx-fp4-odd-K", lambda: Q.quantize_mx(torch.ones(1, 3), "e2m1", block=1),
-     "[fp4 packing: K % 2 == 0] K of x (its last dimension) = 3 must be a multiple of 2"),
+     "[e2m1 packing: K % 2 == 0] K of x (its last dimension) = 3 must be a multiple of 2"),
+    ("quantize_mx-fp6-K", lambda: Q.quantize_mx(torch.ones(1, 6), "e3m2", block=2),
+     "[e3m2 packing: K % 4 == 0] K of x (its last dimension) = 6 must be a multiple of 4"),
+    ("mx_values-fp6-bytes", lambda: Q.mx_values(torch.zeros(2, 4, dtype=torch.uint8), "e2m3"),
+     "[shape] e2m3 payload: the last dimension (4 bytes) must be a multiple of 3"),
     ("mx_scale_e8m0-format", lambda: Q.mx_scale_e8m0(torch.ones(2), "e9m9"), f"[format] fmt = 'e9m9': expected one of {MX_FORMATS}"),
     ("mx_scale_e8m0-mode", lambda: Q.mx_scale_e8m0(torch.ones(2), "e4m3", "x"), "[mode] mode = 'x': expected one of floor, rceil, even"),
     ("mx_values-format", lambda: Q.mx_values(P, "e8m0"), f"[format] fmt = 'e8m0': expected one of {MX_FORMATS}"),

@@ -142,6 +142,33 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([p & 0xF, p >> 4], dim=-1).flatten(-2)
 
 
+# ---- fp6 packing: a little-endian bit string, code i in bits [6i, 6i + 6) (four codes in three
+# bytes), the order the scaled MFMA reads a lane's registers in (docs/gfx950_isa.md §1.3) ----
+def pack_fp6(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] uint8 codes (0..63), K % 4 == 0 -> [..., 3K/4] uint8."""
+    c = as_codes(codes).to(torch.int32).view(*codes.shape[:-1], -1, 4)
+    word = c[..., 0] | c[..., 1] << 6 | c[..., 2] << 12 | c[..., 3] << 18
+    return torch.stack([word & 0xFF, word >> 8 & 0xFF, word >> 16], dim=-1).flatten(-2).to(torch.uint8)
+
+
+def unpack_fp6(packed: torch.Tensor) -> torch.Tensor:
+    """[..., 3K/4] uint8 -> [..., K] uint8 codes."""
+    b = as_codes(packed).to(torch.int32).view(*packed.shape[:-1], -1, 3)
+    word = b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16
+    return torch.stack([word >> s & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(-2).to(torch.uint8)
+
+
+# Sub-byte formats: (codes per packing unit, bytes per unit, pack, unpack).
+PACKED = {"e2m1": (2, 1, pack_fp4, unpack_fp4), "e2m3": (4, 3, pack_fp6, unpack_fp6),
+          "e3m2": (4, 3, pack_fp6, unpack_fp6)}
+
+
+def element_count(nbytes: int, fmt: str) -> int:
+    """Codes held by nbytes of a payload of fmt (packed for the sub-byte formats)."""
+    unit, size = PACKED[fmt][:2] if fmt in PACKED else (1, 1)
+    return nbytes // size * unit
+
+
 # ---- bf16 RNE (the kernels' output rounding) ----
 def bf16_bits(x: torch.Tensor) -> torch.Tensor:
     """float32 -> bf16 bit patterns (int32 in [0, 65535]) with RNE; NaN kept quiet."""

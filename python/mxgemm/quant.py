@@ -49,7 +49,7 @@ def _check_mode(mode) -> None:
 
 
 def _check_payload(payload, fmt) -> None:
-    """MX payload: codes as uint8 (packed for e2m1) or the format's torch fp8 dtype, >= 1-D.
+    """MX payload: codes as uint8 (packed for e2m1, e3m2, e2m3) or the format's torch fp8 dtype, >= 1-D.
     A payload of another dtype would be reinterpreted byte by byte, silently."""
     _check_fmt(fmt, F.SPECS)
     _check_tensor(payload, "payload")
@@ -98,8 +98,9 @@ def quantize_mx(x: torch.Tensor, fmt: str = "e4m3", mode: str = "floor", block: 
 
     Elements are divided by their block's scale exactly (powers of two) and encoded
     with RNE, saturating. payload: fp8 torch dtype for e4m3/e5m2, packed uint8
-    [..., K/2] for e2m1, uint8 codes for e3m2/e2m3. K must be a multiple of ``block``
-    (and even for e2m1, two codes a byte).
+    [..., K/2] for e2m1 (two codes a byte, even k in the low nibble) and [..., 3K/4] for
+    e3m2/e2m3 (a little-endian 6-bit string, four codes in three bytes). K must be a multiple of
+    ``block`` (and of 2 for e2m1, 4 for the fp6 formats).
     """
     _check_tensor(x, "x", floating=True)
     if x.dim() == 0:
@@ -109,20 +110,24 @@ def quantize_mx(x: torch.Tensor, fmt: str = "e4m3", mode: str = "floor", block: 
     _check_block(block, "block")
     K = x.shape[-1]
     guards.check_multiple(K, "K of x (its last dimension)", block, f"MX block: K % {block} == 0")
-    if fmt == "e2m1":
-        guards.check_multiple(K, "K of x (its last dimension)", 2, "fp4 packing: K % 2 == 0")
+    if fmt in F.PACKED:
+        unit = F.PACKED[fmt][0]
+        guards.check_multiple(K, "K of x (its last dimension)", unit, f"{fmt} packing: K % {unit} == 0")
     xb = x.float().reshape(*x.shape[:-1], K // block, block)
     scale = mx_scale_e8m0(xb.abs().amax(-1), fmt, mode)
     codes = F.encode(xb / F.decode_e8m0(scale).unsqueeze(-1), fmt, saturate=True).reshape(x.shape)
     if fmt in F.TORCH_DTYPES:
         return F.to_torch_fp8(codes, fmt), scale
-    return (F.pack_fp4(codes) if fmt == "e2m1" else codes), scale
+    return (F.PACKED[fmt][2](codes) if fmt in F.PACKED else codes), scale
 
 
 def mx_values(payload: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Unscaled element values of an MX payload (fp4 unpacked), fp32 [..., K]."""
+    """Unscaled element values of an MX payload (fp4 / fp6 unpacked), fp32 [..., K]."""
     _check_payload(payload, fmt)
-    codes = F.unpack_fp4(payload) if fmt == "e2m1" else F.as_codes(payload)
+    if fmt in F.PACKED and payload.shape[-1] % F.PACKED[fmt][1]:
+        guards.fail("shape", f"{fmt} payload: the last dimension ({payload.shape[-1]} bytes) must be a multiple of "
+                             f"{F.PACKED[fmt][1]}")
+    codes = F.PACKED[fmt][3](payload) if fmt in F.PACKED else F.as_codes(payload)
     return F.decode(codes, fmt)
 
 
@@ -134,7 +139,7 @@ def dequantize_mx(payload: torch.Tensor, scale: torch.Tensor, fmt: str = "e4m3",
     _check_tensor(scale, "scale")
     guards.check_dtype(scale, "scale", (torch.uint8, torch.float8_e8m0fnu))
     _check_block(block, "block")
-    K = payload.shape[-1] * (2 if fmt == "e2m1" else 1)
+    K = F.element_count(payload.shape[-1], fmt)
     guards.check_multiple(K, "K of payload (its last dimension, in elements)", block, f"MX block: K % {block} == 0")
     guards.check_shape(scale, "scale", (*payload.shape[:-1], K // block))
     v = mx_values(payload, fmt)

@@ -114,9 +114,9 @@ def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3"
                 out_dtype: torch.dtype = torch.bfloat16, chunk: int = MX_BLOCK, splits: int = 1) -> torch.Tensor:
     """MX-scale GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 K-block scales.
 
-    a: [M, K] fp8 codes (float8 dtype or uint8) or [M, K/2] packed e2m1 (a_fmt="e2m1");
-    a_scale: [M, K/32] uint8 e8m0; b: [N, K] / [N, K/2], b_scale: [N, K/32].
-    a_fmt, b_fmt: each of e4m3, e5m2 (FP8) and e2m1 (FP4), in any pair.
+    a: [M, K] fp8 codes (float8 dtype or uint8), [M, K/2] packed e2m1 or [M, 3K/4] packed
+    e2m3 / e3m2 (quantize_mx's payloads); a_scale: [M, K/32] uint8 e8m0; b, b_scale: alike, N rows.
+    a_fmt, b_fmt: each of e4m3, e5m2 (FP8), e2m3, e3m2 (FP6) and e2m1 (FP4), in any pair.
     chunk: K summed exactly (with every 32-block's scale) before one fp32 rounding: 32 (the
     module model) or MX_MMA_K = 128 (one scaled 16x16x128 MMA: mxgemm.mx_gemm's numerics).
     splits: the chunks are cut into `splits` contiguous ranges of ceil(chunks / splits) (the
