@@ -66,7 +66,6 @@ def _mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt) -> torch.Tensor:
 
 
 MX_MMA_K = 128   # K of one scaled 16x16x128 MMA: the mx_gemm kernel's exact-sum chunk
-_MBITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
 
 
 def _f32_of_exact_sum(terms) -> float:
@@ -83,7 +82,7 @@ def _f32_of_exact_sum(terms) -> float:
 def _lsb(v: torch.Tensor, fmt: str) -> torch.Tensor:
     """A power of two dividing every value (float64), never above the value's own last bit."""
     e = torch.frexp(v.abs())[1].double()
-    return torch.where(v == 0, torch.full_like(e, math.inf), torch.exp2(e - 1 - _MBITS[fmt]))
+    return torch.where(v == 0, torch.full_like(e, math.inf), torch.exp2(e - 1 - F.SPECS[fmt][1]))
 
 
 def _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk) -> list:
