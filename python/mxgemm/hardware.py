@@ -1,6 +1,7 @@
 """The chips' facts, one table per target, with no dependency: occupancy limits (ARCH_LIMITS)
 and the performance limits of the whole chip (LIMITS). The planners, the assembly checks of
-mxgemm.asm_facts, the performance model and the timing model all read them here.
+mxgemm.asm_facts, the emulator's targets (wave and LDS size), the performance model and the
+timing model all read them here.
 """
 
 # Per-SIMD limits used for occupancy, from LLVM's AMDGPUBaseInfo / GCNSubtarget and AMD's

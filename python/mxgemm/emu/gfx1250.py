@@ -1,6 +1,6 @@
-"""gfx1250 (MI450-class, gfx12.5): wave32, gfx10+ scalar register numbering, split wait counters,
-split barriers (s_barrier_signal / s_barrier_wait), workgroup ids in ttmp registers, 320 KiB
-LDS (docs/gfx1250_emulator.md).
+"""gfx1250 (MI450-class, gfx12.5): gfx10+ scalar register numbering, split wait counters,
+split barriers (s_barrier_signal / s_barrier_wait), workgroup ids in ttmp registers
+(docs/gfx1250_emulator.md; the wave and LDS sizes are mxgemm.hardware.ARCH_LIMITS's).
 
 Most gfx1250 instructions are gfx9 ones under gfx12 names (global_load_b32 = global_load_dword,
 ds_load_b32 = ds_read_b32, s_add_co_i32 = s_add_i32, ...): the handler table maps such a
@@ -293,5 +293,5 @@ def _permlane16(ins):
     return run
 
 
-TARGET = Target("gfx1250", wave=32, sgprs=SGPRS, lds_bytes=320 * 1024, counters=COUNTERS, route=_route,
+TARGET = Target("gfx1250", sgprs=SGPRS, counters=COUNTERS, route=_route,
                 handlers=Gfx12Handlers(), vsharp=vsharp, ttmp_ids=True)

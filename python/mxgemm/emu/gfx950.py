@@ -1,4 +1,5 @@
-"""gfx950 (CDNA4, MI355X): wave64, gfx9 scalar register numbering, 160 KB LDS."""
+"""gfx950 (CDNA4, MI355X): gfx9 scalar register numbering, vmcnt / lgkmcnt; the wave and LDS sizes
+are mxgemm.hardware.ARCH_LIMITS's."""
 from __future__ import annotations
 
 from . import float_atomics, lds_transpose, matrix, mxcvt, salu, valu, vmem  # noqa: F401  (fill GFX9)
@@ -17,6 +18,5 @@ def decode_waitcnt(v):
     return (None if vm == 63 else vm), (None if lgkm == 15 else lgkm)
 
 
-TARGET = Target("gfx950", wave=64, sgprs=SGPRS, lds_bytes=160 * 1024, counters=("vm", "lgkm"),
-                route=lambda counter, kind: counter, handlers=GFX9, vsharp=vmem.vsharp_gfx9,
-                decode_waitcnt=decode_waitcnt)
+TARGET = Target("gfx950", sgprs=SGPRS, counters=("vm", "lgkm"), route=lambda counter, kind: counter,
+                handlers=GFX9, vsharp=vmem.vsharp_gfx9, decode_waitcnt=decode_waitcnt)

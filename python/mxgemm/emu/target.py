@@ -1,5 +1,6 @@
 """What the emulator core needs to know about an ISA target. One module per target (e.g.
-``gfx950``) builds a ``Target`` from its tables; ``launch.TARGETS`` lists them by arch name."""
+``gfx950``) builds a ``Target`` from its tables; ``launch.TARGETS`` lists them by arch name.
+Wave size and LDS size are the chip's facts in ``mxgemm.hardware.ARCH_LIMITS``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,24 +8,27 @@ from typing import Callable
 
 import numpy as np
 
+from ..hardware import ARCH_LIMITS
 from .isa import HandlerTable
 
 
 @dataclass(eq=False)
 class Target:
-    arch: str
-    wave: int                        # lanes per wave; EXEC and VCC are this many bits wide
+    arch: str                        # a key of hardware.ARCH_LIMITS
     sgprs: dict                      # assembler name -> (first scalar register number, count)
-    lds_bytes: int                   # LDS per workgroup
     counters: tuple                  # names of the wait counters (race mode keeps one queue each)
     route: Callable                  # (memory class 'vm' | 'lgkm' | 'tensor', kind) -> counter name
     handlers: HandlerTable           # .builder(ins) -> builder or None (gfx1250: a lookup over GFX12 then GFX9)
     vsharp: Callable                 # buffer resource (four SGPRs) -> (base, stride, num_records, add_tid, swizzle)
     decode_waitcnt: Callable = None  # s_waitcnt simm16 -> (vmcnt, lgkmcnt), None = not waited on
     ttmp_ids: bool = False           # workgroup ids in ttmp9 / ttmp7 (architected SGPRs), not user SGPRs
+    wave: int = field(init=False)        # lanes per wave; EXEC and VCC are this many bits wide
+    lds_bytes: int = field(init=False)   # LDS per workgroup
     lane: np.ndarray = field(init=False)
 
     def __post_init__(self):
+        limits = ARCH_LIMITS[self.arch]
+        self.wave, self.lds_bytes = limits["wave_size"], limits["lds_bytes"]
         self.vcc, self.m0, self.exec = (self.sgprs[k][0] for k in ("vcc", "m0", "exec"))
         self.null = self.sgprs["null"][0] if "null" in self.sgprs else None   # reads 0, writes dropped
         # (memory class, kind) -> queue index, looked up by race.track_load

@@ -110,7 +110,7 @@ def round_workgroups(machine, prog, kernel, block, dynamic_lds) -> int:
     """Workgroups XCD 0 holds at once (a round): its CUs times the kernel's occupancy."""
     m = _machine(machine)
     meta = prog.kernel_meta(kernel)
-    waves = -(-block[0] * block[1] * block[2] // 64)
+    waves = -(-block[0] * block[1] * block[2] // m.wave_size)
     return occupancy(m, meta, waves, meta.group_segment_fixed_size + dynamic_lds) * (m.cus // m.xcds)
 
 

@@ -17,6 +17,7 @@ class Machine:
     xcds: int                   # dies; consecutive workgroups go round-robin over them
     simds: int                  # per CU
     waves_per_simd: int
+    wave_size: int              # lanes per wave
     regs_per_simd_lane: int     # unified VGPR + AGPR file per SIMD lane
     lds_bytes: int              # per CU
     clock_ghz: float            # peak engine clock
@@ -38,11 +39,12 @@ class Machine:
 
 
 def _chip(arch: str) -> dict:
-    """The facts mxgemm.hardware already holds for ``arch`` (one table): CUs, SIMDs, waves,
-    registers, LDS, clock."""
+    """The facts mxgemm.hardware already holds for ``arch`` (one table): CUs, SIMDs, waves, wave
+    size, registers, LDS, clock."""
     occ, lim = ARCH_LIMITS[arch], LIMITS[arch]
     return dict(name=lim["name"], arch=arch, cus=lim["cus"], simds=occ["simds_per_cu"], waves_per_simd=occ["max_waves"],
-                regs_per_simd_lane=occ["vgprs"], lds_bytes=occ["lds_bytes"], clock_ghz=lim["clock_ghz"])
+                wave_size=occ["wave_size"], regs_per_simd_lane=occ["vgprs"], lds_bytes=occ["lds_bytes"],
+                clock_ghz=lim["clock_ghz"])
 
 
 MI355X = Machine(

@@ -10,10 +10,12 @@ import functools
 
 import torch
 
+from ..hardware import ARCH_LIMITS
 from ..specs.smallm_mxfp8 import MINIMAX_M3_LINEARS
 
 PEER_BLOCKS = dict(BM=64, BN=128, BK=128)
 PEER_WARPS = 8
+WARP = ARCH_LIMITS["gfx950"]["wave_size"]     # lanes of a Triton warp on gfx950: a wave
 # decode linear layers of a 6144-hidden MoE model (MiniMax-M3): TP8 qkv, TP8 o_proj, TP4 down, as (name, N, K)
 SMALLM_LAYERS = tuple((f"tp{tp} {name}", N, K) for tp, name in ((8, "qkv"), (8, "o_proj"), (4, "down"))
                       for K, N in [MINIMAX_M3_LINEARS[tp][name]])
@@ -57,7 +59,7 @@ def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
     from triton.compiler import ASTSource
     sig = {**dict(signature), **{k: "constexpr" for k, _ in constexprs}}
     k = triton.compile(ASTSource(fn, signature=sig, constexprs=dict(constexprs)),
-                       target=GPUTarget("hip", "gfx950", 64), options={"num_warps": warps})
+                       target=GPUTarget("hip", "gfx950", WARP), options={"num_warps": warps})
     return k.asm["amdgcn"], k.metadata.shared
 
 
@@ -66,7 +68,7 @@ def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int,
     (constexprs apart), then its scratch pointers, unused here (null)."""
     from .. import asm_facts
     n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
-    emu.launch(emu.load(asm), name, grid=tuple(grid) + (1,) * (3 - len(grid)), block=(64 * warps, 1, 1),
+    emu.launch(emu.load(asm), name, grid=tuple(grid) + (1,) * (3 - len(grid)), block=(WARP * warps, 1, 1),
                args=list(args) + [None] * (n_args - len(args)), dynamic_lds=lds)
 
 
