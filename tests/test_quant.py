@@ -304,3 +304,46 @@ def test_tensorwise_cast_of_an_empty_tensor_has_the_zero_tensor_scale(fmt):
     q, sf = Q.tensorwise_cast_to_fp8(torch.ones(0, 4, dtype=torch.bfloat16), fmt)
     assert q.shape == (0, 4) and q.dtype == F.TORCH_DTYPES[fmt]
     assert sf.shape == () and sf.item() == Q.tensorwise_cast_to_fp8(torch.zeros(3, 4), fmt)[1].item()
+
+
+# ---- row-wise, block-wise and segment (column block) FP8 casts of the grouped GEMMs' recipes ----
+def fp8_oracle(x, sf, fmt):
+    """Codes of x / sf by torch's own RNE conversion (x * (1 / sf), in range by construction)."""
+    return (x.float() * (1.0 / sf)).to({"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt])
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_rowwise_cast_one_scale_per_row(fmt):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 4, 96, generator=g) * torch.logspace(-3, 3, 4)[None, :, None]
+    x[1, 2] = 0
+    q, sf = Q.rowwise_cast_to_fp8(x, fmt)
+    fmax = 448.0 if fmt == "e4m3" else 57344.0
+    assert q.shape == x.shape and sf.shape == (3, 4)
+    assert torch.equal(sf, x.abs().amax(-1).clamp(min=1e-4) / fmax)
+    assert torch.equal(q.view(torch.uint8), fp8_oracle(x, sf[..., None], fmt).view(torch.uint8))
+
+
+def test_blockwise_cast_batched_blocks():
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 200, 300, generator=g)
+    q, sf = Q.blockwise_cast_to_fp8(x, (128, 128))
+    assert sf.shape == (2, 2, 3)
+    pad = torch.nn.functional.pad(x, (0, 84, 0, 56)).view(2, 2, 128, 3, 128)
+    assert torch.equal(sf, pad.abs().amax(dim=(2, 4)).clamp(min=1e-4) / 448)
+    full = sf.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :200, :300]
+    assert torch.equal(q.view(torch.uint8), fp8_oracle(x, full, "e4m3").view(torch.uint8))
+
+
+def test_segment_cast_pads_each_group_to_its_own_blocks():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(300, 24, generator=g)
+    offs = torch.tensor([10, 110, 110, 290])           # rows 0..9 and 290.. belong to no group
+    q, sf, padded = Q.segment_cast_to_fp8(x, offs, fmt="e5m2")
+    assert padded.tolist() == [0, 128, 128, 384]
+    assert q.shape[0] % 128 == 0 and q.shape[0] >= 384 and sf.shape == (q.shape[0] // 128, 24)
+    seg = torch.zeros(q.shape[0], 24)
+    seg[0:100], seg[128:308] = x[10:110], x[110:290]
+    assert torch.equal(sf, seg.view(-1, 128, 24).abs().amax(1).clamp(min=1e-4) / 57344.0)
+    want = fp8_oracle(seg, sf.repeat_interleave(128, 0), "e5m2")
+    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))

@@ -203,6 +203,65 @@ def tensorwise_cast_to_fp8(x: torch.Tensor, fmt: str = "e4m3"):
     return q[:, :x.numel()].reshape(x.shape), sf.reshape(())
 
 
+def rowwise_cast_to_fp8(x: torch.Tensor, fmt: str = "e4m3"):
+    """x [..., K] -> (fmt [..., K], sf fp32 [...]): one scale per row along the last dimension,
+    max(amax, 1e-4) / fmt max (Primus-Turbo's row-wise granularity; for column-wise scales pass
+    x.mT and transpose back)."""
+    _check_tensor(x, "x", floating=True)
+    _check_fmt(fmt, F.TORCH_DTYPES)
+    if x.dim() == 0:
+        guards.fail("shape", "x must have at least 1 dimension; got a 0-d tensor")
+    rows = x.reshape(-1, x.shape[-1]) if x.shape[-1] else x.new_zeros(x.shape[:-1].numel(), 1)
+    q, sf = _cast_blocks(rows, 1, rows.shape[1], False, fmt)
+    return q[:, :x.shape[-1]].reshape(x.shape), sf.reshape(x.shape[:-1])
+
+
+def blockwise_cast_to_fp8(x: torch.Tensor, block: tuple = (1, 128), fmt: str = "e4m3"):
+    """x [..., M, K] -> (fmt [..., M, K], sf fp32 [..., ceil(M/bm), ceil(K/bk)]): one scale per
+    bm x bk block (1 x 128: activations, 128 x 128: weights), leading dims batched."""
+    _check_tensor(x, "x", floating=True)
+    _check_fmt(fmt, F.TORCH_DTYPES)
+    if x.dim() < 2:
+        guards.fail("shape", f"x must be [..., M, K]; got shape {list(x.shape)}")
+    bm, bk = block
+    _check_block(bm, "block")
+    _check_block(bk, "block")
+    flat = x.reshape(-1, *x.shape[-2:])
+    parts = [_cast_blocks(m, bm, bk, False, fmt) for m in flat]
+    lead = x.shape[:-2]
+    sf_shape = (*lead, -(-x.shape[-2] // bm), -(-x.shape[-1] // bk))
+    if not parts:
+        return x.to(F.TORCH_DTYPES[fmt]), x.new_zeros(sf_shape, dtype=torch.float32)
+    return torch.stack([q for q, _ in parts]).reshape(x.shape), torch.stack([s for _, s in parts]).reshape(sf_shape)
+
+
+def segment_cast_to_fp8(x: torch.Tensor, group_offs: torch.Tensor, block: int = 128, fmt: str = "e4m3"):
+    """Column-wise block scales over row groups: x [R, C] with groups of rows
+    group_offs[g] .. group_offs[g + 1] -> (q [P, C], sf fp32 [P / block, C], padded_offs int64
+    [G + 1]): each group's rows copied to a segment starting on a multiple of ``block`` (zero
+    rows after it), one scale per ``block`` rows of a segment and column. P is an upper bound
+    known without reading group_offs (no device sync): R + G (block - 1) rounded up to block.
+    Rows outside every group are dropped. This is the operand layout of the variable-K GEMM
+    with block scales (its groups start on multiples of 128)."""
+    _check_matrix(x)
+    _check_fmt(fmt, F.TORCH_DTYPES)
+    _check_block(block, "block")
+    offs = group_offs.to(device=x.device, dtype=torch.int64)
+    lens = offs[1:] - offs[:-1]
+    padded = torch.cat([offs.new_zeros(1), ((lens + block - 1) // block * block).cumsum(0)])
+    R, C = x.shape
+    G = lens.shape[0]
+    P = -(-(R + G * (block - 1)) // block) * block
+    rows = torch.arange(R, device=x.device)
+    g = torch.searchsorted(offs[1:], rows, right=True).clamp(max=max(G - 1, 0))
+    inside = (rows >= offs[0]) & (rows < offs[-1]) if G else torch.zeros_like(rows, dtype=torch.bool)
+    xp = x.new_zeros(P, C)
+    if G:
+        xp[(rows - offs[g] + padded[g])[inside]] = x[inside]
+    q, sf = _cast_blocks(xp.t(), 1, block, False, fmt)
+    return q.t().contiguous(), sf.t().contiguous(), padded
+
+
 def dequantize_fp8_blocks(q: torch.Tensor, sf: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
     """e4m3 [M, K] (float8_e4m3fn or uint8 codes) with sf [ceil(M/bm), ceil(K/bk)] -> fp32 [M, K]
     (bm=1: per-token)."""
