@@ -67,6 +67,11 @@ SCALE_PATHS = ("tdm", "buffer_lds_stage", "buffer_lds_stage_ab_split")   # gfx12
 CLUSTER_BARRIER = -3               # s_barrier_signal / _wait id of the cluster barrier (docs/gfx1250_isa.md §5)
 
 
+def wave_index(b, wave):
+    """This thread's wave in the workgroup, a uniform value (readfirstlane)."""
+    return Int(rocdl.readfirstlane(b.i32, Int(fx.thread_idx.x.ir_value()) // wave))
+
+
 class Operand:
     """One operand tile in LDS: `rows` rows (BM for A, BN for B) of one K step each."""
 
@@ -99,13 +104,12 @@ class Gfx950:
         """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk).
         Slot s = 4096 j + 16 tid: row s / row_step, LDS chunk c holds memory chunk c ^ (row % chunks)."""
         b, t = self.b, self.threads()
-        plan = []
+        plan, wave = [], wave_index(b, self.wave)
         for j in range(op.lds_bytes // (16 * t)):
             s = j * t + Int(tid)
             row = s // op.chunks
             chunk = s % op.chunks ^ row % op.chunks
             voff = b.sel(b.cmp("slt", row, rows_left), row * row_bytes + chunk * 16, b.c(INVALID_OFFSET))
-            wave = Int(rocdl.readfirstlane(b.i32, Int(tid) // self.wave))
             plan.append((op.lds_off + j * t * 16 + wave * (16 * self.wave), voff))
         return plan
 
@@ -218,8 +222,8 @@ class Gfx1250:
             return 0, 0
         b, (cm, cn) = self.b, self.cluster
         lx, ly = rocdl.cluster_workgroup_id_x(b.i32), rocdl.cluster_workgroup_id_y(b.i32)
-        a_mask = arith.shli(b.c((1 << cn) - 1), Int(ly) * cn)
-        b_mask = arith.shli(b.c(sum(1 << (y * cn) for y in range(cm))), lx)
+        a_mask = b.c((1 << cn) - 1) << Int(ly) * cn
+        b_mask = b.c(sum(1 << (y * cn) for y in range(cm))) << lx
         return a_mask, b_mask
 
     def dma_plan(self, op, tid, rows_left, row_bytes, base):
@@ -250,18 +254,18 @@ class Gfx1250:
         b = self.b
         gaddr = llvm.ptrtoint(b.i64, b.gep(piece.base, arith.extui(b.i64, Int(kt) * piece.step_bytes)))
         lds = Int(llvm.ptrtoint(b.i32, buf)) + piece.lds_off
-        hi = arith.ori(arith.trunci(b.i32, arith.shrui(gaddr, b.c(32, b.i64))), b.c(-(1 << 31)))
+        hi = Int(arith.trunci(b.i32, Int(gaddr) >> 32)) | -(1 << 31)
         g0 = vector.from_elements(b.v4i32, [arith.extui(b.i32, live), lds, arith.trunci(b.i32, gaddr), hi])
         cfg = (piece.elem_bytes.bit_length() - 1) << 16
         if piece.pad:
             cfg |= (1 << 20) | ((piece.step_bytes // 4).bit_length() - 2) << 22 | (piece.pad // 4 - 1) << 25
-        dw0 = b.c(cfg) if isinstance(piece.mask, int) else arith.ori(b.c(cfg), piece.mask)
-        rows = arith.maxsi(piece.rows_left, b.c(0))   # rows at or past it land as zeros
+        dw0 = b.c(cfg) if isinstance(piece.mask, int) else b.c(cfg) | piece.mask
+        rows = Int(arith.maxsi(piece.rows_left, b.c(0)))   # rows at or past it land as zeros
         inner = piece.inner
         g1 = vector.from_elements(b.v8i32, [
             dw0, b.c((inner & 0xFFFF) << 16),
-            arith.ori(b.c(inner >> 16), arith.shli(arith.andi(rows, b.c(0xFFFF)), b.c(16))),
-            arith.ori(arith.shrui(rows, b.c(16)), b.c(inner << 16)),
+            b.c(inner >> 16) | (rows & 0xFFFF) << 16,
+            rows >> 16 | inner << 16,
             b.c(piece.rows), piece.stride, b.c(0), b.c(0)])
         z4 = vector.from_elements(b.v4i32, [b.c(0)] * 4)
         rocdl.tensor_load_to_lds(g0, g1, z4, z4, vector.from_elements(b.v8i32, [b.c(0)] * 8))
@@ -272,7 +276,7 @@ class Gfx1250:
         b, buf = self.b, stage.buffer(kt)
         pieces = stage.a_dma[:1] + stage.b_dma[:1] + (stage.scales if self.scale_path == "tdm" else
                                                       stage.a_dma[1:] + stage.b_dma[1:])
-        wave = rocdl.readfirstlane(b.i32, arith.divui(fx.thread_idx.x.ir_value(), b.c(self.wave)))
+        wave = wave_index(b, self.wave)
         for w, piece in enumerate(pieces):
             branch = scf.IfOp(b.cmp("eq", wave, b.c(w)), [], has_else=False)
             with ir.InsertionPoint(branch.then_block):
@@ -299,8 +303,7 @@ class Gfx1250:
     def cluster_barrier(self):
         """Every workgroup of the cluster is past this point: wave 0 signals, all waves wait."""
         b = self.b
-        wave = rocdl.readfirstlane(b.i32, arith.divui(fx.thread_idx.x.ir_value(), b.c(self.wave)))
-        branch = scf.IfOp(b.cmp("eq", wave, b.c(0)), [], has_else=False)
+        branch = scf.IfOp(b.cmp("eq", wave_index(b, self.wave), b.c(0)), [], has_else=False)
         with ir.InsertionPoint(branch.then_block):
             rocdl.s_barrier_signal(CLUSTER_BARRIER)
             scf.YieldOp([])
@@ -405,7 +408,7 @@ def _tile(target, cfg, M, N, K, splits):
     t.B = Operand(t.bn, t.b_fmt, t.A.lds_bytes, target.pad)
     t.stage_bytes = stage_lds_bytes(target, t.A, t.B)
     t.tid = fx.thread_idx.x.ir_value()
-    wave = Int(rocdl.readfirstlane(b.i32, Int(t.tid) // target.wave))
+    wave = wave_index(b, target.wave)
     t.wm, t.wn = wave >> 1, wave & 1
     t.n0 = Int(fx.block_idx.x.ir_value()) * t.bn
     t.m0 = Int(fx.block_idx.y.ir_value()) * t.bm
@@ -425,7 +428,7 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     bases = {}
 
     def base(key, ptr, row0, row_bytes, k_off):
-        bases[key] = b.gep(ptr, arith.addi(arith.muli(b.u64(row0), b.u64(row_bytes)), b.u64(k_off)))
+        bases[key] = b.gep(ptr, Int(b.u64(row0)) * b.u64(row_bytes) + b.u64(k_off))
         return bases[key]
 
     a_row = Int(K) // BK * A.step_bytes
@@ -536,7 +539,7 @@ def _epilogue(t, acc, out, N):
     f16 packed, f32 in 16-byte parts) or, split-K, added with fp32 atomics; rows and columns past
     the problem get an out-of-range offset (dropped)."""
     b, target, g, nj, esz = t.b, t.target, t.g, t.nj, 4 if t.out_t == "f32" else 2
-    out_at = arith.muli(arith.addi(arith.muli(b.u64(t.m0), b.u64(N)), b.u64(t.n0)), b.c(esz, b.i64))
+    out_at = (Int(b.u64(t.m0)) * b.u64(N) + b.u64(t.n0)) * esz
     out_rs = b.rsrc_rebased(b.gep(out, out_at), t.flags)
     row_l, col_l = target.acc_coords()
     half = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}.get(t.out_t)
