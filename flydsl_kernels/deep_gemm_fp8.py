@@ -52,17 +52,40 @@ from ir_builder import INVALID_OFFSET, Builder, Int, flatten, loads_done_barrier
 
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
+FP4_BLOCK = 32                    # K of one FP4 weight scale (and of one lane's e2m1 operand chunk)
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
+M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
+FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 
 
-def _check(bm, bn, masked, ue8m0, out):
-    if bm not in TILES or bn not in TILES or masked not in (0, 1) or ue8m0 not in (0, 1) or out not in ("bf16", "f16"):
-        raise ValueError(f"variant BM={bm} BN={bn} MASKED={masked} UE8M0={ue8m0} OUT={out}: "
-                         f"BM, BN in {TILES}; MASKED, UE8M0 in (0, 1); OUT bf16 or f16")
+def _check(bm, bn, masked, psum, ue8m0, b_fmt, out):
+    if (bm not in TILES or bn not in TILES or masked not in (0, 1) or psum not in (0, 1) or ue8m0 not in (0, 1)
+            or b_fmt not in FMT_CODE or out not in ("bf16", "f16") or (masked and psum)
+            or (b_fmt == "e2m1" and not ue8m0)):
+        raise ValueError(f"variant BM={bm} BN={bn} MASKED={masked} PSUM={psum} UE8M0={ue8m0} B_FMT={b_fmt} "
+                         f"OUT={out}: BM, BN in {TILES}; MASKED, PSUM, UE8M0 in (0, 1), PSUM only contiguous; "
+                         f"B_FMT in {tuple(FMT_CODE)}, e2m1 only with UE8M0; OUT bf16 or f16")
 
 
-def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_st, sfb_st, lds):
+def _psum_group(B, layout, groups, row_base):
+    """psum layout: (the group whose rows hold row_base, that group's end row) — the group is the
+    number of groups whose aligned end is at or before row_base (a scalar scan: G is small); past
+    the last group's aligned end the end is 0 (no group)."""
+    idx = ir.IndexType.get()
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, groups), arith.constant(idx, 1), [B.c(0)])
+    with ir.InsertionPoint(loop.body):
+        g = Int(arith.index_cast(B.i32, loop.induction_variable))
+        end = Int(B.gload(B.i32, layout, g * 4, 4))
+        before = B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)
+        scf.YieldOp([Int(loop.inner_iter_args[0]) + Int(arith.extui(B.i32, before))])
+    group = Int(loop.results[0])
+    has = B.cmp("slt", group, groups)
+    return group, Int(B.sel(has, B.gload(B.i32, layout, Int(B.sel(has, group, B.c(0))) * 4, 4), B.c(0)))
+
+
+def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad,
+          sfa_st, sfb_st, lds):
     rows, n, k, m_max, groups = map(Int, (rows, n, k, m_max, groups))
     sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
@@ -74,35 +97,51 @@ def _body(bm, bn, masked, ue8m0, out, a, sfa, b, sfb, d, layout, rows, n, k, m_m
         limit = B.gload(B.i32, layout, group * 4, 4)
         row_base = group * m_max + m_in_group
         run = B.cmp("slt", m_in_group, limit)
+        active, pad = run, None
         sfa_tile = group * sfa_sg + m_in_group * sfa_sm   # byte of the scales of the tile's row 0
 
         def row_ok(rl):
             return B.cmp("slt", m_in_group + rl, limit)
+    elif psum:
+        row_base = by * bm
+        group, end = _psum_group(B, layout, groups, row_base)
+        run = B.cmp("slt", row_base, end)
+
+        def row_ok(rl):
+            return B.cmp("slt", row_base + rl, end)
     else:
         row_base = by * bm
         group = Int(B.gload(B.i32, layout, row_base * 4, 4))
         run = arith.andi(B.cmp("sge", group, B.c(0)), B.cmp("slt", group, groups))
-        sfa_tile = row_base * sfa_sm
 
         def row_ok(rl):
             r = row_base + rl
             inside = B.cmp("slt", r, rows)
             owner = B.gload(B.i32, layout, Int(B.sel(inside, r, row_base)) * 4, 4)
-            return arith.andi(inside, B.cmp("eq", owner, group))
-    if_run = scf.IfOp(run, [], has_else=False)
+            return arith.andi(arith.andi(inside, B.cmp("eq", owner, group)), run)
+    if not masked:
+        # zero_pad: rows of no group are written as zeros, a tile of padding rows only too (its
+        # K loop empty, its loads reading group 0's addresses through the empty resource)
+        pad = B.cmp("ne", Int(zero_pad), B.c(0))
+        active = arith.ori(run, pad)
+        group = Int(B.sel(run, group, B.c(0)))
+        sfa_tile = row_base * sfa_sm
+    if_run = scf.IfOp(active, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        t = _tile(B, bm, bn, ue8m0, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile,
-                  tuple(map(Int, sfa_st)), tuple(map(Int, sfb_st)))
+        t = _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile,
+                  tuple(map(Int, sfa_st)), tuple(map(Int, sfb_st)), None if masked else run, pad)
         _epilogue(t, _k_loop(t, *_loaders(t, a, sfa, b, sfb, d)))
         scf.YieldOp([])
 
 
-def _tile(B, bm, bn, ue8m0, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile, sfa_st, sfb_st):
+def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run, pad):
     """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
-    K blocks."""
+    K blocks. run: whether the tile has a group (None: always, the masked layout); pad: write
+    rows of no group as zeros (None: never)."""
     t = SimpleNamespace(
-        B=B, bm=bm, bn=bn, ue8m0=ue8m0, out=out, rows=rows, n=n, k=k, lds=lds, group=group, row_base=row_base,
-        row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st,
+        B=B, bm=bm, bn=bn, ue8m0=ue8m0, fp4=b_fmt == "e2m1", b_fmt=b_fmt, out=out, rows=rows, n=n, k=k, lds=lds,
+        group=group, row_base=row_base,
+        row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st, run=run, pad=pad,
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
         dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
         buf_bytes=bm * BLOCK_K)
@@ -113,6 +152,8 @@ def _tile(B, bm, bn, ue8m0, out, rows, n, k, lds, group, row_base, row_ok, sfa_t
     t.wm, t.wn = t.wave >> 1, t.wave & 1
     t.n0 = Int(fx.block_idx.x.ir_value()) * bn
     t.kb = (k + (BLOCK_K - 1)) // BLOCK_K           # K blocks, the last one possibly partial
+    if run is not None:
+        t.kb = Int(B.sel(run, t.kb, B.c(0)))        # a padding tile: no K block, a zero accumulator
     t.last = t.kb - 1
     t.tail = k - t.last * BLOCK_K                   # bytes of K in the last block
     return t
@@ -132,19 +173,26 @@ def _loaders(t, a, sfa, b, sfb, d):
     B, (sfa_sk4, sfa_sk1), (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift) = t.B, t.sfa_st[2:], t.sfb_st
     a_rsrc = B.rsrc(a, t.rows * t.k)
     sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))   # strided scales: range checks only reject INVALID_OFFSET
-    b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(t.group), B.u64(t.n * t.k))), t.n * t.k)
+    row_bytes = t.k // 2 if t.fp4 else t.k            # of b: e2m1 packs two K per byte
+    b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(t.group), B.u64(t.n * row_bytes))), t.n * row_bytes)
     sfb_group = t.group * sfb_sg
     t.d_rsrc = B.rsrc(d, t.rows * t.n * 2)
     t.null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
     dma_voff, dma_chunk = _a_dma_offsets(t)
     dma_voff_last = _last_block(t, dma_voff, dma_chunk)
     t.a_lds_off, sfa_voff = _lane_rows(t)
-    # This lane's columns (MFMA src0 rows) of each n-tile: offsets into b and, per lane for
-    # UE8M0 (the scaled MFMA takes row n's scale from lane n), into sfb.
+    # This lane's columns (MFMA src0 rows) of each n-tile: offsets into b (e4m3: K bytes 16g..
+    # and 64 + 16g.. of the block; e2m1: K 32g.. in 16 bytes) and, per lane for UE8M0 (the
+    # scaled MFMA takes row n's scale for 32-K block j from lane n + 16 j), into sfb.
     cols = [t.n0 + (t.wn * t.wn_cols + (nt * 16 + t.r16)) for nt in range(t.n_tiles)]
-    b_voff = [[c * t.k + t.g * 16 + 64 * h for h in range(2)] for c in cols]
-    b_voff_last = [_last_block(t, halves, [t.g * 16 + 64 * h for h in range(2)]) for halves in b_voff]
-    if t.ue8m0:
+    k_of_chunk = [t.g * FP4_BLOCK] if t.fp4 else [t.g * 16 + 64 * h for h in range(2)]
+    b_voff = [[c * row_bytes + t.g * 16 + 64 * h for h in range(len(k_of_chunk))] for c in cols]
+    b_voff_last = [_last_block(t, chunks, k_of_chunk) for chunks in b_voff]
+    if t.fp4:  # one scale per row of b and 32-K block: lane group g reads block 4 kt + g
+        sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
+        sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]
+        sfb_voff_last = _last_block(t, sfb_voff, k_of_chunk * len(cols))   # a block past K: byte 0, not NaN
+    elif t.ue8m0:
         sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
         sfb_voff = [sfb_group + (c >> sfb_shift) * sfb_sn for c in cols]
     else:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
@@ -157,12 +205,16 @@ def _loaders(t, a, sfa, b, sfb, d):
 
     def load_step(kt, live):
         br, sr = llvm.select(live, b_rsrc, t.null_rsrc), llvm.select(live, sfa_rsrc, t.null_rsrc)
-        soff, is_last = kt * BLOCK_K, B.cmp("eq", kt, t.last)
-        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, b_voff_last[nt][h], b_voff[nt][h]), soff,
-                                         aux=B.c_attr(0))
-               for h in range(2)] for nt in range(t.n_tiles)]
+        soff, is_last = kt * (BLOCK_K // 2 if t.fp4 else BLOCK_K), B.cmp("eq", kt, t.last)
+        bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, last, v), soff, aux=B.c_attr(0))
+               for v, last in zip(b_voff[nt], b_voff_last[nt])] for nt in range(t.n_tiles)]
         sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
               for mt in range(t.m_tiles)]
+        if t.fp4:
+            sbr = llvm.select(live, sfb_rsrc, t.null_rsrc)
+            sb = [rocdl.raw_ptr_buffer_load(B.i8, sbr, B.sel(is_last, last, v), kt * sfb_sk4, aux=B.c_attr(0))
+                  for v, last in zip(sfb_voff, sfb_voff_last)]
+            return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb]
         if t.ue8m0:
             sbr, sbk = llvm.select(live, sfb_rsrc, t.null_rsrc), k_block(kt, sfb_sk4, sfb_sk1)
             sb = [rocdl.raw_ptr_buffer_load(B.i8, sbr, v, sbk, aux=B.c_attr(0)) for v in sfb_voff]
@@ -202,8 +254,13 @@ def _lane_rows(t):
     return a_lds_off, sfa_voff
 
 
+def _zeros(B):
+    return arith.constant(B.v4i32, ir.DenseElementsAttr.get_splat(B.v4i32, B.c_attr(0)))
+
+
 def _cat(B, halves):
-    return llvm.shufflevector(B.v8i32, halves[0], halves[1], list(range(8)))
+    """v8i32 MFMA operand: e4m3 halves, or one e2m1 chunk in the low half (zeros above)."""
+    return llvm.shufflevector(B.v8i32, halves[0], halves[1] if len(halves) == 2 else _zeros(B), list(range(8)))
 
 
 def _k_loop(t, load_step, dma_step):
@@ -228,7 +285,7 @@ def _k_loop(t, load_step, dma_step):
             for nt in range(t.n_tiles):
                 if t.ue8m0:
                     acc[nt][mt] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                        B.v4f32, [_cat(B, bw[nt]), af[mt], acc[nt][mt], 0, 0, 0, sb[nt], 0, sa[mt]])
+                        B.v4f32, [_cat(B, bw[nt]), af[mt], acc[nt][mt], FMT_CODE[t.b_fmt], 0, 0, sb[nt], 0, sa[mt]])
                 else:
                     p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
                         B.v4f32, [_cat(B, bw[nt]), af[mt], zero_acc, 0, 0, 0, one, 0, one])
@@ -236,9 +293,9 @@ def _k_loop(t, load_step, dma_step):
         fx.rocdl.sched_barrier(0)
         return acc, nxt
 
-    true = B.c(1, B.i1)
-    regs = load_step(B.c(0), true)
-    dma_step(B.c(0), true)
+    first = B.c(1, B.i1) if t.run is None else t.run
+    regs = load_step(B.c(0), first)
+    dma_step(B.c(0), first)
     acc = [[zero_acc] * t.m_tiles for _ in range(t.n_tiles)]
     idx = ir.IndexType.get()
     carried = (acc, regs)
@@ -279,13 +336,16 @@ def _epilogue(t, acc):
         row = Int(B.sel(live, row, B.c(0)))  # the threads of a partial last pass read row 0, store nothing
         v = llvm.load(B.v4i32, B.gep(t.lds, c_tile_offset(row, col)), alignment=16)
         ok = arith.andi(live, t.row_ok(row))
+        if t.pad is not None:  # a row of no group inside d: zeros
+            v = B.sel(ok, v, _zeros(B))
+            ok = arith.andi(live, arith.ori(ok, arith.andi(t.pad, B.cmp("slt", t.row_base + row, t.rows))))
         voff = B.sel(ok, ((t.row_base + row) * t.n + (t.n0 + col)) * 2, B.c(INVALID_OFFSET))
         rocdl.raw_ptr_buffer_store(v, t.d_rsrc, voff, B.c(0), aux=B.c_attr(0))
 
 
-def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
+def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, b_fmt="e4m3", out="bf16"):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
-    _check(bm, bn, masked, ue8m0, out)
+    _check(bm, bn, masked, psum, ue8m0, b_fmt, out)
 
     @fx.struct
     class SharedStorage:
@@ -294,35 +354,35 @@ def build(symbol: str, bm=128, bn=128, masked=0, ue8m0=0, out="bf16"):
     @flyc.kernel(name=symbol)
     def deep_gemm_fp8_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                              layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
-                             groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk4: fx.Int32,
-                             sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32, sfb_sk4: fx.Int32,
-                             sfb_sk1: fx.Int32, sfb_shift: fx.Int32):
+                             groups: fx.Int32, zero_pad: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32,
+                             sfa_sk4: fx.Int32, sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32,
+                             sfb_sk4: fx.Int32, sfb_sk1: fx.Int32, sfb_shift: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
-        _body(bm, bn, masked, ue8m0, out, *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
-              *[v.ir_value() for v in (rows, n, k, m_max, groups)],
+        _body(bm, bn, masked, psum, ue8m0, b_fmt, out, *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
+              *[v.ir_value() for v in (rows, n, k, m_max, groups, zero_pad)],
               [v.ir_value() for v in (sfa_sg, sfa_sm, sfa_sk4, sfa_sk1)],
               [v.ir_value() for v in (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
     def deep_gemm_fp8(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                       layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
-                      groups: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk4: fx.Int32, sfa_sk1: fx.Int32,
-                      sfb_sg: fx.Int32, sfb_sn: fx.Int32, sfb_sk4: fx.Int32, sfb_sk1: fx.Int32, sfb_shift: fx.Int32,
-                      m_tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, sfa_sg, sfa_sm, sfa_sk4,
+                      groups: fx.Int32, zero_pad: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk4: fx.Int32,
+                      sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32, sfb_sk4: fx.Int32, sfb_sk1: fx.Int32,
+                      sfb_shift: fx.Int32, m_tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad, sfa_sg, sfa_sm, sfa_sk4,
                              sfa_sk1, sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift).launch(
             grid=(n // bn, m_tiles, 1), block=(THREADS, 1, 1), stream=stream)
 
     return deep_gemm_fp8
 
 
-def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16"):
+def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, PSUM=0, UE8M0=0, B_FMT="e4m3", OUT="bf16"):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(symbol, BM, BN, MASKED, UE8M0, OUT)
+    fn = build(symbol, BM, BN, MASKED, PSUM, UE8M0, B_FMT, OUT)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
     sf = u8 if UE8M0 else f32
     flyc.compile(fn, p(u8), p(sf), p(u8), p(sf), p(fx.BFloat16 if OUT == "bf16" else fx.Float16), p(i32),
-                 BM, BN, BLOCK_K, BM, 1, BM, 1, 4, 1, 4, 1, 4, 1, 7, 1)
+                 BM, BN, BLOCK_K, BM, 1, 0, BM, 1, 4, 1, 4, 1, 4, 1, 7, 1)
     return fn

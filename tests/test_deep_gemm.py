@@ -1,11 +1,13 @@
-"""DeepGEMM-compatible FP8 block-scale grouped GEMMs (kernel family deep_gemm_fp8) and the
-mxgemm.deep_gemm helpers.
+"""DeepGEMM-compatible FP8 and FP8 x FP4 block-scale grouped GEMMs (kernel family deep_gemm_fp8)
+and the mxgemm.deep_gemm helpers.
 
 Spec: inputs are built the way DeepGEMM's own tests build them (per-token cast of A, per-block
-cast of B, fp32 product of the dequantised inputs as the loose check, calc_diff < 1e-3), and
-every row the kernel writes is bit-identical to mxgemm.reference (the kernel promotes each
-128-K block exactly as the reference models it, for fp32 and e8m0 scales alike). Rows of no
-group (m_indices == -1) and rows past masked_m stay untouched. Every kernel run goes through
+cast of B or, for FP4 B, per-token FP4 cast with 1 x 32 UE8M0 scales; the fp32 product of the
+unquantised inputs as the loose check, calc_diff < 1e-3 for FP8, < 0.01 for FP4), and every row
+the kernel writes is bit-identical to mxgemm.reference (the kernel promotes each 128-K block
+exactly as the reference models it, for fp32 and e8m0 scales alike; FP4 B as one scaled MMA per
+128-K block). Padding rows of the contiguous layouts (m_indices == -1; psum gaps and tail) are
+zeros with ensure_zero_padding=True and untouched with False; rows past masked_m stay untouched. Every kernel run goes through
 the public functions (import mxgemm.deep_gemm as deep_gemm; DeepGEMM's argument order) on the
 emulator in race mode; the plan each call runs is checked to be the variant the case names.
 Bad input raises GuardError before any launch and leaves d untouched.
@@ -122,15 +124,16 @@ def tile(variant) -> str:
     return f"BM={variant['BM']},BN={variant['BN']}"
 
 
-def run_contiguous(variant, a, sfa, b, sfb, d, m_indices):
-    call, kw = ((a, sfa), (b, sfb), d, m_indices), {"config": tile(variant)}
+def run_contiguous(variant, a, sfa, b, sfb, d, grouped_layout, zero_padding=False, **kw):
+    call = ((a, sfa), (b, sfb), d, grouped_layout)
+    kw = {"config": tile(variant), "ensure_zero_padding": zero_padding, **kw}
     assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, **kw).variant == \
         {**variant, "MASKED": 0}
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*call, **kw)
 
 
-def run_masked(variant, a, sfa, b, sfb, d, masked_m, expected_m):
-    call, kw = ((a, sfa), (b, sfb), d, masked_m, expected_m), {"config": tile(variant)}
+def run_masked(variant, a, sfa, b, sfb, d, masked_m, expected_m, **kw):
+    call, kw = ((a, sfa), (b, sfb), d, masked_m, expected_m), {"config": tile(variant), **kw}
     assert deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, *call, **kw).variant == \
         {**variant, "MASKED": 1}
     deep_gemm.m_grouped_fp8_gemm_nt_masked(*call, **kw)
@@ -152,37 +155,41 @@ SMALL = registry.variant_grid(BM=(32,), BN=(32,), UE8M0=(0, 1), OUT=("bf16", "f1
 OUT_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def _check(d, ref, written, fp32_product, name):
-    """Written rows: bit-identical to the reference and within DeepGEMM's calc_diff < 1e-3 of
-    the fp32 product; every other row still holds the sentinel."""
+def _check(d, ref, written, fp32_product, name, pad=SENTINEL, max_diff=1e-3):
+    """Written rows: bit-identical to the reference and within DeepGEMM's calc_diff (< 1e-3 FP8,
+    < 0.01 FP4) of the fp32 product; every other row holds ``pad`` (the sentinel: untouched, or
+    zeros: ensure_zero_padding), bitwise (+0.0)."""
     assert torch.equal(d[written].view(torch.int16), ref[written].view(torch.int16)), \
         f"{name}: {int((d[written] != ref[written]).sum())} elements differ from the reference"
-    assert bool((d[~written] == SENTINEL).all()), f"{name}: rows outside the groups were written"
-    diff = utils.calc_diff(d[written], fp32_product[written]).item()
-    assert diff < 1e-3, f"{name}: calc_diff {diff}"
+    want = torch.full_like(d[~written], pad)
+    assert torch.equal(d[~written].view(torch.int16), want.view(torch.int16)), \
+        f"{name}: padding rows are not all {pad}"
+    diff = float(utils.calc_diff(d[written], fp32_product[written]))
+    assert diff < max_diff, f"{name}: calc_diff {diff}"
 
 
-# (variant, group row counts, N, activation-scale layout): every small variant on 4 groups with an
-# empty one and unaligned sizes; 1 and 8 groups and MN-major scales on some; the 128 x 128 and
-# 128 x 64 tiles once each.
-CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row") for v in SMALL] + [
-    (SMALL[0], [45], 32, "mn"), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn"),
-    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row"),
-    (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row")]
+# (variant, group row counts, N, activation-scale layout, ensure_zero_padding): every small variant
+# on 4 groups with an empty one and unaligned sizes (padding zeroed or untouched); 1 and 8 groups
+# and MN-major scales on some; the 128 x 128 and 128 x 64 tiles once each. With 8 groups of at most
+# 30 rows, most 32-row tiles are padding only: their zeros come from tiles with no K loop.
+CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row", i % 2 == 1) for i, v in enumerate(SMALL)] + [
+    (SMALL[0], [45], 32, "mn", False), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn", True),
+    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
+    (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row", False)]
 
 
-@pytest.mark.parametrize("variant,group_rows,n,sfa_layout", CONTIGUOUS,
-                         ids=[f"{registry.variant_id(v)}-G{len(g)}-{s}" for v, g, _, s in CONTIGUOUS])
-def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout):
+@pytest.mark.parametrize("variant,group_rows,n,sfa_layout,zero_padding", CONTIGUOUS,
+                         ids=[f"{registry.variant_id(v)}-G{len(g)}-{s}-zero{int(z)}" for v, g, _, s, z in CONTIGUOUS])
+def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout, zero_padding):
     ue8m0, out = variant["UE8M0"], OUT_DTYPE[variant["OUT"]]
     x, w, m_indices = contiguous_case(group_rows, n=n, k=256, seed=len(group_rows) + ue8m0)
     a, sfa, b, sfb = quantize(x, w, ue8m0)
     sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
     d = torch.full((len(m_indices), n), SENTINEL, dtype=out)
-    run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
+    run_contiguous(variant, a, sfa, b, sfb, d, m_indices, zero_padding)
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out)
     fp32_product = torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
-    _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}")
+    _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}", 0.0 if zero_padding else SENTINEL)
 
 
 PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336)]
@@ -233,6 +240,124 @@ def test_masked_matches_reference(variant, sfa_layout):
     ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out)
     written = torch.arange(m_max)[None, :] < masked_m[:, None]
     _check(d, ref, written, torch.einsum("gmk,gnk->gmn", x, w), f"masked {variant}")
+
+
+# ---- DeepGEMM 2.6: the psum layout and FP8 x FP4 ----
+def psum_case(group_rows, m, n, k, seed):
+    """DeepGEMM's generate_m_grouped_contiguous with use_psum_layout: group g's rows start at the
+    previous end aligned to 128 and end at grouped_layout[g]; a [m, K] (rows past the last aligned
+    end: a tail of padding), the unquantised padding rows zero."""
+    g = torch.Generator().manual_seed(seed)
+    ends, owner, start = [], torch.full((m,), -1, dtype=torch.int64), 0
+    for gi, r in enumerate(group_rows):
+        owner[start:start + r] = gi
+        ends.append(start + r)
+        start = deep_gemm.align(start + r, 128)
+    x = torch.randn(m, k, generator=g) * (owner >= 0)[:, None]
+    return x, torch.randn(len(group_rows), n, k, generator=g), torch.tensor(ends, dtype=torch.int32), owner
+
+
+def test_psum_group_rows_follow_deepgemm_generator():
+    assert reference.psum_group_rows(torch.tensor([50, 128, 165], dtype=torch.int32)) == \
+        [(0, 0, 50), (1, 128, 128), (2, 128, 165)]
+
+
+PSUM = [(dict(BM=32, BN=32, PSUM=1, UE8M0=0, OUT="bf16"), False), (dict(BM=32, BN=32, PSUM=1, UE8M0=1, OUT="bf16"), True),
+        (dict(BM=128, BN=128, PSUM=1, UE8M0=0, OUT="bf16"), True)]
+
+
+@pytest.mark.parametrize("variant,zero_padding", PSUM, ids=[f"{registry.variant_id(v)}-zero{int(z)}" for v, z in PSUM])
+def test_psum_matches_reference(variant, zero_padding):
+    """Groups of 50, 0, 37 and 128 rows ending at 50, 128, 165, 384 (an empty group, unaligned ends,
+    a gap of padding-only 32-row tiles), then a tail of 128 padding rows; K = 352 (a partial block)."""
+    n, ue8m0 = variant["BN"] * 2, variant["UE8M0"]
+    x, w, ends, owner = psum_case([50, 0, 37, 128], 512, n, 352, seed=21)
+    a, sfa, b, sfb = quantize(x, w, ue8m0)
+    d = torch.full((512, n), SENTINEL, dtype=torch.bfloat16)
+    run_contiguous(variant, a, sfa, b, sfb, d, ends, zero_padding, use_psum_layout=True)
+    ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, ends, torch.bfloat16, psum=True)
+    product = torch.einsum("mk,mnk->mn", x, w[owner.clamp(min=0)])
+    _check(d, ref, owner >= 0, product, f"psum {variant}", 0.0 if zero_padding else SENTINEL)
+
+
+def fp4_inputs(x, w, packed=False):
+    """DeepGEMM's FP8 x FP4 inputs (its generators with QuantConfig (128, 32, False, True), SM100:
+    use_ue8m0): a per-token e4m3 with 1 x 128 scales, b per-token FP4 with 1 x 32 scales, fp32 powers
+    of two (the user-facing form) or packed four to an int32 (use_packed_ue8m0)."""
+    k = x.shape[-1]
+    a, sfa = utils.per_token_cast_to_fp8(x.reshape(-1, k), use_ue8m0=True, use_packed_ue8m0=packed)
+    bs = [utils.per_token_cast_to_fp4(wg, use_ue8m0=True, gran_k=32, use_packed_ue8m0=packed) for wg in w]
+    b, sfb = torch.stack([q for q, _ in bs]), torch.stack([s for _, s in bs])
+    return a.view(x.shape), sfa.view(*x.shape[:-1], -1), b, sfb
+
+
+def e8m0_of(sf, blocks):
+    """fp32 power-of-two scales or packed int32 -> uint8 codes of the first ``blocks`` K blocks (the
+    reference's form)."""
+    return (sf.contiguous().view(torch.uint8) if sf.dtype == torch.int32 else e8m0_codes(sf))[..., :blocks]
+
+
+FP4_VARIANT = dict(BM=32, BN=32, UE8M0=1, B_FMT="e2m1", OUT="bf16")
+FP4_CASES = [  # (layout, tile, K, ensure_zero_padding, packed scales)
+    ("contiguous", 32, 256, True, False), ("contiguous", 32, 352, False, True), ("masked", 32, 256, False, False),
+    ("psum", 32, 352, True, False), ("psum", 32, 256, False, True), ("contiguous", 128, 256, True, False)]
+
+
+@pytest.mark.parametrize("layout,tile_size,k,zero_padding,packed", FP4_CASES,
+                         ids=[f"{lay}-{t}-K{k}-zero{int(z)}-{'packed' if p else 'fp32'}" for lay, t, k, z, p in FP4_CASES])
+def test_fp8_fp4_matches_reference(layout, tile_size, k, zero_padding, packed):
+    """m_grouped_fp8_fp4_gemm_nt_*: bit-exact vs the reference's one-scaled-MMA-per-128-K model,
+    DeepGEMM's accuracy bound (calc_diff < 0.01 against the unquantised product), padding zeroed
+    or untouched; K = 352: a partial last block whose missing 32-K chunks and scales read nothing."""
+    variant = dict(FP4_VARIANT, BM=tile_size, BN=tile_size, **({"PSUM": 1} if layout == "psum" else {}))
+    n, G = 2 * tile_size, 3
+    g = torch.Generator().manual_seed(k + tile_size)
+    kw = dict(recipe_a=(1, 128), recipe_b=(1, 32))
+    if layout == "masked":
+        x, w = torch.randn(G, 40, k, generator=g), torch.randn(G, n, k, generator=g)
+        masked_m = torch.tensor([40, 0, 23], dtype=torch.int32)
+        owner = torch.where(torch.arange(40)[None, :] < masked_m[:, None], torch.arange(G)[:, None], -1)
+        a, sfa, b, sfb = fp4_inputs(x, w, packed)
+        d = torch.full((G, 40, n), SENTINEL, dtype=torch.bfloat16)
+        run_masked(variant, a, sfa, b, sfb, d, masked_m, 32, **kw)
+        ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, e8m0_of(sfa, -(-k // 128)), b, e8m0_of(sfb, k // 32),
+                                                         masked_m)
+        product = torch.einsum("gmk,gnk->gmn", x, w)
+    else:
+        if layout == "psum":
+            x, w, grouped, owner = psum_case([50, 0, 37], 384, n, k, seed=k)
+        else:
+            x, w, grouped = contiguous_case([50, 0, 37], n=n, k=k, seed=k)
+            owner = grouped.long()
+        a, sfa, b, sfb = fp4_inputs(x, w, packed)
+        d = torch.full((x.shape[0], n), SENTINEL, dtype=torch.bfloat16)
+        run_contiguous(variant, a, sfa, b, sfb, d, grouped, zero_padding, use_psum_layout=layout == "psum", **kw)
+        ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, e8m0_of(sfa, -(-k // 128)), b, e8m0_of(sfb, k // 32),
+                                                             grouped, psum=layout == "psum")
+        product = torch.einsum("mk,mnk->mn", x, w[owner.clamp(min=0)])
+    assert b.dtype == torch.int8 and b.shape == (G, n, k // 2)
+    _check(d, ref, owner >= 0, product, f"fp8 x fp4 {layout}", 0.0 if zero_padding else SENTINEL, max_diff=0.01)
+
+
+def test_fp8_fp4_scale_forms_agree():
+    """The same UE8M0 scales as fp32 powers of two, as bytes and packed to int32 give the same d;
+    per-32-K scales that really differ along K (a block scaled by 2^6 and its neighbours not) took
+    effect (the result differs from the one with uniform scales)."""
+    variant = dict(FP4_VARIANT, MASKED=1)
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(2, 32, 256, generator=g), torch.randn(2, 64, 256, generator=g)
+    w[:, :, 32:64] *= 64
+    masked_m = torch.tensor([32, 17], dtype=torch.int32)
+    a, sfa, b, sfb = fp4_inputs(x, w)
+    outs = []
+    for sa, sb in ((sfa, sfb), (e8m0_of(sfa, 2), e8m0_of(sfb, 8)), fp4_inputs(x, w, packed=True)[1::2]):
+        outs.append(torch.full((2, 32, 64), SENTINEL, dtype=torch.bfloat16))
+        run_masked(variant, a, sa, b, sb, outs[-1], masked_m, 32)
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    assert torch.equal(outs[0].view(torch.int16), outs[2].view(torch.int16))
+    uniform = torch.full_like(outs[0], SENTINEL)
+    run_masked(variant, a, sfa, b, sfb.amax(-1, keepdim=True).expand_as(sfb).contiguous(), uniform, masked_m, 32)
+    assert not torch.equal(uniform, outs[0])
 
 
 # ---- UE8M0 scales packed four to an int32 (DeepGEMM's SM100 layout) ----
@@ -331,7 +456,7 @@ def test_deepgemm_style_user_script_contiguous_and_masked(use_ue8m0, packed):
     assert diff < 1e-3
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(x_fp8[0], x_fp8[1], *y_fp8, m_indices, torch.bfloat16)
     assert torch.equal(out[real].view(torch.int16), ref[real].view(torch.int16))
-    assert bool((out[~real] == SENTINEL).all())
+    assert bool((out[~real] == 0).all())   # DeepGEMM 2.6's default ensure_zero_padding=True
 
     # masked: the same weights, M_max rows per group, masked_m with 0 and M_max
     m_max = 40
@@ -435,12 +560,99 @@ def test_recipe_pair_and_expected_m_guards():
         _call(t, False, recipe=(1, 1, 128))
     with pytest.raises(guards.GuardError, match=r"\[recipe\] recipe = \(1, 128, 128\): with sfb of dtype torch.int32"):
         _call({**t, "sfb": _pack(t["sfb"].repeat_interleave(64, 1))}, False, recipe=(1, 128, 128))
-    with pytest.raises(guards.GuardError, match=r"\[args\] a must be a \(fp8 tensor, scales\) pair"):
+    with pytest.raises(guards.GuardError, match=r"\[args\] a must be a \(tensor, scales\) pair"):
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(t["a"], (t["b"], t["sfb"]), t["d"], t["layout"])
     t = _valid(masked=True)
     with pytest.raises(guards.GuardError, match=r"\[expected_m\]"):
         deep_gemm.m_grouped_fp8_gemm_nt_masked((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"], -1)
     assert bool((t["d"] == SENTINEL).all())
+
+
+def _valid_26(fp4=True, k=256):
+    """A valid DeepGEMM 2.6 call: contiguous psum layout (groups of 40 and 3 rows in M = 256), FP4 b
+    with fp32 UE8M0 scales (recipe_a (1, 128), recipe_b (1, 32)) or FP8 b with fp32 scales."""
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(256, k, generator=g), torch.randn(2, 64, k, generator=g)
+    a, sfa, b, sfb = fp4_inputs(x, w) if fp4 else quantize(x, w, False)
+    return dict(a=(a, sfa), b=(b, sfb), d=torch.full((256, 64), SENTINEL, dtype=torch.bfloat16),
+                grouped_layout=torch.tensor([40, 131], dtype=torch.int32), use_psum_layout=True)
+
+
+def _with(fp4=True, **kw):
+    return {**_valid_26(fp4), **kw}
+
+
+def _fp4(t, **kw):
+    return {**t, "b": (t["b"][0], kw.get("sfb", t["b"][1])), **{k: v for k, v in kw.items() if k != "sfb"}}
+
+
+GUARDS_26 = [  # (name, call arguments, rule, message fragment)
+    ("psum-decreasing", _with(grouped_layout=torch.tensor([100, 50], dtype=torch.int32)), "grouped_layout",
+     "grouped_layout[1] = 50: with use_psum_layout each entry is its group's end row, at least the group's start 128"),
+    ("psum-past-M", _with(grouped_layout=torch.tensor([40, 300], dtype=torch.int32)), "grouped_layout",
+     "grouped_layout[1] = 300"),
+    ("psum-negative", _with(grouped_layout=torch.tensor([-1, 40], dtype=torch.int32)), "grouped_layout",
+     "grouped_layout[0] = -1"),
+    ("psum-shape", _with(grouped_layout=torch.zeros(256, dtype=torch.int32)), "shape",
+     "grouped_layout has shape [256]; expected [2]"),
+    ("psum-expected-m-without-psum", _with(use_psum_layout=False, grouped_layout=torch.zeros(256, dtype=torch.int32),
+                                           expected_m_for_psum_layout=64), "expected_m_for_psum_layout",
+     "expected_m_for_psum_layout = 64 is a hint of the psum layout only"),
+    ("fp4-recipe-b", _with(recipe_a=(1, 128), recipe_b=(1, 128)), "recipe",
+     "recipe_a = (1, 128), recipe_b = (1, 128): FP8 a x FP4 b takes recipe_a = (1, 128) and recipe_b = (1, 32)"),
+    ("fp4-recipe", _with(recipe=(1, 1, 128)), "recipe", "recipe = (1, 1, 128): FP8 a x FP4 b takes"),
+    ("recipe-half-pair", _with(recipe_a=(1, 128)), "recipe", "recipe_a = (1, 128), recipe_b = None: give both"),
+    ("fp8-recipe-pair", _with(fp4=False, recipe_a=(1, 128), recipe_b=(1, 32)), "recipe",
+     "recipe_a = (1, 128), recipe_b = (1, 32): with FP8 b and sfb of dtype torch.float32 the block scaling is "
+     "recipe_a = (1, 128), recipe_b = (128, 128)"),
+    ("fp4-b-unpacked", _with(b=(torch.zeros(2, 64, 256, dtype=torch.int8), torch.ones(2, 64, 8))), "shape",
+     "b has shape [2, 64, 256] and a has K = 256: FP4 b must be [G, N, K/2] = [G, N, 128]"),
+    ("fp4-b-2d", _with(b=(torch.zeros(64, 128, dtype=torch.int8), torch.ones(64, 8))), "shape",
+     "b must be [G, N, K/2] (FP4 packed two per byte); got shape [64, 128]"),
+    ("fp4-k32", {**_valid_26(), "a": (torch.zeros(256, 48).to(torch.float8_e4m3fn), torch.ones(256, 1)),
+                 "b": (torch.zeros(2, 64, 24, dtype=torch.int8), torch.ones(2, 64, 1))}, "K%32",
+     "K = 48 must be a multiple of 32"),
+    ("fp4-sfb-per-128", _with(b=(_valid_26()["b"][0], torch.ones(2, 64, 2))), "shape",
+     "sfb has shape [2, 64, 2]; expected [2, 64, 8]"),
+    ("fp4-fp32-no-cast", _with(disable_ue8m0_cast=True), "disable_ue8m0_cast",
+     "FP4 b runs on UE8M0 scales: fp32 scales need the UE8M0 cast"),
+    ("fp4-f16-d", _with(d=torch.full((256, 64), SENTINEL, dtype=torch.float16)), "variant",
+     "no registered variant for {'MASKED': 0, 'UE8M0': 1, 'OUT': 'f16', 'PSUM': 1, 'B_FMT': 'e2m1'}"),
+]
+
+
+@pytest.mark.parametrize("name,kw,rule,text", GUARDS_26, ids=[g[0] for g in GUARDS_26])
+def test_deepgemm_26_guards_before_launch(name, kw, rule, text):
+    d_before = kw["d"].clone()
+    with pytest.raises(guards.GuardError, match=re.escape(f"[{rule}]")) as e:
+        deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(**kw)
+    assert text in str(e.value), str(e.value)
+    assert torch.equal(kw["d"].view(torch.int16), d_before.view(torch.int16))
+
+
+def test_psum_alignment_guard():
+    """The psum kernel aligns group starts to 128; another alignment set by the user is refused."""
+    from mxgemm.deep_gemm import layout
+    kw = _valid_26()
+    deep_gemm.set_mk_alignment_for_contiguous_layout(256)
+    try:
+        with pytest.raises(guards.GuardError, match=r"\[alignment\] use_psum_layout: groups start at the previous "
+                                                    r"end aligned to 256"):
+            deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(**kw)
+    finally:
+        deep_gemm.set_mk_alignment_for_contiguous_layout(layout.TILE_ALIGNMENT)
+    assert bool((kw["d"] == SENTINEL).all())
+
+
+def test_valid_26_call_runs():
+    """The guard tests' base call is valid: it runs (variant chosen by default) and writes d."""
+    for fp4 in (True, False):
+        kw = _valid_26(fp4)
+        p = deep_gemm.explain(deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous, **kw, config="BM=32,BN=32")
+        assert p.variant == dict(BM=32, BN=32, MASKED=0, PSUM=1, UE8M0=int(fp4), OUT="bf16",
+                                 **({"B_FMT": "e2m1"} if fp4 else {}))
+        deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(**kw, config="BM=32,BN=32")
+        assert bool((kw["d"][131:] == 0).all()) and bool((kw["d"][:40] != SENTINEL).any(dim=1).all())
 
 
 def test_arch_guard(monkeypatch):
@@ -460,7 +672,8 @@ def test_explain_covers_both_ops():
     call = ((t["a"], t["sfa"]), (t["b"], t["sfb"]), t["d"], t["layout"])
     p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_contiguous, *call, config="BM=32,BN=32")
     assert p.kernel == KERNEL and p.variant == dict(BM=32, BN=32, MASKED=0, UE8M0=0, OUT="bf16")
-    assert "contiguous layout, fp32 scales" in str(p) and "config given by the caller" in str(p)
+    assert "contiguous (m_indices) layout, padding rows zeroed, e4m3, fp32 scales" in str(p)
+    assert "config given by the caller" in str(p)
     assert p.grid == (2, 8, 1)
     t = _valid(masked=True, n=128)
     p = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked, (t["a"], t["sfa"]), (t["b"], t["sfb"]),

@@ -269,26 +269,58 @@ def _blockscale(a, sa, b, sb) -> torch.Tensor:
     return _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), FP8_BLOCK, combine)
 
 
+def _blockscale_fp4(a, sa, b, sb) -> torch.Tensor:
+    """a [M, K] e4m3 with e8m0 codes sa [M, ceil(K/128)], b [N, K/2] e2m1 (two per byte, even K in
+    the low nibble) with e8m0 codes sb [N, K/32] -> fp32 [M, N]: one scaled 16x16x128 MMA per
+    128-K block (its products, each scaled by its 1x128 and 1x32 scales, summed exactly, one fp32
+    rounding, then added into acc): mx_gemm_ref's chunk=128 model, sa repeated over its four
+    32-K blocks."""
+    sa32 = sa.repeat_interleave(FP8_BLOCK // MX_BLOCK, 1)[:, :sb.shape[1]]
+    return mx_gemm_ref(a, sa32, b.view(torch.uint8), sb, "e4m3", "e2m1", torch.float32, chunk=MX_MMA_K)
+
+
+def _group_gemm(a, sa, b, sb) -> torch.Tensor:
+    """One group's product: FP4 b (int8 / uint8 packed e2m1) or e4m3 b."""
+    return _blockscale_fp4(a, sa, b, sb) if b.dtype in (torch.int8, torch.uint8) else _blockscale(a, sa, b, sb)
+
+
+def psum_group_rows(grouped_layout, alignment: int = FP8_BLOCK) -> list:
+    """DeepGEMM's psum layout, grouped_layout int32 [G] of group ends -> [(g, start, end)]: group g
+    is rows align(end[g-1], alignment) .. end[g] (from 0 for g = 0)."""
+    out, start = [], 0
+    for g, end in enumerate(grouped_layout.tolist()):
+        out.append((g, start, end))
+        start = -(-end // alignment) * alignment
+    return out
+
+
 def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
-                                         out_dtype=torch.bfloat16) -> torch.Tensor:
-    """DeepGEMM m_grouped_fp8_gemm_nt_contiguous: a [M, K] e4m3, a_scale [M, ceil(K/128)]
-    (fp32 or e8m0 uint8), b [G, N, K] e4m3, b_scale [G, ceil(N/128), ceil(K/128)] (or
-    [G, N, ceil(K/128)]: per row of b),
-    grouped_layout int32 [M] = group of each row (-1: skipped row, output 0) -> [M, N] out_dtype
-    (bf16, f16 or the fp32 accumulator)."""
+                                         out_dtype=torch.bfloat16, psum: bool = False) -> torch.Tensor:
+    """DeepGEMM m_grouped_fp8_gemm_nt_contiguous / m_grouped_fp8_fp4_gemm_nt_contiguous: a [M, K]
+    e4m3, a_scale [M, ceil(K/128)] (fp32 or e8m0 uint8), b [G, N, K] e4m3 with b_scale
+    [G, ceil(N/128), ceil(K/128)] (or [G, N, ceil(K/128)]: per row of b), or b [G, N, K/2] packed
+    e2m1 (int8 / uint8) with e8m0 b_scale [G, N, K/32] (a_scale then e8m0 too);
+    grouped_layout int32 [M] = group of each row (-1: skipped row), or with psum=True int32 [G] =
+    each group's end row (psum_group_rows) -> [M, N] out_dtype (bf16, f16 or the fp32
+    accumulator); rows of no group are 0."""
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    if psum:
+        for g, start, end in psum_group_rows(grouped_layout):
+            out[start:end] = _group_gemm(a[start:end], a_scale[start:end], b[g], b_scale[g])
+        return _out(out, out_dtype)
     layout = grouped_layout.long()
     for g in layout[layout >= 0].unique().tolist():
         rows = (layout == g).nonzero().squeeze(1)
-        out[rows] = _blockscale(a[rows], a_scale[rows], b[g], b_scale[g])
+        out[rows] = _group_gemm(a[rows], a_scale[rows], b[g], b_scale[g])
     return _out(out, out_dtype)
 
 
 def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """DeepGEMM m_grouped_fp8_gemm_nt_masked: a [G, M_max, K] e4m3, a_scale [G, M_max, ceil(K/128)],
-    b [G, N, K], b_scale [G, ceil(N/128), ceil(K/128)], masked_m int32 [G] = valid rows per
-    group -> [G, M_max, N] out_dtype; rows >= masked_m[g] (unwritten by the kernel) are 0 here."""
+    """DeepGEMM m_grouped_fp8_gemm_nt_masked / m_grouped_fp8_fp4_gemm_nt_masked: a [G, M_max, K]
+    e4m3, a_scale [G, M_max, ceil(K/128)], b and b_scale as the contiguous reference's (e4m3 or
+    packed e2m1), masked_m int32 [G] = valid rows per group -> [G, M_max, N] out_dtype; rows >=
+    masked_m[g] (unwritten by the kernel) are 0 here."""
     out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float32)
     for g, m in enumerate(masked_m.tolist()):
-        out[g, :m] = _blockscale(a[g, :m], a_scale[g, :m], b[g], b_scale[g])
+        out[g, :m] = _group_gemm(a[g, :m], a_scale[g, :m], b[g], b_scale[g])
     return _out(out, out_dtype)

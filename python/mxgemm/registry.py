@@ -192,19 +192,25 @@ register(Kernel(
 register(Kernel(
     name="deep_gemm_fp8", language="flydsl", source="flydsl_kernels/deep_gemm_fp8.py",
     symbol="deep_gemm_fp8",
-    # layout: m_indices (contiguous) or masked_m (masked); sfa_* / sfb_*: the scales' byte strides
-    # (group, row, 4 K blocks, K block in 4; rows of b >> sfb_shift); m_tiles: BM-row tiles over all groups
-    args=("a", "sfa", "b", "sfb", "out", "layout", "rows", "N", "K", "m_max", "groups",
+    # layout: m_indices / grouped_layout (contiguous) or masked_m (masked); zero_pad: write rows of no
+    # group as zeros; sfa_* / sfb_*: the scales' byte strides (group, row, 4 K blocks, K block in 4;
+    # rows of b >> sfb_shift); m_tiles: BM-row tiles over all groups
+    args=("a", "sfa", "b", "sfb", "out", "layout", "rows", "N", "K", "m_max", "groups", "zero_pad",
           "sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1", "sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1", "sfb_shift"),
     grid=("N", "m_tiles"), tile=lambda v: {"N": v["BN"]}, k_align=16, n_align=32,
     # tiles (the op's config space): 128 x 128, 128 x 64 for grids too small to fill the GPU with
     # 128 x 128 (bf16, DeepGEMM's output), 32 x 32 for N % 64 != 0 (and fast emulator tests)
     variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
     + variant_grid(BM=(128,), BN=(64,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
-    + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16")),
-    doc="e4m3 x e4m3 grouped GEMM with 1x128 / 128x128 (or per-row 1x128) block scales: fp32, or "
-        "e8m0 bytes, packed or not; DeepGEMM's contiguous (m_indices) and masked (masked_m) layouts; "
-        "bf16/f16 out; K % 16, N % BN"))
+    + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    # DeepGEMM 2.6's forms, bf16 out (its API's d): the psum contiguous layout (PSUM=1) and e4m3 x e2m1
+    # (B_FMT: FP4 weights, per-32-K e8m0 scales) in every layout; 32 x 32 (emulator), 128 x 128 (hardware)
+    + tuple(dict(BM=t, BN=t, OUT="bf16", **f) for t in (32, 128) for f in (
+        dict(MASKED=0, PSUM=1, UE8M0=0), dict(MASKED=0, PSUM=1, UE8M0=1), dict(MASKED=0, UE8M0=1, B_FMT="e2m1"),
+        dict(MASKED=1, UE8M0=1, B_FMT="e2m1"), dict(MASKED=0, PSUM=1, UE8M0=1, B_FMT="e2m1"))),
+    doc="e4m3 x e4m3 or e4m3 x e2m1 grouped GEMM with 1x128 / 128x128 (or per-row 1x128; 1x32 for e2m1) "
+        "block scales: fp32, or e8m0 bytes, packed or not; DeepGEMM's contiguous (m_indices or psum, "
+        "padding rows zeroed or untouched) and masked (masked_m) layouts; bf16/f16 out; K % 16, N % BN"))
 # --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized

@@ -1,12 +1,13 @@
 """mxgemm.deep_gemm: DeepGEMM's public names on AMD gfx950 (``import mxgemm.deep_gemm as deep_gemm``).
 
-The grouped FP8 GEMMs ``m_grouped_fp8_gemm_nt_contiguous`` / ``m_grouped_fp8_gemm_nt_masked``
-(DeepGEMM's argument order; they run the op ``mxgemm.deep_gemm_fp8_grouped_gemm``, whose
-docstring gives layouts and numerics), DeepGEMM 2.6's scale-layout and alignment helpers
-(``layout.py``: the AMD meaning of TMA alignment, the contiguous-layout alignment, the UE8M0
-packers, ``transform_sf_into_required_layout``), its runtime settings (``runtime.py``:
-``set_num_sms`` caps persistent grids) and ``mxgemm.deep_gemm.utils`` (DeepGEMM's casts,
-``calc_diff``, ``count_bytes``).
+The grouped FP8 and FP8 x FP4 GEMMs ``m_grouped_fp8_fp4_gemm_nt_contiguous`` /
+``m_grouped_fp8_fp4_gemm_nt_masked`` and their 2.6 aliases ``m_grouped_fp8_gemm_nt_contiguous`` /
+``m_grouped_fp8_gemm_nt_masked`` (DeepGEMM 2.6's argument order; they run the op
+``mxgemm.deep_gemm_fp8_grouped_gemm``, whose docstring gives layouts and numerics), DeepGEMM
+2.6's scale-layout and alignment helpers (``layout.py``: the AMD meaning of TMA alignment, the
+contiguous-layout alignment, the UE8M0 packers, ``transform_sf_into_required_layout``), its
+runtime settings (``runtime.py``: ``set_num_sms`` caps persistent grids) and
+``mxgemm.deep_gemm.utils`` (DeepGEMM's casts, ``calc_diff``, ``count_bytes``).
 
 Scales: fp32 sfa/sfb (DeepGEMM's SM90 recipe) are applied exactly per 128-K block in fp32 and
 never cast, so ``disable_ue8m0_cast`` changes nothing; UE8M0 scales go to the scaled MFMA's
@@ -16,19 +17,28 @@ DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j i
 of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them.
 ``compiled_dims`` and ``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing
 here; ``config`` (mxgemm's, after DeepGEMM's arguments) picks the tile (``choose_tile`` in
-ops/deep_gemm.py). Rows of no group (m_indices == -1, rows >= masked_m) are left untouched.
+ops/deep_gemm.py). FP4 b (int8 / uint8 [G, N, K/2], two e2m1 per byte, element 2i in the low
+nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b (1, 32): one scale per row
+of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
+Contiguous layouts: m_indices (a group per row, -1 padding) or, with ``use_psum_layout``, DeepGEMM's
+psum layout (grouped_layout [G] = each group's end row; group g starts at the previous end aligned
+to 128, the only alignment the psum kernel serves). Padding rows of d (m_indices == -1; in the
+psum layout rows between a group's end and the next aligned start, and past the last group) are
+written as zeros with ``ensure_zero_padding=True`` (2.6's default) and left untouched with False;
+rows >= masked_m of the masked layout are left untouched.
 
 Not covered: DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16 ones) and NN grouped
-forms, its K-grouped weight-gradient GEMMs, the FP4 and attention-logit kernels (no kernel here
-for them: mxgemm's tensorwise FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), the psum
-layout and ``use_psum_layout``, contiguous-layout alignments below 128, K % 16 != 0 and
-N % 32 != 0 (the kernel's load-chunk and tile rules: see the op's docstring).
+forms, its K-grouped weight-gradient GEMMs, FP4 activations (a), 1 x 32 activation scales
+(recipe_a (1, 32)) and the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
+FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
+other than 128 for the psum layout), K % 16 != 0 (K % 32 != 0 with FP4 b) and N % 32 != 0 (the
+kernel's load-chunk and tile rules: see the op's docstring).
 """
 import torch
 
 from .. import guards
 from ..ops._op import OPS
-from ..ops.deep_gemm import PACKED, deep_gemm_fp8_grouped_gemm
+from ..ops.deep_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
 from .layout import (
     align,
     ceil_div,
@@ -55,50 +65,112 @@ from .runtime import (
 )
 
 
-def _flat(a, b, d, layout, recipe, masked: bool, config):
-    """DeepGEMM's (tensor, scales) pairs -> the op's flat arguments."""
+def _pairs(a, b, layout, layout_name):
     for name, pair in (("a", a), ("b", b)):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            guards.fail("args", f"{name} must be a (fp8 tensor, scales) pair as in DeepGEMM; got {type(pair).__name__}")
+            guards.fail("args", f"{name} must be a (tensor, scales) pair as in DeepGEMM; got {type(pair).__name__}")
     if not isinstance(layout, torch.Tensor):
-        guards.fail("type", f"{'masked_m' if masked else 'm_indices'} must be an int32 torch.Tensor; "
-                            f"got {type(layout).__name__}")
-    want = (1, 1, 128) if b[1].dtype == PACKED else (1, 128, 128)  # DeepGEMM's default for this sfb
+        guards.fail("type", f"{layout_name} must be an int32 torch.Tensor; got {type(layout).__name__}")
+
+
+def _ue8m0_codes(sf: torch.Tensor) -> torch.Tensor:
+    """fp32 UE8M0 scales -> e8m0 bytes: the fp32 exponent field, DeepGEMM's UE8M0 cast (exact for
+    the powers of two its casts make)."""
+    return ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+
+
+def _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast) -> tuple:
+    """DeepGEMM's recipe arguments checked against a's and b's dtypes -> (sfa, sfb) for the op.
+    FP8 b: recipe (1, 128, 128) (fp32 / byte sfb per 128 rows of b) or (1, 1, 128) (packed sfb
+    per row), or the pair recipe_a (1, 128) with recipe_b (128, 128) or (1, 128). FP4 b: recipe_a
+    (1, 128) and recipe_b (1, 32) (the default); fp32 scales are cast to UE8M0 bytes."""
+    if (recipe_a is None) != (recipe_b is None):
+        guards.fail("recipe", f"recipe_a = {recipe_a}, recipe_b = {recipe_b}: give both or neither")
+    if recipe is not None and recipe_a is not None:
+        guards.fail("recipe", f"recipe = {tuple(recipe)} with recipe_a / recipe_b: give one or the other")
+    pair = None if recipe_a is None else (tuple(recipe_a), tuple(recipe_b))
+    sfa, sfb = a[1], b[1]
+    if b[0].dtype in (torch.int8, torch.uint8):   # FP4 b, e2m1 packed two per byte
+        if recipe is not None or pair not in (None, ((1, 128), (1, 32))):
+            got = f"recipe = {tuple(recipe)}" if recipe is not None else f"recipe_a = {pair[0]}, recipe_b = {pair[1]}"
+            guards.fail("recipe", f"{got}: FP8 a x FP4 b takes recipe_a = (1, 128) and recipe_b = (1, 32) "
+                                  "(1 x 128 activation scales, 1 x 32 weight scales)")
+        if torch.float32 in (sfa.dtype, sfb.dtype):
+            if disable_ue8m0_cast:
+                guards.fail("disable_ue8m0_cast", "FP4 b runs on UE8M0 scales: fp32 scales need the UE8M0 cast "
+                                                  "(disable_ue8m0_cast=False), as in DeepGEMM")
+            sfa, sfb = (_ue8m0_codes(s) if s.dtype == torch.float32 else s for s in (sfa, sfb))
+        return sfa, sfb
+    want = (1, 1, 128) if sfb.dtype == PACKED else (1, 128, 128)  # DeepGEMM's default for this sfb
     if recipe is not None and tuple(recipe) != want:
-        guards.fail("recipe", f"recipe = {tuple(recipe)}: with sfb of dtype {b[1].dtype} the block scaling is {want}")
-    return (a[0], a[1], b[0], b[1], layout, d), {"masked": masked, "config": config}
+        guards.fail("recipe", f"recipe = {tuple(recipe)}: with sfb of dtype {sfb.dtype} the block scaling is {want}")
+    as_recipe = {((1, 128), (128, 128)): (1, 128, 128), ((1, 128), (1, 128)): (1, 1, 128)}
+    if pair is not None and as_recipe.get(pair) != want:
+        guards.fail("recipe", f"recipe_a = {pair[0]}, recipe_b = {pair[1]}: with FP8 b and sfb of dtype {sfb.dtype} "
+                              f"the block scaling is recipe_a = (1, 128), recipe_b = "
+                              f"{'(1, 128)' if want == (1, 1, 128) else '(128, 128)'}")
+    return sfa, sfb
 
 
-def _contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, config=""):
-    return _flat(a, b, d, m_indices, recipe, False, config)
+def _contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                disable_ue8m0_cast=False, use_psum_layout=False, ensure_zero_padding=True,
+                expected_m_for_psum_layout=None, config=""):
+    _pairs(a, b, grouped_layout, "grouped_layout" if use_psum_layout else "m_indices")
+    if expected_m_for_psum_layout is not None and not use_psum_layout:
+        guards.fail("expected_m_for_psum_layout", f"expected_m_for_psum_layout = {expected_m_for_psum_layout!r} "
+                                                  "is a hint of the psum layout only (use_psum_layout=False)")
+    if use_psum_layout and get_mk_alignment_for_contiguous_layout() != M_ALIGN:
+        guards.fail("alignment", f"use_psum_layout: groups start at the previous end aligned to "
+                                 f"{get_mk_alignment_for_contiguous_layout()} "
+                                 f"(set_mk_alignment_for_contiguous_layout); the kernel's psum layout aligns to "
+                                 f"{M_ALIGN}")
+    sfa, sfb = _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+    return (a[0], sfa, b[0], sfb, grouped_layout, d), {
+        "masked": False, "psum": bool(use_psum_layout), "zero_padding": bool(ensure_zero_padding), "config": config}
 
 
-def _masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, config=""):
+def _masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+            disable_ue8m0_cast=False, config=""):
+    _pairs(a, b, masked_m, "masked_m")
     if not isinstance(expected_m, int) or expected_m < 0:
         guards.fail("expected_m", f"expected_m must be a non-negative int (a hint); got {expected_m!r}")
-    return _flat(a, b, d, masked_m, recipe, True, config)
+    sfa, sfb = _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+    return (a[0], sfa, b[0], sfb, masked_m, d), {"masked": True, "config": config}
 
 
-def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk",
-                                     disable_ue8m0_cast=False, config="") -> None:
-    """d[m] = a[m] . b[m_indices[m]]^T with block scales. a = (e4m3 [M, K], sfa [M, K/128]),
-    b = (e4m3 [G, N, K], sfb [G, N/128, K/128]), d [M, N] bf16/f16 written in place,
-    m_indices int32 [M] (-1: padding, d's row untouched; each group padded to
-    get_mk_alignment_for_contiguous_layout() rows)."""
-    args, kw = _contiguous(a, b, d, m_indices, recipe, compiled_dims, disable_ue8m0_cast, config)
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
+                                         compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
+                                         ensure_zero_padding=True, expected_m_for_psum_layout=None,
+                                         config="") -> None:
+    """d[m] = a[m] . b[g(m)]^T with block scales (DeepGEMM 2.6; m_grouped_fp8_gemm_nt_contiguous is
+    the same function). a = (e4m3 [M, K], sfa [M, K/128]); b = (e4m3 [G, N, K], sfb
+    [G, N/128, K/128]) or FP4 (int8 [G, N, K/2] as per_token_cast_to_fp4 packs it, sfb [G, N, K/32],
+    fp32 powers of two or UE8M0 bytes / packed int32); d [M, N] bf16 (f16: m_indices layout with
+    FP8 b only) written in place. grouped_layout: m_indices int32 [M] (group of each row, -1:
+    padding; each group padded to get_mk_alignment_for_contiguous_layout() rows), or with
+    use_psum_layout int32 [G], each group's end row (group g starts at the previous end aligned
+    to 128). ensure_zero_padding: padding rows of d written as zeros (True, DeepGEMM 2.6's
+    default), or left untouched (False)."""
+    args, kw = _contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
+                           use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout, config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
-def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk",
-                                 disable_ue8m0_cast=False, config="") -> None:
-    """d[g, m] = a[g, m] . b[g]^T for m < masked_m[g] with block scales. a = (e4m3 [G, M_max, K],
-    sfa [G, M_max, K/128]), b as contiguous, d [G, M_max, N] written in place (rows >= masked_m[g]
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None,
+                                     compiled_dims="nk", disable_ue8m0_cast=False, config="") -> None:
+    """d[g, m] = a[g, m] . b[g]^T for m < masked_m[g] with block scales (DeepGEMM 2.6;
+    m_grouped_fp8_gemm_nt_masked is the same function). a = (e4m3 [G, M_max, K], sfa
+    [G, M_max, K/128]), b as contiguous, d [G, M_max, N] written in place (rows >= masked_m[g]
     untouched), masked_m int32 [G]."""
-    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, compiled_dims, disable_ue8m0_cast, config)
+    args, kw = _masked(a, b, d, masked_m, expected_m, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
+                       config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)
 
 
-_FLAT = {m_grouped_fp8_gemm_nt_contiguous: _contiguous, m_grouped_fp8_gemm_nt_masked: _masked}
+# DeepGEMM 2.6: the FP8 names are aliases of the FP8 x FP4 functions
+m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+_FLAT = {m_grouped_fp8_fp4_gemm_nt_contiguous: _contiguous, m_grouped_fp8_fp4_gemm_nt_masked: _masked}
 
 
 def explain(fn, *args, **kw):
@@ -112,6 +184,7 @@ __all__ = ["align", "ceil_div", "explain", "get_k_alignment_for_contiguous_layou
            "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
            "get_mn_major_tma_aligned_tensor", "get_num_sms", "get_pdl", "get_tc_util",
            "get_theoretical_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
+           "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
            "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "set_block_size_multiple_of",
            "set_ignore_compile_dims", "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl",
            "set_tc_util", "transform_sf_into_required_layout"]

@@ -1,6 +1,6 @@
-"""deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 block-scale grouped GEMMs (NT), contiguous and
-masked, on the deep_gemm_fp8 FlyDSL kernel family. ``mxgemm.deep_gemm`` exposes it under
-DeepGEMM's names and argument order."""
+"""deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 and FP8 x FP4 block-scale grouped GEMMs (NT),
+contiguous (m_indices or psum), and masked, on the deep_gemm_fp8 FlyDSL kernel family.
+``mxgemm.deep_gemm`` exposes it under DeepGEMM's names and argument order."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +10,9 @@ from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_
 
 _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
-M_ALIGN = 128                      # row alignment of each group in the contiguous layout
+FP4_BLOCK = 32                     # scale block along K of FP4 weights (recipe_b (1, 32))
+M_ALIGN = 128                      # row alignment of each group in the contiguous layouts (kernel's M_ALIGN)
+FP4 = (torch.int8, torch.uint8)    # b as e2m1 packed two per byte, even K in the low nibble
 # UE8M0 scales: one byte per scale, or DeepGEMM's SM100 packing of four to an int32 (byte i of
 # word j = K block 4j + i, little-endian; sfb then holds one scale per row of b)
 PACKED = torch.int32
@@ -54,8 +56,11 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
 
 
 def choose_variant(N: int, m_tiles, family: dict, config="") -> Choice:
-    """The Choice of the family's (MASKED, UE8M0, OUT) registered variants: its tile by choose_tile."""
-    tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants if {k: v[k] for k in family} == family]
+    """The Choice of the family's (every key but BM and BN) registered variants: its tile by choose_tile."""
+    tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants
+             if {k: x for k, x in v.items() if k not in ("BM", "BN")} == family]
+    if not tiles:
+        guards.fail("variant", f"no registered variant for {family}: the FP4 and psum forms have bf16 out only")
     bm, bn, why = choose_tile(N, m_tiles, tiles, config)
     return Choice(_KERNEL.name, registry.find_variant(_KERNEL, BM=bm, BN=bn, **family), why)
 
@@ -80,22 +85,35 @@ def scale_strides(sf: torch.Tensor, name: str) -> tuple:
 
 
 def _plan(x) -> Plan:
-    a, b, out, masked = x.a, x.b, x.out, bool(x.masked)
+    a, b, out, masked, psum = x.a, x.b, x.out, bool(x.masked), bool(x.psum)
     guards.check_dtype(a, "a", torch.float8_e4m3fn)
-    guards.check_dtype(b, "b", torch.float8_e4m3fn)
+    guards.check_dtype(b, "b", (torch.float8_e4m3fn, *FP4))
+    fp4 = b.dtype in FP4
     ue8m0 = x.sfa.dtype in _E8M0
+    if fp4 and not ue8m0:
+        guards.fail("dtype", f"sfa has dtype {x.sfa.dtype}; FP4 b runs on the scaled MFMA's hardware scales: "
+                             f"expected {' or '.join(map(str, _E8M0))} (UE8M0 codes)")
     guards.check_dtype(x.sfa, "sfa", (torch.float32, *_E8M0))
     guards.check_dtype(x.sfb, "sfb", _E8M0 if ue8m0 else torch.float32)
     guards.check_dtype(out, "d", (torch.bfloat16, torch.float16))
-    name = "masked_m" if masked else "m_indices"
+    name = "masked_m" if masked else "grouped_layout" if psum else "m_indices"
     guards.check_dtype(x.layout, name, torch.int32)
     for n, t in (("a", a), ("b", b), ("d", out), (name, x.layout)):
         guards.check_contiguous(t, n)
     device = guards.check_same_device(a=a, sfa=x.sfa, b=b, sfb=x.sfb, d=out, **{name: x.layout})
+    if masked and (psum or x.zero_padding):
+        guards.fail("layout", "psum and zero_padding are options of the contiguous layout, not of the masked one")
 
     if b.dim() != 3:
-        guards.fail("shape", f"b must be [G, N, K]; got shape {list(b.shape)}")
+        guards.fail("shape", f"b must be [G, N, K{'/2' if fp4 else ''}]{' (FP4 packed two per byte)' if fp4 else ''}; "
+                             f"got shape {list(b.shape)}")
     G, N, K = b.shape
+    if fp4:
+        K *= 2
+        if a.shape[-1] != K:
+            guards.fail("shape", f"b has shape {list(b.shape)} and a has K = {a.shape[-1]}: FP4 b must be "
+                                 f"[G, N, K/2] = [G, N, {a.shape[-1] // 2}] (two e2m1 codes per byte)")
+        guards.check_multiple(K, "K", FP4_BLOCK, f"K%{FP4_BLOCK}")
     guards.check_multiple(K, "K", _KERNEL.k_align, f"K%{_KERNEL.k_align}")
     guards.check_multiple(N, "N", _KERNEL.n_align, f"N%{_KERNEL.n_align}")
     lead = (G, None) if masked else (None,)
@@ -105,11 +123,17 @@ def _plan(x) -> Plan:
     k_blocks, packed_cols = -(-K // BLOCK), -(-K // (4 * BLOCK))
     guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else k_blocks))
     sfb_packed = x.sfb.dtype == PACKED  # one scale per row of b, as DeepGEMM's packed recipe (1, 1, 128)
-    guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), k_blocks))
+    if fp4:  # one scale per row of b and 32-K block, bytes or packed four to an int32
+        guards.check_shape(x.sfb, "sfb", (G, N, -(-K // (4 * FP4_BLOCK)) if sfb_packed else K // FP4_BLOCK))
+    else:
+        guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), k_blocks))
     sfa_st, sfb_st = scale_strides(x.sfa, "sfa"), scale_strides(x.sfb, "sfb")
     if masked:
         m_max = a.shape[1]
         guards.check_shape(x.layout, "masked_m", (G,))
+    elif psum:
+        m_max = 0
+        guards.check_shape(x.layout, "grouped_layout", (G,))
     else:
         m_max = 0
         guards.check_shape(x.layout, "m_indices", (a.shape[0],))
@@ -120,23 +144,27 @@ def _plan(x) -> Plan:
 
     if rows == 0 or N == 0 or G == 0:
         return empty_plan("deep_gemm_fp8_grouped_gemm", "empty problem: nothing to launch")
-    family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16")
+    family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16",
+                  **({"PSUM": 1} if psum else {}), **({"B_FMT": "e2m1"} if fp4 else {}))
     row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))
     choice = choose_variant(N, row_tiles, family, x.config)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
     scales = (f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
               if ue8m0 else "fp32 scales, exact per-128-K promotion")
+    layout = "masked layout" if masked else f"contiguous ({'psum' if psum else 'm_indices'}) layout, padding " \
+        f"rows {'zeroed' if x.zero_padding else 'untouched'}"
     return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,
-                       f"{'masked' if masked else 'contiguous'} layout, {scales}, {bm}x{bn} tile ({why})",
+                       f"{layout}, {'e4m3 x e2m1' if fp4 else 'e4m3'}, {scales}, {bm}x{bn} tile ({why})",
                        N=N, K=K, m_tiles=row_tiles(bm), rows=rows, m_max=m_max, groups=G,
+                       zero_pad=int(bool(x.zero_padding)),
                        **dict(zip(("sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1"), sfa_st)),
                        **dict(zip(("sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1"), sfb_st)),
-                       sfb_shift=0 if sfb_packed else 7)
+                       sfb_shift=0 if sfb_packed or fp4 else 7)
 
 
 def _check_layout(x, plan) -> None:
-    """Group ids and row counts the kernel relies on (reads the tensor: a sync on a GPU)."""
+    """Group ids, ends and row counts the kernel relies on (reads the tensor: a sync on a GPU)."""
     G, lay = x.b.shape[0], x.layout
     if x.masked:
         m_max = x.a.shape[1]
@@ -144,6 +172,17 @@ def _check_layout(x, plan) -> None:
         if bad.numel():
             i = int(bad[0])
             guards.fail("masked_m", f"masked_m[{i}] = {int(lay[i])} is outside 0..{m_max} (M_max of a)")
+        return
+    if x.psum:  # group g: rows align(end[g-1], M_ALIGN) .. end[g]
+        M = x.a.shape[0]
+        ends = lay.long()
+        starts = torch.cat([ends.new_zeros(1), (ends[:-1] + M_ALIGN - 1) // M_ALIGN * M_ALIGN])
+        bad = ((ends < starts) | (ends > M)).nonzero()
+        if bad.numel():
+            g = int(bad[0])
+            guards.fail("grouped_layout", f"grouped_layout[{g}] = {int(ends[g])}: with use_psum_layout each entry is "
+                                          f"its group's end row, at least the group's start {int(starts[g])} (the "
+                                          f"previous end aligned to {M_ALIGN}) and at most M = {M}")
         return
     bad = ((lay < -1) | (lay >= G)).nonzero()
     if bad.numel():
@@ -164,25 +203,39 @@ def _check_layout(x, plan) -> None:
 
 @op(plan=_plan, check_data=_check_layout, convert={"config": CONFIG.text})
 def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
-                               layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False,
-                               config: str = "", validate: bool = True) -> torch.Tensor:
-    """Grouped FP8 GEMM, NT, with DeepGEMM's block scales, written into ``out`` (DeepGEMM's d):
-        out[m, n] = sum over 128-K blocks kb of sfa[m, kb] * sfb[g, n, kb] * (a[m, kb] . b[g, n, kb])
+                               layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False, psum: bool = False,
+                               zero_padding: bool = False, config: str = "", validate: bool = True) -> torch.Tensor:
+    """Grouped FP8 (or FP8 x FP4) GEMM, NT, with DeepGEMM's block scales, written into ``out``
+    (DeepGEMM's d):
+        out[m, n] = sum over K blocks kb of sfa[m, kb] * sfb[g, n, kb] * (a[m, kb] . b[g, n, kb])
     with g the group of row m (sfb[g, n, kb]: the scale of n's 128-row block, or of row n).
 
-    Contiguous (masked=False): a [M, K] e4m3, layout = m_indices int32 [M] (group of each row, -1
-    for padding; each 128-row block holds one group's rows then only padding), out [M, N].
+    Contiguous (masked=False): a [M, K] e4m3, out [M, N], and either
+      psum=False: layout = m_indices int32 [M] (group of each row, -1 for padding; each 128-row
+        block holds one group's rows then only padding; M % 128 == 0), or
+      psum=True: layout = grouped_layout int32 [G], DeepGEMM's psum layout: group g is rows
+        align(layout[g-1], 128) .. layout[g] (from 0 for g = 0); each end at least its group's
+        start and at most M. Rows between a group's end and the next start, and past the last
+        group's aligned end, are padding.
+      zero_padding=True: padding rows of out are written as zeros (DeepGEMM 2.6's
+        ensure_zero_padding); False leaves them untouched.
     Masked (masked=True): a [G, M_max, K], layout = masked_m int32 [G] (valid rows per group,
-    0..M_max), out [G, M_max, N].
-    b [G, N, K] e4m3. Scales, all row-major or MN-major (TMA-aligned: rows unit-stride, columns
-    padded to 4 elements), K/128 rounded up:
-      fp32: sfa [.., M, K/128], sfb [G, ceil(N/128), K/128]; each 128-K block's fp32 partial sum
-        promoted exactly: acc += p * (sfa * sfb).
+    0..M_max), out [G, M_max, N]; rows >= masked_m[g] are not written.
+    b [G, N, K] e4m3, or FP4: int8 / uint8 [G, N, K/2], e2m1 two per byte (even K in the low
+    nibble, DeepGEMM's per_token_cast_to_fp4 packing), K % 32 == 0.
+    Scales, all row-major or MN-major (TMA-aligned: rows unit-stride, columns padded to 4
+    elements), K/128 rounded up:
+      fp32 (e4m3 b only): sfa [.., M, K/128], sfb [G, ceil(N/128), K/128]; each 128-K block's
+        fp32 partial sum promoted exactly: acc += p * (sfa * sfb).
       UE8M0 (hardware scales of the scaled MFMA), bytes (uint8 / float8_e8m0fnu) with the fp32
         shapes, or DeepGEMM's packing of four to an int32 along K (byte i of word j = K block
         4j + i): sfa [.., M, ceil(K/512)], sfb [G, N, ceil(K/512)] (one scale per row of b).
-    out bf16 or f16 (RNE). Rows of no group (m_indices -1, rows >= masked_m) are not written.
-    validate: check m_indices / masked_m before the launch (a sync on a GPU); False skips it.
+      FP4 b (UE8M0 only): sfa as above (1 x 128), sfb one scale per row of b and 32-K block:
+        bytes [G, N, K/32] or packed [G, N, ceil(K/128)]. Each 128-K block is one scaled MFMA
+        (exact sum of its scaled products, one fp32 rounding, then the add into acc).
+    out bf16 or f16 (RNE; the psum and FP4 forms bf16 only).
+    validate: check m_indices / grouped_layout / masked_m before the launch (a sync on a GPU);
+    False skips it.
     config: the tile "BM=..,BN=.." (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
     choose_tile. N % 32 == 0 (N % BN).
     K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales

@@ -1,5 +1,6 @@
 """deep_gemm_fp8_grouped_gemm (ops/deep_gemm.py; DeepGEMM's names in mxgemm.deep_gemm): grouped FP8
-GEMM, NT, with 1x128 / 128x128 block scales, contiguous or masked groups."""
+(or FP8 x FP4) GEMM, NT, with 1x128 / 128x128 (1x32 for FP4) block scales, contiguous (m_indices
+or psum) or masked groups."""
 from __future__ import annotations
 
 import torch
@@ -10,19 +11,31 @@ OP = "deep_gemm_fp8_grouped_gemm"
 KERNEL = "deep_gemm_fp8"
 
 
-def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="") -> Call:
-    """Groups of ``group_rows`` rows: masked [G, m_max, K], or contiguous with each group padded to
-    m_max rows (layout -1 past a group's rows)."""
+def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="", zero_padding=False) -> Call:
+    """Groups of ``group_rows`` rows: masked [G, m_max, K], or contiguous in G * m_max rows, each
+    group padded to m_max rows (layout -1 past a group's rows) or, PSUM, DeepGEMM's psum layout (the
+    groups' ends, each group starting at the previous end aligned to 128; m_max a multiple of 128);
+    B_FMT e2m1: FP4 b with 1x32 e8m0 scales."""
     sf = inp.scale if v["UE8M0"] else inp.fp32_scale
+    psum = bool(v.get("PSUM"))
     if v["MASKED"]:
         rows, layout = (G, m_max), group_rows.to(torch.int32)
+    elif psum:
+        ends, start = [], 0
+        for r in group_rows.tolist():
+            ends.append(start + r)
+            start = -(-ends[-1] // 128) * 128
+        rows, layout = (G * m_max,), torch.tensor(ends, dtype=torch.int32)
     else:
         rows, layout = (G * m_max,), torch.arange(G, dtype=torch.int32).repeat_interleave(m_max)
         layout[torch.arange(G * m_max) % m_max >= group_rows.repeat_interleave(m_max)] = -1
     out = inp.zeros(*rows, N, dtype=OUT_DTYPES[v["OUT"]])
     kb = -(-K // 128)
-    args = (inp.fp8(*rows, K), sf(*rows, kb), inp.fp8(G, N, K), sf(G, -(-N // 128), kb), layout.to(inp.device), out)
-    return Call(OP, args, dict(masked=bool(v["MASKED"]), config=config), out=out)
+    b, sfb = inp.mx(G, N, K, fmt="e2m1") if v.get("B_FMT") == "e2m1" else (inp.fp8(G, N, K), sf(G, -(-N // 128), kb))
+    args = (inp.fp8(*rows, K), sf(*rows, kb), b, sfb, layout.to(inp.device), out)
+    kw = dict(masked=bool(v["MASKED"]), config=config,
+              **({} if v["MASKED"] else dict(psum=psum, zero_padding=zero_padding)))
+    return Call(OP, args, kw, out=out)
 
 
 def call(kernel, v, shape, inp: Inputs) -> Call:
@@ -37,20 +50,25 @@ def work(kernel, v, groups, m, N, K) -> Work:
     wgs = g[0] * g[1]
     iters = -(-K // k_per_iteration(kernel, v, v["BM"], v["BN"]))
     rows = groups * m
-    scales = rows * (K // 128) * (1 if v["UE8M0"] else 4) + groups * -(-N // 128) * (K // 128) * 4
-    return Work(2.0 * rows * N * K, rows * K + groups * N * K + scales + 2 * rows * N, "fp8", g, wgs,
+    fp4 = v.get("B_FMT") == "e2m1"
+    b_bytes = groups * N * K // 2 + groups * N * (K // 32) if fp4 else \
+        groups * N * K + groups * -(-N // 128) * (K // 128) * 4
+    scales = rows * (K // 128) * (1 if v["UE8M0"] else 4)
+    return Work(2.0 * rows * N * K, rows * K + b_bytes + scales + 2 * rows * N, "fp8", g, wgs,
                 wgs * waves(kernel) * iters, iters)
 
 
 def race(kernel, v) -> list:
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows), K = 1, 6 and 7 blocks, the 7th partial (the compiler unrolls
-    the K loop: 6 and 7 leave remainder steps for unroll factors 2 and 4; with 6 the dead
-    prefetch DMA of the last step lands in LDS buffer 0, where the epilogue's C tile goes; 1
-    takes the path that skips the unrolled loop)."""
+    each group padded to 128 rows, or psum), K = 1, 6 and 7 blocks, the 7th partial (848; 864 for
+    FP4 b, K % 32) (the compiler unrolls the K loop: 6 and 7 leave remainder steps for unroll
+    factors 2 and 4; with 6 the dead prefetch DMA of the last step lands in LDS buffer 0, where
+    the epilogue's C tile goes; 1 takes the path that skips the unrolled loop); contiguous calls
+    with K = 6 blocks write their padding rows as zeros (padding-only tiles run with no K loop)."""
     rows = torch.tensor([40, 0, 23])
     return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K,
-                  f"BM={v['BM']},BN={v['BN']}") for K in (128, 768, 848)]
+                  f"BM={v['BM']},BN={v['BN']}", zero_padding=K == 768)
+            for K in (128, 768, 864 if v.get("B_FMT") == "e2m1" else 848)]
 
 
 def decode(inp: Inputs) -> dict:
