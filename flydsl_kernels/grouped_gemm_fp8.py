@@ -1,45 +1,66 @@
-"""Tensorwise FP8 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K).
+"""FP8 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K), TT;
+tensorwise, row-wise or 128-block fp32 scales.
 
-One body computes, per group g, out_g[i, j] = rne(fp32(a_scale * b_scale) * sum_c A_g(i, c) B_g(j, c))
-on v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for three layouts:
+One body computes, per group g, out_g[i, j] = sum_c A_g(i, c) B_g(j, c), scaled, on
+v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for four layouts (each
+operand K-major or MN-major; with G = 1 and group_offs [0, M] (TN: [0, K], out [1, M, N]) every
+dense GEMM D[M, N] = A[M, K] B[N, K]^T: DeepGEMM's fp8_gemm_nt / nn / tt / tn):
 
   LAYOUT  A_g(i, c)                 B_g(j, c)                 out                 groups along
   NT      a[offs[g] + i, c]         b[g, j, c]                [sum_m, N]          rows of a / out
   NN      a[offs[g] + i, c]         b[g, c, j]                [sum_m, N]          rows of a / out
+  TT      a[c, offs[g] + i]         b[g, j, c]                [sum_m, N]          columns of a / rows of out
   TN      a[offs[g] + c, i]         b[offs[g] + c, j]         [G, M, N]           contraction (variable K)
 
-  a: NT/NN [sum_m, K], TN [sum_k, M];  b: NT [G, N, K], NN [G, K, N], TN [sum_k, N];  all fp8 bytes.
-  a_scale, b_scale: fp32 scalars (pointers); group_offs: int64 [G + 1], non-decreasing (rows
-  before offs[0] belong to no group: never read, never written). Rows from offs[G] to M, a
-  padded tail of an over-allocated a: NT/NN write them as zeros without reading them (tiles
-  after the groups' with an empty contraction); TN never reads them.
+  a: NT/NN [sum_m, K], TT [K, sum_m], TN [sum_k, M];  b: NT/TT [G, N, K], NN [G, K, N], TN [sum_k, N];
+  all fp8 bytes. group_offs: int64 [G + 1], non-decreasing (rows before offs[0] belong to no
+  group: never read, never written). Rows from offs[G] to M, a padded tail of an
+  over-allocated a: NT/NN/TT write them as zeros (ACCUM: out + 0) without reading them (tiles
+  after the groups' with an empty contraction, their scales masked to 0); TN never reads them.
+
+Scales (fp32, read through byte strides given as kernel arguments, so stride 0 broadcasts and
+row-major and MN-major scale tensors are read in place):
+    sa(g, i, kb) = a_scale[g*sa_sg + i*sa_si + kb*sa_sk]
+    sb(g, j, kb) = b_scale[g*sb_sg + (j >> sb_shift)*sb_sj + kb*sb_sk]
+  i: row of out (NT/NN/TT: the global row offs[g] + i; TN: the row of out[g]), j: column of out,
+  kb: 128-wide contraction block (NT/NN/TT: c / 128; TN: global, (offs[g] + c) / 128, so each
+  non-empty group starts on a multiple of 128 there: the op's guard). Tensorwise: all strides 0;
+  row-wise: sa_sk = sb_sk = 0; sb_shift 7 for one b scale per 128 columns, 0 for one per column.
 
 Numerics: each MFMA sums one 128-wide contraction chunk [128 s, 128 s + 128) of the tile (zero
-padded past the end); chunks are accumulated in increasing order into fp32 from +0 (for TN the
-chunks start at the group's first row). The epilogue multiplies by the fp32 product a_scale *
-b_scale, with ACCUM=1 adds (fp32) the value out held (beta = 1: Megatron's fused main_grad
-accumulation), and rounds to bf16 or fp16 (RNE) or stores fp32. mxgemm.reference.grouped_gemm_fp8_ref
-models exactly this order.
+padded past the end; for TN the chunks start at the group's first row), exactly, rounded once
+to fp32. GRAN=row (tensorwise and row-wise scales): chunks accumulate in increasing order into
+fp32 from +0 in the MFMA, and the epilogue multiplies by the fp32 product sa(i) * sb(j).
+GRAN=block (DeepGEMM's 1x128 / 128x128 or per-column recipe, its SM90 software promotion): each
+chunk's MFMA runs from C = 0 giving p, then acc = acc + p * (sa(i, kb) * sb(j, kb)) (fp32
+product, product, add: three RNE roundings), acc from +0; no epilogue scale. Then ACCUM=1 adds
+(fp32) the value out held (beta = 1: Megatron's fused main_grad, DeepGEMM's d = a b^T + c with
+d = c), and the result is rounded to bf16 or fp16 (RNE) or stored as fp32.
+mxgemm.reference.grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref model exactly this order.
 
 Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
 block of 16 x 16 MFMA tiles. Per 128-wide contraction step both operand tiles go global ->
 VGPR (16-byte buffer loads, prefetched one step ahead) -> LDS (two ping-pong buffers, one
 barrier per step) -> MFMA operands: 16-byte ds_reads for contraction-contiguous ("K-major")
-operands, ds_read_b64_tr_b8 transposing reads for the others (NN's B, both TN operands).
+operands, ds_read_b64_tr_b8 transposing reads for the others (NN's B, TT's A, both TN operands).
 The MFMA computes the transposed tile (src0 = B rows, src1 = A rows) so a lane holds 4
-consecutive output columns of one row: one 8-byte store.
+consecutive output columns of one row: one 8-byte store. Each lane loads its row's sa and its
+four columns' sb (one dword each): per block step before the prefetch (GRAN=block), or once in
+the epilogue (GRAN=row).
 
 Masking: rows past a group's end, columns past N (or M for TN) and contraction past K (or past
 the group for TN) load as zero (buffer voffset 0x80000000, out of range); stores of such rows
-and columns are dropped the same way. N, K (NT/NN) and M, N (TN) must be multiples of 16; group
-sizes are arbitrary, empty groups allowed (TN writes zeros for them).
+and columns are dropped the same way, and so are their scale loads. N, K (NT/NN/TT) and M, N
+(TN) must be multiples of 16; group sizes are arbitrary, empty groups allowed (TN writes zeros
+for them). TT's A is read in 16-byte chunks along sum_m: sum_m and every group_offs entry are
+multiples of 16 (the op's guard), so a chunk never leaves a's row.
 
 64-bit addressing: every buffer resource is rebuilt per tile and per contraction step from a
 64-bit base pointer advanced to the tile's first row/column and the step's first contraction
 index, so a 32-bit voffset stays below max(BM, BN, 128) row strides whatever the tensor size
-(row counts themselves are i32).
+(row counts themselves are i32). Scale offsets are 32-bit (below 2^31: the op's guard).
 
-Tile order: for NT/NN the workgroup scans group_offs on device (one scalar loop over G) to
+Tile order: for NT/NN/TT the workgroup scans group_offs on device (one scalar loop over G) to
 find its group and the total tile count; within a group tiles go in bands of `group_m`
 M-tiles (L2 reuse of B). TN has G x (M/BM) x (N/BN) tiles dealt cyclically over the groups
 (tile t: group t % G), so workgroups running together share out skewed contraction lengths.
@@ -48,12 +69,15 @@ w + grid, ... < total, so a grid capped at num_cu CUs loops and an over-launched
 
 Kernel arguments (no hidden ones):
   a, a_scale, b, b_scale, group_offs, out     global pointers
-  G, M, N, K, group_m, grid                   int32  (NT/NN: M = sum_m; TN: K = sum_k)
+  G, M, N, K, group_m, grid                   int32  (NT/NN/TT: M = sum_m; TN: K = sum_k)
+  sa_sg, sa_si, sa_sk, sb_sg, sb_sj, sb_sk    int32  scale byte strides (above)
+  sb_shift                                    int32  (0 or 7)
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
 source, so e4m3 x e5m2 mixes are the same body), OUT (bf16 / f16 / f32), ACCUM (0: out = result;
-1: out += result; absent = 0), BM, BN (64, 128, 256).
+1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the epilogue, which
+tensorwise is with zero strides; block: promoted per contraction step; absent = row).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -65,8 +89,9 @@ THREADS = 256
 BK = 128                          # contraction per step = the MFMA's K
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
 FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
-LAYOUTS = ("NT", "NN", "TN")
-K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False)}  # (A, B) contraction-contiguous
+LAYOUTS = ("NT", "NN", "TN", "TT")
+K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False), "TT": (False, True)}  # (A, B) K-contiguous
+GRANS = ("row", "block")          # scales applied in the epilogue / promoted per 128-wide contraction step
 
 
 class _Ir(Builder):
@@ -150,10 +175,11 @@ class _Operand:
         return llvm.shufflevector(b.v8i32, lo, hi, list(range(8)))
 
 
-def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, out_base, out_ld, scale):
+def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, out_base, out_ld, sc, sc_tile):
     """One BM x BN output tile. *_base: 64-bit tile bases; *_rows: existing rows of each
-    operand tile; c_len: contraction length; out_ld: output row stride in elements."""
-    bm, bn, (fmt_a, fmt_b), out_t, accum = cfg
+    operand tile; c_len: contraction length; out_ld: output row stride in elements; sc, sc_tile:
+    the scales (_Scales) and this tile's place in them (_Scales.lanes)."""
+    bm, bn, (fmt_a, fmt_b), out_t, accum, gran = cfg
     A, B = ops
     tid = Int(fx.thread_idx.x.ir_value())
     lane = tid % 64
@@ -178,6 +204,8 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         A.store_lds(b, buf, regs[0])
         B.store_lds(b, buf, regs[1])
 
+    if gran == "block":   # the scale offsets: a VGPR per 16-row / 16-column tile
+        lanes = sc.lanes(b, sc_tile, lane, a_r0, b_r0)
     stage(b.c(0), load(b.c(0)))
     workgroup_barrier()
     zero = b.splat(b.v4f32, 0.0)
@@ -186,6 +214,8 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         kt = Int(arith.index_cast(b.i32, loop.induction_variable))
         acc = list(loop.inner_iter_args)
         nxt = kt + 1
+        if gran == "block":                               # this step's scales, issued before the prefetch
+            sa, sb = sc.load(b, lanes, kt)
         regs = load(nxt)                                  # prefetch; all-zero past the last step
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
@@ -193,30 +223,104 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
         for i in range(mi_n):
             for j in range(nj_n):
-                acc[i * nj_n + j] = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                    b.v4f32, [b_ops[j], a_ops[i], acc[i * nj_n + j], FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale,
-                              0, zero_scale])
+                t = i * nj_n + j
+                # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
+                p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                    b.v4f32, [b_ops[j], a_ops[i], zero if gran == "block" else acc[t], FMT_CODE[fmt_b],
+                              FMT_CODE[fmt_a], 0, zero_scale, 0, zero_scale])
+                acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) if gran == "block" else p
         stage(nxt, regs)
         workgroup_barrier()
         scf.YieldOp(acc)
     acc = list(loop.results)
 
+    scale = None if gran == "block" else sc.load(b, sc.lanes(b, sc_tile, lane, a_r0, b_r0))
     _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows)
 
 
 OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
 
+class _Scales:
+    """fp32 scales at byte offsets from kernel arguments (stride 0 broadcasts):
+        sa(g, i, kb) = a_scale[g*sa_sg + i*sa_si + kb*sa_sk]
+        sb(g, j, kb) = b_scale[g*sb_sg + (j >> sb_shift)*sb_sj + kb*sb_sk]
+    i: output row (NT / NN / TT: the row of out, TN: the row of out[g]), j: output column, kb:
+    128-wide contraction block (TN: global, (group_offs[g] + c) / 128). Tensorwise: every stride
+    0; row: sa_sk = sb_sk = 0. Offsets stay below 2^31 (the op's guard)."""
+
+    def __init__(self, b, a_scale, b_scale, strides, layout, gran):
+        self.a_scale, self.b_scale = a_scale, b_scale
+        sa_sg, sa_si, sa_sk, self.sb_sg, sb_sj, sb_sk, sb_shift = map(Int, strides)
+        # arguments a variant never reads (the op passes 0 for them): sa_sg (NT/NN/TT index a's
+        # scales by the global row), the k-block strides and sb_shift (GRAN=row). The strides
+        # that only scale per-lane offsets go to VGPRs (an identity DPP move): uniform, but the
+        # loops of the large tiles have no SGPR left for them.
+        vgpr = lambda x: Int(rocdl.update_dpp(b.i32, x, x, 0xE4, 0xF, 0xF, True))  # noqa: E731
+        block = gran == "block"
+        self.sa_sg = sa_sg if layout == "TN" else None
+        self.sa_si, self.sb_sj = vgpr(sa_si), vgpr(sb_sj)
+        self.sa_sk, self.sb_sk = (vgpr(sa_sk), vgpr(sb_sk)) if block else (None, None)
+        self.sb_shift = sb_shift if block else None
+
+    def tile(self, g, i0, j0, kb0, rows, cols):
+        """A tile's origin: group g, first output row i0 and column j0, first contraction block
+        kb0; rows / cols: its rows and columns that have scales (the rest read 0)."""
+        return Int(g), Int(i0), Int(j0), Int(kb0), rows, cols
+
+    def lanes(self, b, tile, lane, a_r0, b_r0):
+        """This lane's scale offsets at kb = 0: sa per 16-row MFMA tile (row lane % 16), sb per
+        16-column tile and column 4(lane/16) + q, q < 4 (masked: INVALID_OFFSET)."""
+        g, i0, j0, kb0, rows, cols = tile
+        sa0 = b.c(0) if self.sa_sg is None else g * self.sa_sg
+        sb0 = g * self.sb_sg
+        if self.sa_sk is not None:
+            sa0, sb0 = sa0 + kb0 * self.sa_sk, sb0 + kb0 * self.sb_sk
+        row_l, col_l = lane % 16, lane // 16 * 4
+        sa = [b.sel(b.cmp("slt", r0 + row_l, rows), sa0 + (i0 + r0 + row_l) * self.sa_si, b.c(INVALID_OFFSET))
+              for r0 in a_r0]
+        sb = []
+        for c0 in b_r0:
+            col = [j0 + c0 + col_l + q for q in range(4)]
+            if self.sb_shift is not None:
+                col = [c >> self.sb_shift for c in col]
+            ok = b.cmp("slt", c0 + col_l, cols)   # N % 16: the four columns exist together
+            sb.append([b.sel(ok, sb0 + c * self.sb_sj, b.c(INVALID_OFFSET)) for c in col])
+        return sa, sb
+
+    def load(self, b, lanes, kb=None):
+        """(sa [i-tile] f32, sb [j-tile] v4f32) of contraction block kb (relative to kb0; block
+        only). A masked offset stays out of range: INVALID_OFFSET + kb * stride < 2^32."""
+        sa_off, sb_off = lanes
+        aux = ir.IntegerAttr.get(b.i32, 0)
+        sa_rs, sb_rs = b.rsrc_rebased(self.a_scale), b.rsrc_rebased(self.b_scale)
+        if kb is not None:
+            sa_off = [v + kb * self.sa_sk for v in sa_off]
+            sb_off = [[v + kb * self.sb_sk for v in vs] for vs in sb_off]
+        sa = [rocdl.raw_ptr_buffer_load(b.f32, sa_rs, v, b.c(0), aux=aux) for v in sa_off]
+        sb = []
+        for vs in sb_off:
+            vec = llvm.mlir_undef(b.v4f32)
+            for q, v in enumerate(vs):
+                vec = llvm.insertelement(vec, rocdl.raw_ptr_buffer_load(b.f32, sb_rs, v, b.c(0), aux=aux), b.c(q))
+            sb.append(vec)
+        return sa, sb
+
+    @staticmethod
+    def product(b, sa, sb):
+        """fp32 sa * sb of one lane's row and four columns (v4f32)."""
+        return arith.mulf(b.splat_value(b.v4f32, sa), sb)
+
+
 def _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows):
     """Lane holds out[i0 + lane%16, j0 + 4(lane/16) .. +3] of each 16 x 16 tile: one 8-byte (half)
-    or 16-byte (fp32) access; accum reads the same bytes first (zeros where the store is dropped)."""
+    or 16-byte (fp32) access; accum reads the same bytes first (zeros where the store is dropped).
+    scale: (sa per i-tile, sb per j-tile) whose product multiplies acc, or None (block: promoted already)."""
     out_rs = b.rsrc_rebased(out_base)
     elem = {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get(), "f32": b.f32}[out_t]
     v4e = ir.VectorType.get([4], elem)
     raw = b.v4f32 if out_t == "f32" else b.v2i32     # what one lane's four elements load / store as
     aux = ir.IntegerAttr.get(b.i32, 0)
-    splat = llvm.shufflevector(b.v4f32, llvm.insertelement(llvm.mlir_undef(b.v4f32), scale, b.c(0)),
-                               llvm.mlir_undef(b.v4f32), [0, 0, 0, 0])
     row_l = lane % 16
     col_l = lane // 16 * 4
     nj_n = len(b_r0)
@@ -226,7 +330,8 @@ def _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a
             col = c0 + col_l
             ok = arith.andi(b.cmp("slt", row, a_rows), b.cmp("slt", col, b_rows))
             voff = arith.select(ok, (row * out_ld + col) * OUT_BYTES[out_t], b.c(INVALID_OFFSET))
-            v = arith.mulf(acc[i * nj_n + j], splat)
+            v = acc[i * nj_n + j] if scale is None else arith.mulf(acc[i * nj_n + j],
+                                                                   _Scales.product(b, scale[0][i], scale[1][j]))
             if accum:
                 old = rocdl.raw_ptr_buffer_load(raw, out_rs, voff, b.c(0), aux=aux)
                 v = arith.addf(v, old if out_t == "f32" else arith.extf(b.v4f32, llvm.bitcast(v4e, old)))
@@ -273,14 +378,14 @@ def _swizzle(b, local, m_tiles, n_tiles, group_m):
     return arith.addi(first_m, arith.remui(r, size)), arith.divui(r, size)
 
 
-def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, group_m, nwg, lds):
+def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, group_m, nwg, scale_strides, lds):
     b = _Ir()
-    bm, bn, _, out_t, _ = cfg
+    bm, bn, _, out_t, _, _ = cfg
     ka, kb = K_MAJOR[layout]
     A = _Operand(b, bm, ka, 0)
     B = _Operand(b, bn, kb, A.lds_bytes)
     ops = (A, B)
-    scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))
+    sc = _Scales(b, a_scale, b_scale, scale_strides, layout, cfg[5])
     group_m = arith.maxui(group_m, b.c(1))
     n_tiles = b.ceil_div(N, bn)
     bid = fx.block_idx.x.ir_value()
@@ -307,8 +412,11 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             b_base = b.gep(bp, arith.addi(arith.muli(b.u64(s), b.u64(N)), b.u64(j0)))
             out_row = arith.addi(arith.muli(b.u64(g), b.u64(M)), b.u64(i0))
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), esize))
-            _tile(b, cfg, ops, lds, a_base, M, arith.subi(M, i0), b_base, N, arith.subi(N, j0), arith.subi(e, s),
-                  out_base, N, scale)
+            rows, cols = arith.subi(M, i0), arith.subi(N, j0)
+            # block scales: the group starts on a 128 boundary (the op's guard), contraction block s / 128
+            sc_tile = sc.tile(g, i0, j0, arith.divui(s, b.c(BK)), rows, cols)
+            _tile(b, cfg, ops, lds, a_base, M, rows, b_base, N, cols, arith.subi(e, s),
+                  out_base, N, sc, sc_tile)
         else:
             grouped, g, local, s, e = _group_scan(b, group_offs, G, bm, n_tiles, tile)
             tail = b.cmp("sge", tile, grouped)
@@ -318,28 +426,34 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             mt, nt = _swizzle(b, local, b.ceil_div(arith.subi(e, s), bm), n_tiles, group_m)
             row0 = arith.addi(s, arith.muli(mt, b.c(bm)))
             j0 = arith.muli(nt, b.c(bn))
-            a_base = b.gep(a, arith.muli(b.u64(row0), b.u64(K)))
-            b_group = arith.muli(b.u64(g), arith.muli(b.u64(N), b.u64(K)))
-            if layout == "NT":
-                b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K)))), K
+            if layout == "TT":    # a [K, M]: the tile's rows are columns of a
+                a_base, a_ld = b.gep(a, b.u64(row0)), M
             else:
+                a_base, a_ld = b.gep(a, arith.muli(b.u64(row0), b.u64(K))), K
+            b_group = arith.muli(b.u64(g), arith.muli(b.u64(N), b.u64(K)))
+            if layout == "NN":
                 b_base, b_ld = b.gep(bp, arith.addi(b_group, b.u64(j0))), N
+            else:
+                b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K)))), K
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), esize))
-            _tile(b, cfg, ops, lds, a_base, K, arith.subi(e, row0), b_base, b_ld, arith.subi(N, j0), c_len,
-                  out_base, N, scale)
+            rows, cols = arith.subi(e, row0), arith.subi(N, j0)
+            # the padded tail's rows have no scales: they read 0 (out = 0 * 0, never a stale NaN)
+            sc_tile = sc.tile(g, row0, j0, b.c(0), arith.select(tail, b.c(0), rows), cols)
+            _tile(b, cfg, ops, lds, a_base, a_ld, rows, b_base, b_ld, cols, c_len,
+                  out_base, N, sc, sc_tile)
         scf.YieldOp([])
 
 
-def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0):
+def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0, gran="row"):
     """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
     if layout not in LAYOUTS or fmt not in FMT_CODE or fmt_b not in FMT_CODE or out not in OUT_BYTES \
-            or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1):
-        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum}: "
-                         f"LAYOUT in {LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)}, OUT in {tuple(OUT_BYTES)}, BM and "
-                         f"BN in (64, 128, 256), ACCUM in (0, 1)")
+            or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1) or gran not in GRANS:
+        raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum} "
+                         f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)}, OUT in "
+                         f"{tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1), GRAN in {GRANS}")
     ka, kb = K_MAJOR[layout]
     lds_bytes = 2 * sum((n if k else BK) * ((BK if k else n) + PAD) for n, k in ((bm, ka), (bn, kb)))
-    cfg = (bm, bn, (fmt, fmt_b), out, accum)
+    cfg = (bm, bn, (fmt, fmt_b), out, accum, gran)
 
     @fx.struct
     class SharedStorage:
@@ -348,27 +462,34 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
     @flyc.kernel(name=symbol)
     def grouped_gemm_fp8_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
                                 group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
-                                K: fx.Int32, group_m: fx.Int32, grid: fx.Int32):
+                                K: fx.Int32, group_m: fx.Int32, grid: fx.Int32, sa_sg: fx.Int32, sa_si: fx.Int32,
+                                sa_sk: fx.Int32, sb_sg: fx.Int32, sb_sj: fx.Int32, sb_sk: fx.Int32,
+                                sb_shift: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
         _body(cfg, layout, *[fx.to_llvm_ptr(p) for p in (a, a_scale, b, b_scale, group_offs, out)],
-              *[v.ir_value() for v in (G, M, N, K, group_m, grid)], fx.to_llvm_ptr(lds.buf.ptr))
+              *[v.ir_value() for v in (G, M, N, K, group_m, grid)],
+              [v.ir_value() for v in (sa_sg, sa_si, sa_sk, sb_sg, sb_sj, sb_sk, sb_shift)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
     def grouped_gemm_fp8(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
                          group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
-                         K: fx.Int32, group_m: fx.Int32, grid: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        grouped_gemm_fp8_kernel(a, a_scale, b, b_scale, group_offs, out, G, M, N, K, group_m, grid).launch(
+                         K: fx.Int32, group_m: fx.Int32, grid: fx.Int32, sa_sg: fx.Int32, sa_si: fx.Int32,
+                         sa_sk: fx.Int32, sb_sg: fx.Int32, sb_sj: fx.Int32, sb_sk: fx.Int32, sb_shift: fx.Int32,
+                         stream: fx.Stream = fx.Stream(None)):
+        grouped_gemm_fp8_kernel(a, a_scale, b, b_scale, group_offs, out, G, M, N, K, group_m, grid, sa_sg, sa_si,
+                                sa_sk, sb_sg, sb_sj, sb_sk, sb_shift).launch(
             grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     return grouped_gemm_fp8
 
 
 def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,
-                      BN=64, ACCUM=0):
+                      BN=64, ACCUM=0, GRAN="row"):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(symbol, LAYOUT, FMT, FMT_B, OUT, BM, BN, ACCUM)
+    fn = build(symbol, LAYOUT, FMT, FMT_B, OUT, BM, BN, ACCUM, GRAN)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     flyc.compile(fn, p(fx.Uint8), p(fx.Float32), p(fx.Uint8), p(fx.Float32), p(fx.Int64),
-                 p({"bf16": fx.BFloat16, "f16": fx.Float16, "f32": fx.Float32}[OUT]), 1, 64, 64, 128, 1, 1)
+                 p({"bf16": fx.BFloat16, "f16": fx.Float16, "f32": fx.Float32}[OUT]), 1, 64, 64, 128, 1, 1,
+                 0, 4, 4, 0, 4, 4, 7)
     return fn

@@ -1,4 +1,4 @@
-"""grouped_gemm_fp8 kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN.
+"""grouped_gemm_fp8 kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN, TT.
 
 Spec: every layout x format (e4m3, e5m2; mixed a / b formats of the hybrid backward) x output (bf16, fp16)
 is bit-identical to
@@ -7,7 +7,12 @@ order: one exact fp32-rounded sum per 128-wide contraction chunk, chunks added i
 fp32(a_scale * b_scale), RNE) in race mode, for G in {1, 2, 3, 8}, uneven groups with an empty one,
 group sizes and N / K (M for TN) off the 64-tile, one tile per workgroup (over-launched grid)
 and persistent grids smaller than the tile count, group_m 1 and 2, linear and shuffled
-workgroup order. Code objects: no spills, LDS <= 160 KiB, the MFMA in the contraction loop.
+workgroup order. Row-wise scales (per out row x per group and column; TN also Primus-Turbo's
+shared [M], [N]) and 128-block scales (1x128 with 128x128 or per-column b scales, row-major
+and MN-major, promoted per contraction step; TN's block index global) in every layout incl.
+TT (a MN-major), fp32 out and out += result, through the ops (which derive the scale strides),
+bit-identical to the same references; tensorwise equals row scales of one value.
+Code objects: no spills, LDS <= 160 KiB, the MFMA in the contraction loop.
 Beyond 4 GB (sparse emulator buffers): A and out (NT/NN), A and B (TN) whole; B (NT/NN) and
 the TN output through a workgroup window running one tile.
 Launches go through mxgemm.launcher.launch (artefact + grid/block/kernel arguments).
@@ -88,16 +93,166 @@ def run(variant, c, grid=None, group_m=2, wg_order="linear", init=None):
     return out
 
 
+TENSORWISE = dict(sa_sg=0, sa_si=0, sa_sk=0, sb_sg=0, sb_sj=0, sb_sk=0, sb_shift=0)   # scale strides 0: one scale
+
+
 def args_of(c, a, b, out, G, M, N, K, group_m, grid) -> dict:
-    """The kernel's arguments by name (registry order is the kernel's business)."""
+    """The kernel's arguments by name (registry order is the kernel's business); the scales'
+    byte strides from c["strides"], else tensorwise."""
     return dict(a=a.view(torch.uint8) if isinstance(a, torch.Tensor) else a, a_scale=c["a_scale"],
                 b=b.view(torch.uint8) if isinstance(b, torch.Tensor) else b, b_scale=c["b_scale"],
-                group_offs=c["group_offs"], out=out, G=G, M=M, N=N, K=K, group_m=group_m, grid=grid)
+                group_offs=c["group_offs"], out=out, G=G, M=M, N=N, K=K, group_m=group_m, grid=grid,
+                **c.get("strides", TENSORWISE))
 
 
 def small(layout, fmt, out):
     fa, fb = formats(fmt)
     return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT=fa, FMT_B=fb, OUT=out, BM=64, BN=64)
+
+
+# ---- row-wise and 128-block scales (strided, through the ops), the TT layout ----
+# The ops derive the kernel's scale strides from the scale tensors: row-major and MN-major
+# (transposed, padded) scales are read in place. Block scales promote per 128-wide contraction
+# step (acc += fp32 sum * fp32(sa * sb)); TN's block index is global ((offs[g] + c) / 128).
+CFG64 = "BM=64,BN=64,GROUP_M=2,PERSISTENT=0"
+
+
+def _scales(g, *shape, mn_major=False):
+    """fp32 scales in [0.25, 4) of a logical shape; mn_major: the last two dims swapped in memory, the
+    swapped-in first one padded to a multiple of 4 (DeepGEMM's TMA-aligned layout)."""
+    if not mn_major:
+        return torch.rand(*shape, generator=g) * 3.75 + 0.25
+    *lead, r, c = shape
+    store = torch.rand(*lead, c, -(-r // 4) * 4, generator=g) * 3.75 + 0.25
+    return store.transpose(-1, -2)[..., :r, :]
+
+
+def scaled_case(layout, gran, lens, n, k, seed, mn_major=False, per_column=False, group_scales=True, tail=0):
+    """Operands as make_case (TT: a [k, sum_m]) and the granularity's scales: rows layouts
+    sa [R] / [R, kb], sb [G, n] / [G, n or ceil(n/128), kb]; TN sa [n] or [G, n] / [kb, n],
+    sb [k] or [G, k] / [kb, k or ceil(k/128)] (kb: 128-blocks of the contraction)."""
+    c = make_case("NT" if layout == "TT" else layout, "e4m3", lens, n, k, seed=seed, tail=tail)
+    g = torch.Generator().manual_seed(seed + 1)
+    G, rows = len(lens), c["a"].shape[0]
+    if layout == "TT":
+        c["a"] = c["a"].T.contiguous()
+    if layout == "TN":
+        kb = -(-rows // 128)
+        if gran == "row":
+            c["a_scale"] = _scales(g, *((G, n) if group_scales else (n,)))
+            c["b_scale"] = _scales(g, *((G, k) if group_scales else (k,)))
+        else:
+            c["a_scale"] = _scales(g, kb, n, mn_major=mn_major)
+            c["b_scale"] = _scales(g, kb, k if per_column else -(-k // 128), mn_major=mn_major)
+    elif gran == "row":
+        c["a_scale"], c["b_scale"] = _scales(g, rows), _scales(g, G, n)
+    else:
+        kb = -(-k // 128)
+        c["a_scale"] = _scales(g, rows, kb, mn_major=mn_major)
+        c["b_scale"] = _scales(g, G, n if per_column else -(-n // 128), kb, mn_major=mn_major)
+    return c
+
+
+def run_op(layout, c, out_dtype, config=CFG64, init=None, granularity=None, num_cu=None):
+    """The op on the emulator (race mode, shuffled workgroups); out starts NaN, or init (accumulate)."""
+    import mxgemm
+    lens = torch.tensor(c["lens"], dtype=torch.int64)
+    kw = dict(out_dtype=out_dtype, config=config, granularity=granularity)
+    if init is not None:
+        kw.update(out=init.clone(), accumulate=True)
+    with launcher.emulator_settings(race_check=True, wg_order="shuffled", seed=5):
+        if layout == "TN":
+            return mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"], lens, **kw)
+        return mxgemm.grouped_gemm_fp8_kernel(c["a"], c["a_scale"], c["b"], c["b_scale"], lens,
+                                              trans_b=layout != "NN", trans_a=layout == "TT", num_cu=num_cu, **kw)
+
+
+def scaled_reference(layout, c, out_dtype, init=None, granularity=None):
+    if layout == "TN":
+        return reference.grouped_gemm_fp8_variable_k_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], c["group_offs"],
+                                                         out_dtype, accumulate_into=init, granularity=granularity)
+    return reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], c["group_offs"],
+                                          trans_b=layout != "NN", out_dtype=out_dtype, a_mn_major=layout == "TT",
+                                          accumulate_into=init)
+
+
+def _init(shape, out_dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(out_dtype)
+
+
+# (layout, granularity, out, accumulate, group sizes, N, K, options); TN: sizes along the contraction,
+# (N, K) the output's [rows, columns]. K off 128 where allowed (NT / NN / TT; TN's last group);
+# TT's groups start on multiples of 16. Block cases first: a seeded bug there fails before the
+# row variants are compiled.
+SCALED = [
+    ("NT", "block", "bf16", False, [40, 0, 77], 80, 272, dict(mn_major=True)),
+    ("NN", "block", "bf16", False, [3, 70, 0], 144, 400, dict(per_column=True, num_cu=2)),
+    ("TT", "block", "bf16", False, [16, 0, 80], 144, 208, dict(mn_major=True)),
+    ("TN", "block", "bf16", False, [256, 0, 57], 48, 144, {}),
+    ("TN", "block", "f32", False, [128, 0, 128, 70], 80, 48, dict(per_column=True, mn_major=True)),
+    ("NT", "block", "f32", True, [40, 0, 77], 144, 272, dict(per_column=True)),
+    ("NN", "block", "f32", False, [3, 70, 0], 96, 144, dict(mn_major=True)),
+    ("NN", "block", "f32", True, [65, 0, 12], 80, 256, {}),
+    ("TT", "block", "f32", True, [32, 0, 48], 64, 144, dict(per_column=True)),
+    ("TN", "block", "f32", True, [256, 0, 57], 80, 144, dict(per_column=True)),
+    ("NT", "row", "bf16", False, [40, 0, 77], 80, 144, {}),
+    ("NN", "row", "f32", False, [3, 70, 0], 96, 48, dict(num_cu=2)),
+    ("TT", "row", "bf16", False, [16, 0, 80], 48, 272, {}),
+    ("TN", "row", "bf16", False, [130, 0, 57], 48, 80, dict(group_scales=False)),   # Primus-Turbo's [M], [N]
+    ("TN", "row", "f32", False, [130, 0, 57], 48, 80, {}),                           # per group [G, M], [G, N]
+    ("NT", "row", "f32", True, [40, 0, 77], 80, 144, {}),
+    ("TT", "row", "f32", True, [32, 0, 48], 64, 144, {}),
+]
+
+
+@pytest.mark.parametrize("case", SCALED, ids=[f"{c[0]}-{c[1]}-{c[2]}{'-acc' if c[3] else ''}-G{len(c[4])}"
+                                                f"{''.join('-' + k for k, v in c[7].items() if v is True)}"
+                                                for c in SCALED])
+def test_scaled_bit_exact_vs_reference(case):
+    """Row-wise and block scales in every layout, 64 x 64 tiles: bit-identical to the reference
+    (an empty group, group sizes and N / K off the tile; fp32 out; out += result into values)."""
+    layout, gran, out_t, accumulate, lens, n, k, opts = case
+    opts = dict(opts)
+    num_cu = opts.pop("num_cu", None)
+    c = scaled_case(layout, gran, lens, n, k, seed=len(lens) * 7 + n + k, **opts)
+    out_dtype = OUT[out_t]
+    shape = (len(lens), n, k) if layout == "TN" else (sum(lens), n)
+    init = _init(shape, out_dtype, 4) if accumulate else None
+    gran_kw = gran if layout == "TN" else None   # TN: [G, X] vs [kb, X] may coincide; rows infer from ranks
+    out = run_op(layout, c, out_dtype, init=init, granularity=gran_kw, num_cu=num_cu)
+    ref = scaled_reference(layout, c, out_dtype, init, gran_kw)
+    assert ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(out, ref, f"{layout} {gran} {out_t}")
+    if layout == "TN" and not accumulate:
+        for g, length in enumerate(lens):
+            assert length or bool((out[g] == 0).all())
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+def test_block_hardware_tile_bit_exact(layout):
+    """The 128 x 128 block-scale tiles (bf16), a two-workgroup persistent grid."""
+    c = scaled_case(layout, "block", [130, 0, 77], 144, 272, seed=21)
+    out = run_op(layout, c, torch.bfloat16, config="BM=128,BN=128,GROUP_M=2,PERSISTENT=0")
+    metrics.assert_bitwise_equal(out, scaled_reference(layout, c, torch.bfloat16), f"{layout} block 128 x 128")
+
+
+@pytest.mark.parametrize("gran", ["row", "block"])
+def test_scaled_padded_tail_is_zero(gran):
+    """NT rows past the groups (over-allocated a whose tail scales hold NaN): out rows 0."""
+    c = scaled_case("NT", gran, [40, 0, 30], 80, 144, seed=23, tail=90)
+    c["a_scale"][70:] = float("nan")
+    out = run_op("NT", c, torch.bfloat16)
+    metrics.assert_bitwise_equal(out, scaled_reference("NT", c, torch.bfloat16), f"{gran} padded tail")
+    assert bool((out[70:] == 0).all())
+
+
+def test_tensorwise_equals_row_of_constant_scales():
+    """Tensorwise is the row path with zero strides: the same bits as row scales all equal."""
+    c = make_case("NT", "e4m3", [40, 0, 77], 80, 144, seed=29)
+    out_t = run_op("NT", c, torch.bfloat16)
+    rows = dict(c, a_scale=c["a_scale"].expand(117).contiguous(), b_scale=c["b_scale"].expand(3, 80).contiguous())
+    metrics.assert_bitwise_equal(run_op("NT", rows, torch.bfloat16), out_t, "row of constants vs tensorwise")
+    metrics.assert_bitwise_equal(out_t, reference_out("NT", c, torch.bfloat16), "tensorwise")
 
 
 # (layout, fmt, out, group sizes, N, K, grid, group_m, workgroup order); for TN the group sizes
@@ -164,7 +319,8 @@ def _main_grad(layout, c, out_dtype, seed):
     return torch.randn(G, n, k, generator=torch.Generator().manual_seed(seed)).to(out_dtype)
 
 
-@pytest.mark.parametrize("variant", [v for v in ISA_VARIANTS if v["BM"] > 64], ids=registry.variant_id)
+@pytest.mark.parametrize("variant", [v for v in ISA_VARIANTS if v["BM"] > 64 and "GRAN" not in v],
+                         ids=registry.variant_id)
 def test_hardware_tiles_bit_exact(variant):
     """The 128 x 128 / 256 x 128 tiles (accumulators partly in AGPRs) on a two-workgroup persistent grid."""
     layout, out_dtype = variant["LAYOUT"], OUT[variant["OUT"]]
@@ -174,7 +330,8 @@ def test_hardware_tiles_bit_exact(variant):
                                  f"{KERNEL} {registry.variant_id(variant)}")
 
 
-WGRAD_VARIANTS = [v for v in registry.get(KERNEL).variants if "ACCUM" in v and v["BM"] == 64]
+WGRAD_VARIANTS = [v for v in registry.get(KERNEL).variants
+                  if "ACCUM" in v and v["BM"] == 64 and v["LAYOUT"] == "TN" and "GRAN" not in v]
 
 
 @pytest.mark.parametrize("variant", WGRAD_VARIANTS, ids=registry.variant_id)
@@ -213,7 +370,8 @@ def test_code_object(variant):
     assert barriers >= 1 and mfmas == per_step * barriers
     tr_reads = sum(l.startswith("ds_read_b64_tr_b8") for l in inner)
     # 16-row operand tiles per wave and step read through ds_read_b64_tr_b8 (4 reads each)
-    transposed = {"NT": 0, "NN": variant["BN"] // 32, "TN": (variant["BM"] + variant["BN"]) // 32}
+    transposed = {"NT": 0, "NN": variant["BN"] // 32, "TN": (variant["BM"] + variant["BN"]) // 32,
+                  "TT": variant["BM"] // 32}
     assert tr_reads == 4 * barriers * transposed[variant["LAYOUT"]]
     # no waterfall loop around a buffer access (every buffer resource is uniform)
     assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)

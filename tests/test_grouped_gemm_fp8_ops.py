@@ -80,7 +80,8 @@ ROWS_BAD = [
     ("dtype-b", _with(ROWS, b=ROWS["b"].to(torch.bfloat16)), r"\[dtype\] b has dtype torch.bfloat16; expected"),
     ("mixed-forward", _with(ROWS, b=ROWS["b"].to(torch.float32).to(E5M2)),
      r"\[dtype\] no NT variant for a torch.float8_e4m3fn x b torch.float8_e5m2 -> torch.bfloat16; registered for NT: e4m3 x e4m3 -> bf16"),
-    ("scale", _with(ROWS, a_scale=torch.ones(2)), r"\[shape\] a_scale must hold one fp32 scale"),
+    ("scale", _with(ROWS, a_scale=torch.ones(2)), r"\[scale-shape\] a_scale \[2\] and b_scale \[1\] fit no scale "
+                                                  r"granularity of this call; expected tensor: a_scale \[1\] or \[\]"),
     ("k-mismatch", _with(ROWS, b=fp8(3, 64, 96)), r"\[shape\] b has K = 96 .* but a has K = 128"),
     ("groups", _with(ROWS, b=fp8(2, 64, 128)), r"\[shape\] b holds 2 groups .* group_lens has 3"),
     ("offs-shape", _with(ROWS, group_offs=torch.zeros(3, dtype=torch.int64)),
@@ -95,6 +96,23 @@ ROWS_BAD = [
     ("contiguity", _with(ROWS, b=fp8(3, 128, 64).transpose(1, 2)), r"\[contiguity\] b must be contiguous"),
     ("n-align", _with(ROWS, b=fp8(3, 40, 128)), r"\[N%16\] N = 40"),
     ("device", _with(ROWS, group_lens=ROWS["group_lens"].to("meta")), r"\[device\]"),
+    # scale granularities: shapes that fit none, a granularity the shapes do not have
+    ("block-a-scale-k-blocks", _with(ROWS, a_scale=torch.ones(117, 2), b_scale=torch.ones(3, 1, 1)),
+     r"\[scale-shape\] a_scale \[117, 2\] and b_scale \[3, 1, 1\] fit no scale granularity .*block: a_scale "
+     r"\[117, 1\], b_scale \[3, 1, 1\] or \[3, 64, 1\]"),
+    ("block-b-scale-columns", _with(ROWS, a_scale=torch.ones(117, 1), b_scale=torch.ones(3, 32, 1)),
+     r"\[scale-shape\] a_scale \[117, 1\] and b_scale \[3, 32, 1\] fit no scale granularity"),
+    ("row-b-scale-groups", _with(ROWS, a_scale=torch.ones(117), b_scale=torch.ones(2, 64)),
+     r"\[scale-shape\] .* row: a_scale \[117\], b_scale \[3, 64\]"),
+    ("granularity-not-fitting", _with(ROWS, a_scale=torch.ones(117), b_scale=torch.ones(3, 64), granularity="block"),
+     r"\[scale-shape\] a_scale \[117\] and b_scale \[3, 64\] fit no block granularity"),
+    ("granularity-name", _with(ROWS, granularity="channel"), r"\[granularity\] granularity = 'channel'"),
+    ("block-e5m2", _with(ROWS, a=ROWS["a"].float().to(E5M2), b=ROWS["b"].float().to(E5M2),
+                         a_scale=torch.ones(117, 1), b_scale=torch.ones(3, 1, 1)),
+     r"\[dtype\] no NT variant with block scales for a torch.float8_e5m2"),
+    ("trans-a-without-trans-b", _with(ROWS, a=fp8(128, 117), b=fp8(3, 128, 64), trans_a=True, trans_b=False),
+     r"\[layout\] trans_a=True \(a \[K, sum_m\]\) takes b as \[G, N, K\]"),
+    ("tt-sum-m-align", _with(ROWS, a=fp8(128, 117), trans_a=True), r"\[sum_m%16\] sum_m \(a.shape\[1\], trans_a\)"),
 ]
 
 
@@ -121,6 +139,11 @@ VK_BAD = [
     ("m-align", _with(VK, a=fp8(187, 40)), r"\[M%16\] M = 40"),
     ("out-dtype", _with(VK, out_dtype=torch.float64), r"\[dtype\] out_dtype is torch.float64"),
     ("contiguity", _with(VK, a=fp8(48, 187).T), r"\[contiguity\] a must be contiguous"),
+    ("block-group-start", _with(VK, a_scale=torch.ones(2, 48), b_scale=torch.ones(2, 1)),
+     r"\[group_offs\] group 2 starts at row 130, not a multiple of 128: block scales of the wgrad"),
+    ("row-scale-shape", _with(VK, a_scale=torch.ones(3, 47), b_scale=torch.ones(80)),
+     r"\[scale-shape\] a_scale \[3, 47\] and b_scale \[80\] fit no scale granularity .*row: a_scale \[48\] or "
+     r"\[3, 48\], b_scale \[80\] or \[3, 80\]"),
 ]
 
 
@@ -129,6 +152,29 @@ def test_variable_k_op_guards_leave_out_untouched(name, args, match):
     out = torch.full((3, args["a"].shape[1], 80), float("nan"), dtype=torch.bfloat16)
     with pytest.raises(guards.GuardError, match=match):
         mxgemm.grouped_gemm_fp8_variable_k(**{**args, "out_dtype": args.get("out_dtype", torch.bfloat16)}, out=out)
+    assert bool(out.isnan().all())
+
+
+def test_scale_granularity_ambiguous_or_misaligned_raises():
+    """[G, X] scales of a wgrad with G = ceil(sum_k / 128) fit both row and block: granularity=
+    decides (and runs); TT groups starting off a multiple of 16 are refused (16-byte reads along
+    sum_m). out stays untouched."""
+    c = variable_k_case(lens=(128, 59))
+    scales = dict(a_scale=torch.full((2, 48), 0.5), b_scale=torch.full((2, 80), 2.0))
+    out = torch.full((2, 48, 80), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(guards.GuardError, match=r"\[granularity\] a_scale \[2, 48\] and b_scale \[2, 80\] fit both "
+                                                r"row and block scales: pass granularity="):
+        mxgemm.grouped_gemm_fp8_variable_k(**{**c, **scales}, out=out)
+    assert bool(out.isnan().all())
+    got = mxgemm.grouped_gemm_fp8_variable_k(**{**c, **scales}, granularity="row")
+    offs = offsets([128, 59])
+    metrics.assert_bitwise_equal(got, reference.grouped_gemm_fp8_variable_k_ref(
+        c["a"], scales["a_scale"], c["b"], scales["b_scale"], offs, granularity="row"), "row")
+    tt = dict(rows_case(lens=(40, 0, 88)), trans_a=True)
+    tt["a"] = tt["a"].T.contiguous()
+    out = torch.full((128, 64), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(guards.GuardError, match=r"\[group_offs\] group 2 starts at row 40, not a multiple of 16"):
+        mxgemm.grouped_gemm_fp8_kernel(**tt, out=out)
     assert bool(out.isnan().all())
 
 

@@ -208,44 +208,96 @@ def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
     return out
 
 
-# ---- FP8 tensorwise grouped GEMM (one fp32 scale per tensor) ----
-def _tensorwise(a, sa, b, sb, out_dtype, old=None) -> torch.Tensor:
-    """a [M, R] x b [N, R]^T fp8 -> out_dtype: rne(acc * fp32(sa * sb) [+ fp32(old)]), acc summed
-    in TENSORWISE_CHUNK (= the f8f6f4 MFMA's K) chunks from the first row of R; ``old``: the
-    value accumulated into (added in fp32 before the one rounding)."""
-    acc = _accumulate(F.decode(a, _fmt(a)), F.decode(b, _fmt(b)), TENSORWISE_CHUNK)
-    v = acc * (sa.float() * sb.float())
+# ---- FP8 grouped GEMM (grouped_gemm_fp8: tensorwise, row-wise or 128-block fp32 scales) ----
+def _scaled_dot(a, sa, b, sb, granularity, out_dtype, old=None, kb0=0) -> torch.Tensor:
+    """a [M, R] x b [N, R]^T fp8 -> out_dtype, the contraction summed exactly per TENSORWISE_CHUNK
+    (= the f8f6f4 MFMA's K) chunk from the first element of R (fp32 rounding once per chunk).
+      tensor / row: acc = the fp32 chunk sums added in order from +0; v = acc * fp32(sa * sb),
+        sa a scalar or [M], sb a scalar or [N].
+      block: acc = acc + fp32(chunk c) * fp32(sa[:, kb0 + c] * sb[:, kb0 + c]) (three RNE roundings
+        per chunk), sa [M, kblocks], sb [N, kblocks]; v = acc.
+    out = rne(v) or, accumulating into ``old``, rne(v + fp32(old)) (one rounding)."""
+    av, bv = F.decode(a, _fmt(a)), F.decode(b, _fmt(b))
+    if granularity == "block":
+        sa, sb = sa.float(), sb.float()
+        v = _accumulate(av, bv, TENSORWISE_CHUNK,
+                        lambda c, p: p.float() * (sa[:, kb0 + c, None] * sb[None, :, kb0 + c]))
+    else:
+        v = _accumulate(av, bv, TENSORWISE_CHUNK) * (sa.float().reshape(-1, 1) * sb.float().reshape(1, -1))
     return _out(v if old is None else v + old.float(), out_dtype)
+
+
+def _granularity(b_scale, granularity, dims):
+    """tensor for one scale, else the given granularity or that of b_scale's rank (dims: rank -> name)."""
+    if b_scale.numel() == 1 and b_scale.dim() <= 1:
+        return "tensor"
+    return granularity or dims[b_scale.dim()]
+
+
+def _per_column_blocks(sb, n):
+    """Block scales of b [rows, kblocks] with rows = n (one per column) or ceil(n / 128) -> [n, kblocks]."""
+    return sb if sb.shape[0] == n else sb.repeat_interleave(FP8_BLOCK, 0)[:n]
+
+
+def grouped_gemm_fp8_ref(a, a_scale, b, b_scale, group_offs, trans_b: bool = True, out_dtype=torch.bfloat16, *,
+                         a_mn_major: bool = False, accumulate_into=None, granularity=None) -> torch.Tensor:
+    """Groups along the rows of out: for the rows i of group g (group_offs[g] <= i < group_offs[g+1]),
+    out[i] = A[i] . B_g^T with A [sum_m, K] = a (a [sum_m, K]) or a^T (a_mn_major: a [K, sum_m]) and
+    B_g = b[g] (trans_b: b [G, N, K]) or b[g]^T (b [G, K, N]); fp8 operands. Scales (fp32):
+      tensor: a_scale, b_scale one value each;
+      row:    a_scale [sum_m] (per out row), b_scale [G, N] (per group and out column);
+      block:  a_scale [sum_m, ceil(K/128)], b_scale [G, ceil(N/128) or N, ceil(K/128)] (128x128 or
+              one per column), promoted per 128-K chunk (_scaled_dot).
+    The granularity is b_scale's (one value / rank 2 / rank 3). Rows past group_offs[G] (a padded
+    tail) are 0 (accumulating: rne(+0 + old)). accumulate_into: [sum_m, N] of out_dtype, added in
+    fp32 before the one rounding."""
+    gran = _granularity(b_scale, granularity, {2: "row", 3: "block"})
+    n = b.shape[1] if trans_b else b.shape[2]
+    rows = a.shape[1] if a_mn_major else a.shape[0]
+    out = torch.zeros(rows, n, dtype=out_dtype)
+    for g, s, e in _groups(group_offs):
+        ag = a[:, s:e].T if a_mn_major else a[s:e]
+        bg = b[g] if trans_b else b[g].T
+        sa, sb = (a_scale, b_scale) if gran == "tensor" else (a_scale[s:e], b_scale[g])
+        if gran == "block":
+            sb = _per_column_blocks(sb, n)
+        old = None if accumulate_into is None else accumulate_into[s:e]
+        out[s:e] = _scaled_dot(ag, sa, bg, sb, gran, out_dtype, old)
+    end = int(group_offs[-1])
+    if accumulate_into is not None:   # the tail's product is +0: -0 becomes +0
+        out[end:] = _out(accumulate_into[end:].float() + 0.0, out_dtype)
+    return out
+
+
+def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16,
+                                    accumulate_into=None, granularity=None) -> torch.Tensor:
+    """Variable-K (wgrad): a [sum_k, M] fp8, b [sum_k, N] fp8 -> [G, M, N], out[g] = a_g^T b_g over
+    the group's rows (empty group -> 0) with the group's scales; chunks start at the group's first
+    row. Scales (fp32):
+      tensor: one value each;
+      row:    a_scale [M] or [G, M] (per out row, shared by the groups or per group), b_scale [N] or [G, N];
+      block:  a_scale [ceil(sum_k/128), M], b_scale [ceil(sum_k/128), ceil(N/128) or N] (DeepGEMM's
+              K-grouped layout: the 128-row block index is global, every group starts on a
+              multiple of 128), promoted per chunk.
+    granularity "row" or "block" must be given for non-scalar scales. accumulate_into: [G, M, N]
+    of out_dtype, the result is then that + the product (fp32 add, one rounding)."""
+    gran = _granularity(b_scale, granularity, {})
+    out = torch.zeros(len(group_offs) - 1, a.shape[1], b.shape[1], dtype=out_dtype)
+    for g, s, e in _groups(group_offs):
+        old = None if accumulate_into is None else accumulate_into[g]
+        sa, sb, kb0 = a_scale, b_scale, 0
+        if gran == "row":
+            sa, sb = (x[g] if x.dim() == 2 else x for x in (a_scale, b_scale))
+        elif gran == "block":
+            assert s % FP8_BLOCK == 0, "block scales: each group starts on a 128-row block"
+            sa, sb, kb0 = a_scale.T, _per_column_blocks(b_scale.T, b.shape[1]), s // FP8_BLOCK
+        out[g] = _scaled_dot(a[s:e].T, sa, b[s:e].T, sb, gran, out_dtype, old, kb0)
+    return out
 
 
 def _groups(group_offs: torch.Tensor):
     o = group_offs.tolist()
     return [(g, o[g], o[g + 1]) for g in range(len(o) - 1)]
-
-
-def grouped_gemm_fp8_ref(a, a_scale, b, b_scale, group_offs, trans_b: bool = True,
-                         out_dtype=torch.bfloat16) -> torch.Tensor:
-    """a [sum_m, K] fp8, b [G, N, K] (trans_b, forward) or [G, K, N] (dgrad) fp8, fp32 scalar
-    scales, group_offs int64 [G+1] (rows group_offs[g]:group_offs[g+1] of a belong to group g)
-    -> [sum_m, N]: out[m] = a_scale * b_scale * b[g] a[m] (rows outside every group 0)."""
-    n = b.shape[1] if trans_b else b.shape[2]
-    out = torch.zeros(a.shape[0], n, dtype=out_dtype)
-    for g, s, e in _groups(group_offs):
-        out[s:e] = _tensorwise(a[s:e], a_scale, b[g] if trans_b else b[g].T, b_scale, out_dtype)
-    return out
-
-
-def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16,
-                                    accumulate_into=None) -> torch.Tensor:
-    """Variable-K (wgrad): a [sum_k, M] fp8, b [sum_k, N] fp8 -> [G, M, N], out[g] = a_scale *
-    b_scale * a_g^T b_g over the group's rows (empty group -> 0); chunks start at the group's first
-    row. accumulate_into: [G, M, N] of out_dtype, the result is then that + the product (fp32 add,
-    one rounding)."""
-    out = torch.zeros(len(group_offs) - 1, a.shape[1], b.shape[1], dtype=out_dtype)
-    for g, s, e in _groups(group_offs):
-        old = None if accumulate_into is None else accumulate_into[g]
-        out[g] = _tensorwise(a[s:e].T, a_scale, b[s:e].T, b_scale, out_dtype, old)
-    return out
 
 
 # ---- FP8 block-scale grouped GEMM (DeepGEMM semantics) ----

@@ -238,20 +238,34 @@ def _grouped_fp8_wgrad_variants(formats, tile):
 
 
 _GROUPED_FP8_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e5m2", "e4m3"), ("e4m3", "e5m2"))
+# Scales are read through byte strides (stride 0: one scale), so tensorwise and row-wise scales
+# share the variants above; e4m3 adds TT (a MN-major) and fp32 out / accumulation (DeepGEMM's
+# d = a b^T + c) for the row layouts at 64 x 64. GRAN=block: 128-K block scales promoted per
+# contraction step, e4m3, 128 x 128 bf16 NT / NN, every layout at 64 x 64 (bf16; f32 with ACCUM 0 / 1;
+# last: the race sweep's sample).
+_E4M3_64 = dict(FMT="e4m3", FMT_B="e4m3", BM=64, BN=64)
+_GROUPED_FP8_ROW_EXTRA = (dict(LAYOUT="TT", OUT="bf16", **_E4M3_64),) + tuple(
+    dict(LAYOUT=lay, OUT="f32", ACCUM=acc, **_E4M3_64) for lay in ("NT", "NN", "TT") for acc in (0, 1))
+_GROUPED_FP8_BLOCK = tuple(dict(v, GRAN="block") for v in (
+    *(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=128, BN=128) for lay in ("NT", "NN")),
+    *(dict(LAYOUT=lay, OUT=o, **_E4M3_64, **acc) for lay in ("NT", "NN", "TN", "TT")
+      for o, acc in (("bf16", {}), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1))))))
 
 
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
     symbol="grouped_gemm_fp8",
-    args=("a", "a_scale", "b", "b_scale", "group_offs", "out", "G", "M", "N", "K", "group_m", "grid"),
+    args=("a", "a_scale", "b", "b_scale", "group_offs", "out", "G", "M", "N", "K", "group_m", "grid",
+          "sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift"),
     # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
     grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
     variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
-    + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128),
-    doc="per-tensor FP8 grouped GEMM (e4m3/e5m2 or mixed, fp32 scales) on v_mfma_f32_16x16x128_f8f6f4: fwd NT, "
-        "dgrad NN, variable-K wgrad TN; on-device group scan, 64-bit tile rebasing, bf16/f16 out; the wgrad also "
-        "fp32 out and out += result (fused main_grad accumulation)"))
+    + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
+    + _GROUPED_FP8_ROW_EXTRA + _GROUPED_FP8_BLOCK,
+    doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) on "
+        "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "
+        "scan, 64-bit tile rebasing, bf16/f16/f32 out, out += result (fused main_grad accumulation)"))
 
 # --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4, every pair of e4m3, e5m2, e2m1) ---
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).

@@ -1,7 +1,23 @@
-"""Tensorwise FP8 grouped GEMM for MoE training: forward / dgrad (groups along the rows of a)
-and variable-K wgrad (groups along the contraction), one FlyDSL kernel family
+"""FP8 grouped GEMM for MoE training: forward / dgrad (groups along the rows of a) and
+variable-K wgrad (groups along the contraction), one FlyDSL kernel family
 (flydsl_kernels/grouped_gemm_fp8.py; bit-exact model: mxgemm.reference.grouped_gemm_fp8_ref /
-grouped_gemm_fp8_variable_k_ref).
+grouped_gemm_fp8_variable_k_ref), with fp32 scales of three granularities, told apart by the
+scale tensors' shapes (``granularity=`` names one where shapes alone are ambiguous):
+
+  granularity  grouped_gemm_fp8_kernel (out [R, N], R = a's rows)   grouped_gemm_fp8_variable_k (out [G, M, N])
+  tensor       a_scale, b_scale: one value each (shape [] or [1])  the same
+  row          a_scale [R] (per out row), b_scale [G, N]            a_scale [M] or [G, M], b_scale [N] or [G, N]
+  block        a_scale [R, ceil(K/128)],                             a_scale [ceil(sum_k/128), M],
+               b_scale [G, ceil(N/128), ceil(K/128)] (128x128)       b_scale [ceil(sum_k/128), ceil(N/128)] (128x128)
+               or [G, N, ceil(K/128)] (one per column)               or [ceil(sum_k/128), N] (one per column)
+
+Scale tensors are read in place through their strides (any strides: row-major, or MN-major as
+DeepGEMM's TMA-aligned scales [.., ceil(K/128)] with unit row stride and a padded column
+stride); every element offset times 4 must stay below 2^31. Block scales are promoted per
+128-wide contraction block (acc += fp32 block sum * fp32(sa * sb)); the variable-K wgrad then
+needs every non-empty group to start on a multiple of 128 (DeepGEMM's K-grouped rule): its
+block index is global, (group_offs[g] + c) / 128. Tensorwise and row scales multiply the fp32
+accumulator once in the epilogue.
 
 Config space (every config gives the same bits; they differ in speed only): the tile BM x BN (a
 registered variant), GROUP_M (row tiles per band of the tile order sharing a B column tile) and
@@ -23,7 +39,9 @@ _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
-_OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # the wgrad also writes (and accumulates into) fp32
+_OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # fp32 out and accumulation (the wgrad; the rows' e4m3 variants)
+GRANULARITIES = ("tensor", "row", "block")
+SCALE_BLOCK = 128          # block scales: one per 128 contraction elements (and per 128 columns of b, or one)
 _MAX_ROWS = 1 << 31       # row counts and group offsets are i32 inside the kernel
 _VOFFSET_ROWS = 256       # a tile's 32-bit buffer offsets span up to max(BM, BN, 128) row strides
 ARCH, = _FACTS.archs         # the one arch the tuned table is for
@@ -48,10 +66,7 @@ def _check_operands(x, names_2d, b_dim, outs=_OUT):
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
     for n in ("a_scale", "b_scale"):
-        t = getattr(x, n)
-        guards.check_dtype(t, n, torch.float32)
-        if t.numel() != 1:
-            guards.fail("shape", f"{n} must hold one fp32 scale (tensorwise); got shape {list(t.shape)}")
+        guards.check_dtype(getattr(x, n), n, torch.float32)
     guards.check_dtype(x.group_lens, "group_lens", torch.int64)
     guards.check_dtype(x.group_offs, "group_offs", torch.int64)
     if x.out_dtype not in outs:
@@ -67,9 +82,74 @@ def _check_operands(x, names_2d, b_dim, outs=_OUT):
     named = dict(a=x.a, a_scale=x.a_scale, b=x.b, b_scale=x.b_scale, group_lens=x.group_lens,
                  group_offs=x.group_offs, out=x.out)
     for n, t in named.items():
-        if t is not None:
+        if t is not None and n not in ("a_scale", "b_scale"):   # scales are read through their strides
             guards.check_contiguous(t, n)
     return G, guards.check_same_device(**named)
+
+
+def _scale_strides(x, forms: dict) -> tuple:
+    """(granularity, the kernel's scale arguments) of a call. forms: granularity -> (the shapes
+    a_scale may have, those b_scale may have, a function of the two tensors giving the kernel's
+    byte strides). The granularity is the one whose shapes fit (or x.granularity, which must)."""
+    if x.granularity is not None and x.granularity not in GRANULARITIES:
+        guards.fail("granularity", f"granularity = {x.granularity!r}; expected None (from the scales' shapes) or one "
+                                   f"of {', '.join(map(repr, GRANULARITIES))}")
+    sa, sb = x.a_scale, x.b_scale
+    fit = lambda t, shapes: tuple(t.shape) in shapes  # noqa: E731
+    fits = [g for g, (a_shapes, b_shapes, _) in forms.items() if fit(sa, a_shapes) and fit(sb, b_shapes)]
+    want = [x.granularity] if x.granularity else list(forms)
+    shapes = "; ".join(f"{g}: a_scale {' or '.join(map(str, map(list, f[0])))}, b_scale "
+                       f"{' or '.join(map(str, map(list, f[1])))}" for g, f in forms.items() if g in want)
+    chosen = [g for g in fits if g in want]
+    if not chosen:
+        guards.fail("scale-shape", f"a_scale {list(sa.shape)} and b_scale {list(sb.shape)} fit no "
+                                   f"{x.granularity or 'scale'} granularity of this call; expected {shapes}")
+    if len(chosen) > 1:
+        guards.fail("granularity", f"a_scale {list(sa.shape)} and b_scale {list(sb.shape)} fit both "
+                                   f"{' and '.join(chosen)} scales: pass granularity=")
+    gran = chosen[0]
+    for n, t in (("a_scale", sa), ("b_scale", sb)):
+        last = 4 * sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d)
+        if t.numel() and last + 4 > guards.VOFFSET_LIMIT:
+            guards.fail("2GB-voffset", f"{n}'s last element lies {last} bytes from its first: the kernel's "
+                                       f"scale offsets must stay below 2^31")
+    names = ("sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift")
+    return gran, dict(zip(names, forms[gran][2](sa, sb)))
+
+
+def _bytes(t, dim):
+    return 4 * t.stride(dim)
+
+
+_TENSORWISE = (0,) * 7
+_ONE = ((1,), ())
+
+
+def _row_shift(sb, n):
+    """sb_shift of block scales b_scale [.., n or ceil(n / 128), ..] (dim 1): one per column or per 128."""
+    return 0 if sb.shape[1] == n else 7
+
+
+def _rows_forms(R, G, N, K) -> dict:
+    """Scale shapes and kernel strides of grouped_gemm_fp8_kernel (module docstring table)."""
+    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    return {"tensor": (_ONE, _ONE, lambda sa, sb: _TENSORWISE),
+            "row": (((R,),), ((G, N),), lambda sa, sb: (0, _bytes(sa, 0), 0, _bytes(sb, 0), _bytes(sb, 1), 0, 0)),
+            "block": (((R, kb),), ((G, nb, kb), (G, N, kb)),
+                      lambda sa, sb: (0, _bytes(sa, 0), _bytes(sa, 1), _bytes(sb, 0), _bytes(sb, 1), _bytes(sb, 2),
+                                      _row_shift(sb, N)))}
+
+
+def _variable_k_forms(G, M, N, sum_k) -> dict:
+    """Scale shapes and kernel strides of grouped_gemm_fp8_variable_k (module docstring table)."""
+    kb, nb = -(-sum_k // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    per_group = lambda t: (_bytes(t, 0) if t.dim() == 2 else 0, _bytes(t, -1))  # noqa: E731   [G, X] or [X]
+    return {"tensor": (_ONE, _ONE, lambda sa, sb: _TENSORWISE),
+            "row": (((M,), (G, M)), ((N,), (G, N)),
+                    lambda sa, sb: (*per_group(sa), 0, *per_group(sb), 0, 0)),
+            "block": (((kb, M),), ((kb, nb), (kb, N)),
+                      lambda sa, sb: (0, _bytes(sa, 1), _bytes(sa, 0), 0, _bytes(sb, 1), _bytes(sb, 0),
+                                      _row_shift(sb, N)))}
 
 
 def _check_out(x, shape):
@@ -116,18 +196,22 @@ def tuned_table(path=None) -> dict:
             for r in tuned.read_rows(path or CONFIG_CSV)}
 
 
-def _variant(layout, a_dtype, b_dtype, out_dtype, cfg, accumulate=False):
-    """The registered variant of a config, or None."""
+def _variant(layout, a_dtype, b_dtype, out_dtype, cfg, accumulate=False, gran="tensor"):
+    """The registered variant of a config, or None. Tensorwise and row scales share the variants
+    without a GRAN key (stride-0 scales are one scale); block scales have GRAN=block."""
     want = dict(LAYOUT=layout, FMT=_FMT[a_dtype], FMT_B=_FMT[b_dtype], OUT=_OUT_WGRAD[out_dtype], BM=cfg["BM"],
                 BN=cfg["BN"])
     if accumulate or out_dtype == torch.float32:   # the variants that have an ACCUM key
         want["ACCUM"] = int(accumulate)
+    if gran == "block":
+        want["GRAN"] = "block"
     return want if want in _FACTS.variants else None
 
 
-def _call_variant(layout, x, cfg):
-    """The registered variant of a config for call ``x`` (its formats, output, accumulation), or None."""
-    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg, getattr(x, "accumulate", False))
+def _call_variant(layout, x, cfg, gran):
+    """The registered variant of a config for call ``x`` (its formats, output, accumulation,
+    scale granularity), or None."""
+    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg, x.accumulate, gran)
 
 
 def parse_config(config) -> dict | None:
@@ -139,9 +223,9 @@ def parse_config(config) -> dict | None:
     return cfg
 
 
-def _registered_tiles(layout, x) -> list:
-    """(BM, BN) of the variants registered for the call's layout, formats and output, smallest first."""
-    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if _call_variant(layout, x, v)},
+def _registered_tiles(layout, x, gran) -> list:
+    """(BM, BN) of the variants registered for the call's layout, formats, output and scales, smallest first."""
+    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if _call_variant(layout, x, v, gran)},
                   key=lambda t: t[0] * t[1])
 
 
@@ -149,31 +233,36 @@ def _tiles_str(tiles) -> str:
     return ", ".join(f"{bm} x {bn}" for bm, bn in tiles) or "none"
 
 
-def choose_config(x, layout, G, M, N, K, table=None):
+def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     """The Choice for a call (options: GROUP_M, PERSISTENT): the caller's config, else the tuned row
-    of its problem if its tile is registered for the call's formats, else the heuristic."""
+    of its problem if its tile is registered for the call's formats and scales, else the heuristic."""
     forced = parse_config(x.config)
     if forced is not None:
-        variant = _call_variant(layout, x, forced)
+        variant = _call_variant(layout, x, forced, gran)
         if variant is None:
             guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
-                                  f"{_OUT_WGRAD[x.out_dtype]} variant with {forced['BM']} x {forced['BN']} tiles; "
-                                  f"registered tiles: {_tiles_str(_registered_tiles(layout, x))}")
+                                  f"{_OUT_WGRAD[x.out_dtype]} variant{_BLOCK_NOTE[gran]} with {forced['BM']} x "
+                                  f"{forced['BN']} tiles; registered tiles: "
+                                  f"{_tiles_str(_registered_tiles(layout, x, gran))}")
         return _choice(variant, forced, "config given by the caller")
     row = (tuned_table() if table is None else table).get(problem_key(layout, G, M, N, K))
-    if row is not None and _call_variant(layout, x, row[0]) is not None:
-        return _choice(_call_variant(layout, x, row[0]), row[0],
+    if row is not None and _call_variant(layout, x, row[0], gran) is not None:
+        return _choice(_call_variant(layout, x, row[0], gran), row[0],
                        f"tuned table row (source={row[1]})")
     cfg = heuristic_config(layout, G, M, N, x.out_dtype)
-    fit = [t for t in _registered_tiles(layout, x) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
+    fit = [t for t in _registered_tiles(layout, x, gran) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
     if not fit:
-        accum = getattr(x, "accumulate", False)
+        block = dict(GRAN="block") if gran == "block" else {}
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
-                       for v in _FACTS.variants if v["LAYOUT"] == layout})
-        guards.fail("dtype", f"no {layout} variant for a {x.a.dtype} x b {x.b.dtype} -> {x.out_dtype}"
-                             f"{' accumulating into out' if accum else ''}; registered for {layout}: {', '.join(have)}")
+                       for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")})
+        guards.fail("dtype", f"no {layout} variant{_BLOCK_NOTE[gran]} for a {x.a.dtype} x b {x.b.dtype} -> "
+                             f"{x.out_dtype}{' accumulating into out' if x.accumulate else ''}; registered for "
+                             f"{layout}{_BLOCK_NOTE[gran]}: {', '.join(have) or 'none'}")
     cfg = dict(cfg, BM=fit[-1][0], BN=fit[-1][1])   # mixed formats have fewer tiles: the largest not above the rule's
-    return _choice(_call_variant(layout, x, cfg), cfg, "heuristic")
+    return _choice(_call_variant(layout, x, cfg, gran), cfg, "heuristic")
+
+
+_BLOCK_NOTE = {"tensor": "", "row": "", "block": " with block scales"}   # tensor and row share the variants
 
 
 def _choice(variant, cfg, why) -> Choice:
@@ -191,8 +280,13 @@ def _grid(options, tiles, num_cu):
 
 
 def _plan_rows(x) -> Plan:
-    G, device = _check_operands(x, "[sum_m, K]", 3)
-    sum_m, K = x.a.shape
+    G, device = _check_operands(x, "[sum_m, K] ([K, sum_m] with trans_a)", 3, _OUT_WGRAD)
+    if x.accumulate and x.out is None:
+        guards.fail("accumulate", "accumulate=True adds the product into out: pass out ([sum_m, N] of out_dtype)")
+    if x.trans_a and not x.trans_b:
+        guards.fail("layout", "trans_a=True (a [K, sum_m]) takes b as [G, N, K] (trans_b=True) only: the layouts are "
+                              "NT, NN and TT")
+    K, sum_m = x.a.shape if x.trans_a else x.a.shape[::-1]
     if x.trans_b:
         N, kb = x.b.shape[1], x.b.shape[2]
         b_form = "[G, N, K] (trans_b=True)"
@@ -201,29 +295,34 @@ def _plan_rows(x) -> Plan:
         b_form = "[G, K, N] (trans_b=False)"
     if kb != K:
         guards.fail("shape", f"b has K = {kb} (shape {list(x.b.shape)}, {b_form}) but a has K = {K} "
-                             f"(shape {list(x.a.shape)})")
+                             f"(shape {list(x.a.shape)}{', trans_a' if x.trans_a else ''})")
     if x.b.shape[0] != G:
         guards.fail("shape", f"b holds {x.b.shape[0]} groups (shape {list(x.b.shape)}) but group_lens has {G}")
     guards.check_multiple(K, "K", _FACTS.k_align, f"K%{_FACTS.k_align}")
     guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
+    if x.trans_a:   # a's rows are read in 16-byte chunks along sum_m
+        guards.check_multiple(sum_m, "sum_m (a.shape[1], trans_a)", 16, "sum_m%16")
     _check_out(x, (sum_m, N))
-    _check_sizes(sum_m, "sum_m", dict(a=K, b=K if x.trans_b else N, out=2 * N))
+    gran, strides = _scale_strides(x, _rows_forms(sum_m, G, N, K))
+    esize = x.out_dtype.itemsize
+    _check_sizes(sum_m, "sum_m", dict(a=sum_m if x.trans_a else K, b=K if x.trans_b else N, out=esize * N))
     if x.num_cu is not None and x.num_cu < 1:
         guards.fail("num_cu", f"num_cu = {x.num_cu}; expected None or >= 1")
     name = "grouped_gemm_fp8_kernel"
     shape = dict(out_shape=(sum_m, N), out_dtype=x.out_dtype)
     if sum_m == 0 or N == 0:
         return empty_plan(name, **shape)
-    layout = "NT" if x.trans_b else "NN"
-    choice = choose_config(x, layout, G, sum_m, N, K)
+    layout = ("TT" if x.trans_a else "NT") if x.trans_b else "NN"
+    choice = choose_config(x, layout, G, sum_m, N, K, gran=gran)
     variant, cfg, source = choice.variant, choice.options, choice.why
     bm, bn = variant["BM"], variant["BN"]
     # tiles without reading group_lens on the host: sum_g ceil(len_g / BM) <= ceil(sum_m / BM) + G
     grid, grid_why = _grid(cfg, (-(-sum_m // bm) + G) * -(-N // bn), x.num_cu)
-    why = (f"{'forward (NT)' if x.trans_b else 'dgrad (NN)'}, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
+    what = {"NT": "forward (NT)", "NN": "dgrad (NN)", "TT": "TT (a MN-major)"}[layout]
+    why = (f"{what}, {gran} scales, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
            f"GROUP_M={cfg['GROUP_M']}, {grid_why}; config: {source}")
     return kernel_plan(name, _KERNEL, variant, device, why, **shape,
-                       grid=grid, G=G, M=sum_m, N=N, K=K, group_m=cfg["GROUP_M"])
+                       grid=grid, G=G, M=sum_m, N=N, K=K, group_m=cfg["GROUP_M"], **strides)
 
 
 def _plan_variable_k(x) -> Plan:
@@ -238,26 +337,30 @@ def _plan_variable_k(x) -> Plan:
     guards.check_multiple(M, "M", _FACTS.n_align, f"M%{_FACTS.n_align}")
     guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
     _check_out(x, (G, M, N))
-    _check_sizes(sum_k, "sum_k", dict(a=M, b=N, out=2 * N))
+    gran, strides = _scale_strides(x, _variable_k_forms(G, M, N, sum_k))
+    _check_sizes(sum_k, "sum_k", dict(a=M, b=N, out=x.out_dtype.itemsize * N))
     name = "grouped_gemm_fp8_variable_k"
     shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
     if G * M * N == 0:
         return empty_plan(name, **shape)
-    choice = choose_config(x, "TN", G, M, N, sum_k)
+    choice = choose_config(x, "TN", G, M, N, sum_k, gran=gran)
     variant, cfg, source = choice.variant, choice.options, choice.why
     bm, bn = variant["BM"], variant["BN"]
     grid, grid_why = _grid(cfg, G * -(-M // bm) * -(-N // bn), None)
     return kernel_plan(name, _KERNEL, variant, device,
-                       f"variable-K wgrad (TN), {bm} x {bn} tiles (G x tiles of [M, N]), GROUP_M={cfg['GROUP_M']}, "
-                       f"{grid_why}; config: {source}", **shape, grid=grid, G=G, M=M, N=N, K=sum_k,
-                       group_m=cfg["GROUP_M"])
+                       f"variable-K wgrad (TN), {gran} scales, {bm} x {bn} tiles (G x tiles of [M, N]), "
+                       f"GROUP_M={cfg['GROUP_M']}, {grid_why}; config: {source}", **shape, grid=grid, G=G, M=M, N=N,
+                       K=sum_k, group_m=cfg["GROUP_M"], **strides)
 
 
 def _check_groups(x, plan) -> None:
     """group_lens non-negative, summing to at most the grouped dimension (the rest is a padded
-    tail); group_offs its prefix sums from 0."""
+    tail); group_offs its prefix sums from 0; TT: groups start on multiples of 16; the wgrad with
+    block scales: non-empty groups start on multiples of 128."""
     lens, offs = x.group_lens.cpu(), x.group_offs.cpu()
-    rows, what = x.a.shape[0], "a.shape[0] (" + ("sum_m)" if plan.op == "grouped_gemm_fp8_kernel" else "sum_k)")
+    rows_op = plan.op == "grouped_gemm_fp8_kernel"
+    rows = x.a.shape[1] if rows_op and x.trans_a else x.a.shape[0]
+    what = ("a.shape[1] (sum_m)" if x.trans_a else "a.shape[0] (sum_m)") if rows_op else "a.shape[0] (sum_k)"
     if lens.numel() and int(lens.min()) < 0:
         g = int((lens < 0).nonzero()[0])
         guards.fail("group_lens", f"group_lens[{g}] = {int(lens[g])} is negative")
@@ -268,32 +371,58 @@ def _check_groups(x, plan) -> None:
         g = int((offs != want).nonzero()[0])
         guards.fail("group_offs", f"group_offs[{g}] = {int(offs[g])}; expected {int(want[g])} "
                                   f"(0 then the running sum of group_lens)")
+    layout, align = (plan.variant or {}).get("LAYOUT"), None
+    if layout == "TT":
+        align, why = 16, "TT reads a's rows in 16-byte chunks along sum_m"
+    elif layout == "TN" and plan.variant.get("GRAN") == "block":
+        align, why = SCALE_BLOCK, "block scales of the wgrad are per 128 rows of sum_k (DeepGEMM's K-grouped rule)"
+    if align:
+        bad = ((offs[:-1] % align != 0) & (lens > 0)).nonzero()
+        if len(bad):
+            g = int(bad[0])
+            guards.fail("group_offs", f"group {g} starts at row {int(offs[g])}, not a multiple of {align}: {why}")
 
 
 @op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
     convert={"config": CONFIG_GRAMMAR.text},
-    out_shape=lambda x: ((x.a.shape[0], x.b.shape[1] if x.trans_b else x.b.shape[2]), x.out_dtype))
+    out_shape=lambda x: ((x.a.shape[1] if x.trans_a else x.a.shape[0], x.b.shape[1] if x.trans_b else x.b.shape[2]),
+                         x.out_dtype))
 def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                             group_lens: torch.Tensor, group_offs: torch.Tensor | None = None, trans_b: bool = True,
                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
-                            out: torch.Tensor | None = None, config: str = "", validate: bool = True) -> torch.Tensor:
-    """Grouped GEMM with tensorwise FP8 operands, groups along the rows of ``a`` (MoE forward
-    and dgrad): for g < G and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
-        out[r, :] = rne(fp32(a_scale * b_scale) * a[r, :] . B_g)   with fp32 accumulation,
-    B_g = b[g]^T (trans_b, b [G, N, K]: forward) or b[g] (b [G, K, N]: dgrad).
+                            out: torch.Tensor | None = None, trans_a: bool = False, accumulate: bool = False,
+                            granularity: str | None = None, config: str = "", validate: bool = True) -> torch.Tensor:
+    """Grouped GEMM with FP8 operands, groups along the rows of out (MoE forward and dgrad; with
+    G = 1 and group_lens [M] a dense GEMM): for g < G and the rows r of group g
+    (group_offs[g] <= r < group_offs[g + 1]),
+        out[r, j] = rne(fp32(sa * sb) * sum_k A[r, k] B_g[j, k])   (tensor / row scales), or
+        out[r, j] = rne(acc), acc += fp32(sum over 128-block kb) * fp32(sa[r, kb] * sb[j, kb])   (block),
+    fp32 accumulation, and with accumulate=True rne(that + fp32(out[r, j])) (one rounding):
+      trans_a  trans_b  layout  A                      B_g
+      False    True     NT      a [sum_m, K]           b [G, N, K]  (forward; DeepGEMM fp8_gemm_nt with G = 1)
+      False    False    NN      a [sum_m, K]           b [G, K, N]  (dgrad; fp8_gemm_nn)
+      True     True     TT      a [K, sum_m] (A = a^T)  b [G, N, K]  (fp8_gemm_tt)
+    (fp8_gemm_tn, both operands MN-major, is grouped_gemm_fp8_variable_k with one group.)
 
-    a: [sum_m, K] float8_e4m3fn or float8_e5m2; b the same, or mixed as hybrid training's dgrad
-    has it (a e5m2 gradients x b e4m3 weights, NN, bf16 out); a_scale, b_scale: one fp32
-    each (dequantisation scales: value = fp8 * scale). group_lens: int64 [G] (>= 0, summing to at
-    most sum_m: rows past the sum are a padded tail, as of an over-allocated activation buffer,
-    never read, their out rows zeros); group_offs: int64 [G + 1] = [0, cumsum(group_lens)]
-    (computed when None).
-    K % 16 == 0, N % 16 == 0. out_dtype: torch.bfloat16 or torch.float16; out: optional
-    [sum_m, N] of that dtype. num_cu: cap the grid at this many workgroups (persistent: each
+    a, b: float8_e4m3fn or float8_e5m2 (mixed as hybrid training's dgrad has it: a e5m2 x b e4m3,
+    NN / NT, bf16 out), contiguous in the shapes above. Scales, fp32 dequantisation factors
+    (value = fp8 * scale), read through their strides (module docstring table), R = sum_m:
+      tensor: a_scale, b_scale one value each;
+      row:    a_scale [R] (per out row, i.e. per token), b_scale [G, N] (per group and out column);
+      block:  a_scale [R, ceil(K/128)] (1x128), b_scale [G, ceil(N/128), ceil(K/128)] (128x128) or
+              [G, N, ceil(K/128)] (one per column); e4m3 only.
+    granularity: None (from the shapes) or "tensor" / "row" / "block" (must fit the shapes).
+    group_lens: int64 [G] (>= 0, summing to at most sum_m: rows past the sum are a padded tail,
+    as of an over-allocated activation buffer, never read, their out rows 0 (accumulate: out's
+    value + 0)); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
+    K % 16 == 0, N % 16 == 0; TT: sum_m % 16 == 0 and every group_offs entry a multiple of 16.
+    out_dtype: torch.bfloat16 or torch.float16, or torch.float32 (e4m3 only); out: optional
+    [sum_m, N] of that dtype, required by accumulate=True (out += the product: DeepGEMM's
+    d = a b^T + c with d = c). num_cu: cap the grid at this many workgroups (persistent: each
     loops over tiles); None leaves the grid to the config. config: force one (parse_config);
     default: the tuned table row of the problem, else heuristic_config (module docstring).
-    validate: check group_lens / group_offs against sum_m before the launch (on a GPU a
-    device-to-host copy and a sync); False skips it for callers that know them valid.
+    validate: check group_lens / group_offs against sum_m (and TT's alignment) before the launch
+    (on a GPU a device-to-host copy and a sync); False skips it for callers that know them valid.
     """
 
 
@@ -303,20 +432,34 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
 def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                 group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                                 out_dtype: torch.dtype = torch.bfloat16, *,
-                                out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
+                                out: torch.Tensor | None = None, accumulate: bool = False,
+                                granularity: str | None = None, config: str = "",
                                 validate: bool = True) -> torch.Tensor:
-    """Grouped GEMM with tensorwise FP8 operands, groups along the contraction (MoE wgrad):
-        out[g] = rne(fp32(a_scale * b_scale) * a_g^T b_g),  a_g / b_g the rows of group g,
-    fp32 accumulation in 128-row chunks from the group's first row; an empty group gives zeros.
+    """Grouped GEMM with FP8 operands, groups along the contraction (MoE wgrad; with one group
+    DeepGEMM's fp8_gemm_tn, out [1, M, N]):
+        out[g] = rne(fp32(sa * sb) * a_g^T b_g)   (tensor / row scales), or
+        out[g] = rne(acc), acc += fp32(128-row block sum) * fp32(sa * sb of that block)   (block),
+    a_g / b_g the rows of group g, fp32 accumulation in 128-row chunks from the group's first
+    row; an empty group gives zeros (accumulate: out[g] + 0).
 
     a: [sum_k, M], b: [sum_k, N], float8_e4m3fn or float8_e5m2 (one format, or e4m3 with e5m2
-    in either order with bf16 out: hybrid training's wgrad); a_scale, b_scale: one fp32 each.
+    in either order with bf16 out: hybrid training's wgrad), contiguous. Scales, fp32, read
+    through their strides (module docstring table):
+      tensor: one value each;
+      row:    a_scale [M] (per out row, shared by the groups: Primus-Turbo's row-wise wgrad) or
+              [G, M] (per group), b_scale [N] or [G, N];
+      block:  a_scale [ceil(sum_k/128), M], b_scale [ceil(sum_k/128), N] (one per column,
+              DeepGEMM's K-grouped wgrad) or [ceil(sum_k/128), ceil(N/128)] (128x128); block kb
+              covers rows 128 kb .. 128 kb + 127 of sum_k, so every non-empty group must start on a
+              multiple of 128 (checked with the groups); e4m3 only.
+    granularity: None (from the shapes; [G, X] and [ceil(sum_k/128), X] scales with
+    G = ceil(sum_k/128) need it) or "tensor" / "row" / "block".
     group_lens int64 [G] summing to at most sum_k (rows past the sum: a padded tail, never read);
     group_offs int64 [G + 1] (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
     (torch.bfloat16, torch.float16 or torch.float32). accumulate: out += the product (beta = 1,
-    in the kernel's epilogue: out[g] = rne(fp32(out[g]) + fp32(a_scale * b_scale) * a_g^T b_g));
-    out required, fp32 or bf16 (Megatron's main_grad). config, validate: as for
-    grouped_gemm_fp8_kernel.
+    in the kernel's epilogue: out[g] = rne(fp32(out[g]) + the scaled product)); out required,
+    fp32 or bf16 (Megatron's main_grad; DeepGEMM's K-grouped wgrad accumulates into fp32 d).
+    config, validate: as for grouped_gemm_fp8_kernel.
     """
 
 

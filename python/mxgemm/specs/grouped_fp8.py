@@ -1,5 +1,6 @@
 """grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k and the autograd op grouped_gemm_fp8
-(ops/grouped_fp8.py): tensorwise FP8 MoE grouped GEMM, forward NT, dgrad NN, wgrad TN."""
+(ops/grouped_fp8.py): FP8 MoE grouped GEMM with tensorwise, row-wise or 128-block scales,
+forward NT, dgrad NN, wgrad TN, TT (a MN-major)."""
 from __future__ import annotations
 
 import torch
@@ -26,23 +27,34 @@ KERNEL = "grouped_gemm_fp8"
 
 
 def call(kernel, v, shape, inp: Inputs) -> Call:
-    """Groups of m rows (NT / NN) or m contraction rows (TN: out [G, N, K])."""
+    """Groups of m rows (NT / NN / TT) or m contraction rows (TN: out [G, N, K])."""
     G, m, N, K = shape["groups"], shape["m"], shape["N"], shape["K"]
     lens = torch.full((G,), m, dtype=torch.int64, device=inp.device)
     if v["LAYOUT"] == "TN":
-        return Call(WGRAD, (inp.fp8(G * m, N), _one(inp), inp.fp8(G * m, K), _one(inp), lens), **_wgrad_out(v, G, N, K))
-    nt = v["LAYOUT"] == "NT"
-    a, b = inp.fp8(G * m, K), inp.fp8(G, N, K) if nt else inp.fp8(G, K, N)
-    return Call(ROWS, (a, _one(inp), b, _one(inp), lens), dict(trans_b=nt))
+        sa, sb = _scales(v, inp, (-(-G * m // 128), N), (-(-G * m // 128), -(-K // 128)))
+        return Call(WGRAD, (inp.fp8(G * m, N), sa, inp.fp8(G * m, K), sb, lens), **_out_kw(v, (G, N, K)))
+    a = inp.fp8(K, G * m) if v["LAYOUT"] == "TT" else inp.fp8(G * m, K)
+    b = inp.fp8(G, K, N) if v["LAYOUT"] == "NN" else inp.fp8(G, N, K)
+    sa, sb = _scales(v, inp, (G * m, -(-K // 128)), (G, -(-N // 128), -(-K // 128)))
+    out = _out_kw(v, (G * m, N))
+    out["kw"].update(trans_b=v["LAYOUT"] != "NN", trans_a=v["LAYOUT"] == "TT")
+    return Call(ROWS, (a, sa, b, sb, lens), **out)
 
 
-def _wgrad_out(v, G, M, N) -> dict:
-    """A wgrad call's out arguments for variant v: its out_dtype, and for ACCUM=1 accumulate=True
+def _scales(v, inp: Inputs, a_shape, b_shape):
+    """Ones: one each (tensorwise) or block scales of these shapes (GRAN=block)."""
+    if v.get("GRAN") == "block":
+        return torch.ones(a_shape, device=inp.device), torch.ones(b_shape, device=inp.device)
+    return _one(inp), _one(inp)
+
+
+def _out_kw(v, shape) -> dict:
+    """A call's out arguments for variant v: its out_dtype, and for ACCUM=1 accumulate=True
     into an out holding values (a main_grad)."""
     dtype = OUT_DTYPES[v["OUT"]]
     if not v.get("ACCUM"):
         return dict(kw=dict(out_dtype=dtype))
-    out = torch.randn(G, M, N, generator=torch.Generator().manual_seed(11)).to(dtype)
+    out = torch.randn(*shape, generator=torch.Generator().manual_seed(11)).to(dtype)
     return dict(kw=dict(out_dtype=dtype, out=out, accumulate=True), out=out)
 
 
@@ -68,21 +80,29 @@ def work(kernel, v, groups, m, N, K) -> Work:
 
 
 def race(kernel, v) -> list:
-    """TN: sizes that make the op pick variant v, one K step + a 2-row tail, then a short group.
-    NT / NN (variant forced by config, a persistent grid of 1): nine groups, so the group scans
-    run the compiler's 8- and 4-unrolled bodies and their remainders, of sizes bm + 2, 0 x 7 and
-    bm - 2 (a partial second row tile); K = three steps, so the K loop runs its 2-unrolled body
-    and its remainder step."""
+    """TN: sizes that make the op pick variant v, one K step + a short group (block scales: the
+    second group on the next 128-row block). NT / NN / TT (variant forced by config, a
+    persistent grid of 1): nine groups, so the group scans run the compiler's 8- and 4-unrolled
+    bodies and their remainders, of sizes bm + d, 0 x 7 and bm - d (a partial second row tile;
+    d = 2, TT 16: its groups start on multiples of 16); K = three steps, so the K loop runs its
+    2-unrolled body and its remainder step."""
     qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(FP8[v[f]])
               for f in ("FMT", "FMT_B"))
-    bm, bn, one = v["BM"], v["BN"], torch.ones(1)
-    kw = dict(out_dtype=OUT_DTYPES[v["OUT"]])
+    bm, bn = v["BM"], v["BN"]
+    inp = Inputs("data")
     if v["LAYOUT"] == "TN":
-        return [Call(WGRAD, (qa(133, bm), one, qb(133, bn), one, torch.tensor([130, 3])), **_wgrad_out(v, 2, bm, bn))]
-    lens, trans_b, K = torch.tensor([bm + 2] + [0] * 7 + [bm - 2]), v["LAYOUT"] == "NT", 384
-    kw.update(trans_b=trans_b, num_cu=1, config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
-    b = qb(9, bn, K) if trans_b else qb(9, K, bn)
-    return [Call(ROWS, (qa(2 * bm, K), one, b, one, lens), kw)]
+        lens = torch.tensor([128, 5] if v.get("GRAN") == "block" else [130, 3])
+        sa, sb = _scales(v, inp, (2, bm), (2, -(-bn // 128)))
+        return [Call(WGRAD, (qa(133, bm), sa, qb(133, bn), sb, lens), **_out_kw(v, (2, bm, bn)))]
+    d, K = 16 if v["LAYOUT"] == "TT" else 2, 384
+    lens = torch.tensor([bm + d] + [0] * 7 + [bm - d])
+    out = _out_kw(v, (2 * bm, bn))
+    out["kw"].update(trans_b=v["LAYOUT"] != "NN", trans_a=v["LAYOUT"] == "TT", num_cu=1,
+                     config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
+    a = qa(K, 2 * bm) if v["LAYOUT"] == "TT" else qa(2 * bm, K)
+    b = qb(9, K, bn) if v["LAYOUT"] == "NN" else qb(9, bn, K)
+    sa, sb = _scales(v, inp, (2 * bm, 3), (9, -(-bn // 128), 3))
+    return [Call(ROWS, (a, sa, b, sb, lens), **out)]
 
 
 def decode(inp: Inputs) -> dict:

@@ -146,9 +146,8 @@ CATALOGUE = (
         "a partial last K block reads on into the next row instead of zeros past K"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "scale = arith.mulf(llvm.load(b.f32, a_scale), llvm.load(b.f32, b_scale))",
-         "scale = llvm.load(b.f32, a_scale)"),),
-        "epilogue scales by a_scale only, not the product a_scale * b_scale"),
+        (GROUPED_FP8, "return arith.mulf(b.splat_value(b.v4f32, sa), sb)", "return b.splat_value(b.v4f32, sa)"),),
+        "the scale product is a's scale alone, not sa * sb (tensorwise, row-wise and block scales)"),
     Mutation("grouped-fp8-bf16-truncate", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "v = llvm.bitcast(raw, arith.truncf(v4e, v))",
          "v = llvm.bitcast(raw, arith.truncf(v4e, llvm.bitcast(b.v4f32, arith.andi(llvm.bitcast(b.v4i32, v), "
@@ -166,7 +165,8 @@ CATALOGUE = (
         (GROUPED_FP8, 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}', 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 2}'),),
         "fp32 output addressed with 2-byte elements"),
     Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a]", "FMT_CODE[fmt_a], FMT_CODE[fmt_b]"),),
+        (GROUPED_FP8, "FMT_CODE[fmt_b],\n                              FMT_CODE[fmt_a]",
+         "FMT_CODE[fmt_a],\n                              FMT_CODE[fmt_b]"),),
         "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
@@ -177,9 +177,22 @@ CATALOGUE = (
          "total = _group_scan(b, group_offs, G, bm, n_tiles, bid)[0]"),),
         "NT / NN leave the out rows of a padded tail (past group_offs[G]) unwritten instead of zero"),
     Mutation("grouped-fp8-tn-contraction-off-by-one", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "arith.subi(e, s),\n                  out_base, N, scale)",
-         "arith.subi(arith.subi(e, s), b.c(1)),\n                  out_base, N, scale)"),),
+        (GROUPED_FP8, "arith.subi(e, s),\n                  out_base, N, sc, sc_tile)",
+         "arith.subi(arith.subi(e, s), b.c(1)),\n                  out_base, N, sc, sc_tile)"),),
         "variable-K wgrad drops each group's last contraction row"),
+    Mutation("grouped-fp8-block-scale-next-k-block", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "sa_off = [v + kb * self.sa_sk for v in sa_off]",
+         "sa_off = [v + (kb + 1) * self.sa_sk for v in sa_off]"),),
+        "block scales: each step reads a's scale of the next 128-wide contraction block (off by one)"),
+    Mutation("grouped-fp8-sb-shift-ignored", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "col = [c >> self.sb_shift for c in col]", "col = [c >> 7 for c in col]"),),
+        "block scales of b always read per 128 output columns: per-column ((1, 1, 128) recipe) scales ignored"),
+    Mutation("grouped-fp8-block-promotion-skipped", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, 'zero if gran == "block" else acc[t]', "acc[t]"),),
+        "block scales multiply the MFMA's running sum (C = acc), not each block's exact partial from C = 0"),
+    Mutation("grouped-fp8-tn-block-index-per-group", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "arith.divui(s, b.c(BK))", "b.c(0)"),),
+        "variable-K block scales: the 128-row block index restarts at each group instead of (offs[g] + c) / 128"),
     # ---- MX GEMM (FlyDSL)
     Mutation("mx-gemm-drop-b-scale", ("mx_gemm",), (
         (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale]",
