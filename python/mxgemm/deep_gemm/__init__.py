@@ -27,8 +27,12 @@ psum layout rows between a group's end and the next aligned start, and past the 
 written as zeros with ``ensure_zero_padding=True`` (2.6's default) and left untouched with False;
 rows >= masked_m of the masked layout are left untouched.
 
-Not covered: DeepGEMM's dense GEMMs (fp8_gemm_nt/nn/tn/tt, the bf16 ones) and NN grouped
-forms, its K-grouped weight-gradient GEMMs, FP4 activations (a), 1 x 32 activation scales
+The dense GEMMs ``fp8_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (2.6: ``fp8_fp4_gemm_*``) and the
+K-grouped weight-gradient GEMMs ``k_grouped_fp8_gemm_tn_contiguous`` / ``_nt_contiguous`` run
+mxgemm's grouped FP8 GEMM family with 128-block scales (``gemm.py``: layouts, ``c``, costs).
+
+Not covered: the bf16 GEMMs and the NN grouped forms, FP4 operands of the dense GEMMs, FP4
+activations (a), 1 x 32 activation scales
 (recipe_a (1, 32)) and the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
 FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
 other than 128 for the psum layout), K % 16 != 0 (K % 32 != 0 with FP4 b) and N % 32 != 0 (the
@@ -39,6 +43,14 @@ import torch
 from .. import guards
 from ..ops._op import OPS
 from ..ops.deep_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
+from .gemm import (
+    fp8_gemm_nn,
+    fp8_gemm_nt,
+    fp8_gemm_tn,
+    fp8_gemm_tt,
+    k_grouped_fp8_gemm_nt_contiguous,
+    k_grouped_fp8_gemm_tn_contiguous,
+)
 from .layout import (
     align,
     ceil_div,
@@ -179,7 +191,12 @@ def explain(fn, *args, **kw):
     return OPS["deep_gemm_fp8_grouped_gemm"].explain(*flat, **flat_kw)
 
 
-__all__ = ["align", "ceil_div", "explain", "get_k_alignment_for_contiguous_layout",
+# DeepGEMM 2.6 names the dense GEMMs fp8_fp4_gemm_*; FP4 operands have no dense kernel here
+fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
+
+__all__ = ["align", "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+           "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "k_grouped_fp8_gemm_nt_contiguous",
+           "k_grouped_fp8_gemm_tn_contiguous", "get_k_alignment_for_contiguous_layout",
            "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "get_m_alignment_for_contiguous_layout",
            "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
            "get_mn_major_tma_aligned_tensor", "get_num_sms", "get_pdl", "get_tc_util",

@@ -1,0 +1,221 @@
+"""DeepGEMM's dense and K-grouped FP8 GEMMs on mxgemm's grouped FP8 GEMM family
+(``mxgemm.grouped_gemm_fp8_kernel`` / ``grouped_gemm_fp8_variable_k`` with block scales).
+
+A dense GEMM is a grouped GEMM with one group: d[M, N] = a[M, K] . b[N, K]^T, each operand
+K-major or MN-major (told from its strides, as DeepGEMM does), 1x128 scales for a and 128x128
+(recipe (1, 128, 128)) or 1x128 (recipe (1, 1, 128)) scales for b, promoted exactly per 128-K
+block in fp32. Operand majorness picks the kernel layout, so no operand is copied:
+
+  a        b        kernel layout
+  K-major  K-major  NT (grouped_gemm_fp8_kernel, G = 1)
+  K-major  MN-major NN
+  MN-major K-major  TT
+  MN-major MN-major TN (grouped_gemm_fp8_variable_k, one group of K rows, out [1, M, N])
+
+``c`` (fp32, like d): d = a b^T + c in the kernel's epilogue (one rounding); ``c`` may be ``d``
+itself, otherwise it is copied into d first (as DeepGEMM does). UE8M0 scales packed four to an
+int32 are unpacked to their fp32 powers of two (exact); gran_k must be 128 (DeepGEMM's gran_k
+32 is its SM100 FP4 path). ``set_num_sms`` caps the persistent grid. ``compiled_dims`` and
+``disable_ue8m0_cast`` change nothing here (fp32 scales are never cast).
+
+The K-grouped wgrad ``k_grouped_fp8_gemm_tn_contiguous``: a [sum_k, M], b [sum_k, N] (MN-major),
+per-channel scales [sum_k / 128, M | N], d [G, M, N] fp32 += the per-group products.
+``k_grouped_fp8_gemm_nt_contiguous`` (K-major groups, DeepGEMM's SM90 form: group g's a is an
+M x k_g K-major block at offset M * sum(k before g)) transposes each group's operands into the
+MN-major form first: a copy of a and b per call.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import guards
+from ..ops.grouped_fp8 import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
+from .layout import TILE_ALIGNMENT, align, get_mk_alignment_for_contiguous_layout, unpack_ue8m0_from_int
+from .runtime import get_num_sms
+
+GRAN_K = 128
+
+
+def _pair(x, name: str):
+    if not (isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x)):
+        guards.fail("args", f"{name} must be a (fp8 tensor, scales) pair as in DeepGEMM; got {type(x).__name__}")
+    return x
+
+
+def _k_major(t: torch.Tensor, name: str) -> bool:
+    """DeepGEMM's majorness rule: K-major when the last (K) dim has unit stride, else MN-major
+    (unit stride along the dim before)."""
+    if t.dim() != 2 or not (t.stride(-1) == 1 or t.stride(-2) == 1):
+        guards.fail("layout", f"{name} must be a 2-D matrix with unit stride along K or MN; got shape "
+                              f"{list(t.shape)}, strides {t.stride()}")
+    return t.stride(-1) == 1
+
+
+def _fp32_scales(sf: torch.Tensor, name: str) -> torch.Tensor:
+    """fp32 scales, or packed UE8M0 int32 scales unpacked to their fp32 powers of two."""
+    if sf.dtype == torch.int32:
+        return unpack_ue8m0_from_int(sf)
+    guards.check_dtype(sf, name, (torch.float32, torch.int32))
+    return sf
+
+
+def _check_recipe(recipe, recipe_a, recipe_b, sfb_rows: int, n: int) -> None:
+    """The block-scale recipe must be mxgemm's (1x128 a; 128x128 or 1x128 b) and fit sfb."""
+    if recipe is None and recipe_a is None and recipe_b is None:
+        return
+    if recipe is not None:
+        if recipe_a is not None or recipe_b is not None:
+            guards.fail("recipe", "pass either recipe or recipe_a + recipe_b, as DeepGEMM")
+        gran_m, gran_n, gran_k = recipe
+        gran_k_b = gran_k
+    else:
+        if recipe_a is None or recipe_b is None:
+            guards.fail("recipe", f"recipe_a {recipe_a} and recipe_b {recipe_b}: give both, as DeepGEMM")
+        (gran_m, gran_k), (gran_n, gran_k_b) = recipe_a, recipe_b
+    if gran_m != 1 or gran_n not in (1, GRAN_K) or gran_k != GRAN_K or gran_k_b != GRAN_K:
+        guards.fail("recipe", f"recipe {recipe or (recipe_a, recipe_b)}: mxgemm's block scales are 1x{GRAN_K} for "
+                              f"a and {GRAN_K}x{GRAN_K} or 1x{GRAN_K} for b")
+    if sfb_rows != -(-n // gran_n):
+        guards.fail("recipe", f"recipe gran_n = {gran_n} needs sfb with {-(-n // gran_n)} rows for N = {n}; "
+                              f"sfb has {sfb_rows}")
+
+
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None, recipe_a=None, recipe_b=None,
+                compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """d[M, N] = a[M, K] . b[N, K]^T (+ c) with block scales, written in place.
+    a = (e4m3 [M, K], sfa fp32 [M, ceil(K/128)]), b = (e4m3 [N, K], sfb fp32 [ceil(N/128),
+    ceil(K/128)] or [N, ceil(K/128)]); each of a and b K-major or MN-major (a view with unit
+    stride along M / N); scales in any strides; d bf16 or fp32 [M, N] row-major; c fp32 like d."""
+    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    a_k, b_k = _k_major(x, "a"), _k_major(w, "b")
+    sfa, sfb = _fp32_scales(sfa, "sfa"), _fp32_scales(sfb, "sfb")
+    m, k = x.shape
+    n = w.shape[0]
+    guards.check_shape(w, "b", (n, k))
+    _check_recipe(recipe, recipe_a, recipe_b, sfb.shape[0], n)
+    guards.check_shape(d, "d", (m, n))
+    guards.check_dtype(d, "d", (torch.bfloat16, torch.float32))
+    accumulate = c is not None
+    if accumulate:
+        guards.check_dtype(c, "c", d.dtype)
+        guards.check_shape(c, "c", (m, n))
+    if m == 0 or n == 0:
+        return
+    if k == 0:                                    # the empty sum: d = c, or 0
+        d.copy_(c) if accumulate else d.zero_()
+        return
+    lens = torch.tensor([k if not (a_k or b_k) else m], dtype=torch.int64, device=x.device)
+    if not a_k and not b_k:                       # both MN-major: one contraction group
+        op, args = grouped_gemm_fp8_variable_k, (x.t(), sfa.t(), w.t(), sfb.t(), lens)
+        kw = dict(out=d.unsqueeze(0))
+    else:
+        op, args = grouped_gemm_fp8_kernel, (x if a_k else x.t(), sfa, (w if b_k else w.t()).unsqueeze(0),
+                                             sfb.unsqueeze(0), lens)
+        kw = dict(out=d, trans_b=b_k, trans_a=not a_k, num_cu=get_num_sms())
+    kw.update(out_dtype=d.dtype, accumulate=accumulate, granularity="block")
+    _run_after_copy(op, args, kw, d, c)
+
+
+def _run_after_copy(op, args, kw, d, c) -> None:
+    """Check the call, then copy c into d (when c is another tensor), then run: a refused call
+    leaves d untouched."""
+    op.check(*args, **kw)
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    op(*args, **kw)
+
+
+def fp8_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                disable_ue8m0_cast=False) -> None:
+    """fp8_gemm_nt with b given as (e4m3 [K, N], sfb [ceil(K/128), ceil(N/128) or N]): DeepGEMM's
+    alias, b transposed (a view)."""
+    (w, sfb) = _pair(b, "b")
+    fp8_gemm_nt(a, (w.t(), sfb.t()), d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+def fp8_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
+                disable_ue8m0_cast=False) -> None:
+    """fp8_gemm_nt with a given as (e4m3 [K, M], sfa [ceil(K/128), M]) and b as in fp8_gemm_nn."""
+    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    fp8_gemm_nt((x.t(), sfa.t()), (w.t(), sfb.t()), d, c, recipe, recipe_a, recipe_b, compiled_dims,
+                disable_ue8m0_cast)
+
+
+def fp8_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
+                disable_ue8m0_cast=False) -> None:
+    """fp8_gemm_nt with a given as (e4m3 [K, M], sfa [ceil(K/128), M]); b as in fp8_gemm_nt."""
+    (x, sfa) = _pair(a, "a")
+    fp8_gemm_nt((x.t(), sfa.t()), b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
+    """(group_lens, group_offs) int64 of the K-grouped layout: groups one after another, each
+    starting on a multiple of the contiguous-layout alignment (psum: group ends given)."""
+    if not isinstance(grouped_layout, torch.Tensor):
+        guards.fail("type", f"grouped_layout must be an int32 torch.Tensor; got {type(grouped_layout).__name__}")
+    guards.check_dtype(grouped_layout, "grouped_layout", torch.int32)
+    align_k = get_mk_alignment_for_contiguous_layout()
+    if align_k % TILE_ALIGNMENT:
+        guards.fail("alignment", f"the contiguous-layout alignment is {align_k}: the K-grouped kernels need every "
+                                 f"group to start on a multiple of {TILE_ALIGNMENT} (its 128-K scale block)")
+    if use_psum_layout:
+        ends = grouped_layout.cpu().tolist()
+        starts = [0] + [align(e, align_k) for e in ends[:-1]]
+        lens = [e - s for s, e in zip(starts, ends)]
+    else:
+        if not ks_cpu:
+            guards.fail("ks_cpu", "ks_cpu (the groups' K, a list) is required without the psum layout")
+        lens = list(ks_cpu)
+        bad = [k for k in lens if k % align_k]
+        if bad:
+            guards.fail("alignment", f"ks_cpu {lens}: every group's K must be a multiple of the alignment {align_k}")
+        starts = [sum(lens[:g]) for g in range(len(lens))]
+    if any(k < 0 for k in lens) or (lens and starts[-1] + lens[-1] > rows):
+        guards.fail("grouped_layout", f"groups of K {lens} starting at {starts} do not fit the {rows} rows of a")
+    device = grouped_layout.device
+    offs = torch.tensor(starts + [starts[-1] + lens[-1] if lens else 0], dtype=torch.int64, device=device)
+    return offs[1:] - offs[:-1], offs
+
+
+def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layout: torch.Tensor,
+                                     c: torch.Tensor | None = None, recipe=(1, 1, 128), compiled_dims: str = "mn",
+                                     use_psum_layout: bool = False) -> None:
+    """d[g] = c[g] + a_g^T b_g for the K groups g: a = (e4m3 [sum_k, M], sfa fp32 [sum_k/128, M]),
+    b = (e4m3 [sum_k, N], sfb fp32 [sum_k/128, N]), d fp32 [G, M, N], c fp32 [G, M, N] (may be d).
+    ks_cpu: the groups' K (multiples of the alignment); with use_psum_layout, grouped_layout
+    holds the groups' end rows instead (a group starts at the previous end aligned up)."""
+    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    if tuple(recipe) != (1, 1, GRAN_K):
+        guards.fail("recipe", f"recipe {tuple(recipe)}: the K-grouped GEMM takes (1, 1, {GRAN_K})")
+    if c is None:
+        guards.fail("c", "c is required (d = c + a^T b), as in DeepGEMM")
+    guards.check_dtype(d, "d", torch.float32)
+    guards.check_dtype(c, "c", torch.float32)
+    guards.check_shape(c, "c", tuple(d.shape))
+    group_lens, group_offs = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0])
+    _run_after_copy(grouped_gemm_fp8_variable_k,
+                    (x, _fp32_scales(sfa, "sfa"), w, _fp32_scales(sfb, "sfb"), group_lens, group_offs),
+                    dict(out=d, out_dtype=torch.float32, accumulate=True, granularity="block"), d, c)
+
+
+def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layout: torch.Tensor,
+                                     c: torch.Tensor | None = None, recipe=(1, 1, 128), compiled_dims: str = "mn",
+                                     use_psum_layout: bool = False) -> None:
+    """The K-grouped wgrad with K-major groups: a = (e4m3 flat [sum_k * M]: group g an [M, k_g]
+    K-major block, sfa [M, sum_k/128]), b alike with N; d, c fp32 [G, M, N]. Each group is
+    transposed into the MN-major form of k_grouped_fp8_gemm_tn_contiguous (a copy per call)."""
+    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    if use_psum_layout:
+        guards.fail("use_psum_layout", "the K-major K-grouped GEMM has no psum layout (as in DeepGEMM)")
+    g_count, m, n = d.shape
+    ks = list(ks_cpu or [])
+    sum_k = sum(ks)
+    guards.check_shape(x.reshape(-1), "a", (sum_k * m,))
+    guards.check_shape(w.reshape(-1), "b", (sum_k * n,))
+
+    def mn_major(flat, rows):
+        parts = torch.split(flat.reshape(-1), [k * rows for k in ks])
+        return torch.cat([p.view(rows, -1).t() for p in parts]) if ks else flat.reshape(0, rows)
+
+    k_grouped_fp8_gemm_tn_contiguous((mn_major(x, m), sfa.t()), (mn_major(w, n), sfb.t()), d, ks, grouped_layout,
+                                     c, recipe, compiled_dims, False)

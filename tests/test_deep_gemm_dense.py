@@ -1,0 +1,129 @@
+"""mxgemm.deep_gemm's dense and K-grouped FP8 GEMMs (DeepGEMM's signatures) on the emulator:
+bit-exact against an independent model of the block-scale promotion, and DeepGEMM's own
+accuracy bar (calc_diff < 1e-3) against the unquantised product."""
+import pytest
+import torch
+
+import mxgemm.deep_gemm as deep_gemm
+from mxgemm import formats as F
+from mxgemm.deep_gemm import utils
+from mxgemm.guards import GuardError
+
+
+def promoted(xq, sfa, wq, sfb, k_block=128):
+    """fp32 d of DeepGEMM's block promotion, modelled independently: per 128-K block, the exact
+    sum of the fp8 products rounded once to fp32, times fp32(sa * sb), added into fp32 from +0.
+    xq [M, K], wq [N, K] fp8; sfa [M, kb]; sfb [N, kb] (per row of w, already expanded)."""
+    x, w = xq.double(), wq.double()
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32)
+    for kb in range(-(-x.shape[1] // k_block)):
+        blk = slice(kb * k_block, (kb + 1) * k_block)
+        p = (x[:, blk] @ w[:, blk].T).float()            # exact in float64, one rounding
+        s = (sfa[:, kb, None].float() * sfb[None, :, kb].float())
+        acc = acc + p * s
+    return acc
+
+
+def quantised(m, n, k, seed, per_channel_b=False):
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    xq, sfa = utils.per_token_cast_to_fp8(a, use_ue8m0=False)
+    if per_channel_b:
+        wq, sfb = utils.per_token_cast_to_fp8(b, use_ue8m0=False)
+        sfb_rows = sfb
+    else:
+        wq, sfb = utils.per_block_cast_to_fp8(b, use_ue8m0=False)
+        sfb_rows = sfb.repeat_interleave(128, 0)[:n]
+    return a, b, (xq, sfa), (wq, sfb), promoted(xq, sfa, wq, sfb_rows)
+
+
+def major(t, k_major):
+    """The same matrix K-major (contiguous) or MN-major (a view of a transposed copy)."""
+    return t if k_major else t.t().contiguous().t()
+
+
+@pytest.mark.parametrize("a_k,b_k", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["NT", "NN", "TT", "TN"])
+def test_dense_layouts_bit_exact_and_deepgemm_accuracy(a_k, b_k):
+    m, n, k = 64, 64, 256
+    a, b, (xq, sfa), (wq, sfb), want = quantised(m, n, k, seed=1)
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    deep_gemm.fp8_gemm_nt((major(xq, a_k), major(sfa, a_k)), (major(wq, b_k), sfb), d)
+    assert torch.equal(d.view(torch.int16), F.bf16_rne(want).view(torch.int16))
+    assert float(utils.calc_diff(d, a @ b.T)) < 1e-3
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["c-is-d", "c-copied"])
+def test_dense_fp32_accumulates_c_per_column_scales(same):
+    m, n, k = 64, 64, 384
+    a, b, xa, wb, want = quantised(m, n, k, seed=2, per_channel_b=True)
+    g = torch.Generator().manual_seed(3)
+    c = torch.randn(m, n, generator=g) * 32
+    d = c.clone() if same else torch.full((m, n), float("nan"))
+    deep_gemm.fp8_gemm_nt(xa, wb, d, c=d if same else c, recipe=(1, 1, 128))
+    assert torch.equal(d, want + c)
+
+
+def test_aliases_transpose_their_operands():
+    m, n, k = 64, 64, 256
+    a, b, (xq, sfa), (wq, sfb), want = quantised(m, n, k, seed=4)
+    expect = F.bf16_rne(want)
+    for fn, x, w in ((deep_gemm.fp8_gemm_nn, (xq, sfa), (wq.t().contiguous(), sfb.t())),
+                     (deep_gemm.fp8_gemm_tn, (xq.t().contiguous(), sfa.t()), (wq.t().contiguous(), sfb.t())),
+                     (deep_gemm.fp8_gemm_tt, (xq.t().contiguous(), sfa.t()), (wq, sfb))):
+        d = torch.empty(m, n, dtype=torch.bfloat16)
+        fn(x, w, d)
+        assert torch.equal(d.view(torch.int16), expect.view(torch.int16)), fn.__name__
+
+
+def test_k_grouped_tn_accumulates_each_group():
+    m, n, ks = 64, 64, [128, 0, 256]
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(sum(ks), m, generator=g), torch.randn(sum(ks), n, generator=g)
+    xq, sfa = utils.per_channel_cast_to_fp8(a, use_ue8m0=False)
+    wq, sfb = utils.per_channel_cast_to_fp8(b, use_ue8m0=False)
+    c = torch.randn(len(ks), m, n, generator=g) * 32
+    d = c.clone()
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (wq, sfb), d, ks, torch.tensor(ks, dtype=torch.int32), c=d)
+    start = 0
+    for i, kg in enumerate(ks):
+        blocks = slice(start // 128, (start + kg) // 128)
+        rows = slice(start, start + kg)
+        want = promoted(xq[rows].t(), sfa[blocks].t(), wq[rows].t(), sfb[blocks].t()) + c[i]
+        assert torch.equal(d[i], want), i
+        ref = c[i] + a[rows].T @ b[rows]
+        assert float(utils.calc_diff(d[i], ref)) < 1e-3
+        start += kg
+
+
+def test_k_grouped_nt_and_psum_forms_match_the_tn_form():
+    m, n, ks = 64, 64, [256, 128]
+    g = torch.Generator().manual_seed(10)
+    a, b = torch.randn(sum(ks), m, generator=g), torch.randn(sum(ks), n, generator=g)
+    (xq, sfa), (wq, sfb) = (utils.per_channel_cast_to_fp8(t, use_ue8m0=False) for t in (a, b))
+    c = torch.randn(len(ks), m, n, generator=g)
+    layout = torch.tensor(ks, dtype=torch.int32)
+    want = c.clone()
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (wq, sfb), want, ks, layout, c=want)
+    flat = lambda q: torch.cat([q[s:s + k].t().reshape(-1) for s, k in ((0, 256), (256, 128))])  # noqa: E731
+    d = torch.empty_like(c)
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((flat(xq), sfa.t()), (flat(wq), sfb.t()), d, ks, layout, c=c)
+    assert torch.equal(d, want)
+    d = c.clone()      # psum: group ends 256 and 384, the second group starting at align(256, 128)
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (wq, sfb), d, None, torch.tensor([256, 384], dtype=torch.int32),
+                                               c=d, use_psum_layout=True)
+    assert torch.equal(d, want)
+
+
+def test_refusals_leave_d_untouched():
+    m, n, k = 64, 64, 256
+    _, _, xa, wb, _ = quantised(m, n, k, seed=6)
+    d = torch.full((m, n), 7.0)
+    c = torch.zeros(m, n)
+    with pytest.raises(GuardError, match=r"\[recipe\]"):
+        deep_gemm.fp8_gemm_nt(xa, wb, d, c=c, recipe=(1, 128, 32))
+    with pytest.raises(GuardError, match=r"\[recipe\]"):
+        deep_gemm.fp8_gemm_nt(xa, wb, d, c=c, recipe=(1, 1, 128))        # sfb is 128x128
+    with pytest.raises(GuardError, match=r"\[shape\]"):
+        deep_gemm.fp8_gemm_nt(xa, wb, torch.zeros(m, n + 1), c=torch.zeros(m, n + 1))
+    assert bool((d == 7.0).all())
