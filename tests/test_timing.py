@@ -229,3 +229,81 @@ def test_timing_does_not_depend_on_where_the_host_buffers_lie():
             mxgemm.mxfp8_dequantize(xs, ss)
             cycles.add(launcher.timings()[0][1]["cycles"])
     assert len(cycles) == 1, (cycles, offsets)
+
+
+def test_a_barrier_releases_its_waves_after_the_tables_latency():
+    """Four waves on four SIMDs pass 32 s_barriers back to back: each round trip is the table's
+    barrier latency (the last arrival to the release of all), nothing else in between."""
+    n = 32
+    src = (r'''
+MXGEMM_KERNEL(barriers)(int* out) {
+  asm volatile("%BODY%" ::: "memory");
+}''').replace("%BODY%", "\\n".join(["s_barrier"] * n))
+    t = _timed(src, "barriers", [torch.zeros(1, dtype=torch.int32)], block=(256, 1, 1))
+    trip = n * M.barrier_latency
+    assert trip <= t["cycles"] <= trip + 2 * n + 50, (t["cycles"], trip)
+    assert t["breakdown"]["stalls"]["barrier"] >= 4 * (n - 1) * (M.barrier_latency - 1)
+
+
+@pytest.mark.parametrize("op, value", [("global_atomic_add_f32", 1.0), ("global_atomic_add", 1)])
+@pytest.mark.parametrize("pattern", ["same", "coalesced", "spread"])
+def test_atomics_cost_their_l2_channel_or_l1_port(op, value, pattern):
+    """One wave issues 32 global atomic adds (no return), its 64 lanes on one address (one line:
+    its channel applies 64 lane operations per instruction), on 64 consecutive dwords (two lines
+    on two channels, 32 operations each) or 128 bytes apart (64 lines: the CU's L1 port passes
+    them at its rate, each channel takes only 4). The time is the table's rate of the unit that
+    binds (the first access's miss to HBM overlaps the queue), and the sums are right."""
+    n = 32
+    offset = {"same": "0", "coalesced": "mxgemm::thread_x() * 4", "spread": "mxgemm::thread_x() * 128"}[pattern]
+    vtype = "float" if isinstance(value, float) else "int"
+    src = (r'''
+MXGEMM_KERNEL(atomics)(%T%* x) {
+  const unsigned off = %OFF%;
+  const %T% one = 1;
+  asm volatile("%BODY%\n s_waitcnt vmcnt(0)" :: "v"(off), "v"(one), "s"(x) : "memory");
+}''').replace("%OFF%", offset).replace("%T%", vtype).replace("%BODY%", "\\n".join([f"{op} %0, %1, %2"] * n))
+    x = torch.zeros(64 * 32, dtype=torch.float32 if vtype == "float" else torch.int32)
+    t = _timed(src, "atomics", [x])
+    xfer = M.line_bytes * M.l2_channels / M.l2_bytes_per_clk
+    lanes_per_line, lines = {"same": (64, 1), "coalesced": (32, 2), "spread": (1, 64)}[pattern]
+    channel = n * (xfer + lanes_per_line * M.atomic_cycles)
+    port = n * lines * M.line_bytes / M.l1_bytes_per_clk
+    rate = max(channel, port)
+    assert rate <= t["cycles"] <= rate + M.hbm_latency + 200, (t["cycles"], channel, port)
+    got = x.view(64, 32)[:, 0] if pattern == "spread" else x[:64] if pattern == "coalesced" else x[:1] / 64
+    assert torch.all(got == n), got
+
+
+def test_stratified_rounds_time_a_grid_whose_tail_is_idle():
+    """A grid whose second half exits at once (a padded tail), on a machine of 2 CUs per XCD
+    holding 4 workgroups each: XCD 0's 64 workgroups are 8 rounds, the first 4 busy. The first
+    round and one from each of 2 strata (rounds 0, 1, 4) give the whole share's time; XCD 0's
+    first 3 rounds, all busy, stand for 8 busy rounds and double it."""
+    import dataclasses
+
+    from mxgemm.timing import rounds_sample
+    small = dataclasses.replace(M, cus=16)
+    src = r'''
+MXGEMM_KERNEL(tail)(unsigned* out, int busy, int iters) {
+  __shared__ unsigned pad[10240];   // 40 KiB: 4 workgroups per CU
+  if ((int)mxgemm::block_x() >= busy) return;
+  unsigned s = mxgemm::thread_x();
+  for (int i = 0; i < iters; ++i) s = s * 2654435761u + 1u;
+  pad[mxgemm::thread_x()] = s;
+  mxgemm::syncthreads();
+  if (pad[(mxgemm::thread_x() + 1) % 64] == 0x12345678u) out[0] = s;
+}'''
+    asm = toolchain.compile_hip_source('#include "mxgemm/device.h"\n' + src)
+    grid, block = (512, 1, 1), (64, 1, 1)
+    prog = Emulator(arch="gfx950").load(asm)
+    strata = rounds_sample(small, prog, "tail", grid, block, 0, 3)
+    firsts = xcd0_sample(grid, 24, small)
+    assert len(strata) == 24 and [i // 8 for i, _, _ in strata][::8] == [0, 8, 32]   # rounds 0, 1, 4
+    times = {}
+    for name, wgs in (("whole", xcd0_sample(grid, 64, small)), ("strata", strata), ("firsts", firsts)):
+        emu = Emulator(arch="gfx950", race_check=False, timing=small)
+        emu.launch(emu.load(asm), "tail", grid=grid, block=block, args=[torch.zeros(1, dtype=torch.int32), 256, 200],
+                   workgroups=wgs)
+        times[name] = emu.last_timing["cycles"]
+    assert times["strata"] == pytest.approx(times["whole"], rel=0.10), times
+    assert times["firsts"] > 1.6 * times["whole"], times

@@ -5,9 +5,10 @@ instructions its waves really issued and the addresses they really touched.
     emu.launch(...)                   # as always; waves run one by one, recording a trace
     emu.last_timing                   # {"us", "cycles", "clock_ghz", "limiter", "sampled", "breakdown"}
 
-``sampled``: the launch ran only some workgroups (``workgroups=``; ``xcd0_sample`` picks whole
-rounds of XCD 0): the time of one XCD's share is the simulated rounds' time scaled by the
-number of rounds (waves of resident workgroups) the share takes. Model, parameters and sources: docs/timing_model.md.
+``sampled``: the launch ran only some workgroups (``workgroups=``; ``xcd0_sample`` picks XCD 0's
+first rounds, ``rounds_sample`` its first round and one from each stratum of the rest): the time
+of one XCD's share is the simulated rounds' time, each standing for the rounds up to the next
+one simulated (rounds: waves of resident workgroups). Model, parameters and sources: docs/timing_model.md.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=Fals
             "valu": r["busy"].get("valu", 0) / (span * m.simds * r["cus"]),
             "lds": r["busy"].get("lds", 0) / (span * r["cus"]),
             "l1": r["busy"].get("l1", 0) / (span * r["cus"]),
-            "l2": r["bytes"].get("l2", 0) / (span * m.l2_bytes_per_clk),
+            "l2": r["busy"].get("l2", 0) / span,
+            "mall": r["bytes"].get("mall", 0) / (span * r["mall_bytes_per_clk"]),
             "hbm": r["bytes"].get("hbm", 0) / (span * r["hbm_bytes_per_clk"])}
     top = max(util, key=util.get)
     return dict(us=cycles / (clock * 1e3), cycles=cycles, clock_ghz=clock,
@@ -85,16 +87,22 @@ def _by_cause(stalls) -> dict:
 
 def _extrapolate(r, share) -> float:
     """Cycles of XCD 0's whole share from the rounds it simulated (a round: as many workgroups
-    as it holds at once): the simulated time plus, per missing round, the mean of the later
-    simulated rounds (the first one alone if there is no later one)."""
+    as it holds at once; the simulated rounds replay back to back). A simulated round stands
+    for itself and the rounds up to the next simulated one (the last: up to the end of the
+    share), and each one it stands for takes as long as it did (docs/timing_model.md §3)."""
     per_round = r["slots"] * r["cus"]
+    total = -(-share // per_round)
+    rounds = sorted({k // per_round for k in r["positions"]})
     done = r["done"]
-    sim, total = -(-len(done) // per_round), -(-share // per_round)
-    if total <= sim:
+    if len(rounds) >= total:
         return r["cycles"]
-    first = done[min(per_round, len(done)) - 1]
-    steady = (done[-1] - first) / (sim - 1) if sim > 1 else first
-    return r["cycles"] + (total - sim) * steady
+    cycles, prev = r["cycles"], 0.0
+    for p, j in enumerate(rounds):
+        end = done[min((p + 1) * per_round, len(done)) - 1]
+        stands_for = (rounds[p + 1] if p + 1 < len(rounds) else total) - j
+        cycles += (stands_for - 1) * (end - prev)
+        prev = end
+    return cycles
 
 
 def xcd0_sample(grid, count: int, machine="mi355x") -> list:
@@ -115,8 +123,18 @@ def round_workgroups(machine, prog, kernel, block, dynamic_lds) -> int:
 
 
 def rounds_sample(machine, prog, kernel, grid, block, dynamic_lds, rounds: int):
-    """The workgroups of XCD 0's first ``rounds`` rounds (None when that is its whole share):
-    what a sampled timing run of this launch executes."""
+    """The workgroups of ``rounds`` rounds of XCD 0's share (None when that is its whole share):
+    what a sampled timing run of this launch executes. The first round (caches and pipes
+    filling) and one round from each of ``rounds - 1`` equal strata of the rest, the stratum's
+    first: a grid whose later workgroups do less (padded tails, early exits) is represented
+    by rounds from all along it, not by its first ones (docs/timing_model.md §3)."""
     m = _machine(machine)
-    count = rounds * round_workgroups(m, prog, kernel, block, dynamic_lds)
-    return None if count >= _xcd0_share(grid, m) else xcd0_sample(grid, count, m)
+    per_round = round_workgroups(m, prog, kernel, block, dynamic_lds)
+    share = _xcd0_share(grid, m)
+    total = -(-share // per_round)
+    if rounds >= total:
+        return None
+    picked = [0] + [1 + i * (total - 1) // (rounds - 1) for i in range(rounds - 1)]
+    ks = [k for j in picked for k in range(j * per_round, min((j + 1) * per_round, share))]
+    gx, gy, _ = grid
+    return [(i % gx, i // gx % gy, i // (gx * gy)) for i in (k * m.xcds for k in ks)]

@@ -1,6 +1,7 @@
 """`python -m mxgemm time`: a kernel of the registry timed on the model at a shape of its perf
 presets, with the basic blocks its cycles went to (without a kernel: a row per case of the
-preset, simulated time beside the roofline); `--calibrate`: the calibration kernels
+preset, simulated time beside the roofline); grids of more than 3 rounds of workgroups on XCD 0
+are sampled (``--rounds``, docs/timing_model.md §3); `--calibrate`: the calibration kernels
 (mxgemm.calibration) timed at M = N = K = 4096 beside their published MI355X results.
 
 `--vs-peers`: our small-M MXFP8 kernels beside Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers).
@@ -56,7 +57,7 @@ def time_case(case, machine="mi355x", rounds=None) -> list:
     """(symbol, timing) of each launch of ``case`` (an mxgemm.specs.Case) through its public op."""
     from .. import launcher, specs
     call = specs.op_call(case)
-    with launcher.emulator_settings(timing=machine, timing_rounds=rounds, race_check=False):
+    with launcher.emulator_settings(timing=machine, timing_rounds=rounds or None, race_check=False):
         call()
         return launcher.timings()
 
@@ -106,7 +107,9 @@ def main(argv) -> int:
     p.add_argument("kernel", nargs="?", help="registry name (its first case in --preset); none: a row per case")
     p.add_argument("--preset", default=specs.SMALL_PRESET, help=f"a preset of mxgemm.specs: {sorted(presets)}")
     p.add_argument("--case", help="the case whose label contains this text")
-    p.add_argument("--rounds", type=int, help="simulate only XCD 0's first ROUNDS rounds of workgroups")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="simulate ROUNDS rounds of XCD 0's workgroups: its first and one per stratum of the rest "
+                        "(mxgemm.timing.rounds_sample; default 3); 0: the whole grid")
     p.add_argument("--blocks", type=int, default=8, help="hottest basic blocks to print")
     p.add_argument("--calibrate", action="store_true", help="the calibration table (about 6 minutes)")
     p.add_argument("--vs-peers", action="store_true",

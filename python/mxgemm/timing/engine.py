@@ -5,8 +5,10 @@ Each CU has ``simds`` SIMDs; a SIMD issues at most one instruction a cycle from 
 waves, a wave one at a time in program order. Pipes: VALU (``valu_cycles`` a wave64
 instruction), the matrix pipe (an MFMA holds it for its cycles: mxgemm.asm_facts.mfma_cycles), the
 CU's LDS pipe (bank-conflict cycles, then ``lds_latency``). Global memory goes through a per-CU
-L1 and the XCD's L2 (LRU caches of lines, addresses from the run) to HBM, each level with its
-latency and (L2, HBM) a bandwidth queue; ``s_waitcnt`` waits for the counted operations to
+L1, the XCD's L2 (a queue per channel, lines hashed over them) and the XCD's share of the MALL
+(LRU caches of lines, addresses from the run) to HBM, each level with its latency, the fabric
+to the MALL and HBM a bandwidth queue each; atomics are applied in the L2 channel, a lane at a
+time; ``s_waitcnt`` waits for the counted operations to
 complete in issue order; ``s_barrier`` for the workgroup's waves. Workgroups are dispatched
 round-robin over the XCDs and, on one, to CUs as slots free (occupancy from registers, LDS and
 waves); the XCDs are taken to be alike, so the one holding workgroup 0 stands for the chip."""
@@ -47,7 +49,7 @@ def _static(instrs):
         if cls == "mfma":
             kind, cost = "mfma", asm_facts.mfma_cycles(ins.text.split(";")[0].strip())
         elif cls.startswith(("vmem", "scratch")):
-            kind, cost = "vmem", 4
+            kind, cost = "vmem", "atomic" if "atomic" in base else "store" if "store" in base else "load"
         elif cls.startswith("lds"):
             kind, cost = "lds", 4
         elif cls == "waitcnt":
@@ -68,6 +70,17 @@ def _static(instrs):
             kind, cost = "salu", 1
         out.append((kind, cost, waits))
     return out
+
+
+def l2_channel(line, channels=16) -> int:
+    """The L2 channel of a line (a 128-byte line index): the XOR of the index's 4-bit groups
+    (assumed, docs/timing_model.md §2: AMD's hash is not public). Consecutive lines go to
+    consecutive channels; so do strides of 16 lines."""
+    x = line ^ (line >> 32)
+    x ^= x >> 16
+    x ^= x >> 8
+    x ^= x >> 4
+    return x % channels
 
 
 def occupancy(m, meta, waves_per_wg, lds_bytes) -> int:
@@ -102,7 +115,12 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
     lds_free = [0.0] * ncu
     ta_free = [0.0] * ncu
     busy = defaultdict(float)
-    q = {"l2": 0.0, "hbm": 0.0}
+    ch_free = [0.0] * m.l2_channels
+    ch_busy = [0.0] * m.l2_channels
+    ch_xfer = m.line_bytes * m.l2_channels / m.l2_bytes_per_clk
+    mall = _Lru(m.mall_bytes // m.xcds // m.line_bytes)
+    mall_bpc = m.mall_bytes_per_s / m.xcds / (clock_ghz * 1e9)
+    q = {"mall": 0.0, "hbm": 0.0}
     nbytes = defaultdict(float)
     heap, seq = [], 0
     free = [slots] * ncu
@@ -128,28 +146,51 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
                 heapq.heappush(heap, (now, seq, wv))
                 seq += 1
 
-    def mem_done(wv, now, lines, store):
+    def mem_done(wv, now, rec, kind):
+        """When a vector memory instruction's data is back (load) or taken (store, atomic): its
+        lines leave the CU's L1 port one after another; loads that miss the L1, stores and
+        atomics go on, line by line, to the L2 (§1)."""
         cu = wv["cu"]
-        start = max(now, ta_free[cu])          # the CU's L1 passes the instruction's lines in turn
-        ta_free[cu] = start + max(1.0, len(lines) * m.line_bytes / m.l1_bytes_per_clk)
+        start = max(now, ta_free[cu])
+        lines, lanes = (rec[1].tolist(), rec[2].tolist()) if rec is not None else ((), ())
+        per_line = m.line_bytes / m.l1_bytes_per_clk
+        ta_free[cu] = start + max(1.0, len(lines) * per_line)
         busy["l1"] += ta_free[cu] - start
-        now = start
         done = ta_free[cu] + m.l1_latency
-        miss = [ln for ln in lines if not l1[cu].hit(ln)] if not store else list(lines)
-        if miss:
-            b = len(miss) * m.line_bytes
-            start = max(now, q["l2"])
-            q["l2"] = start + b / m.l2_bytes_per_clk
-            nbytes["l2"] += b
-            done = max(done, start + m.l2_latency + b / m.l2_bytes_per_clk)
-            to_hbm = [ln for ln in miss if not l2.hit(ln)]
-            if to_hbm:
-                hb = len(to_hbm) * m.line_bytes
-                start = max(now, q["hbm"])
-                q["hbm"] = start + hb / hbm_bpc
-                nbytes["hbm"] += hb
-                done = max(done, start + m.hbm_latency + hb / hbm_bpc)
+        for i, ln in enumerate(lines):
+            if kind == "load" and l1[cu].hit(ln):
+                continue
+            done = max(done, l2_access(start + (i + 1) * per_line, ln, kind, lanes[i]))
         return done
+
+    def l2_access(t, ln, kind, lanes):
+        """A line at its L2 channel (a queue: the line's transfer, plus an atomic's lane
+        operations), then on a miss over the fabric to the MALL (a queue at its bandwidth) and on
+        a MALL miss to HBM (a queue at its bandwidth). Stores are taken by the L2 (write-back):
+        a missing line is allocated and its bytes charged to the fabric and HBM queues on the way
+        out, off the store's path. Returns when the data is back or the write is taken."""
+        c = l2_channel(ln, m.l2_channels)
+        s = max(t, ch_free[c])
+        occ = ch_xfer + (lanes * m.atomic_cycles if kind == "atomic" else 0)
+        ch_free[c] = s + occ
+        ch_busy[c] += occ
+        nbytes["l2"] += m.line_bytes
+        ready = s + occ
+        if l2.hit(ln):
+            return ready + m.l2_latency
+        f = max(ready, q["mall"])
+        q["mall"] = f + m.line_bytes / mall_bpc
+        nbytes["mall"] += m.line_bytes
+        mall_hit = mall.hit(ln)
+        if not mall_hit or kind == "store":       # a written line goes to memory in the end
+            h = max(q["mall"], q["hbm"])
+            q["hbm"] = h + m.line_bytes / hbm_bpc
+            nbytes["hbm"] += m.line_bytes
+        if kind == "store":
+            return ready + m.l2_latency
+        if mall_hit:
+            return q["mall"] + m.mall_latency
+        return q["hbm"] + m.hbm_latency
 
     dispatch(0.0)
     end = 0.0
@@ -195,14 +236,12 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             end = max(end, issue + cost)       # the launch ends when its results are written
         elif kind == "vmem":
             rec = t.mem.get(pos)
-            lines = rec[1] if rec and rec[0] == "vmem" else ()
-            base = instrs[pc].base
-            done = mem_done(wv, issue, lines, "store" in base or "atomic" in base)
-            if instrs[pc].mods.get("lds") or base.startswith("global_load_lds"):
+            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, cost)
+            if instrs[pc].mods.get("lds") or instrs[pc].base.startswith("global_load_lds"):
                 done += m.lds_latency
             wv["vm"].append(max(done, wv["vm"][-1] if wv["vm"] else 0.0))
             end = max(end, done)
-            nxt = issue + cost
+            nxt = issue + 4
         elif kind == "lds":
             rec = t.mem.get(pos)
             cyc = rec[1] if rec and rec[0] == "lds" else 1
@@ -221,7 +260,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             simd_issue[cu][s] = issue + 1
             wv["pos"] = pos + 1
             if len(st["arrived"]) == st["left"]:
-                go = max(a["arrive"] for a in st["arrived"]) + 1
+                go = max(a["arrive"] for a in st["arrived"]) + m.barrier_latency
                 for a in st["arrived"]:
                     stalls[a["t"].pcs[a["pos"] - 1]]["barrier"] += go - a["arrive"]
                     heapq.heappush(heap, (go, seq, a))
@@ -251,6 +290,8 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
         heapq.heappush(heap, (nxt, seq, wv))
         seq += 1
         end = max(end, nxt)
-    return dict(cycles=end, busy=dict(busy), bytes=dict(nbytes), workgroups=len(xcd0), slots=slots, cus=ncu,
+    busy["l2"] = max(ch_busy)                  # the busiest channel
+    return dict(cycles=end, busy=dict(busy), bytes=dict(nbytes), workgroups=len(xcd0),
+                positions=[(g[0] + gx * (g[1] + gy * g[2])) // m.xcds for g in xcd0], slots=slots, cus=ncu,
                 done=sorted(done_at), stalls={pc: dict(c) for pc, c in stalls.items()}, issued=dict(issued),
-                waves_per_wg=waves_per_wg, hbm_bytes_per_clk=hbm_bpc)
+                waves_per_wg=waves_per_wg, hbm_bytes_per_clk=hbm_bpc, mall_bytes_per_clk=mall_bpc)

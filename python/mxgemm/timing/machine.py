@@ -1,6 +1,6 @@
 """Machine descriptions for the timing model: one table per machine. Every value names its
 source in docs/timing_model.md §2 ("measured stand-in": measured on MI300X, taken for MI355X;
-"assumed": no public figure)."""
+"derived": arithmetic on sourced figures under a stated assumption; "assumed": no public figure)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,9 +33,15 @@ class Machine:
     l1_bytes_per_clk: int       # per CU: lines an instruction touches pass at this rate
     l2_bytes: int               # per XCD
     l2_latency: int
-    l2_bytes_per_clk: float     # per XCD
+    l2_bytes_per_clk: float     # per XCD, split evenly over its channels
+    l2_channels: int            # per XCD; a line's channel: engine.l2_channel (assumed hash)
+    atomic_cycles: int          # an L2 channel's atomic unit, per lane operation on a line
+    mall_bytes: int             # Infinity Cache, whole chip (each XCD gets an equal share)
+    mall_latency: int
+    mall_bytes_per_s: float     # whole chip: the fabric from the XCDs to the MALL
     hbm_latency: int
     hbm_bytes_per_s: float      # achievable, whole chip
+    barrier_latency: int        # s_barrier: the last wave's arrival to the release of all
 
 
 def _chip(arch: str) -> dict:
@@ -51,7 +57,8 @@ MI355X = Machine(
     **_chip("gfx950"), xcds=8, loaded_clock_ghz=2.0, valu_cycles=VALU_CYCLES, trans_cycles=16,
     smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128,
     l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64,
-    l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0,
-    hbm_latency=900, hbm_bytes_per_s=8.0e12 * 0.8)
+    l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0, l2_channels=16, atomic_cycles=1,
+    mall_bytes=256 * 1024 * 1024, mall_latency=720, mall_bytes_per_s=8.0e12 * 0.8 * 5.4 / 3.7,
+    hbm_latency=900, hbm_bytes_per_s=8.0e12 * 0.8, barrier_latency=16)
 
 MACHINES = {"mi355x": MI355X}

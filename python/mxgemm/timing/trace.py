@@ -16,7 +16,7 @@ class WaveTrace:
     def __init__(self, wg, wave):
         self.wg, self.wave = wg, wave
         self.pcs: list = []      # instruction indices, in issue order
-        self.mem: dict = {}      # position in pcs -> ("vmem", lines) | ("lds", cycles)
+        self.mem: dict = {}      # position in pcs -> ("vmem", lines, lanes per line) | ("lds", cycles)
 
 
 class Tracer:
@@ -39,20 +39,25 @@ class Tracer:
         return [traced(pc, fn) for pc, fn in enumerate(fns)]
 
     def vmem(self, addr, mask, bases) -> None:
-        """A global access of the current instruction: its distinct cache lines. Lines are
-        counted from the start of each buffer (``bases``: the mapped buffers' sorted starts), as
-        if every buffer were line aligned, as GPU allocations are: host tensors are not, and
-        their addresses change from run to run."""
+        """A global access of the current instruction: its distinct cache lines and the lanes
+        on each (an atomic unit applies one lane at a time). Lines are counted from the start of
+        each buffer (``bases``: the mapped buffers' sorted starts), as if every buffer were line
+        aligned, as GPU allocations are: host tensors are not, and their addresses change from
+        run to run. The emulator may report an instruction's lanes in several calls (an atomic:
+        all lanes, then lane groups): a line keeps its most lanes of any call."""
         t = self.cur
         if t is not None:
             a = np.asarray(addr)[mask].astype(np.int64)
             b = np.asarray(bases, np.int64)
             i = np.searchsorted(b, a, side="right") - 1
-            lines = np.unique((i << 40) + (a - b[i]) // LINE)
+            lines, lanes = np.unique((i << 40) + (a - b[i]) // LINE, return_counts=True)
             prev = t.mem.get(len(t.pcs) - 1)
             if prev is not None:
-                lines = np.union1d(prev[1], lines)
-            t.mem[len(t.pcs) - 1] = ("vmem", lines)
+                lines, at = np.unique(np.concatenate([prev[1], lines]), return_inverse=True)
+                most = np.zeros(lines.size, np.int64)
+                np.maximum.at(most, at, np.concatenate([prev[2], lanes]))
+                lanes = most
+            t.mem[len(t.pcs) - 1] = ("vmem", lines, lanes)
 
     def lds(self, addr, mask, nbytes) -> None:
         """An LDS access of the current instruction (addr: per lane, a row per lane where a lane
