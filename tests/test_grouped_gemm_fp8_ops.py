@@ -340,8 +340,7 @@ def test_autograd_op_takes_primus_turbo_signature_and_config():
     want = mxgemm.grouped_gemm_fp8(a, b, lens, format="hybrid")
     got = mxgemm.grouped_gemm_fp8(a, b, lens, None, True, None, Float8QuantConfig(_Enum.HYBRID), 2)
     assert torch.equal(got, want)
-    for config, rule in ((Float8QuantConfig(granularity=_Enum.ROWWISE), "granularity"),
-                         (Float8QuantConfig(granularity=_Enum.MX_BLOCKWISE, block_size=32), "granularity"),
+    for config, rule in ((Float8QuantConfig(granularity=_Enum.MX_BLOCKWISE, block_size=32), "granularity"),
                          (Float8QuantConfig(scale_dtype=_Enum.E8M0), "scale_dtype")):
         with pytest.raises(guards.GuardError, match=rf"\[{rule}\] config.{rule} = "):
             mxgemm.grouped_gemm_fp8(a, b, lens, config=config)

@@ -894,7 +894,7 @@ def test_grouped_gemm_fp8_variable_k(data, bad):
 
 
 AUTOGRAD_FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}
-QuantEnum = enum.Enum("QuantEnum", "E4M3 E5M2 HYBRID TENSORWISE ROWWISE FP32 E8M0")   # Primus-Turbo's member names
+QuantEnum = enum.Enum("QuantEnum", "E4M3 E5M2 HYBRID TENSORWISE ROWWISE MX_BLOCKWISE FP32 E8M0")   # Primus-Turbo's member names
 
 
 def quant_config(fmt: str, granularity: str = "TENSORWISE", scale_dtype: str = "FP32"):
@@ -929,7 +929,7 @@ def test_grouped_gemm_fp8(data, bad):
     if bad == "option":
         kw.update(pick(data, [dict(format="fp8"), dict(out_dtype=torch.float32), dict(num_cu=0),
                               dict(out_dtype=None) if dtype == torch.float32 else dict(format="E4M3"),
-                              dict(config=quant_config(fmt, granularity="ROWWISE")),
+                              dict(config=quant_config(fmt, granularity="MX_BLOCKWISE")),
                               dict(config=quant_config(fmt, scale_dtype="E8M0")),
                               dict(config=quant_config("e5m2" if fmt == "e4m3" else "e4m3"), format=fmt)]))
     for n in ("a", "b"):

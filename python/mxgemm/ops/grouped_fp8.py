@@ -464,54 +464,103 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
 
 
 FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}  # (a and b, grad_out)
+TRAIN_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")   # Primus-Turbo's names
 
 
-class _TensorwiseFp8GroupedGemm(torch.autograd.Function):
-    """Forward NT/NN on tensorwise-quantised a and b; backward quantises grad_out the same way
-    (in the gradient format: e5m2 for "hybrid") and runs dgrad (the other b layout) and the
-    variable-K wgrad."""
+def _colwise(t, fmt):
+    """Scales along the second-to-last dim: (fmt like t, sf [..., last dim])."""
+    q, sf = quant.rowwise_cast_to_fp8(t.mT, fmt)
+    return q.mT.contiguous(), sf
+
+
+def _quantise_forward(a, b, group_offs, trans_b, fmt, granularity):
+    """(the forward's operands, what the backward needs) of one recipe (Primus-Turbo's):
+    tensorwise: one scale per tensor, reused by every GEMM; rowwise: a per row and b per output
+    column along K for the forward, b along N (the dgrad's contraction) and a per column for the
+    wgrad; blockwise: a 1x128 and b 128x128 (the dgrad reads the same blocks transposed), a in
+    128-row column blocks of each group's own padded segment for the wgrad."""
+    if granularity == "tensorwise":
+        (aq, sa), (bq, sb) = quant.tensorwise_cast_to_fp8(a, fmt), quant.tensorwise_cast_to_fp8(b, fmt)
+        return (aq, sa, bq, sb), dict(b=(bq, sb), a=(aq, sa))
+    if granularity == "rowwise":
+        aq, sa = quant.rowwise_cast_to_fp8(a, fmt)
+        bq, sb = quant.rowwise_cast_to_fp8(b, fmt) if trans_b else _colwise(b, fmt)       # sb [G, N]
+        b_dgrad = _colwise(b, fmt) if trans_b else quant.rowwise_cast_to_fp8(b, fmt)   # scales [G, K]
+        return (aq, sa, bq, sb), dict(b=b_dgrad, a=_colwise(a, fmt))
+    aq, sa = quant.blockwise_cast_to_fp8(a, (1, SCALE_BLOCK), fmt)
+    bq, blocks = quant.blockwise_cast_to_fp8(b, (SCALE_BLOCK, SCALE_BLOCK), fmt)
+    sb = blocks if trans_b else blocks.transpose(1, 2)                                   # [G, N/128, K/128]
+    a_seg, sa_seg, seg_offs = quant.segment_cast_to_fp8(a, group_offs, SCALE_BLOCK, fmt)
+    return (aq, sa, bq, sb), dict(b=(bq, sb.transpose(1, 2)), a=(a_seg, sa_seg), seg_offs=seg_offs)
+
+
+_KERNEL_GRANULARITY = {"tensorwise": "tensor", "rowwise": "row", "blockwise": "block"}
+
+
+class _Fp8GroupedGemm(torch.autograd.Function):
+    """Forward NT/NN on a and b quantised by the recipe; the backward quantises grad_out the same
+    way (in the gradient format: e5m2 for "hybrid") and runs the dgrad (the other b layout) and
+    the variable-K wgrad on the operands the forward kept (_quantise_forward)."""
 
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt, validate):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt, granularity, validate):
         fwd_fmt, ctx.grad_fmt = FORMATS[fmt]
-        (aq, sa), (bq, sb) = (quant.tensorwise_cast_to_fp8(t, fwd_fmt) for t in (a, b))
-        ctx.save_for_backward(aq, sa, bq, sb, group_lens, group_offs)
-        ctx.trans_b, ctx.num_cu, ctx.out_dtype = trans_b, num_cu, out_dtype
+        (aq, sa, bq, sb), keep = _quantise_forward(a, b, group_offs, trans_b, fwd_fmt, granularity)
+        kernel_gran = _KERNEL_GRANULARITY[granularity]
+        out = grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu,
+                                      granularity=kernel_gran, validate=validate)
+        ctx.save_for_backward(*keep["b"], *keep["a"], group_lens, group_offs, keep.get("seg_offs"))
+        ctx.trans_b, ctx.num_cu, ctx.out_dtype, ctx.granularity = trans_b, num_cu, out_dtype, granularity
         ctx.dtypes = a.dtype, b.dtype
-        return grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu,
-                                       validate=validate)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        aq, sa, bq, sb, lens, offs = ctx.saved_tensors
-        gq, sg = quant.tensorwise_cast_to_fp8(grad_out.contiguous(), ctx.grad_fmt)
+        bq, sb, aq, sa, lens, offs, seg_offs = ctx.saved_tensors
+        go, fmt, gran = grad_out.contiguous(), ctx.grad_fmt, ctx.granularity
+        kernel_gran = _KERNEL_GRANULARITY[gran]
+        w_lens, w_offs = lens, offs
+        if gran == "tensorwise":
+            (gq, sg), (gq_w, sg_w) = (quant.tensorwise_cast_to_fp8(go, fmt),) * 2
+        elif gran == "rowwise":
+            (gq, sg), (gq_w, sg_w) = quant.rowwise_cast_to_fp8(go, fmt), _colwise(go, fmt)
+        else:
+            (gq, sg) = quant.blockwise_cast_to_fp8(go, (1, SCALE_BLOCK), fmt)
+            gq_w, sg_w, _ = quant.segment_cast_to_fp8(go, offs, SCALE_BLOCK, fmt)
+            w_lens, w_offs = seg_offs[1:] - seg_offs[:-1], seg_offs     # the wgrad runs on the padded segments
         # the groups were checked (or vouched for) by the forward
         grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu,
-                                         validate=False)
-        lhs, rhs = ((gq, sg), (aq, sa)) if ctx.trans_b else ((aq, sa), (gq, sg))
-        grad_b = grouped_gemm_fp8_variable_k(*lhs, *rhs, lens, offs, ctx.out_dtype, validate=False)
-        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), *(None,) * 7
+                                         granularity=kernel_gran, validate=False)
+        lhs, rhs = ((gq_w, sg_w), (aq, sa)) if ctx.trans_b else ((aq, sa), (gq_w, sg_w))
+        grad_b = grouped_gemm_fp8_variable_k(*lhs, *rhs, w_lens, w_offs, ctx.out_dtype, granularity=kernel_gran,
+                                             validate=False)
+        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), *(None,) * 8
 
 
 def _quant_config(config, format):
-    """The format of Primus-Turbo's ``config`` (a Float8QuantConfig: format, granularity, block
-    size, scale dtype; read by field and enum member name) or of ``format``; GuardError for what
-    the tensorwise op does not do."""
+    """(format, granularity) of Primus-Turbo's ``config`` (a Float8QuantConfig: format,
+    granularity, block size, scale dtype; read by field and enum member name), or of ``format``
+    with tensorwise scales; GuardError for a recipe the op does not do."""
     if config is None:
-        return format or "e4m3"
+        return format or "e4m3", "tensorwise"
     name = lambda v: str(getattr(v, "name", v)).lower()  # noqa: E731   an enum member or its name
     fmt = name(getattr(config, "format", getattr(config, "dtype", "e4m3")))
     if fmt not in FORMATS or (format is not None and format != fmt):
         guards.fail("format", f"config.format = {fmt!r}{f' and format = {format!r}' if format else ''}: expected one "
                               f"of {', '.join(map(repr, FORMATS))}, given once")
     granularity = name(getattr(config, "granularity", "tensorwise"))
-    if granularity != "tensorwise":
+    if granularity not in TRAIN_GRANULARITIES:
         guards.fail("granularity", f"config.granularity = {granularity.upper()}: grouped_gemm_fp8 quantises "
-                                   "tensorwise only (one scale per tensor)")
+                                   f"{', '.join(g.upper() for g in TRAIN_GRANULARITIES)} (no MX grouped kernel here)")
+    block = getattr(config, "block_size", None)
+    if granularity == "blockwise" and block != SCALE_BLOCK:
+        guards.fail("block_size", f"config.block_size = {block!r}: BLOCKWISE scales are {SCALE_BLOCK}-wide here")
+    if granularity == "blockwise" and fmt != "e4m3":
+        guards.fail("format", f"config.format = {fmt.upper()} with BLOCKWISE: the block-scale kernels are e4m3")
     if name(getattr(config, "scale_dtype", "fp32")) not in ("fp32", "float32"):
-        guards.fail("scale_dtype", f"config.scale_dtype = {name(config.scale_dtype).upper()}: tensorwise scales "
+        guards.fail("scale_dtype", f"config.scale_dtype = {name(config.scale_dtype).upper()}: the scales here "
                                    "are fp32")
-    return fmt
+    return fmt, granularity
 
 
 def _check_high_precision(t, name: str) -> None:
@@ -527,22 +576,24 @@ def _check_high_precision(t, name: str) -> None:
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                      trans_b: bool = True, out_dtype: torch.dtype | None = None, config=None,
                      num_cu: int | None = None, *, format: str | None = None, validate: bool = True) -> torch.Tensor:
-    """Differentiable MoE grouped GEMM in tensorwise FP8: out[r] = a[r] . B_g for the rows r of
-    group g (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]). Primus-Turbo's
-    signature and argument order (``turbo.ops.grouped_gemm_fp8``).
+    """Differentiable MoE grouped GEMM in FP8: out[r] = a[r] . B_g for the rows r of group g
+    (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]). Primus-Turbo's signature and
+    argument order (``turbo.ops.grouped_gemm_fp8``).
 
-    a, b: bf16, fp16 or fp32 (one dtype), quantised on every call with one scale per tensor
-    (mxgemm.quant.tensorwise_cast_to_fp8) in the format of ``config`` (Primus-Turbo's
-    Float8QuantConfig: format E4M3 / E5M2 / HYBRID, granularity TENSORWISE, scale_dtype FP32)
-    or of ``format``: "e4m3" (default), "e5m2", or "hybrid" (a and b in e4m3, grad_out in e5m2:
-    its wider range for gradients); out_dtype: bf16 or fp16, default a.dtype. The backward
+    a, b: bf16, fp16 or fp32 (one dtype), quantised on every call in the format and granularity
+    of ``config`` (Primus-Turbo's Float8QuantConfig: format E4M3 / E5M2 / HYBRID; granularity
+    TENSORWISE, ROWWISE (a per row, b per output column; the backward re-quantises along the
+    other axes) or BLOCKWISE with block_size 128 (a 1x128, b 128x128, the wgrad's operands in
+    128-row column blocks of each group; E4M3, bf16 or fp32 out); scale_dtype FP32), or of
+    ``format`` with tensorwise scales: "e4m3" (default), "e5m2", or "hybrid" (a and b in e4m3,
+    grad_out in e5m2: its wider range for gradients); out_dtype: bf16 or fp16, default a.dtype. The backward
     quantises grad_out and runs grouped_gemm_fp8_kernel (grad_a) and
     grouped_gemm_fp8_variable_k (grad_b), each computed in out_dtype and returned in its input's
     dtype. group_lens / group_offs / num_cu / validate as in grouped_gemm_fp8_kernel (the forward
     checks the groups; the backward reuses them)."""
     _check_high_precision(a, "a")
     _check_high_precision(b, "b")
-    format = _quant_config(config, format)
+    format, granularity = _quant_config(config, format)
     if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
         guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
                              f"got a {a.dtype}, b {b.dtype}")
@@ -554,5 +605,5 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
         guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
         group_offs = group_offsets(group_lens)
-    return _TensorwiseFp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format,
-                                           validate)
+    return _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
+                                 validate)
