@@ -127,3 +127,22 @@ def test_refusals_leave_d_untouched():
     with pytest.raises(GuardError, match=r"\[shape\]"):
         deep_gemm.fp8_gemm_nt(xa, wb, torch.zeros(m, n + 1), c=torch.zeros(m, n + 1))
     assert bool((d == 7.0).all())
+
+
+def test_m_grouped_nn_and_mn_major_weights_match_the_nt_form():
+    g = torch.Generator().manual_seed(12)
+    G, n, k = 2, 32, 256
+    x = torch.randn(256, k, generator=g)
+    xa = utils.per_token_cast_to_fp8(x, use_ue8m0=False)
+    ws = [utils.per_block_cast_to_fp8(torch.randn(n, k, generator=g), use_ue8m0=False) for _ in range(G)]
+    wq, sfb = torch.stack([w for w, _ in ws]), torch.stack([s for _, s in ws])
+    m_indices = torch.tensor([0] * 100 + [-1] * 28 + [1] * 128, dtype=torch.int32)
+    want = torch.zeros(256, n, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(xa, (wq, sfb), want, m_indices)
+    d = torch.full((256, n), 3.0, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_gemm_nn_contiguous(xa, (wq.transpose(1, 2).contiguous(), sfb.transpose(1, 2).contiguous()),
+                                               d, m_indices)
+    assert torch.equal(d, want)
+    d = torch.full((256, n), 3.0, dtype=torch.bfloat16)     # DeepGEMM's SM100 recipe: b.mT.contiguous().mT
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(xa, (wq.mT.contiguous().mT, sfb), d, m_indices)
+    assert torch.equal(d, want)

@@ -22,7 +22,7 @@ nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b (1, 32): one
 of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
 Contiguous layouts: m_indices (a group per row, -1 padding) or, with ``use_psum_layout``, DeepGEMM's
 psum layout (grouped_layout [G] = each group's end row; group g starts at the previous end aligned
-to 128, the only alignment the psum kernel serves). Padding rows of d (m_indices == -1; in the
+to 128, the only alignment the psum kernel serves; at most 64 groups). Padding rows of d (m_indices == -1; in the
 psum layout rows between a group's end and the next aligned start, and past the last group) are
 written as zeros with ``ensure_zero_padding=True`` (2.6's default) and left untouched with False;
 rows >= masked_m of the masked layout are left untouched.
@@ -50,6 +50,8 @@ from .gemm import (
     fp8_gemm_tt,
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
+    k_major_weights,
+    m_grouped_fp8_gemm_nn_contiguous,
 )
 from .layout import (
     align,
@@ -128,6 +130,7 @@ def _contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=No
                 disable_ue8m0_cast=False, use_psum_layout=False, ensure_zero_padding=True,
                 expected_m_for_psum_layout=None, config=""):
     _pairs(a, b, grouped_layout, "grouped_layout" if use_psum_layout else "m_indices")
+    b = k_major_weights(b)          # DeepGEMM's SM100 recipe may pass b MN-major (b.mT.contiguous().mT)
     if expected_m_for_psum_layout is not None and not use_psum_layout:
         guards.fail("expected_m_for_psum_layout", f"expected_m_for_psum_layout = {expected_m_for_psum_layout!r} "
                                                   "is a hint of the psum layout only (use_psum_layout=False)")
@@ -191,12 +194,14 @@ def explain(fn, *args, **kw):
     return OPS["deep_gemm_fp8_grouped_gemm"].explain(*flat, **flat_kw)
 
 
+m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
 # DeepGEMM 2.6 names the dense GEMMs fp8_fp4_gemm_*; FP4 operands have no dense kernel here
 fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 
 __all__ = ["align", "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
            "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "k_grouped_fp8_gemm_nt_contiguous",
-           "k_grouped_fp8_gemm_tn_contiguous", "get_k_alignment_for_contiguous_layout",
+           "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
+           "m_grouped_fp8_gemm_nn_contiguous", "get_k_alignment_for_contiguous_layout",
            "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "get_m_alignment_for_contiguous_layout",
            "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
            "get_mn_major_tma_aligned_tensor", "get_num_sms", "get_pdl", "get_tc_util",

@@ -219,3 +219,29 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layo
 
     k_grouped_fp8_gemm_tn_contiguous((mn_major(x, m), sfa.t()), (mn_major(w, n), sfb.t()), d, ks, grouped_layout,
                                      c, recipe, compiled_dims, False)
+
+
+def k_major_weights(b):
+    """DeepGEMM's M-grouped weights (e4m3 [G, N, K], sfb) with b K-major, as the M-grouped kernel
+    reads them: an MN-major b (a [G, K, N] tensor's transposed view, DeepGEMM's SM100 recipe)
+    is copied K-major, its scales made row-major (small). Packed FP4 b must come K-major."""
+    w, sfb = _pair(b, "b")
+    if w.dim() != 3 or w.stride(-1) == 1:
+        return w, sfb
+    if w.dtype != torch.float8_e4m3fn:
+        guards.fail("layout", f"b ({w.dtype}) is MN-major (strides {w.stride()}): packed FP4 weights must be "
+                              "K-major [G, N, K/2]")
+    return w.contiguous(), sfb.contiguous()
+
+
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
+                                     compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
+                                     ensure_zero_padding=True) -> None:
+    """m_grouped_fp8_gemm_nt_contiguous with b given as (e4m3 [G, K, N], sfb [G, ceil(K/128),
+    ceil(N/128)]): DeepGEMM's alias, b transposed. The M-grouped kernel reads b K-major, so the
+    weights are copied transposed on every call (G x N x K bytes)."""
+    from . import m_grouped_fp8_fp4_gemm_nt_contiguous
+    w, sfb = _pair(b, "b")
+    m_grouped_fp8_fp4_gemm_nt_contiguous(a, k_major_weights((w.transpose(1, 2), sfb.transpose(1, 2))), d,
+                                         grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                                         disable_ue8m0_cast, use_psum_layout, ensure_zero_padding)
