@@ -1,20 +1,32 @@
-"""DeepGEMM-style FP8 block-scale grouped GEMM (NT) on gfx950: d[m, n] = sum_k a[m, k] b[group(m), n, k].
+"""DeepGEMM-style FP8 (and FP8 x FP4) block-scale grouped GEMM (NT) on gfx950:
+d[m, n] = sum_k a[m, k] b[group(m), n, k].
 
-a: e4m3 rows with 1x128 scales sfa; b: e4m3 [G, N, K] with 128x128 scales sfb; d: bf16 or f16.
-One body, compile-time variants:
+a: e4m3 rows with 1x128 scales sfa; b: e4m3 [G, N, K] with 128x128 scales sfb, or e2m1 [G, N, K/2]
+with 1x32 scales; d: bf16 or f16. One body, compile-time variants:
   MASKED 0  contiguous layout: a [M, K], `layout` = m_indices int32 [M] (group of each row,
-            -1 for padding). A tile's group is the one of its first row; a tile whose first row
-            is -1 exits at once. Rows whose m_indices differ from the tile's group are neither
-            loaded (read as 0) nor written: padding rows of d stay untouched.
+            -1 for padding). A tile's group is the one of its first row. Rows whose m_indices
+            differ from the tile's group are not loaded (read as 0).
+  PSUM 1    (contiguous) DeepGEMM's psum layout: `layout` = int32 [G], each group's end row;
+            group g starts at the previous end aligned to M_ALIGN (128); G <= 64. A workgroup
+            finds its group by counting the groups whose aligned end is at or before its first
+            row (each lane of a wave reads one end, a ballot's popcount: a uniform value, no
+            loop). Rows at or past the group's end are padding.
+            Contiguous padding rows (and tiles of padding only) are left untouched (zero_pad 0:
+            those tiles exit at once, the rows' stores are dropped) or written as zeros
+            (zero_pad 1: padding-only tiles run with an empty K loop).
   MASKED 1  masked layout: a [G, M_max, K] (rows = G*M_max), `layout` = masked_m int32 [G].
             Tiles at or past masked_m[g] exit at once; rows >= masked_m[g] are not written.
   UE8M0 0   fp32 scales (DeepGEMM's SM90 recipe), software promotion: each 128-K block is
             one MFMA with C = 0 (exact sum, one fp32 rounding, scales 1.0), then
             acc = acc + p * (sfa * sfb) (fp32 product, product, add: three RNE roundings).
-  UE8M0 1   e8m0 scale bytes: the hardware scales of v_mfma_scale_f32_16x16x128_f8f6f4 (each
-            lane loads its row's sfa byte and its column's sfb byte for the four 32-K blocks),
-            the MFMA accumulating straight into acc. sfb may vary per row of b (DeepGEMM's
-            packed (1, 1, 128) recipe) or per 128 rows.
+  UE8M0 1   e8m0 scale bytes: the hardware scales of v_mfma_scale_f32_16x16x128_f8f6f4 (lane
+            n + 16 j supplies row n's scale for 32-K block j of the step: docs/gfx950_isa.md
+            §1.5), the MFMA accumulating straight into acc. sfa is per 128 K (the same byte for
+            the four 32-K blocks); sfb may vary per row of b (DeepGEMM's packed (1, 1, 128)
+            recipe) or per 128 rows.
+  B_FMT     "e4m3" | "e2m1" (UE8M0 only): e2m1 b is packed two per byte (even K in the low
+            nibble); the MFMA's src0 format code is 4 and each lane's operand is its 16 bytes
+            (32 K) of the row, zeros above; sfb holds one scale per row of b and 32-K block.
   OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
   BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
             tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
@@ -25,22 +37,24 @@ into registers; B, sfa and sfb are loaded one K block ahead. MFMA operands: src0
 src1 = A rows (m), so lane l accumulates D^T[n = 4(l/16) + i][m = l%16], i.e. 4 consecutive
 columns of one output row. Epilogue (CShuffle): the tile, converted, goes through LDS and is
 written as 16-byte row chunks (rows out of the group get an out-of-range offset: the store is
-dropped).
+dropped; with zero_pad, rows of no group inside d get zeros instead).
 
-Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups (int32),
-then the scales' byte strides (int32): sfa_sg, sfa_sm, sfa_sk4, sfa_sk1, sfb_sg, sfb_sn,
-sfb_sk4, sfb_sk1, sfb_shift. rows = M (contiguous) or G*M_max (masked); m_max is read only
-when MASKED. The scale of (group g, row m, K block kb) is the element at byte
+Kernel arguments: a, sfa, b, sfb, d, layout (pointers), rows, n, k, m_max, groups, zero_pad
+(int32), then the scales' byte strides (int32): sfa_sg, sfa_sm, sfa_sk4, sfa_sk1, sfb_sg,
+sfb_sn, sfb_sk4, sfb_sk1, sfb_shift. rows = M (contiguous) or G*M_max (masked); m_max is read
+only when MASKED, zero_pad only when contiguous. The scale of (group g, row m, K block kb; 32-K
+blocks for e2m1 sfb, else 128-K) is the element at byte
     sfa: g*sfa_sg + m*sfa_sm + (kb/4)*sfa_sk4 + (kb%4)*sfa_sk1   (contiguous: g = 0, m = the row)
     sfb: g*sfb_sg + (n >> sfb_shift)*sfb_sn + (kb/4)*sfb_sk4 + (kb%4)*sfb_sk1
 so row-major and MN-major scales, and UE8M0 bytes packed four to an int32 (byte kb%4 of word
 kb/4), are all read in place; sfb_shift is 7 for one scale per 128 rows of b, 0 for one per
 row (UE8M0 only: the fp32 path loads one sfb per workgroup). Byte offsets are 32-bit buffer
-offsets: a (rows*K), one group of b (N*K), d (rows*N*2) and every scale offset must stay below
-2^31 (the caller's guard). N % BN == 0; K % 16 == 0: a partial last K block loads its 16-byte
-chunks past K out of range (zeros, docs/buffer_oob.md) instead of from the next row, so its
-sum is that of the K it has. Launch: grid = (n / BN, m_tiles, 1), block = (256, 1, 1) with
-m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
+offsets: a (rows*K), one group of b (N*K, N*K/2 for e2m1), d (rows*N*2) and every scale offset
+must stay below 2^31 (the caller's guard). N % BN == 0; K % 16 == 0 (K % 32 for e2m1): a partial
+last K block loads its 16-byte chunks past K out of range (zeros, docs/buffer_oob.md) instead of
+from the next row, and for e2m1 the scale bytes of its missing 32-K blocks too (byte 0, not a
+NaN code), so its sum is that of the K it has. Launch: grid = (n / BN, m_tiles, 1), block =
+(256, 1, 1) with m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
 """
 from types import SimpleNamespace
 
@@ -56,6 +70,7 @@ FP4_BLOCK = 32                    # K of one FP4 weight scale (and of one lane's
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
+PSUM_MAX_GROUPS = 64              # psum layout: one wave's lanes hold the group ends
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 
 
@@ -70,16 +85,13 @@ def _check(bm, bn, masked, psum, ue8m0, b_fmt, out):
 
 def _psum_group(B, layout, groups, row_base):
     """psum layout: (the group whose rows hold row_base, that group's end row) — the group is the
-    number of groups whose aligned end is at or before row_base (a scalar scan: G is small); past
-    the last group's aligned end the end is 0 (no group)."""
-    idx = ir.IndexType.get()
-    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, groups), arith.constant(idx, 1), [B.c(0)])
-    with ir.InsertionPoint(loop.body):
-        g = Int(arith.index_cast(B.i32, loop.induction_variable))
-        end = Int(B.gload(B.i32, layout, g * 4, 4))
-        before = B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)
-        scf.YieldOp([Int(loop.inner_iter_args[0]) + Int(arith.extui(B.i32, before))])
-    group = Int(loop.results[0])
+    number of groups whose aligned end is at or before row_base: lane l reads group l's end (G <=
+    PSUM_MAX_GROUPS, the caller's guard) and a ballot counts them, no loop; past the last group's
+    aligned end the end is 0 (no group)."""
+    lane = Int(fx.thread_idx.x.ir_value()) % 64
+    end = Int(rocdl.raw_ptr_buffer_load(B.i32, B.rsrc(layout, groups * 4), lane * 4, B.c(0), aux=B.c_attr(0)))
+    before = arith.andi(B.cmp("ult", lane, groups), B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base))
+    group = Int(arith.trunci(B.i32, llvm.intr_ctpop(rocdl.ballot(B.i64, before))))
     has = B.cmp("slt", group, groups)
     return group, Int(B.sel(has, B.gload(B.i32, layout, Int(B.sel(has, group, B.c(0))) * 4, 4), B.c(0)))
 

@@ -123,7 +123,8 @@ CATALOGUE = (
     # ---- DeepGEMM-compatible FP8 grouped GEMM (FlyDSL)
     Mutation("deep-gemm-drop-sfb", ("deep_gemm_fp8",), (
         (DEEP_GEMM, "arith.mulf(sa[mt], sb[0])", "sa[mt]"),
-        (DEEP_GEMM, "acc[nt][mt], 0, 0, 0, sb[nt], 0, sa[mt]]", "acc[nt][mt], 0, 0, 0, one, 0, sa[mt]]")),
+        (DEEP_GEMM, "acc[nt][mt], FMT_CODE[t.b_fmt], 0, 0, sb[nt], 0, sa[mt]]",
+         "acc[nt][mt], FMT_CODE[t.b_fmt], 0, 0, one, 0, sa[mt]]")),
         "weight scales ignored: fp32 promotion by sfa alone, hardware e8m0 scale 1.0 for B"),
     Mutation("deep-gemm-bf16-truncate", ("deep_gemm_fp8",), (
         (DEEP_GEMM, "packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))",
@@ -144,6 +145,17 @@ CATALOGUE = (
         (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET))',
          "return [o"),),
         "a partial last K block reads on into the next row instead of zeros past K"),
+    Mutation("deep-gemm-fp4-scale-block", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]",
+         "sfb_voff = [sfb_group + c * sfb_sn for c in cols]"),),
+        "FP4 weight scales: every lane reads the first 32-K block's scale of its 128-K block"),
+    Mutation("deep-gemm-padding-tiles-skipped", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "active = arith.ori(run, pad)", "active = run"),),
+        "ensure_zero_padding: tiles made only of padding rows exit without writing their zeros"),
+    Mutation("deep-gemm-psum-group-off-by-one", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, 'B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)',
+         'B.cmp("slt", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)'),),
+        "psum layout: a tile starting exactly at a group's aligned end is given the previous group"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "return arith.mulf(b.splat_value(b.v4f32, sa), sb)", "return b.splat_value(b.v4f32, sa)"),),
