@@ -269,10 +269,14 @@ PSUM = [(dict(BM=32, BN=32, PSUM=1, UE8M0=0, OUT="bf16"), False), (dict(BM=32, B
 @pytest.mark.parametrize("variant,zero_padding", PSUM, ids=[f"{registry.variant_id(v)}-zero{int(z)}" for v, z in PSUM])
 def test_psum_matches_reference(variant, zero_padding):
     """Groups of 50, 0, 37 and 128 rows ending at 50, 128, 165, 384 (an empty group, unaligned ends,
-    a gap of padding-only 32-row tiles), then a tail of 128 padding rows; K = 352 (a partial block)."""
+    a gap of padding-only 32-row tiles), then a tail of 128 padding rows; K = 352 (a partial block).
+    The gap rows of a and sfa hold NaN codes (DeepGEMM leaves them uninitialised): never read."""
     n, ue8m0 = variant["BN"] * 2, variant["UE8M0"]
     x, w, ends, owner = psum_case([50, 0, 37, 128], 512, n, 352, seed=21)
     a, sfa, b, sfb = quantize(x, w, ue8m0)
+    gap = owner < 0
+    a.view(torch.uint8)[gap] = 0x7F
+    sfa[gap] = 0xFF if ue8m0 else float("nan")
     d = torch.full((512, n), SENTINEL, dtype=torch.bfloat16)
     run_contiguous(variant, a, sfa, b, sfb, d, ends, zero_padding, use_psum_layout=True)
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, ends, torch.bfloat16, psum=True)
