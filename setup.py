@@ -54,7 +54,7 @@ setup(
     description="MXFP8 / MXFP4 / FP8 GEMM kernels for AMD Instinct gfx950 / gfx1250 (HIP + FlyDSL)",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    package_data={"mxgemm": ["configs/*.csv"]},
+    package_data={"mxgemm": ["configs/*.csv", "emu/data/*.txt"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",            # any flavour the user already has (ROCm or CPU)

@@ -1,6 +1,9 @@
 """python -m mxgemm.emu bench  -- wave-instructions per second on a fixed LDS-tiled GEMM (seeded
 inputs), with race checking on and off, for the lockstep scheduler and the reference one
-(every wave on its own)."""
+(every wave on its own).
+python -m mxgemm.emu coverage --arch gfx950|gfx1250 [-v]  -- the instruction forms of LLVM's
+AMDGPU assembler tests by class: checked by the tests, executes, unsupported, unparsed
+(``mxgemm.emu.coverage``)."""
 from __future__ import annotations
 
 import sys
@@ -51,6 +54,9 @@ def bench(race_check=True, lockstep=True, M=16, N=256, K=1024, seed=0):
 
 
 def main(argv):
+    if argv and argv[0] == "coverage":
+        from .coverage import main as coverage
+        return coverage(argv[1:])
     if not argv or argv[0] != "bench":
         print(__doc__.strip())
         return 2
