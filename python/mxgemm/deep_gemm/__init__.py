@@ -51,7 +51,6 @@ from .gemm import (
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
     k_major_weights,
-    m_grouped_fp8_gemm_nn_contiguous,
 )
 from .layout import (
     align,
@@ -192,6 +191,19 @@ def explain(fn, *args, **kw):
     """The plan (kernel, variant, backend, why) ``fn(*args, **kw)`` would run, or its GuardError."""
     flat, flat_kw = _FLAT[fn](*args, **kw)
     return OPS["deep_gemm_fp8_grouped_gemm"].explain(*flat, **flat_kw)
+
+
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
+                                     compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
+                                     ensure_zero_padding=True) -> None:
+    """m_grouped_fp8_gemm_nt_contiguous with b given as (e4m3 [G, K, N], sfb [G, ceil(K/128),
+    ceil(N/128)]): DeepGEMM's alias, b transposed. The M-grouped kernel reads b K-major, so the
+    weights are copied transposed on every call (G x N x K bytes)."""
+    _pairs(a, b, grouped_layout, "grouped_layout" if use_psum_layout else "m_indices")
+    w, sfb = b
+    m_grouped_fp8_fp4_gemm_nt_contiguous(a, (w.transpose(1, 2), sfb.transpose(1, 2)), d, grouped_layout, recipe,
+                                         recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, use_psum_layout,
+                                         ensure_zero_padding)
 
 
 m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous

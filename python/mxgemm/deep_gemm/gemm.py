@@ -233,15 +233,3 @@ def k_major_weights(b):
                               "K-major [G, N, K/2]")
     return w.contiguous(), sfb.contiguous()
 
-
-def m_grouped_fp8_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
-                                     compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
-                                     ensure_zero_padding=True) -> None:
-    """m_grouped_fp8_gemm_nt_contiguous with b given as (e4m3 [G, K, N], sfb [G, ceil(K/128),
-    ceil(N/128)]): DeepGEMM's alias, b transposed. The M-grouped kernel reads b K-major, so the
-    weights are copied transposed on every call (G x N x K bytes)."""
-    from . import m_grouped_fp8_fp4_gemm_nt_contiguous
-    w, sfb = _pair(b, "b")
-    m_grouped_fp8_fp4_gemm_nt_contiguous(a, k_major_weights((w.transpose(1, 2), sfb.transpose(1, 2))), d,
-                                         grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
-                                         disable_ue8m0_cast, use_psum_layout, ensure_zero_padding)
