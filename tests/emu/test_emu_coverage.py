@@ -5,7 +5,6 @@ import pytest
 
 from mxgemm.emu import Emulator
 from mxgemm.emu import coverage as C
-from mxgemm.emu.asm import _strip_comment
 from mxgemm.emu.isa import base_mnemonic
 
 
@@ -41,13 +40,7 @@ def test_unsupported_mnemonic_is_reported():
 def test_registry_mnemonics_execute(registry, arch):
     """The floor: each mnemonic a registry kernel uses, on its first line in those kernels, executes on
     the synthetic wave (memory operands land in the sparse buffer, branches on the next line)."""
-    first = {}
-    for _, asm in registry[arch]:
-        for line in asm.splitlines():
-            s = _strip_comment(line)
-            m = C._CODE_MNEMONIC.match(s)
-            if m and "::" not in s:
-                first.setdefault(base_mnemonic(m.group(1)), s)
+    first = C.examples_of(asm for _, asm in registry[arch])
     assert len(first) > 50
     forms = [C.Form(name, example, "registry", C.klass(name)) for name, example in sorted(first.items())]
     for f in forms:

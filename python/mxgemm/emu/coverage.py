@@ -33,6 +33,8 @@ from pathlib import Path
 
 from . import asm as _asm
 from .isa import base_mnemonic, parse_operand, split_operands
+from .launch import TARGETS, Emulator
+from .memory import SparseBuffer
 
 ARCHS = ("gfx950", "gfx1250")
 CLASSES = ("SALU", "SMEM", "VALU", "VOP3P", "DS", "VMEM buffer", "VMEM global", "VMEM scratch", "VMEM flat",
@@ -50,7 +52,7 @@ _MATRIX = ("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")
 _VMEM = {"buffer_": "VMEM buffer", "global_": "VMEM global", "scratch_": "VMEM scratch", "flat_": "VMEM flat"}
 _BRANCH = ("s_branch", "s_cbranch_", "s_call_")
 _BEFORE = {"s_barrier_wait": "s_barrier_signal -1"}    # a wave waits only on a barrier it signalled
-_SREG = re.compile(r"^s(?:(\d+)|\[(\d+):(\d+)\])$")
+_SREG = re.compile(r"^s(?:\d+|\[\d+:\d+\])$")
 _CODE_MNEMONIC = re.compile(r"^([a-z][a-z0-9_]*)(?:\s|$)")
 
 
@@ -93,6 +95,18 @@ def klass(form: str) -> str:
     return "VALU" if form.startswith("v_") else "other"
 
 
+def examples_of(asm_texts) -> dict:
+    """Base mnemonic -> its first line in the assembly texts (dual-issue lines left out)."""
+    out = {}
+    for text in asm_texts:
+        for line in text.splitlines():
+            s = _asm._strip_comment(line)
+            m = _CODE_MNEMONIC.match(s)
+            if m and "::" not in s:
+                out.setdefault(base_mnemonic(m.group(1)), s)
+    return out
+
+
 def mnemonics_of(asm_text: str) -> set:
     """Base mnemonics of the instruction lines of an assembly text (both halves of a dual issue)."""
     out = set()
@@ -123,27 +137,25 @@ def _prelude(ops) -> list[str]:
     """Instructions setting every register an operand names to FILL (EXEC and trap registers kept)."""
     out = []
     for o in ops:
-        m = _SREG.match(o.text.lstrip("-|").rstrip("|"))
         if o.kind == "v":
             out += [f"v_mov_b32 v{i}, {FILL:#x}" for i in range(o.index, o.index + o.count)]
         elif o.kind == "a":
             out += [f"v_accvgpr_write_b32 a{i}, {FILL:#x}" for i in range(o.index, o.index + o.count)]
-        elif o.kind == "s" and m:
+        elif o.kind == "s" and _SREG.match(o.text.lstrip("-|").rstrip("|")):
             out += [f"s_mov_b32 s{i}, {FILL:#x}" for i in range(o.index, o.index + o.count)]
         elif o.kind == "s" and o.text in ("m0", "vcc_lo", "vcc_hi", "vcc"):
             out += [f"s_mov_b32 {r}, {FILL:#x}" for r in (("vcc_lo", "vcc_hi") if o.text == "vcc" else (o.text,))]
     return out
 
 
-def kernel_text(arch: str, example: str, sgprs: dict) -> str:
+def kernel_text(arch: str, example: str) -> str:
     """The synthetic one-instruction kernel ``cov`` of an example line (raises if it does not parse)."""
+    T = TARGETS[arch]
     mnemonic, _, rest = example.partition(" ")
     ops, mods = split_operands(rest)
-    parsed = [parse_operand(o, sgprs) for o in ops]
+    parsed = [parse_operand(o, T.sgprs) for o in ops]
     if mnemonic.startswith(_BRANCH) and ops:
         example = f"{mnemonic} {', '.join(ops[:-1] + ['.Lcov_next'])} {' '.join(mods)}".strip()
-    from .launch import TARGETS
-    T = TARGETS[arch]
     agprs = "    .amdhsa_accum_offset 256\n" if arch == "gfx950" else ""
     before = [_BEFORE[mnemonic]] if mnemonic in _BEFORE else []
     body = "\n".join(f"  {s}" for s in _prelude(parsed) + before + [example])
@@ -155,11 +167,9 @@ def kernel_text(arch: str, example: str, sgprs: dict) -> str:
 
 def run_form(arch: str, form: Form) -> None:
     """Set form.status (executes / unsupported / unparsed) and form.note from one synthetic run."""
-    from .launch import TARGETS, Emulator
-    from .memory import SparseBuffer
     T = TARGETS[arch]
     try:
-        text = kernel_text(arch, form.example, T.sgprs)
+        text = kernel_text(arch, form.example)
         codes, _ = _asm.parse(text, T.sgprs)
         ins = codes["cov"].instrs[-2]   # the example; s_endpgm follows it
     except Exception as e:     # the parser's own failure is what this status reports
