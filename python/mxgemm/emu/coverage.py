@@ -49,7 +49,8 @@ _SMEM = ("s_load_", "s_buffer_load_", "s_store_", "s_buffer_store_", "s_dcache_"
          "s_memtime", "s_memrealtime", "s_prefetch_", "s_atomic_", "s_buffer_atomic_")
 _VOP3P = ("v_pk_", "v_dot", "v_fma_mix", "v_mad_mix")
 _MATRIX = ("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")
-_VMEM = {"buffer_": "VMEM buffer", "global_": "VMEM global", "scratch_": "VMEM scratch", "flat_": "VMEM flat"}
+_VMEM = {"buffer_": "VMEM buffer", "global_": "VMEM global", "cluster_": "VMEM global", "scratch_": "VMEM scratch",
+         "flat_": "VMEM flat"}
 _BRANCH = ("s_branch", "s_cbranch_", "s_call_")
 _BEFORE = {"s_barrier_wait": "s_barrier_signal -1"}    # a wave waits only on a barrier it signalled
 _SREG = re.compile(r"^s(?:\d+|\[\d+:\d+\])$")
