@@ -85,7 +85,8 @@ def race(kernel, v) -> list:
     persistent grid of 1): nine groups, so the group scans run the compiler's 8- and 4-unrolled
     bodies and their remainders, of sizes bm + d, 0 x 7 and bm - d (a partial second row tile;
     d = 2, TT 16: its groups start on multiples of 16); K = three steps, so the K loop runs its
-    2-unrolled body and its remainder step."""
+    2-unrolled body and its remainder step. Then G = 0 (every row a padded tail): the tail's
+    tile count waits on its own for the load of group_offs[G], which any group's scan retires."""
     qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(FP8[v[f]])
               for f in ("FMT", "FMT_B"))
     bm, bn = v["BM"], v["BN"]
@@ -102,7 +103,11 @@ def race(kernel, v) -> list:
     a = qa(K, 2 * bm) if v["LAYOUT"] == "TT" else qa(2 * bm, K)
     b = qb(9, K, bn) if v["LAYOUT"] == "NN" else qb(9, bn, K)
     sa, sb = _scales(v, inp, (2 * bm, 3), (9, -(-bn // 128), 3))
-    return [Call(ROWS, (a, sa, b, sb, lens), **out)]
+    tail_out = _out_kw(v, (2 * bm, bn))
+    tail_out["kw"].update({k: out["kw"][k] for k in ("trans_b", "trans_a", "num_cu", "config")})
+    sa0, sb0 = _scales(v, inp, (2 * bm, 3), (0, -(-bn // 128), 3))
+    return [Call(ROWS, (a, sa, b, sb, lens), **out),
+            Call(ROWS, (a, sa0, b[:0], sb0, lens[:0]), **tail_out)]
 
 
 def decode(inp: Inputs) -> dict:
