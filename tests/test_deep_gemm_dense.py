@@ -146,3 +146,12 @@ def test_m_grouped_nn_and_mn_major_weights_match_the_nt_form():
     d = torch.full((256, n), 3.0, dtype=torch.bfloat16)     # DeepGEMM's SM100 recipe: b.mT.contiguous().mT
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous(xa, (wq.mT.contiguous().mT, sfb), d, m_indices)
     assert torch.equal(d, want)
+
+
+def test_dense_bf16_accumulates_c():
+    m, n, k = 64, 64, 256
+    _, _, xa, wb, want = quantised(m, n, k, seed=13)
+    c = (torch.randn(m, n, generator=torch.Generator().manual_seed(14)) * 32).bfloat16()
+    d = c.clone()
+    deep_gemm.fp8_gemm_nt(xa, wb, d, c=d)
+    assert torch.equal(d.view(torch.int16), F.bf16_rne(want + c.float()).view(torch.int16))

@@ -242,15 +242,15 @@ _GROUPED_FP8_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e5m2", "e4m3"), ("e4
 # Scales are read through byte strides (stride 0: one scale), so tensorwise and row-wise scales
 # share the variants above; e4m3 adds TT (a MN-major) and fp32 out / accumulation (DeepGEMM's
 # d = a b^T + c) for the row layouts at 64 x 64. GRAN=block: 128-K block scales promoted per
-# contraction step, e4m3, 128 x 128 bf16 NT / NN, every layout at 64 x 64 (bf16; f32 with ACCUM 0 / 1;
-# last: the race sweep's sample).
+# contraction step, e4m3, 128 x 128 bf16 NT / NN, every layout at 64 x 64 (bf16 with ACCUM 0 / 1, as
+# DeepGEMM's bf16 d += a b^T; f32 with ACCUM 0 / 1; last: the race sweep's sample).
 _E4M3_64 = dict(FMT="e4m3", FMT_B="e4m3", BM=64, BN=64)
 _GROUPED_FP8_ROW_EXTRA = (dict(LAYOUT="TT", OUT="bf16", **_E4M3_64),) + tuple(
     dict(LAYOUT=lay, OUT="f32", ACCUM=acc, **_E4M3_64) for lay in ("NT", "NN", "TT") for acc in (0, 1))
 _GROUPED_FP8_BLOCK = tuple(dict(v, GRAN="block") for v in (
     *(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=128, BN=128) for lay in ("NT", "NN")),
     *(dict(LAYOUT=lay, OUT=o, **_E4M3_64, **acc) for lay in ("NT", "NN", "TN", "TT")
-      for o, acc in (("bf16", {}), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1))))))
+      for o, acc in (("bf16", {}), ("bf16", dict(ACCUM=1)), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1))))))
 
 
 register(Kernel(
