@@ -22,10 +22,12 @@ nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b (1, 32): one
 of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
 Contiguous layouts: m_indices (a group per row, -1 padding) or, with ``use_psum_layout``, DeepGEMM's
 psum layout (grouped_layout [G] = each group's end row; group g starts at the previous end aligned
-to 128, the only alignment the psum kernel serves; at most 64 groups). Padding rows of d (m_indices == -1; in the
-psum layout rows between a group's end and the next aligned start, and past the last group) are
-written as zeros with ``ensure_zero_padding=True`` (2.6's default) and left untouched with False;
-rows >= masked_m of the masked layout are left untouched.
+to 128, the only alignment the psum kernel serves; at most 64 groups). Padding rows of d: with
+m_indices (== -1) always zeros, as DeepGEMM's kernels compute them from a's zero padding rows
+(its own tests expect zeros there with ensure_zero_padding=False); in the psum layout (rows
+between a group's end and the next aligned start, and past the last group) zeros with
+``ensure_zero_padding=True`` (2.6's default) and untouched with False; rows >= masked_m of the
+masked layout are left untouched.
 
 The dense GEMMs ``fp8_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (2.6: ``fp8_fp4_gemm_*``) and the
 K-grouped weight-gradient GEMMs ``k_grouped_fp8_gemm_tn_contiguous`` / ``_nt_contiguous`` run
@@ -139,8 +141,9 @@ def _contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=No
                                  f"(set_mk_alignment_for_contiguous_layout); the kernel's psum layout aligns to "
                                  f"{M_ALIGN}")
     sfa, sfb = _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+    zero_padding = bool(ensure_zero_padding) or not use_psum_layout   # m_indices: always zeros (module docstring)
     return (a[0], sfa, b[0], sfb, grouped_layout, d), {
-        "masked": False, "psum": bool(use_psum_layout), "zero_padding": bool(ensure_zero_padding), "config": config}
+        "masked": False, "psum": bool(use_psum_layout), "zero_padding": zero_padding, "config": config}
 
 
 def _masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
@@ -163,8 +166,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, r
     FP8 b only) written in place. grouped_layout: m_indices int32 [M] (group of each row, -1:
     padding; each group padded to get_mk_alignment_for_contiguous_layout() rows), or with
     use_psum_layout int32 [G], each group's end row (group g starts at the previous end aligned
-    to 128). ensure_zero_padding: padding rows of d written as zeros (True, DeepGEMM 2.6's
-    default), or left untouched (False)."""
+    to 128). Padding rows of d are written as zeros; in the psum layout ensure_zero_padding=False
+    leaves them untouched instead (True: DeepGEMM 2.6's default)."""
     args, kw = _contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
                            use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout, config)
     deep_gemm_fp8_grouped_gemm(*args, **kw)

@@ -226,7 +226,7 @@ def k_major_weights(b):
     reads them: an MN-major b (a [G, K, N] tensor's transposed view, DeepGEMM's SM100 recipe)
     is copied K-major, its scales made row-major (small). Packed FP4 b must come K-major."""
     w, sfb = _pair(b, "b")
-    if w.dim() != 3 or w.stride(-1) == 1:
+    if w.dim() != 3 or w.stride(-1) == 1 or w.stride(-2) != 1:   # K-major, or neither (the op's guard says so)
         return w, sfb
     if w.dtype != torch.float8_e4m3fn:
         guards.fail("layout", f"b ({w.dtype}) is MN-major (strides {w.stride()}): packed FP4 weights must be "
