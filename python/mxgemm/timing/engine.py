@@ -20,6 +20,7 @@ from collections import OrderedDict, defaultdict
 
 from .. import asm_facts
 from ..emu.stats import classify
+from .trace import BUFFER_SHIFT
 
 _TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
 _CNT = re.compile(r"(vmcnt|lgkmcnt)\((\d+)\)")
@@ -75,7 +76,10 @@ def _static(instrs):
 def l2_channel(line, channels=16) -> int:
     """The L2 channel of a line (a 128-byte line index): the XOR of the index's 4-bit groups
     (assumed, docs/timing_model.md §2: AMD's hash is not public). Consecutive lines go to
-    consecutive channels; so do strides of 16 lines."""
+    consecutive channels; so do strides of 16 lines. The engine hashes a line's index within
+    its buffer, as if every buffer began on channel 0 (large GPU allocations are aligned far
+    beyond 2 KiB): the host buffers' order in memory, which varies from run to run, must not
+    change the time."""
     x = line ^ (line >> 32)
     x ^= x >> 16
     x ^= x >> 8
@@ -118,6 +122,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
     ch_free = [0.0] * m.l2_channels
     ch_busy = [0.0] * m.l2_channels
     ch_xfer = m.line_bytes * m.l2_channels / m.l2_bytes_per_clk
+    in_buffer = (1 << BUFFER_SHIFT) - 1      # channels from the line within its buffer (l2_channel)
     mall = _Lru(m.mall_bytes // m.xcds // m.line_bytes)
     mall_bpc = m.mall_bytes_per_s / m.xcds / (clock_ghz * 1e9)
     q = {"mall": 0.0, "hbm": 0.0}
@@ -169,7 +174,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
         a MALL miss to HBM (a queue at its bandwidth). Stores are taken by the L2 (write-back):
         a missing line is allocated and its bytes charged to the fabric and HBM queues on the way
         out, off the store's path. Returns when the data is back or the write is taken."""
-        c = l2_channel(ln, m.l2_channels)
+        c = l2_channel(ln & in_buffer, m.l2_channels)
         s = max(t, ch_free[c])
         occ = ch_xfer + (lanes * m.atomic_cycles if kind == "atomic" else 0)
         ch_free[c] = s + occ

@@ -8,6 +8,7 @@ import numpy as np
 
 LINE = 128          # cache line bytes (L1 / L2) on CDNA (docs/timing_model.md §2)
 LDS_BANKS = 64      # 4-byte banks, 256 bytes per clock on gfx950 (docs/timing_model.md §2)
+BUFFER_SHIFT = 40   # a line's key: (the buffer's rank by address << BUFFER_SHIFT) + its line in the buffer
 
 
 class WaveTrace:
@@ -50,7 +51,7 @@ class Tracer:
             a = np.asarray(addr)[mask].astype(np.int64)
             b = np.asarray(bases, np.int64)
             i = np.searchsorted(b, a, side="right") - 1
-            lines, lanes = np.unique((i << 40) + (a - b[i]) // LINE, return_counts=True)
+            lines, lanes = np.unique((i << BUFFER_SHIFT) + (a - b[i]) // LINE, return_counts=True)
             prev = t.mem.get(len(t.pcs) - 1)
             if prev is not None:
                 lines, at = np.unique(np.concatenate([prev[1], lines]), return_inverse=True)
