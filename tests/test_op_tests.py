@@ -157,7 +157,7 @@ def _grouped_config_problems(rows) -> list[str]:
 def _planner_takes(rows, table):
     from mxgemm.ops import grouped_fp8 as op
     e4m3 = torch.empty(0, dtype=torch.float8_e4m3fn)
-    call = types.SimpleNamespace(config="", a=e4m3, b=e4m3, out_dtype=torch.bfloat16)
+    call = types.SimpleNamespace(config="", a=e4m3, b=e4m3, out_dtype=torch.bfloat16, accumulate=False)
     for r in rows:
         key = op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
         choice = op.choose_config(call, *key, table=table)
