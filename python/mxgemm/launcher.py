@@ -34,9 +34,9 @@ def emulator_settings(**kw):
     asm_edit (a function assembly text -> text applied before loading, e.g. to delete one
     s_waitcnt; edited programs are not cached), strict_buffer_oob and timing (a machine of
     mxgemm.timing, e.g. "mi355x": each launch of the block is also timed there; ``timings()``
-    lists them) (mxgemm.emu.Emulator). timing_rounds: run only the first that many rounds of
-    workgroups XCD 0 receives and extrapolate its time (mxgemm.timing.rounds_sample); the
-    outputs are then incomplete."""
+    lists them) (mxgemm.emu.Emulator). timing_rounds: run only that many rounds of the
+    workgroups XCD 0 receives (its first, then one per stratum of the rest) and extrapolate its
+    time (mxgemm.timing.rounds_sample); the outputs are then incomplete."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
