@@ -159,16 +159,17 @@ def ceil_to_ue8m0(sf: torch.Tensor) -> torch.Tensor:
 
 
 def _cast_blocks(x: torch.Tensor, bm: int, bk: int, use_ue8m0: bool, fmt: str = "e4m3"):
-    """Shared body: x [M, K] -> (fp8 [M, K], sf [ceil(M/bm), ceil(K/bk)]) with zero padding."""
-    M, K = x.shape
+    """Shared body: x [..., M, K] -> (fp8 [..., M, K], sf [..., ceil(M/bm), ceil(K/bk)]) with zero
+    padding, leading dims batched."""
+    *lead, M, K = x.shape
     pm, pk = -M % bm, -K % bk
     xp = torch.nn.functional.pad(x.float(), (0, pk, 0, pm))
-    xv = xp.view((M + pm) // bm, bm, (K + pk) // bk, bk)
-    sf = xv.abs().amax(dim=(1, 3)).clamp(min=FP8_AMAX_EPS) / (F.FP8_E4M3_MAX if fmt == "e4m3" else F.FP8_E5M2_MAX)
+    xv = xp.view(*lead, (M + pm) // bm, bm, (K + pk) // bk, bk)
+    sf = xv.abs().amax(dim=(-3, -1)).clamp(min=FP8_AMAX_EPS) / (F.FP8_E4M3_MAX if fmt == "e4m3" else F.FP8_E5M2_MAX)
     if use_ue8m0:
         sf = ceil_to_ue8m0(sf)
-    y = xv * (1.0 / sf)[:, None, :, None]  # reciprocal then multiply, as DeepGEMM does
-    codes = F.encode(y, fmt).view(M + pm, K + pk)[:M, :K].contiguous()
+    y = xv * (1.0 / sf)[..., :, None, :, None]  # reciprocal then multiply, as DeepGEMM does
+    codes = F.encode(y, fmt).view(*lead, M + pm, K + pk)[..., :M, :K].contiguous()
     return F.to_torch_fp8(codes, fmt), sf
 
 
@@ -226,13 +227,7 @@ def blockwise_cast_to_fp8(x: torch.Tensor, block: tuple = (1, 128), fmt: str = "
     bm, bk = block
     _check_block(bm, "block")
     _check_block(bk, "block")
-    flat = x.reshape(-1, *x.shape[-2:])
-    parts = [_cast_blocks(m, bm, bk, False, fmt) for m in flat]
-    lead = x.shape[:-2]
-    sf_shape = (*lead, -(-x.shape[-2] // bm), -(-x.shape[-1] // bk))
-    if not parts:
-        return x.to(F.TORCH_DTYPES[fmt]), x.new_zeros(sf_shape, dtype=torch.float32)
-    return torch.stack([q for q, _ in parts]).reshape(x.shape), torch.stack([s for _, s in parts]).reshape(sf_shape)
+    return _cast_blocks(x, bm, bk, False, fmt)
 
 
 def segment_cast_to_fp8(x: torch.Tensor, group_offs: torch.Tensor, block: int = 128, fmt: str = "e4m3"):

@@ -53,6 +53,8 @@ from .gemm import (
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
     k_major_weights,
+    layout_tensor,
+    pair,
 )
 from .layout import (
     align,
@@ -81,11 +83,9 @@ from .runtime import (
 
 
 def _pairs(a, b, layout, layout_name):
-    for name, pair in (("a", a), ("b", b)):
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            guards.fail("args", f"{name} must be a (tensor, scales) pair as in DeepGEMM; got {type(pair).__name__}")
-    if not isinstance(layout, torch.Tensor):
-        guards.fail("type", f"{layout_name} must be an int32 torch.Tensor; got {type(layout).__name__}")
+    pair(a, "a")
+    pair(b, "b")
+    layout_tensor(layout, layout_name)
 
 
 def _ue8m0_codes(sf: torch.Tensor) -> torch.Tensor:

@@ -30,16 +30,24 @@ import torch
 
 from .. import guards
 from ..ops.grouped_fp8 import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
-from .layout import TILE_ALIGNMENT, align, get_mk_alignment_for_contiguous_layout, unpack_ue8m0_from_int
+from .layout import TILE_ALIGNMENT, get_mk_alignment_for_contiguous_layout, psum_group_starts, unpack_ue8m0_from_int
 from .runtime import get_num_sms
 
 GRAN_K = 128
 
 
-def _pair(x, name: str):
+def pair(x, name: str):
+    """DeepGEMM's (tensor, scales) argument, checked."""
     if not (isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x)):
-        guards.fail("args", f"{name} must be a (fp8 tensor, scales) pair as in DeepGEMM; got {type(x).__name__}")
+        guards.fail("args", f"{name} must be a (tensor, scales) pair as in DeepGEMM; got {type(x).__name__}")
     return x
+
+
+def layout_tensor(t, name: str):
+    """A grouped-layout argument (m_indices, masked_m, grouped_layout): a tensor, checked."""
+    if not isinstance(t, torch.Tensor):
+        guards.fail("type", f"{name} must be an int32 torch.Tensor; got {type(t).__name__}")
+    return t
 
 
 def _k_major(t: torch.Tensor, name: str) -> bool:
@@ -86,7 +94,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     a = (e4m3 [M, K], sfa fp32 [M, ceil(K/128)]), b = (e4m3 [N, K], sfb fp32 [ceil(N/128),
     ceil(K/128)] or [N, ceil(K/128)]); each of a and b K-major or MN-major (a view with unit
     stride along M / N); scales in any strides; d bf16 or fp32 [M, N] row-major; c fp32 like d."""
-    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
     a_k, b_k = _k_major(x, "a"), _k_major(w, "b")
     sfa, sfb = _fp32_scales(sfa, "sfa"), _fp32_scales(sfb, "sfb")
     m, k = x.shape
@@ -129,14 +137,14 @@ def fp8_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, comp
                 disable_ue8m0_cast=False) -> None:
     """fp8_gemm_nt with b given as (e4m3 [K, N], sfb [ceil(K/128), ceil(N/128) or N]): DeepGEMM's
     alias, b transposed (a view)."""
-    (w, sfb) = _pair(b, "b")
+    (w, sfb) = pair(b, "b")
     fp8_gemm_nt(a, (w.t(), sfb.t()), d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
 
 
 def fp8_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
                 disable_ue8m0_cast=False) -> None:
     """fp8_gemm_nt with a given as (e4m3 [K, M], sfa [ceil(K/128), M]) and b as in fp8_gemm_nn."""
-    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
     fp8_gemm_nt((x.t(), sfa.t()), (w.t(), sfb.t()), d, c, recipe, recipe_a, recipe_b, compiled_dims,
                 disable_ue8m0_cast)
 
@@ -144,23 +152,21 @@ def fp8_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, comp
 def fp8_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
                 disable_ue8m0_cast=False) -> None:
     """fp8_gemm_nt with a given as (e4m3 [K, M], sfa [ceil(K/128), M]); b as in fp8_gemm_nt."""
-    (x, sfa) = _pair(a, "a")
+    (x, sfa) = pair(a, "a")
     fp8_gemm_nt((x.t(), sfa.t()), b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
 
 
 def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
     """(group_lens, group_offs) int64 of the K-grouped layout: groups one after another, each
     starting on a multiple of the contiguous-layout alignment (psum: group ends given)."""
-    if not isinstance(grouped_layout, torch.Tensor):
-        guards.fail("type", f"grouped_layout must be an int32 torch.Tensor; got {type(grouped_layout).__name__}")
-    guards.check_dtype(grouped_layout, "grouped_layout", torch.int32)
+    guards.check_dtype(layout_tensor(grouped_layout, "grouped_layout"), "grouped_layout", torch.int32)
     align_k = get_mk_alignment_for_contiguous_layout()
     if align_k % TILE_ALIGNMENT:
         guards.fail("alignment", f"the contiguous-layout alignment is {align_k}: the K-grouped kernels need every "
                                  f"group to start on a multiple of {TILE_ALIGNMENT} (its 128-K scale block)")
     if use_psum_layout:
         ends = grouped_layout.cpu().tolist()
-        starts = [0] + [align(e, align_k) for e in ends[:-1]]
+        starts = psum_group_starts(ends, align_k)
         lens = [e - s for s, e in zip(starts, ends)]
     else:
         if not ks_cpu:
@@ -184,7 +190,7 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layo
     b = (e4m3 [sum_k, N], sfb fp32 [sum_k/128, N]), d fp32 [G, M, N], c fp32 [G, M, N] (may be d).
     ks_cpu: the groups' K (multiples of the alignment); with use_psum_layout, grouped_layout
     holds the groups' end rows instead (a group starts at the previous end aligned up)."""
-    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
     if tuple(recipe) != (1, 1, GRAN_K):
         guards.fail("recipe", f"recipe {tuple(recipe)}: the K-grouped GEMM takes (1, 1, {GRAN_K})")
     if c is None:
@@ -204,7 +210,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layo
     """The K-grouped wgrad with K-major groups: a = (e4m3 flat [sum_k * M]: group g an [M, k_g]
     K-major block, sfa [M, sum_k/128]), b alike with N; d, c fp32 [G, M, N]. Each group is
     transposed into the MN-major form of k_grouped_fp8_gemm_tn_contiguous (a copy per call)."""
-    (x, sfa), (w, sfb) = _pair(a, "a"), _pair(b, "b")
+    (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
     if use_psum_layout:
         guards.fail("use_psum_layout", "the K-major K-grouped GEMM has no psum layout (as in DeepGEMM)")
     g_count, m, n = d.shape
@@ -225,7 +231,7 @@ def k_major_weights(b):
     """DeepGEMM's M-grouped weights (e4m3 [G, N, K], sfb) with b K-major, as the M-grouped kernel
     reads them: an MN-major b (a [G, K, N] tensor's transposed view, DeepGEMM's SM100 recipe)
     is copied K-major, its scales made row-major (small). Packed FP4 b must come K-major."""
-    w, sfb = _pair(b, "b")
+    w, sfb = pair(b, "b")
     if w.dim() != 3 or w.stride(-1) == 1 or w.stride(-2) != 1:   # K-major, or neither (the op's guard says so)
         return w, sfb
     if w.dtype != torch.float8_e4m3fn:

@@ -53,6 +53,11 @@ get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 
 
+def psum_group_starts(ends, alignment: int) -> list:
+    """First rows (or K) of a psum layout's groups: 0, then each previous group's end aligned up."""
+    return [0] + [align(int(e), alignment) for e in ends[:-1]]
+
+
 def get_tma_aligned_size(x: int, element_size: int) -> int:
     """x elements of element_size bytes rounded up to a whole number of 16-byte units."""
     if element_size not in (1, 2, 4, 8):
@@ -96,8 +101,7 @@ def _psum_gap_rows(psum_layout: torch.Tensor, rows: int) -> torch.Tensor:
     """Rows of a psum-layout input that belong to no group (between a group's end and the next
     group's aligned start, and after the last group)."""
     ends = psum_layout.to(torch.int64).cpu()
-    starts = torch.cat([ends.new_zeros(1), torch.tensor([align(int(e), get_mk_alignment_for_contiguous_layout())
-                                                         for e in ends[:-1]], dtype=torch.int64)])
+    starts = torch.tensor(psum_group_starts(ends.tolist(), get_mk_alignment_for_contiguous_layout()))
     idx = torch.arange(rows)
     inside = ((idx[:, None] >= starts[None]) & (idx[:, None] < ends[None])).any(dim=1)
     return ~inside
@@ -136,7 +140,7 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, gro
     words = lambda ks: sum(ceil_div(k, 4 * gran_k) for k in ks)   # noqa: E731
     if use_psum_layout:
         ends = grouped_layout.cpu().tolist()
-        ks = [e - (align(p, k_alignment) if i else 0) for i, (p, e) in enumerate(zip([0, *ends], ends))]
+        ks = [e - s for s, e in zip(psum_group_starts(ends, k_alignment), ends)]
         rows = max(words(ks), words(ks_cpu)) if ks_cpu else words(ks)
     elif not ks_cpu:
         guards.fail("ks_cpu", "ks_cpu (the groups' K) is required without the psum layout")
