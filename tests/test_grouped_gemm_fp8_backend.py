@@ -55,11 +55,27 @@ def test_granularity_accepts_the_name_in_any_case():
     assert Backend.can_handle(**{**FWD, "granularity": "tensorwise"})
 
 
+def scales(*shape, seed):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) + 0.5
+
+
+# Primus-Turbo's scale layouts (module docstring of mxgemm.primus_turbo) and the same scales in the
+# reference's layouts, written out separately: ROWWISE keeps the quantised axis as size 1, BLOCKWISE
+# stores the activation's 1x128 scales transposed [K/128, M] and b's per block of b's own layout.
+ROW_A, ROW_B, ROW_BN = scales(64, 1, seed=7), scales(3, 32, 1, seed=8), scales(3, 1, 128, seed=9)
+BLK_A, BLK_A2, BLK_B, BLK_BN = scales(1, 64, seed=10), scales(2, 64, seed=16), scales(3, 1, 1, seed=11), scales(3, 2, 1, seed=12)
+WGRAD_BLK = call(fp8(128, 32, seed=3), fp8(128, 48, seed=1), trans_a=True, trans_b=False, trans_c=False,
+                 group_lens=torch.tensor([0, 128, 0]), group_offs=torch.tensor([0, 0, 128, 128]))
+
 REFUSED = [
-    ("rowwise", {**FWD, "granularity": Granularity.ROWWISE}),
-    ("blockwise", {**FWD, "granularity": Granularity.BLOCKWISE}),
+    ("rowwise-tensor-scales", {**FWD, "granularity": Granularity.ROWWISE}),
+    ("blockwise-tensor-scales", {**FWD, "granularity": Granularity.BLOCKWISE}),
     ("mx-blockwise", {**FWD, "granularity": Granularity.MX_BLOCKWISE}),
     ("rowwise-scales", {**FWD, "a_scales": torch.ones(64)}),
+    ("rowwise-axis", {**FWD, "granularity": Granularity.ROWWISE, "a_scales": torch.ones(1, 64), "b_scales": ROW_B}),
+    ("blockwise-rank", {**FWD, "granularity": Granularity.BLOCKWISE, "a_scales": torch.ones(64), "b_scales": BLK_B}),
+    ("blockwise-unaligned-group", {**WGRAD, "granularity": Granularity.BLOCKWISE, "a_scales": torch.ones(1, 32),
+                                   "b_scales": torch.ones(1, 48)}),
     ("trans_a-3d-b", {**FWD, "trans_a": True}),
     ("wgrad-not-trans_a", {**WGRAD, "trans_a": False}),
     ("wgrad-trans_b", {**WGRAD, "trans_b": True}),
@@ -73,6 +89,41 @@ REFUSED = [
     ("group-count", {**FWD, "b": fp8(2, 32, 128, seed=2)}),
     ("meta-device", {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in FWD.items()}),
 ]
+
+
+GRANULAR = [
+    ("row-fwd", {**FWD, "granularity": Granularity.ROWWISE, "a_scales": ROW_A, "b_scales": ROW_B},
+     lambda k: reference.grouped_gemm_fp8_ref(k["a"], ROW_A[:, 0], k["b"], ROW_B[:, :, 0], OFFS)),
+    ("row-dgrad", {**DGRAD, "granularity": Granularity.ROWWISE, "a_scales": ROW_A, "b_scales": ROW_BN},
+     lambda k: reference.grouped_gemm_fp8_ref(k["a"], ROW_A[:, 0], k["b"], ROW_BN[:, 0, :], OFFS, trans_b=False)),
+    ("row-wgrad", {**WGRAD, "granularity": Granularity.ROWWISE, "a_scales": ROW_A[:32].T, "b_scales": scales(1, 48, seed=13)},
+     lambda k: reference.grouped_gemm_fp8_variable_k_ref(k["a"], k["a_scales"][0], k["b"], k["b_scales"][0], OFFS,
+                                                         granularity="row")),
+    ("row-wgrad-trans_c", {**WGRAD, "trans_c": True, "granularity": "rowwise", "a_scales": ROW_A[:32].T,
+                           "b_scales": scales(1, 48, seed=13)},
+     lambda k: reference.grouped_gemm_fp8_variable_k_ref(k["b"], k["b_scales"][0], k["a"], k["a_scales"][0], OFFS,
+                                                         granularity="row")),
+    ("block-fwd", {**FWD, "granularity": Granularity.BLOCKWISE, "a_scales": BLK_A, "b_scales": BLK_B},
+     lambda k: reference.grouped_gemm_fp8_ref(k["a"], BLK_A.T, k["b"], BLK_B, OFFS, granularity="block")),
+    ("block-dgrad", {**call(fp8(64, 256, seed=3), fp8(3, 256, 32, seed=2), trans_b=False),
+                     "granularity": Granularity.BLOCKWISE, "a_scales": BLK_A2, "b_scales": BLK_BN},
+     lambda k: reference.grouped_gemm_fp8_ref(k["a"], BLK_A2.T, k["b"], BLK_BN.transpose(1, 2), OFFS, trans_b=False,
+                                              granularity="block")),
+    ("block-wgrad", {**WGRAD_BLK, "granularity": Granularity.BLOCKWISE, "a_scales": scales(1, 32, seed=14),
+                     "b_scales": scales(1, 48, seed=15)},
+     lambda k: reference.grouped_gemm_fp8_variable_k_ref(k["a"], k["a_scales"], k["b"], k["b_scales"],
+                                                         k["group_offs"], granularity="block")),
+]
+
+
+@pytest.mark.parametrize("name,kw,want", GRANULAR, ids=[g[0] for g in GRANULAR])
+def test_rowwise_and_blockwise_scales_in_primus_turbo_layouts(name, kw, want):
+    """ROWWISE / BLOCKWISE calls with the scales as Primus-Turbo's quantisers lay them out: read in
+    place, bit-exact with the reference fed the same scales in its own layouts."""
+    assert Backend.can_handle(**kw) is True
+    out, ref = Backend.execute(**kw), want(kw)
+    assert out.shape == ref.shape and ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(out, ref, name)
 
 
 @pytest.mark.parametrize("name,kw", REFUSED, ids=[r[0] for r in REFUSED])

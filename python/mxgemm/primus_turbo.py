@@ -1,4 +1,4 @@
-"""mxgemm's tensorwise FP8 grouped GEMMs as a Primus-Turbo style kernel backend.
+"""mxgemm's FP8 grouped GEMMs as a Primus-Turbo style kernel backend.
 
 A Primus-Turbo-like dispatcher keeps, per op, a table of backend classes with two static
 methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute(**kw)``:
@@ -15,17 +15,53 @@ methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute
 ``out``: written and returned. ``inplace_add_to_out=True`` (Megatron's fused weight-gradient
 accumulation, out = main_grad): out += the wgrad in the kernel's epilogue, in out's dtype (fp32
 or bf16); the forward / dgrad have no accumulation and refuse it.
-``granularity`` must be tensorwise (an enum member named TENSORWISE, or that string in any
-case): one fp32 dequantisation scale per tensor (value = fp8 * scale). Mixed e4m3 / e5m2
-operands are taken where hybrid training's backward has them (see the ops). Everything else
-about the call (dtypes, shapes, alignment, device, arch) and about its data (group sizes against
-the rows) is decided by the ops' own checks, which ``can_handle`` runs without launching: it is
-True exactly when ``execute`` runs without a GuardError, and False (no exception) otherwise.
+
+``granularity`` (an enum member or its name, any case) and the scales' layouts as Primus-Turbo's
+quantisers make them (fp32 dequantisation scales, value = fp8 * scale), read in place as views:
+
+  granularity  M-grouped (a [M, K], b [G, N, K] / NN [G, K, N])      variable K (lhs [sum_k, M], rhs [sum_k, N])
+  TENSORWISE   one value each                                         one value each
+  ROWWISE      a_scales [M, 1]; b_scales [G, N, 1] / NN [G, 1, N]     [1, M] and [1, N] (one per out row / column)
+  BLOCKWISE    a_scales [ceil(K/128), M] (its row scales stored       [ceil(sum_k/128), M] and [ceil(sum_k/128), N];
+               transposed); b_scales per 128x128 block of b's own     groups start on multiples of 128 (its
+               layout: [G, N/128, K/128] / NN [G, K/128, N/128]       segment-padded column quantiser)
+
+MX_BLOCKWISE is refused. Mixed e4m3 / e5m2 operands are taken where hybrid training's backward
+has them (see the ops). Everything else about the call (dtypes, shapes, alignment, device,
+arch) and about its data (group sizes against the rows) is decided by the ops' own checks,
+which ``can_handle`` runs without launching: it is True exactly when ``execute`` runs without a
+GuardError, and False (no exception) otherwise.
 """
 from __future__ import annotations
 
 from . import guards
 from .ops import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
+
+_GRANULARITY = {"TENSORWISE": "tensor", "ROWWISE": "row", "BLOCKWISE": "block"}   # Primus-Turbo's -> the ops'
+
+
+def _squeeze(s, dim, name):
+    """A row-wise scale without its quantised (size-1) axis."""
+    if s.dim() <= dim or s.shape[dim] != 1:
+        guards.fail("shape", f"{name} is {list(s.shape)}: ROWWISE scales have size 1 along the quantised axis "
+                             f"(dim {dim})")
+    return s.squeeze(dim)
+
+
+def _block_view(s, dims, name):
+    if s.dim() != len(dims):
+        guards.fail("shape", f"{name} is {list(s.shape)}: BLOCKWISE scales here are {len(dims)}-D")
+    return s.permute(dims)
+
+
+def _m_grouped_scales(gran, a_scales, b_scales, trans_b):
+    """The M-grouped op's a_scale [M] / [M, kb] and b_scale [G, N] / [G, nb, kb] views."""
+    if gran == "row":
+        return _squeeze(a_scales, 1, "a_scales"), _squeeze(b_scales, 2 if trans_b else 1, "b_scales")
+    if gran == "block":
+        return _block_view(a_scales, (1, 0), "a_scales"), _block_view(b_scales, (0, 1, 2) if trans_b else (0, 2, 1),
+                                                                      "b_scales")
+    return a_scales, b_scales
 
 
 def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, out_dtype, granularity, num_cu,
@@ -33,22 +69,27 @@ def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, ou
     """(op, positional args, keyword args) of the mxgemm op serving this call; GuardError
     [backend] for a granularity or layout no mxgemm op has."""
     b_dim = b.dim() if hasattr(b, "dim") else None
-    if str(getattr(granularity, "name", granularity)).upper() != "TENSORWISE":
-        guards.fail("backend", f"granularity {granularity}: mxgemm's FP8 grouped GEMMs take tensorwise scales only")
+    gran = _GRANULARITY.get(str(getattr(granularity, "name", granularity)).upper())
+    if gran is None:
+        guards.fail("backend", f"granularity {granularity}: mxgemm's FP8 grouped GEMMs take "
+                               f"{', '.join(_GRANULARITY)} scales")
     if b_dim == 3 and not trans_a:
         if inplace_add_to_out:
             guards.fail("backend", "inplace_add_to_out: mxgemm accumulates into out in the variable-K wgrad only "
                                    "(b 2-D, trans_a=True), not in the forward / dgrad")
-        return grouped_gemm_fp8_kernel, (a, a_scales, b, b_scales, group_lens, group_offs), \
-            dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out)
+        sa, sb = _m_grouped_scales(gran, a_scales, b_scales, trans_b)
+        return grouped_gemm_fp8_kernel, (a, sa, b, sb, group_lens, group_offs), \
+            dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out, granularity=gran)
     if b_dim == 2 and trans_a and not trans_b:
+        if gran == "row":
+            a_scales, b_scales = _squeeze(a_scales, 0, "a_scales"), _squeeze(b_scales, 0, "b_scales")
         lhs, rhs = ((b, b_scales), (a, a_scales)) if trans_c else ((a, a_scales), (b, b_scales))
         if inplace_add_to_out:
             if out is None:
                 guards.fail("backend", "inplace_add_to_out=True needs out (the main_grad to accumulate into)")
             out_dtype = out.dtype     # the accumulation is in out's dtype, as Primus-Turbo's backends do
         return grouped_gemm_fp8_variable_k, (*lhs, *rhs, group_lens, group_offs), \
-            dict(out_dtype=out_dtype, out=out, accumulate=bool(inplace_add_to_out))
+            dict(out_dtype=out_dtype, out=out, accumulate=bool(inplace_add_to_out), granularity=gran)
     guards.fail("backend", f"b.dim() = {b_dim}, trans_a = {trans_a}, trans_b = {trans_b}: mxgemm serves b 3-D with "
                            "trans_a=False (forward / dgrad) and b 2-D with trans_a=True, trans_b=False (wgrad)")
 
