@@ -73,3 +73,51 @@ def test_recipe_refusals():
                       (types.SimpleNamespace(format="HYBRID", granularity="BLOCKWISE", block_size=128), "format")):
         with pytest.raises(mxgemm.guards.GuardError, match=rf"\[{rule}\]"):
             mxgemm.grouped_gemm_fp8(x, w, lens, config=cfg)
+
+
+@pytest.mark.parametrize("granularity,dtype", [("TENSORWISE", torch.float32), ("ROWWISE", torch.bfloat16),
+                                               ("BLOCKWISE", torch.float32)])
+def test_megatron_fused_main_grad_accumulation(granularity, dtype):
+    """fuse_bgrad_accum_pattern="megatron": the wgrad goes into w.main_grad (its old values + the
+    wgrad, one rounding: the reference's accumulate_into), w.grad is zeros, grad_a is unchanged and
+    w.grad_added_to_main_grad is set by the forward."""
+    g = torch.Generator().manual_seed(5)
+    lens, n, k = [70, 0, 58], 64, 256
+    offs = torch.tensor([0, 70, 70, 128])
+    x = torch.randn(sum(lens), k, generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(3, n, k, generator=g) * 0.05).bfloat16().requires_grad_()
+    dy = torch.randn(sum(lens), n, generator=g).bfloat16()
+    main_grad = torch.randn(3, n, k, generator=g).to(dtype)
+    before = main_grad.clone()
+    w.main_grad, w.grad_added_to_main_grad = main_grad, False
+    cfg = config(granularity, 128 if granularity == "BLOCKWISE" else None)
+    y = mxgemm.grouped_gemm_fp8(x, w, torch.tensor(lens), config=cfg, fuse_bgrad_accum_pattern="megatron")
+    assert w.grad_added_to_main_grad is True
+    y.backward(dy)
+    assert w.main_grad is main_grad and bool((w.grad == 0).all()) and w.grad.shape == w.shape
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    mxgemm.grouped_gemm_fp8(x2, w2, torch.tensor(lens), config=cfg).backward(dy)
+    metrics.assert_bitwise_equal(x.grad, x2.grad, "grad_a unchanged by the fusion")
+    if granularity == "TENSORWISE":
+        (xq, xs), (dq, ds) = quant.tensorwise_cast_to_fp8(x.detach()), quant.tensorwise_cast_to_fp8(dy)
+        lhs, rhs, w_offs, gran = (dq, ds), (xq, xs), offs, "tensor"
+    else:
+        _, _, xc, dc, w_offs, gran = recipe_operands(granularity, x.detach(), w.detach(), dy, offs, True)
+        lhs, rhs = dc, xc
+    want = reference.grouped_gemm_fp8_variable_k_ref(*lhs, *rhs, w_offs, dtype, accumulate_into=before,
+                                                     granularity=gran)
+    metrics.assert_bitwise_equal(main_grad, want, "main_grad += wgrad")
+    assert not torch.equal(main_grad, before)
+
+
+def test_megatron_fusion_refusals():
+    x, lens = torch.randn(8, 128).bfloat16(), torch.tensor([8])
+    for main_grad, rule in ((None, "fuse_bgrad_accum_pattern"), (torch.zeros(1, 16, 64), "shape"),
+                            (torch.zeros(1, 16, 128, dtype=torch.float16), "dtype")):
+        w = torch.randn(1, 16, 128).bfloat16().requires_grad_()
+        if main_grad is not None:
+            w.main_grad, w.grad_added_to_main_grad = main_grad, False
+        with pytest.raises(mxgemm.guards.GuardError, match=rf"\[{rule}\]"):
+            mxgemm.grouped_gemm_fp8(x, w, lens, fuse_bgrad_accum_pattern="megatron")
+    with pytest.raises(mxgemm.guards.GuardError, match=r"\[fuse_bgrad_accum_pattern\]"):
+        mxgemm.grouped_gemm_fp8(x, torch.randn(1, 16, 128).bfloat16(), lens, fuse_bgrad_accum_pattern="deepspeed")

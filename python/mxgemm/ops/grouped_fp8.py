@@ -503,8 +503,10 @@ class _Fp8GroupedGemm(torch.autograd.Function):
     the variable-K wgrad on the operands the forward kept (_quantise_forward)."""
 
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt, granularity, validate):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fmt, granularity, validate,
+                main_grad):
         fwd_fmt, ctx.grad_fmt = FORMATS[fmt]
+        ctx.main_grad = main_grad
         (aq, sa, bq, sb), keep = _quantise_forward(a, b, group_offs, trans_b, fwd_fmt, granularity)
         kernel_gran = _KERNEL_GRANULARITY[granularity]
         out = grouped_gemm_fp8_kernel(aq, sa, bq, sb, group_lens, group_offs, trans_b, out_dtype, num_cu,
@@ -532,9 +534,14 @@ class _Fp8GroupedGemm(torch.autograd.Function):
         grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu,
                                          granularity=kernel_gran, validate=False)
         lhs, rhs = ((gq_w, sg_w), (aq, sa)) if ctx.trans_b else ((aq, sa), (gq_w, sg_w))
-        grad_b = grouped_gemm_fp8_variable_k(*lhs, *rhs, w_lens, w_offs, ctx.out_dtype, granularity=kernel_gran,
-                                             validate=False)
-        return grad_a.to(ctx.dtypes[0]), grad_b.to(ctx.dtypes[1]), *(None,) * 8
+        if ctx.main_grad is None:
+            grad_b = grouped_gemm_fp8_variable_k(*lhs, *rhs, w_lens, w_offs, ctx.out_dtype, granularity=kernel_gran,
+                                                 validate=False).to(ctx.dtypes[1])
+        else:   # main_grad += the wgrad in the kernel's epilogue; b's gradient is a zero stand-in (no allocation)
+            grouped_gemm_fp8_variable_k(*lhs, *rhs, w_lens, w_offs, ctx.main_grad.dtype, out=ctx.main_grad,
+                                        accumulate=True, granularity=kernel_gran, validate=False)
+            grad_b = torch.zeros((), dtype=ctx.dtypes[1], device=grad_out.device).expand(ctx.main_grad.shape)
+        return grad_a.to(ctx.dtypes[0]), grad_b, *(None,) * 9
 
 
 def _quant_config(config, format):
@@ -575,7 +582,8 @@ def _check_high_precision(t, name: str) -> None:
 
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
                      trans_b: bool = True, out_dtype: torch.dtype | None = None, config=None,
-                     num_cu: int | None = None, *, format: str | None = None, validate: bool = True) -> torch.Tensor:
+                     num_cu: int | None = None, fuse_bgrad_accum_pattern: str | None = None, *,
+                     format: str | None = None, validate: bool = True) -> torch.Tensor:
     """Differentiable MoE grouped GEMM in FP8: out[r] = a[r] . B_g for the rows r of group g
     (B_g = b[g]^T if trans_b, b [G, N, K]; else b[g], b [G, K, N]). Primus-Turbo's signature and
     argument order (``turbo.ops.grouped_gemm_fp8``).
@@ -590,7 +598,13 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     quantises grad_out and runs grouped_gemm_fp8_kernel (grad_a) and
     grouped_gemm_fp8_variable_k (grad_b), each computed in out_dtype and returned in its input's
     dtype. group_lens / group_offs / num_cu / validate as in grouped_gemm_fp8_kernel (the forward
-    checks the groups; the backward reuses them)."""
+    checks the groups; the backward reuses them).
+
+    fuse_bgrad_accum_pattern="megatron" (Megatron's gradient-accumulation fusion, b a parameter
+    with ``main_grad`` (fp32 or bf16, b's shape) and ``grad_added_to_main_grad``): the backward
+    adds the weight gradient into b.main_grad in the wgrad kernel's epilogue (one rounding to
+    main_grad's dtype) and b's autograd gradient is a zero stand-in; the forward sets
+    b.grad_added_to_main_grad = True so Megatron's hook does not add it again."""
     _check_high_precision(a, "a")
     _check_high_precision(b, "b")
     format, granularity = _quant_config(config, format)
@@ -605,5 +619,35 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
         guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
         group_offs = group_offsets(group_lens)
-    return _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
-                                 validate)
+    main_grad = _fused_main_grad(b, fuse_bgrad_accum_pattern, format, granularity, trans_b)
+    out = _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
+                                validate, main_grad)
+    if main_grad is not None:
+        b.grad_added_to_main_grad = True
+    return out
+
+
+def _fused_main_grad(b, pattern, fmt, granularity, trans_b):
+    """b.main_grad for fuse_bgrad_accum_pattern (checked here, before any launch), or None."""
+    if pattern is None:
+        return None
+    if pattern != "megatron":
+        guards.fail("fuse_bgrad_accum_pattern", f"fuse_bgrad_accum_pattern = {pattern!r}; expected None or "
+                                                "'megatron'")
+    main_grad = getattr(b, "main_grad", None)
+    if not hasattr(b, "grad_added_to_main_grad") or not isinstance(main_grad, torch.Tensor):
+        guards.fail("fuse_bgrad_accum_pattern", "fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor) "
+                                                "and b.grad_added_to_main_grad set up before the backward")
+    guards.check_shape(main_grad, "b.main_grad", tuple(b.shape))
+    fwd_fmt, grad_fmt = FORMATS[fmt]
+    lhs, rhs = (grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)
+    out = _OUT_WGRAD.get(main_grad.dtype)
+    gran = {"GRAN": "block"} if granularity == "blockwise" else {}
+    if not any(v["LAYOUT"] == "TN" and v.get("ACCUM") == 1 and v["FMT"] == lhs and v["FMT_B"] == rhs
+               and v["OUT"] == out and v.get("GRAN") == gran.get("GRAN") for v in _FACTS.variants):
+        guards.fail("dtype", f"b.main_grad is {main_grad.dtype}: no wgrad kernel accumulates {lhs} x {rhs} "
+                             f"{granularity} into it (fp32 or bf16 main_grad, see the registry's TN ACCUM variants)")
+    if not main_grad.is_contiguous() or main_grad.device != b.device:
+        guards.fail("layout", f"b.main_grad must be contiguous and on b's device ({b.device}); got "
+                              f"{main_grad.device}, strides {main_grad.stride()}")
+    return main_grad
