@@ -121,3 +121,79 @@ def test_megatron_fusion_refusals():
             mxgemm.grouped_gemm_fp8(x, w, lens, fuse_bgrad_accum_pattern="megatron")
     with pytest.raises(mxgemm.guards.GuardError, match=r"\[fuse_bgrad_accum_pattern\]"):
         mxgemm.grouped_gemm_fp8(x, torch.randn(1, 16, 128).bfloat16(), lens, fuse_bgrad_accum_pattern="deepspeed")
+
+
+class QuantizedTensor(torch.Tensor):
+    """Primus-Turbo's QuantizedTensor as the op sees it: a tensor of the original dtype and shape
+    carrying fp8 qdata, fp32 scale_inv (keepdim along the quantised axis), granularity,
+    block_size and quantized_axis. Its own elements are zeros (Primus-Turbo's wrapper has no
+    storage of its own): an op reading them instead of qdata computes zeros."""
+
+    @staticmethod
+    def __new__(cls, hp, qdata, scale_inv, granularity, block_size=None, axis=None):
+        t = torch.Tensor._make_subclass(cls, torch.zeros_like(hp), True)
+        t.qdata, t.scale_inv, t.granularity, t.block_size, t.quantized_axis = qdata, scale_inv, granularity, block_size, axis
+        return t
+
+
+def pre_quantised(hp, granularity, axis=None):
+    """hp quantised by mxgemm.quant's casts, scales laid out as Primus-Turbo's quantisers do."""
+    if granularity == "TENSORWISE":
+        q, s = quant.tensorwise_cast_to_fp8(hp)
+    elif granularity == "ROWWISE":
+        q, s = quant.rowwise_cast_to_fp8(hp) if axis == hp.dim() - 1 else colwise(hp)
+        s = s.unsqueeze(axis)
+    else:
+        q, s = quant.blockwise_cast_to_fp8(hp, (128, 128))
+    return QuantizedTensor(hp, q, s, types.SimpleNamespace(name=granularity), 128 if granularity == "BLOCKWISE" else None,
+                           axis)
+
+
+@pytest.mark.parametrize("granularity,trans_b", [("TENSORWISE", True), ("ROWWISE", True), ("ROWWISE", False),
+                                                 ("BLOCKWISE", False)])
+def test_pre_quantised_inputs(granularity, trans_b):
+    """QuantizedTensor a / b (b only for BLOCKWISE, as in Primus-Turbo) give the same forward and
+    gradients as the op quantising the same values itself (the buffers equal the op's own casts),
+    and the gradients reach the wrappers."""
+    g = torch.Generator().manual_seed(17)
+    lens, n, k = [70, 0, 58], 128, 256
+    x = torch.randn(sum(lens), k, generator=g).bfloat16()
+    w = (torch.randn(*((3, n, k) if trans_b else (3, k, n)), generator=g) * 0.05).bfloat16()
+    dy = torch.randn(sum(lens), n, generator=g).bfloat16()
+    cfg = config(granularity, 128 if granularity == "BLOCKWISE" else None)
+    xq = x.clone().requires_grad_() if granularity == "BLOCKWISE" else pre_quantised(x, granularity, 1)
+    wq = pre_quantised(w, granularity, 2 if trans_b else 1)
+    y = mxgemm.grouped_gemm_fp8(xq, wq, torch.tensor(lens), trans_b=trans_b, config=cfg)
+    y.backward(dy)
+    x2, w2 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y2 = mxgemm.grouped_gemm_fp8(x2, w2, torch.tensor(lens), trans_b=trans_b, config=cfg)
+    y2.backward(dy)
+    metrics.assert_bitwise_equal(y, y2, "y")
+    assert xq.grad is not None and wq.grad is not None
+    if granularity != "ROWWISE":   # rowwise re-quantises the dequantised values for the backward
+        metrics.assert_bitwise_equal(xq.grad, x2.grad, "grad_a")
+        metrics.assert_bitwise_equal(wq.grad, w2.grad, "grad_b")
+    else:   # the dgrad and wgrad operands: the dequantised values (fp8 * scale in bf16) quantised along the other axis
+        dequantised = [(t.qdata.float() * t.scale_inv).bfloat16() for t in (xq, wq)]
+        offs = torch.tensor([0, 70, 70, 128])
+        _, dgrad, xc, dc, w_offs, gran = recipe_operands(granularity, *dequantised, dy, offs, trans_b)
+        ref = reference.grouped_gemm_fp8_ref
+        metrics.assert_bitwise_equal(xq.grad, ref(*dgrad, not trans_b, torch.bfloat16, granularity=gran), "grad_a")
+        lhs, rhs = (dc, xc) if trans_b else (xc, dc)
+        metrics.assert_bitwise_equal(wq.grad, reference.grouped_gemm_fp8_variable_k_ref(
+            *lhs, *rhs, w_offs, torch.bfloat16, granularity=gran), "grad_b")
+
+
+def test_pre_quantised_refusals():
+    x, w, lens = torch.randn(8, 128).bfloat16(), torch.randn(1, 16, 128).bfloat16(), torch.tensor([8])
+    row = config("ROWWISE")
+    for a, b, cfg, rule in (
+            (pre_quantised(x, "TENSORWISE"), w, row, "granularity"),
+            (x, pre_quantised(w, "ROWWISE", 1), row, "axis"),
+            (pre_quantised(x, "ROWWISE", 1), w, types.SimpleNamespace(format="E5M2", granularity="ROWWISE"), "dtype"),
+            (x.clone(), w, config("BLOCKWISE", 128), None)):
+        if rule is None:   # BLOCKWISE: a pre-quantised activation is refused (b may be)
+            a, rule = pre_quantised(torch.randn(8, 128).bfloat16(), "BLOCKWISE"), "type"
+            a.qdata, a.scale_inv = quant.blockwise_cast_to_fp8(torch.randn(8, 128).bfloat16(), (1, 128))
+        with pytest.raises(mxgemm.guards.GuardError, match=rf"\[{rule}\]"):
+            mxgemm.grouped_gemm_fp8(a, b, lens, config=cfg)

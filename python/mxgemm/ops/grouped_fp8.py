@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from .. import guards, quant, registry, tuned
+from .. import formats, guards, quant, registry, tuned
 from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
@@ -473,22 +473,39 @@ def _colwise(t, fmt):
     return q.mT.contiguous(), sf
 
 
+def _quantised(t, fmt, cast, scale_axis=None):
+    """(fp8, fp32 scales) of operand t: a pre-quantised one's own buffers (its scale's size-1
+    quantised axis squeezed), else cast(t, fmt)."""
+    if not _is_pre_quantised(t):
+        return cast(t, fmt)
+    scale = t.scale_inv.reshape(1) if scale_axis is None else t.scale_inv.squeeze(scale_axis)
+    return t.qdata, scale
+
+
+def _high_precision(t):
+    """t, or a pre-quantised t's values (fp8 * scale, in its original dtype) to re-quantise along
+    another axis, as Primus-Turbo does for the backward's operands."""
+    return (t.qdata.float() * t.scale_inv).to(t.dtype) if _is_pre_quantised(t) else t
+
+
 def _quantise_forward(a, b, group_offs, trans_b, fmt, granularity):
     """(the forward's operands, what the backward needs) of one recipe (Primus-Turbo's):
     tensorwise: one scale per tensor, reused by every GEMM; rowwise: a per row and b per output
     column along K for the forward, b along N (the dgrad's contraction) and a per column for the
     wgrad; blockwise: a 1x128 and b 128x128 (the dgrad reads the same blocks transposed), a in
-    128-row column blocks of each group's own padded segment for the wgrad."""
+    128-row column blocks of each group's own padded segment for the wgrad. A pre-quantised
+    operand's buffers serve the forward (and the tensorwise backward) as they are."""
     if granularity == "tensorwise":
-        (aq, sa), (bq, sb) = quant.tensorwise_cast_to_fp8(a, fmt), quant.tensorwise_cast_to_fp8(b, fmt)
+        (aq, sa), (bq, sb) = (_quantised(t, fmt, quant.tensorwise_cast_to_fp8) for t in (a, b))
         return (aq, sa, bq, sb), dict(b=(bq, sb), a=(aq, sa))
     if granularity == "rowwise":
-        aq, sa = quant.rowwise_cast_to_fp8(a, fmt)
-        bq, sb = quant.rowwise_cast_to_fp8(b, fmt) if trans_b else _colwise(b, fmt)       # sb [G, N]
-        b_dgrad = _colwise(b, fmt) if trans_b else quant.rowwise_cast_to_fp8(b, fmt)   # scales [G, K]
-        return (aq, sa, bq, sb), dict(b=b_dgrad, a=_colwise(a, fmt))
+        aq, sa = _quantised(a, fmt, quant.rowwise_cast_to_fp8, -1)
+        bq, sb = _quantised(b, fmt, quant.rowwise_cast_to_fp8 if trans_b else _colwise, -1 if trans_b else -2)
+        b_hp, a_hp = _high_precision(b), _high_precision(a)
+        b_dgrad = _colwise(b_hp, fmt) if trans_b else quant.rowwise_cast_to_fp8(b_hp, fmt)   # scales [G, K]
+        return (aq, sa, bq, sb), dict(b=b_dgrad, a=_colwise(a_hp, fmt))
     aq, sa = quant.blockwise_cast_to_fp8(a, (1, SCALE_BLOCK), fmt)
-    bq, blocks = quant.blockwise_cast_to_fp8(b, (SCALE_BLOCK, SCALE_BLOCK), fmt)
+    bq, blocks = _quantised(b, fmt, lambda t, f: quant.blockwise_cast_to_fp8(t, (SCALE_BLOCK, SCALE_BLOCK), f), ())
     sb = blocks if trans_b else blocks.transpose(1, 2)                                   # [G, N/128, K/128]
     a_seg, sa_seg, seg_offs = quant.segment_cast_to_fp8(a, group_offs, SCALE_BLOCK, fmt)
     return (aq, sa, bq, sb), dict(b=(bq, sb.transpose(1, 2)), a=(a_seg, sa_seg), seg_offs=seg_offs)
@@ -570,14 +587,38 @@ def _quant_config(config, format):
     return fmt, granularity
 
 
-def _check_high_precision(t, name: str) -> None:
-    """A plain tensor to quantise: pre-quantised wrappers (Primus-Turbo's QuantizedTensor) are
-    refused by name rather than read as a tensor of their outer shape."""
+def _is_pre_quantised(t) -> bool:
+    """Primus-Turbo's QuantizedTensor (fp8 qdata, fp32 scale_inv, granularity, block_size,
+    quantized_axis; its dtype is the original one), recognised by those fields."""
+    return all(hasattr(t, f) for f in ("qdata", "scale_inv", "granularity"))
+
+
+def _check_operand(t, name: str, fmt: str, granularity: str, block, axis) -> None:
+    """A plain tensor to quantise, or a pre-quantised one made by this call's recipe (its
+    granularity, block size, format and quantised axis: axis None for tensorwise, () for
+    blockwise weights); other wrappers are refused by name rather than read as a tensor of their
+    outer shape."""
+    if _is_pre_quantised(t):
+        got = str(getattr(t.granularity, "name", t.granularity)).lower()
+        if granularity == "blockwise" and name == "a":
+            guards.fail("type", "a is pre-quantised: BLOCKWISE quantises the activation itself (row blocks for the "
+                                "forward, segment-padded column blocks for the wgrad), as Primus-Turbo does")
+        if got != granularity or getattr(t, "block_size", None) != block:
+            guards.fail("granularity", f"{name} is quantised {got.upper()} with block_size "
+                                       f"{getattr(t, 'block_size', None)}; the config asks {granularity.upper()} "
+                                       f"with block_size {block}")
+        want = formats.TORCH_DTYPES[FORMATS[fmt][0]]
+        if t.qdata.dtype != want:
+            guards.fail("dtype", f"{name}.qdata is {t.qdata.dtype}; the config's format quantises to {want}")
+        if granularity == "rowwise" and getattr(t, "quantized_axis", None) != axis % t.qdata.dim():
+            guards.fail("axis", f"{name} is quantised along axis {getattr(t, 'quantized_axis', None)}; this call "
+                                f"needs its scales along axis {axis % t.qdata.dim()} (the contraction)")
+        return
     wrapper = next((c.__name__ for c in type(t).__mro__ if "Quantized" in c.__name__ or c.__name__ == "Float8Tensor"),
                    None)
     if not isinstance(t, torch.Tensor) or wrapper:
-        guards.fail("type", f"{name} must be a bf16 / fp16 / fp32 torch.Tensor (quantised by the op); got "
-                            f"{wrapper or type(t).__name__}: pre-quantised inputs are not taken")
+        guards.fail("type", f"{name} must be a bf16 / fp16 / fp32 torch.Tensor (quantised by the op) or a "
+                            f"pre-quantised QuantizedTensor; got {wrapper or type(t).__name__}")
 
 
 def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
@@ -605,9 +646,10 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     adds the weight gradient into b.main_grad in the wgrad kernel's epilogue (one rounding to
     main_grad's dtype) and b's autograd gradient is a zero stand-in; the forward sets
     b.grad_added_to_main_grad = True so Megatron's hook does not add it again."""
-    _check_high_precision(a, "a")
-    _check_high_precision(b, "b")
     format, granularity = _quant_config(config, format)
+    block = getattr(config, "block_size", None)
+    _check_operand(a, "a", format, granularity, block, -1)
+    _check_operand(b, "b", format, granularity, block, -1 if trans_b else -2)
     if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
         guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
                              f"got a {a.dtype}, b {b.dtype}")
