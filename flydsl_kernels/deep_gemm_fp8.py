@@ -1,8 +1,9 @@
-"""DeepGEMM-style FP8 (and FP8 x FP4) block-scale grouped GEMM (NT) on gfx950:
-d[m, n] = sum_k a[m, k] b[group(m), n, k].
+"""DeepGEMM-style FP8 (and FP8 x FP4) block-scale grouped GEMM (NT) on gfx950, and its unscaled
+BF16 form: d[m, n] = sum_k a[m, k] b[group(m), n, k].
 
 a: e4m3 rows with 1x128 scales sfa; b: e4m3 [G, N, K] with 128x128 scales sfb, or e2m1 [G, N, K/2]
-with 1x32 scales; d: bf16 or f16. One body, compile-time variants:
+with 1x32 scales; or (A_FMT bf16) a and b bf16 without scales; d: bf16 or f16. One body,
+compile-time variants:
   MASKED 0  contiguous layout: a [M, K], `layout` = m_indices int32 [M] (group of each row,
             -1 for padding). A tile's group is the one of its first row. Rows whose m_indices
             differ from the tile's group are not loaded (read as 0).
@@ -27,6 +28,16 @@ with 1x32 scales; d: bf16 or f16. One body, compile-time variants:
   B_FMT     "e4m3" | "e2m1" (UE8M0 only): e2m1 b is packed two per byte (even K in the low
             nibble); the MFMA's src0 format code is 4 and each lane's operand is its 16 bytes
             (32 K) of the row, zeros above; sfb holds one scale per row of b and 32-K block.
+  A_FMT     "e4m3" | "bf16": bf16 a [.., K] and b [G, N, K] (B_FMT not given: b is bf16 too, UE8M0
+            0), no scales: sfa and sfb are not read (null pointers). A K block is still 128 bytes
+            (64 bf16) with the same loads, LDS layout and swizzle; its two 16-byte halves per lane
+            (bytes 16g.. and 64 + 16g..) are the operands of two v_mfma_f32_16x16x32_bf16 (K 32 each:
+            lane l holds row l%16, K 8(l/16)..+7, docs/gfx950_isa.md §1.3), both accumulating
+            straight into acc, K half 0 first. Each MFMA is (the emulator's model, emu/matrix.py)
+            the exact sum of its 32 products rounded once to fp32, then one RNE add into acc:
+            mxgemm.reference sums 32-K chunks the same way (bit-exact). Registers as the e4m3
+            path's without the scale registers; the kernel's k argument is K in elements, a row
+            is 2K bytes; K % 16 (32 bytes: the 16-byte chunk rule with room to spare).
   OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
   BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
             tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
@@ -72,15 +83,19 @@ TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
 PSUM_MAX_GROUPS = 64              # psum layout: one wave's lanes hold the group ends
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
+A_FMTS = ("e4m3", "bf16")
 
 
-def _check(bm, bn, masked, psum, ue8m0, b_fmt, out):
+def _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out):
+    bf16 = a_fmt == "bf16"
     if (bm not in TILES or bn not in TILES or masked not in (0, 1) or psum not in (0, 1) or ue8m0 not in (0, 1)
-            or b_fmt not in FMT_CODE or out not in ("bf16", "f16") or (masked and psum)
-            or (b_fmt == "e2m1" and not ue8m0)):
-        raise ValueError(f"variant BM={bm} BN={bn} MASKED={masked} PSUM={psum} UE8M0={ue8m0} B_FMT={b_fmt} "
-                         f"OUT={out}: BM, BN in {TILES}; MASKED, PSUM, UE8M0 in (0, 1), PSUM only contiguous; "
-                         f"B_FMT in {tuple(FMT_CODE)}, e2m1 only with UE8M0; OUT bf16 or f16")
+            or a_fmt not in A_FMTS or out not in ("bf16", "f16") or (masked and psum)
+            or (b_fmt != "bf16" if bf16 else b_fmt not in FMT_CODE) or (b_fmt == "e2m1" and not ue8m0)
+            or (bf16 and ue8m0)):
+        raise ValueError(f"variant BM={bm} BN={bn} MASKED={masked} PSUM={psum} UE8M0={ue8m0} A_FMT={a_fmt} "
+                         f"B_FMT={b_fmt} OUT={out}: BM, BN in {TILES}; MASKED, PSUM, UE8M0 in (0, 1), PSUM only "
+                         f"contiguous; A_FMT in {A_FMTS}; B_FMT in {tuple(FMT_CODE)} (e4m3 a), e2m1 only with "
+                         f"UE8M0; bf16 a: b bf16, no scales (UE8M0 0); OUT bf16 or f16")
 
 
 def _psum_group(B, layout, groups, row_base):
@@ -99,6 +114,8 @@ def _psum_group(B, layout, groups, row_base):
 def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad,
           sfa_st, sfb_st, lds):
     rows, n, k, m_max, groups = map(Int, (rows, n, k, m_max, groups))
+    if b_fmt == "bf16":
+        k = k * 2                                   # from here on: bytes of a row of a (and of b)
     sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
     by = Int(fx.block_idx.y.ir_value())
@@ -148,10 +165,11 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
 
 def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run, pad):
     """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
-    K blocks. run: whether the tile has a group (None: always, the masked layout); pad: write
-    rows of no group as zeros (None: never)."""
+    K blocks (k in bytes). run: whether the tile has a group (None: always, the masked layout);
+    pad: write rows of no group as zeros (None: never)."""
     t = SimpleNamespace(
-        B=B, bm=bm, bn=bn, ue8m0=ue8m0, fp4=b_fmt == "e2m1", b_fmt=b_fmt, out=out, rows=rows, n=n, k=k, lds=lds,
+        B=B, bm=bm, bn=bn, ue8m0=ue8m0, fp4=b_fmt == "e2m1", bf16=b_fmt == "bf16", b_fmt=b_fmt, out=out, rows=rows,
+        n=n, k=k, lds=lds,
         group=group, row_base=row_base,
         row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st, run=run, pad=pad,
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
@@ -207,7 +225,7 @@ def _loaders(t, a, sfa, b, sfb, d):
     elif t.ue8m0:
         sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
         sfb_voff = [sfb_group + (c >> sfb_shift) * sfb_sn for c in cols]
-    else:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
+    elif not t.bf16:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
         sfb_row = B.gep(sfb, sfb_group + (t.n0 >> sfb_shift) * sfb_sn)
     scale_t = B.i8 if t.ue8m0 else B.f32
 
@@ -220,6 +238,8 @@ def _loaders(t, a, sfa, b, sfb, d):
         soff, is_last = kt * (BLOCK_K // 2 if t.fp4 else BLOCK_K), B.cmp("eq", kt, t.last)
         bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, last, v), soff, aux=B.c_attr(0))
                for v, last in zip(b_voff[nt], b_voff_last[nt])] for nt in range(t.n_tiles)]
+        if t.bf16:
+            return bw, [], []                        # no scales
         sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
               for mt in range(t.m_tiles)]
         if t.fp4:
@@ -282,15 +302,26 @@ def _k_loop(t, load_step, dma_step):
     zero_acc = B.splat(B.v4f32, 0.0)
     one = B.c(E8M0_ONE)
 
+    v8bf16 = ir.VectorType.get([8], B.bf16)
+
     def read_tile(kt):
         tile = B.gep(t.lds, (kt & 1) * t.buf_bytes)
-        return [_cat(B, [llvm.load(B.v4i32, B.gep(tile, t.a_lds_off[mt][h]), alignment=16) for h in range(2)])
-                for mt in range(t.m_tiles)]
+        halves = [[llvm.load(B.v4i32, B.gep(tile, t.a_lds_off[mt][h]), alignment=16) for h in range(2)]
+                  for mt in range(t.m_tiles)]
+        return halves if t.bf16 else [_cat(B, hs) for hs in halves]
 
     def run_step(kt, acc, cur):
         af, nxt = pipelined_step(B, kt, t.kb, read_tile, load_step, dma_step)
         bw, sa, sb = cur
         acc = [list(x) for x in acc]
+        if t.bf16:  # K half h of the block: bytes 16g + 64h of each row, one 16x16x32 MFMA
+            for h in range(2):
+                for mt in range(t.m_tiles):
+                    for nt in range(t.n_tiles):
+                        acc[nt][mt] = fx.rocdl.mfma_f32_16x16x32_bf16(
+                            B.v4f32, [llvm.bitcast(v8bf16, bw[nt][h]), llvm.bitcast(v8bf16, af[mt][h]), acc[nt][mt]])
+            fx.rocdl.sched_barrier(0)
+            return acc, nxt
         if not t.ue8m0:
             promote = [B.splat_value(B.v4f32, arith.mulf(sa[mt], sb[0])) for mt in range(t.m_tiles)]
         for mt in range(t.m_tiles):
@@ -355,9 +386,11 @@ def _epilogue(t, acc):
         rocdl.raw_ptr_buffer_store(v, t.d_rsrc, voff, B.c(0), aux=B.c_attr(0))
 
 
-def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, b_fmt="e4m3", out="bf16"):
-    """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
-    _check(bm, bn, masked, psum, ue8m0, b_fmt, out)
+def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", b_fmt=None, out="bf16"):
+    """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build);
+    b_fmt None: a's format."""
+    b_fmt = b_fmt or a_fmt
+    _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out)
 
     @fx.struct
     class SharedStorage:
@@ -388,13 +421,15 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, b_fmt="e4m3", 
     return deep_gemm_fp8
 
 
-def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, PSUM=0, UE8M0=0, B_FMT="e4m3", OUT="bf16"):
+def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, PSUM=0, UE8M0=0, A_FMT="e4m3", B_FMT=None,
+                      OUT="bf16"):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(symbol, BM, BN, MASKED, PSUM, UE8M0, B_FMT, OUT)
+    fn = build(symbol, BM, BN, MASKED, PSUM, UE8M0, A_FMT, B_FMT, OUT)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
     sf = u8 if UE8M0 else f32
-    flyc.compile(fn, p(u8), p(sf), p(u8), p(sf), p(fx.BFloat16 if OUT == "bf16" else fx.Float16), p(i32),
+    ab = fx.BFloat16 if A_FMT == "bf16" else u8
+    flyc.compile(fn, p(ab), p(sf), p(ab), p(sf), p(fx.BFloat16 if OUT == "bf16" else fx.Float16), p(i32),
                  BM, BN, BLOCK_K, BM, 1, 0, BM, 1, 4, 1, 4, 1, 4, 1, 7, 1)
     return fn

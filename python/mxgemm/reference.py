@@ -1,8 +1,8 @@
 """Reference ops: the ground truth every kernel test compares against (pure torch, CPU).
 
 Accumulation model (all ops): the reduction dimension is cut into chunks (32 for MX
-scales, 128 for mx_gemm's scaled 16x16x128 MMA steps, for DeepGEMM block scales and for
-tensorwise FP8). Each chunk's dot product
+scales and for bf16 operands (16x16x32 bf16 MFMAs), 128 for mx_gemm's scaled 16x16x128 MMA
+steps, for DeepGEMM block scales and for tensorwise FP8). Each chunk's dot product
 of the decoded, unscaled elements is computed exactly (float64 holds it exactly: every
 e4m3*e4m3 or fp4 product has <= 8 significant bits and a chunk spans < 2^45; for e5m2
 operands it is exact unless one chunk spans more than 2^53; mx_gemm's 128-K chunks, whose
@@ -79,25 +79,30 @@ def _f32_of_exact_sum(terms) -> float:
     return float(np.float32(s))
 
 
-def _lsb(v: torch.Tensor, fmt: str) -> torch.Tensor:
+def _lsb(v: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
     """A power of two dividing every value (float64), never above the value's own last bit."""
     e = torch.frexp(v.abs())[1].double()
-    return torch.where(v == 0, torch.full_like(e, math.inf), torch.exp2(e - 1 - F.SPECS[fmt][1]))
+    return torch.where(v == 0, torch.full_like(e, math.inf), torch.exp2(e - 1 - mantissa_bits))
 
 
 def _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk) -> list:
-    """fp32 [M, N] of each K chunk: the exact sum of its scaled products rounded once (RNE).
-
-    float64 sums are exact when every term is a multiple of a common quantum q and the sum of
-    magnitudes stays below 2^52 q; the elements where that bound fails (e.g. block scales far
-    apart within a chunk) are summed exactly by _f32_of_exact_sum."""
+    """fp32 [M, N] of each K chunk: the exact sum of its scaled products rounded once (RNE)."""
     av, bv = mx_values(a, a_fmt).double(), mx_values(b, b_fmt).double()
     sa = F.decode_e8m0(a_scale).double().repeat_interleave(MX_BLOCK, 1)
     sb = F.decode_e8m0(b_scale).double().repeat_interleave(MX_BLOCK, 1)
     xa, xb = av * sa, bv * sb                          # exact: power-of-two scaling
-    qa, qb = _lsb(av, a_fmt) * sa, _lsb(bv, b_fmt) * sb
+    return _exact_chunks(xa, xb, _lsb(av, F.SPECS[a_fmt][1]) * sa, _lsb(bv, F.SPECS[b_fmt][1]) * sb, chunk)
+
+
+def _exact_chunks(xa, xb, qa, qb, chunk) -> list:
+    """fp32 [M, N] of each K chunk of xa [M, K] . xb [N, K]^T (float64 values; qa, qb: powers of
+    two dividing each element): the exact sum of the chunk's products rounded once (RNE).
+
+    float64 sums are exact when every term is a multiple of a common quantum q and the sum of
+    magnitudes stays below 2^52 q; the elements where that bound fails (e.g. block scales far
+    apart within a chunk, or wide-range bf16) are summed exactly by _f32_of_exact_sum."""
     out = []
-    for k in range(0, av.shape[1], chunk):
+    for k in range(0, xa.shape[1], chunk):
         ka, kb = xa[:, k:k + chunk], xb[:, k:k + chunk]
         p = ka @ kb.T
         mag = ka.abs() @ kb.abs().T
@@ -107,6 +112,21 @@ def _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk) -> list:
             r[i, j] = _f32_of_exact_sum((ka[i] * kb[j]).tolist())   # products are exact in float64
         out.append(r)
     return out
+
+
+BF16_MMA_K = 32    # K of v_mfma_f32_16x16x32_bf16: one exact sum per chunk
+BF16_MANTISSA = 7
+
+
+def _bf16_dot(a, b) -> torch.Tensor:
+    """a [M, K], b [N, K] bf16 -> fp32 [M, N], v_mfma_f32_16x16x32_bf16 as the emulator executes it
+    (the bf16 GEMM kernels' model): each 32-K chunk's exact sum of products
+    rounded once to fp32, added into the fp32 accumulator (from +0) in K order, one RNE each."""
+    xa, xb = a.double(), b.double()
+    acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+    for p in _exact_chunks(xa, xb, _lsb(xa, BF16_MANTISSA), _lsb(xb, BF16_MANTISSA), BF16_MMA_K):
+        acc = acc + p
+    return acc
 
 
 def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3",
@@ -355,16 +375,22 @@ def m_grouped_fp8_gemm_nt_contiguous_ref(a, a_scale, b, b_scale, grouped_layout,
     grouped_layout int32 [M] = group of each row (-1: skipped row), or with psum=True int32 [G] =
     each group's end row (psum_group_rows) -> [M, N] out_dtype (bf16, f16 or the fp32
     accumulator); rows of no group are 0."""
-    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    return _out(_contiguous_groups(lambda r, g: _group_gemm(a[r], a_scale[r], b[g], b_scale[g]),
+                                   (a.shape[0], b.shape[1]), grouped_layout, psum), out_dtype)
+
+
+def _contiguous_groups(group_gemm, shape, grouped_layout, psum) -> torch.Tensor:
+    """fp32 ``shape`` [M, N]: group_gemm(rows, g) (rows: a slice or the index tensor of group g's
+    rows) in each group's rows (grouped_layout: m_indices, or with psum the group ends), 0 elsewhere."""
+    out = torch.zeros(shape, dtype=torch.float32)
     if psum:
-        for g, start, end in psum_group_rows(grouped_layout):
-            out[start:end] = _group_gemm(a[start:end], a_scale[start:end], b[g], b_scale[g])
-        return _out(out, out_dtype)
-    layout = grouped_layout.long()
-    for g in layout[layout >= 0].unique().tolist():
-        rows = (layout == g).nonzero().squeeze(1)
-        out[rows] = _group_gemm(a[rows], a_scale[rows], b[g], b_scale[g])
-    return _out(out, out_dtype)
+        groups = [(g, slice(start, end)) for g, start, end in psum_group_rows(grouped_layout)]
+    else:
+        layout = grouped_layout.long()
+        groups = [(g, (layout == g).nonzero().squeeze(1)) for g in layout[layout >= 0].unique().tolist()]
+    for g, rows in groups:
+        out[rows] = group_gemm(rows, g)
+    return out
 
 
 def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m, out_dtype=torch.bfloat16) -> torch.Tensor:
@@ -372,7 +398,28 @@ def m_grouped_fp8_gemm_nt_masked_ref(a, a_scale, b, b_scale, masked_m, out_dtype
     e4m3, a_scale [G, M_max, ceil(K/128)], b and b_scale as the contiguous reference's (e4m3 or
     packed e2m1), masked_m int32 [G] = valid rows per group -> [G, M_max, N] out_dtype; rows >=
     masked_m[g] (unwritten by the kernel) are 0 here."""
-    out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float32)
+    return _out(_masked_groups(lambda g, m: _group_gemm(a[g, :m], a_scale[g, :m], b[g], b_scale[g]),
+                               (*a.shape[:2], b.shape[1]), masked_m), out_dtype)
+
+
+def _masked_groups(group_gemm, shape, masked_m) -> torch.Tensor:
+    """fp32 ``shape`` [G, M_max, N]: group_gemm(g, m) in rows :m = masked_m[g] of group g, 0 elsewhere."""
+    out = torch.zeros(shape, dtype=torch.float32)
     for g, m in enumerate(masked_m.tolist()):
-        out[g, :m] = _group_gemm(a[g, :m], a_scale[g, :m], b[g], b_scale[g])
-    return _out(out, out_dtype)
+        out[g, :m] = group_gemm(g, m)
+    return out
+
+
+def m_grouped_bf16_gemm_nt_contiguous_ref(a, b, grouped_layout, psum: bool = False) -> torch.Tensor:
+    """DeepGEMM m_grouped_bf16_gemm_nt_contiguous: a [M, K] bf16, b [G, N, K] bf16, grouped_layout as
+    m_grouped_fp8_gemm_nt_contiguous_ref's (m_indices, or with psum=True the group ends) -> [M, N]
+    bf16 (RNE of the fp32 accumulator of _bf16_dot); rows of no group are 0."""
+    return _out(_contiguous_groups(lambda r, g: _bf16_dot(a[r], b[g]), (a.shape[0], b.shape[1]), grouped_layout,
+                                   psum), torch.bfloat16)
+
+
+def m_grouped_bf16_gemm_nt_masked_ref(a, b, masked_m) -> torch.Tensor:
+    """DeepGEMM m_grouped_bf16_gemm_nt_masked: a [G, M_max, K] bf16, b [G, N, K] bf16, masked_m int32
+    [G] -> [G, M_max, N] bf16; rows >= masked_m[g] (unwritten by the kernel) are 0 here."""
+    return _out(_masked_groups(lambda g, m: _bf16_dot(a[g, :m], b[g]), (*a.shape[:2], b.shape[1]), masked_m),
+                torch.bfloat16)

@@ -203,6 +203,10 @@ register(Kernel(
     variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
     + variant_grid(BM=(128,), BN=(64,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
     + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    # DeepGEMM's unscaled BF16 grouped GEMMs (A_FMT bf16: a and b bf16, no scales, bf16 d): m_indices,
+    # psum and masked layouts, 128 x 128 (hardware) and 32 x 32 (emulator)
+    + tuple(dict(BM=t, BN=t, A_FMT="bf16", UE8M0=0, OUT="bf16", **f) for t in (128, 32)
+            for f in (dict(MASKED=0), dict(MASKED=0, PSUM=1), dict(MASKED=1)))
     # DeepGEMM 2.6's forms, bf16 out (its API's d): the psum contiguous layout (PSUM=1) and e4m3 x e2m1
     # (B_FMT: FP4 weights, per-32-K e8m0 scales) in every layout; 128 x 128 (hardware), 32 x 32 (emulator;
     # last: the race sweep's sample)
@@ -210,8 +214,9 @@ register(Kernel(
         dict(MASKED=0, PSUM=1, UE8M0=0), dict(MASKED=0, PSUM=1, UE8M0=1), dict(MASKED=0, UE8M0=1, B_FMT="e2m1"),
         dict(MASKED=1, UE8M0=1, B_FMT="e2m1"), dict(MASKED=0, PSUM=1, UE8M0=1, B_FMT="e2m1"))),
     doc="e4m3 x e4m3 or e4m3 x e2m1 grouped GEMM with 1x128 / 128x128 (or per-row 1x128; 1x32 for e2m1) "
-        "block scales: fp32, or e8m0 bytes, packed or not; DeepGEMM's contiguous (m_indices or psum, "
-        "padding rows zeroed or untouched) and masked (masked_m) layouts; bf16/f16 out; K % 16, N % BN"))
+        "block scales: fp32, or e8m0 bytes, packed or not; or bf16 x bf16 unscaled (A_FMT bf16); DeepGEMM's "
+        "contiguous (m_indices or psum, padding rows zeroed or untouched) and masked (masked_m) layouts; "
+        "bf16/f16 out; K % 16, N % BN"))
 # --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized

@@ -29,11 +29,16 @@ between a group's end and the next aligned start, and past the last group) zeros
 ``ensure_zero_padding=True`` (2.6's default) and untouched with False; rows >= masked_m of the
 masked layout are left untouched.
 
+The M-grouped BF16 GEMMs ``m_grouped_bf16_gemm_nt_contiguous`` / ``_nn_contiguous`` /
+``_nt_masked`` (alias ``bf16_m_grouped_gemm_nt_masked``) take bf16 a and b without scales and run
+the same op and kernel family (its A_FMT bf16 variants: fp32 accumulation over 32-K bf16 MFMAs,
+bf16 d), with the FP8 functions' layouts, padding rules and weight majorness.
+
 The dense GEMMs ``fp8_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (2.6: ``fp8_fp4_gemm_*``) and the
 K-grouped weight-gradient GEMMs ``k_grouped_fp8_gemm_tn_contiguous`` / ``_nt_contiguous`` run
 mxgemm's grouped FP8 GEMM family with 128-block scales (``gemm.py``: layouts, ``c``, costs).
 
-Not covered: the bf16 GEMMs and the NN grouped forms, FP4 operands of the dense GEMMs, FP4
+Not covered: the K-grouped bf16 GEMM, FP4 operands of the dense GEMMs, FP4
 activations (a), 1 x 32 activation scales
 (recipe_a (1, 32)) and the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
 FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
@@ -127,11 +132,8 @@ def _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast) -> tuple:
     return sfa, sfb
 
 
-def _contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
-                disable_ue8m0_cast=False, use_psum_layout=False, ensure_zero_padding=True,
-                expected_m_for_psum_layout=None, config=""):
-    _pairs(a, b, grouped_layout, "grouped_layout" if use_psum_layout else "m_indices")
-    b = k_major_weights(b)          # DeepGEMM's SM100 recipe may pass b MN-major (b.mT.contiguous().mT)
+def _contiguous_layout(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout, config) -> dict:
+    """DeepGEMM's contiguous-layout options checked -> the op's keywords."""
     if expected_m_for_psum_layout is not None and not use_psum_layout:
         guards.fail("expected_m_for_psum_layout", f"expected_m_for_psum_layout = {expected_m_for_psum_layout!r} "
                                                   "is a hint of the psum layout only (use_psum_layout=False)")
@@ -140,19 +142,57 @@ def _contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=No
                                  f"{get_mk_alignment_for_contiguous_layout()} "
                                  f"(set_mk_alignment_for_contiguous_layout); the kernel's psum layout aligns to "
                                  f"{M_ALIGN}")
-    sfa, sfb = _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
     zero_padding = bool(ensure_zero_padding) or not use_psum_layout   # m_indices: always zeros (module docstring)
-    return (a[0], sfa, b[0], sfb, grouped_layout, d), {
-        "masked": False, "psum": bool(use_psum_layout), "zero_padding": zero_padding, "config": config}
+    return {"masked": False, "psum": bool(use_psum_layout), "zero_padding": zero_padding, "config": config}
+
+
+def _check_expected_m(expected_m) -> None:
+    if not isinstance(expected_m, int) or expected_m < 0:
+        guards.fail("expected_m", f"expected_m must be a non-negative int (a hint); got {expected_m!r}")
+
+
+def _contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                disable_ue8m0_cast=False, use_psum_layout=False, ensure_zero_padding=True,
+                expected_m_for_psum_layout=None, config=""):
+    _pairs(a, b, grouped_layout, "grouped_layout" if use_psum_layout else "m_indices")
+    b = k_major_weights(b)          # DeepGEMM's SM100 recipe may pass b MN-major (b.mT.contiguous().mT)
+    kw = _contiguous_layout(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout, config)
+    sfa, sfb = _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+    return (a[0], sfa, b[0], sfb, grouped_layout, d), kw
 
 
 def _masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
             disable_ue8m0_cast=False, config=""):
     _pairs(a, b, masked_m, "masked_m")
-    if not isinstance(expected_m, int) or expected_m < 0:
-        guards.fail("expected_m", f"expected_m must be a non-negative int (a hint); got {expected_m!r}")
+    _check_expected_m(expected_m)
     sfa, sfb = _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
     return (a[0], sfa, b[0], sfb, masked_m, d), {"masked": True, "config": config}
+
+
+def _bf16_operands(a, b, layout, layout_name) -> tuple:
+    """DeepGEMM's BF16 a and b (tensors: no scales) and layout, checked -> (a, b K-major): an MN-major
+    b (unit stride along N: a [G, K, N] tensor's transposed view) is copied K-major, as
+    k_major_weights copies FP8 weights; other strides meet the op's contiguity guard."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            guards.fail("type", f"{name} must be a bf16 torch.Tensor (the BF16 GEMMs take no scales); "
+                                f"got {type(t).__name__}")
+    layout_tensor(layout, layout_name)
+    mn_major = b.dim() == 3 and b.stride(-1) != 1 and b.stride(-2) == 1
+    return a, b.contiguous() if mn_major else b
+
+
+def _bf16_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False, ensure_zero_padding=True,
+                     expected_m_for_psum_layout=None, config=""):
+    a, b = _bf16_operands(a, b, grouped_layout, "grouped_layout" if use_psum_layout else "m_indices")
+    return (a, None, b, None, grouped_layout, d), _contiguous_layout(use_psum_layout, ensure_zero_padding,
+                                                                     expected_m_for_psum_layout, config)
+
+
+def _bf16_masked(a, b, d, masked_m, expected_m, compiled_dims="nk", config=""):
+    a, b = _bf16_operands(a, b, masked_m, "masked_m")
+    _check_expected_m(expected_m)
+    return (a, None, b, None, masked_m, d), {"masked": True, "config": config}
 
 
 def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
@@ -187,7 +227,39 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None,
 # DeepGEMM 2.6: the FP8 names are aliases of the FP8 x FP4 functions
 m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
 m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
-_FLAT = {m_grouped_fp8_fp4_gemm_nt_contiguous: _contiguous, m_grouped_fp8_fp4_gemm_nt_masked: _masked}
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False,
+                                      ensure_zero_padding=True, expected_m_for_psum_layout=None, config="") -> None:
+    """d[m] = a[m] . b[g(m)]^T in bf16 with fp32 accumulation (DeepGEMM 2.6): a bf16 [M, K], b bf16
+    [G, N, K] (K-major, or MN-major: copied K-major), d bf16 [M, N] written in place; K % 16 == 0,
+    N % 32 == 0. grouped_layout, padding rows and ensure_zero_padding as in
+    m_grouped_fp8_fp4_gemm_nt_contiguous (m_indices int32 [M], or with use_psum_layout the group
+    ends int32 [G])."""
+    args, kw = _bf16_contiguous(a, b, d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
+                                expected_m_for_psum_layout, config)
+    deep_gemm_fp8_grouped_gemm(*args, **kw)
+
+
+def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False,
+                                      ensure_zero_padding=True, config="") -> None:
+    """m_grouped_bf16_gemm_nt_contiguous with b given as bf16 [G, K, N] (DeepGEMM 2.6): the kernel
+    reads b K-major, so the weights are copied transposed on every call (2 G N K bytes)."""
+    m_grouped_bf16_gemm_nt_contiguous(a, b.transpose(1, 2) if isinstance(b, torch.Tensor) else b, d, grouped_layout,
+                                      compiled_dims, use_psum_layout, ensure_zero_padding, config=config)
+
+
+def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk", config="") -> None:
+    """d[g, m] = a[g, m] . b[g]^T for m < masked_m[g] in bf16 with fp32 accumulation (DeepGEMM 2.6;
+    bf16_m_grouped_gemm_nt_masked is the same function): a bf16 [G, M_max, K], b bf16 [G, N, K],
+    d bf16 [G, M_max, N] written in place (rows >= masked_m[g] untouched), masked_m int32 [G]."""
+    args, kw = _bf16_masked(a, b, d, masked_m, expected_m, compiled_dims, config)
+    deep_gemm_fp8_grouped_gemm(*args, **kw)
+
+
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked   # DeepGEMM's legacy alias
+_FLAT = {m_grouped_fp8_fp4_gemm_nt_contiguous: _contiguous, m_grouped_fp8_fp4_gemm_nt_masked: _masked,
+         m_grouped_bf16_gemm_nt_contiguous: _bf16_contiguous, m_grouped_bf16_gemm_nt_masked: _bf16_masked}
 
 
 def explain(fn, *args, **kw):
@@ -213,7 +285,8 @@ m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
 # DeepGEMM 2.6 names the dense GEMMs fp8_fp4_gemm_*; FP4 operands have no dense kernel here
 fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 
-__all__ = ["align", "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+__all__ = ["align", "bf16_m_grouped_gemm_nt_masked", "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt",
+           "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
            "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "k_grouped_fp8_gemm_nt_contiguous",
            "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
            "m_grouped_fp8_gemm_nn_contiguous", "get_k_alignment_for_contiguous_layout",
@@ -222,6 +295,7 @@ __all__ = ["align", "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt",
            "get_mn_major_tma_aligned_tensor", "get_num_sms", "get_pdl", "get_tc_util",
            "get_theoretical_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
            "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
+           "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
            "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "set_block_size_multiple_of",
            "set_ignore_compile_dims", "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl",
            "set_tc_util", "transform_sf_into_required_layout"]

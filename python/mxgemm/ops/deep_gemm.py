@@ -1,5 +1,6 @@
-"""deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 and FP8 x FP4 block-scale grouped GEMMs (NT),
-contiguous (m_indices or psum), and masked, on the deep_gemm_fp8 FlyDSL kernel family.
+"""deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 and FP8 x FP4 block-scale grouped GEMMs (NT), and its
+unscaled BF16 grouped GEMMs, contiguous (m_indices or psum), and masked, on the deep_gemm_fp8 FlyDSL
+kernel family.
 ``mxgemm.deep_gemm`` exposes it under DeepGEMM's names and argument order."""
 from __future__ import annotations
 
@@ -85,18 +86,38 @@ def scale_strides(sf: torch.Tensor, name: str) -> tuple:
     return (sg * e, sm * e, sk * e, 1) if sf.dtype == PACKED else (sg * e, sm * e, 4 * sk * e, sk * e)
 
 
-def _plan(x) -> Plan:
-    a, b, out, masked, psum = x.a, x.b, x.out, bool(x.masked), bool(x.psum)
-    guards.check_dtype(a, "a", torch.float8_e4m3fn)
-    guards.check_dtype(b, "b", (torch.float8_e4m3fn, *FP4))
-    fp4 = b.dtype in FP4
+def _check_scales(x, G, N, K, rows_shape, fp4) -> tuple:
+    """The scales' checks -> (UE8M0, sfa byte strides, sfb byte strides, sfb per row of b)."""
     ue8m0 = x.sfa.dtype in _E8M0
     if fp4 and not ue8m0:
         guards.fail("dtype", f"sfa has dtype {x.sfa.dtype}; FP4 b runs on the scaled MFMA's hardware scales: "
                              f"expected {' or '.join(map(str, _E8M0))} (UE8M0 codes)")
     guards.check_dtype(x.sfa, "sfa", (torch.float32, *_E8M0))
     guards.check_dtype(x.sfb, "sfb", _E8M0 if ue8m0 else torch.float32)
-    guards.check_dtype(out, "d", (torch.bfloat16, torch.float16))
+    k_blocks, packed_cols = -(-K // BLOCK), -(-K // (4 * BLOCK))
+    guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else k_blocks))
+    sfb_packed = x.sfb.dtype == PACKED  # one scale per row of b, as DeepGEMM's packed recipe (1, 1, 128)
+    if fp4:  # one scale per row of b and 32-K block, bytes or packed four to an int32
+        guards.check_shape(x.sfb, "sfb", (G, N, -(-K // (4 * FP4_BLOCK)) if sfb_packed else K // FP4_BLOCK))
+    else:
+        guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), k_blocks))
+    for n, t in (("sfa", x.sfa), ("sfb", x.sfb)):
+        guards.check_voffset(t, n)
+    return ue8m0, scale_strides(x.sfa, "sfa"), scale_strides(x.sfb, "sfb"), sfb_packed or fp4
+
+
+def _plan(x) -> Plan:
+    a, b, out, masked, psum = x.a, x.b, x.out, bool(x.masked), bool(x.psum)
+    guards.check_dtype(b, "b", (torch.float8_e4m3fn, *FP4, torch.bfloat16))
+    bf16, fp4 = b.dtype == torch.bfloat16, b.dtype in FP4
+    guards.check_dtype(a, "a", torch.bfloat16 if bf16 else torch.float8_e4m3fn)
+    for n, sf in (("sfa", x.sfa), ("sfb", x.sfb)):
+        if bf16 and sf is not None:
+            guards.fail("scales", f"{n} is a {sf.dtype} tensor of shape {list(sf.shape)}; bf16 a and b take no "
+                                  "scales: pass None")
+        if not bf16 and sf is None:
+            guards.fail("scales", f"{n} is None; {a.dtype} a takes block scales sfa and sfb")
+    guards.check_dtype(out, "d", torch.bfloat16 if bf16 else (torch.bfloat16, torch.float16))
     name = "masked_m" if masked else "grouped_layout" if psum else "m_indices"
     guards.check_dtype(x.layout, name, torch.int32)
     for n, t in (("a", a), ("b", b), ("d", out), (name, x.layout)):
@@ -121,14 +142,8 @@ def _plan(x) -> Plan:
     guards.check_shape(a, "a", (*lead, K))
     rows_shape = a.shape[:-1]
     guards.check_shape(out, "d", (*rows_shape, N))
-    k_blocks, packed_cols = -(-K // BLOCK), -(-K // (4 * BLOCK))
-    guards.check_shape(x.sfa, "sfa", (*rows_shape, packed_cols if x.sfa.dtype == PACKED else k_blocks))
-    sfb_packed = x.sfb.dtype == PACKED  # one scale per row of b, as DeepGEMM's packed recipe (1, 1, 128)
-    if fp4:  # one scale per row of b and 32-K block, bytes or packed four to an int32
-        guards.check_shape(x.sfb, "sfb", (G, N, -(-K // (4 * FP4_BLOCK)) if sfb_packed else K // FP4_BLOCK))
-    else:
-        guards.check_shape(x.sfb, "sfb", (G, N, packed_cols) if sfb_packed else (G, -(-N // BLOCK), k_blocks))
-    sfa_st, sfb_st = scale_strides(x.sfa, "sfa"), scale_strides(x.sfb, "sfb")
+    ue8m0, sfa_st, sfb_st, sfb_per_row = (0, (0,) * 4, (0,) * 4, False) if bf16 else \
+        _check_scales(x, G, N, K, rows_shape, fp4)
     if masked:
         m_max = a.shape[1]
         guards.check_shape(x.layout, "masked_m", (G,))
@@ -143,28 +158,31 @@ def _plan(x) -> Plan:
         guards.check_shape(x.layout, "m_indices", (a.shape[0],))
         guards.check_multiple(a.shape[0], "M (rows of a)", M_ALIGN, f"M%{M_ALIGN}")
     rows = a.shape[0] * (a.shape[1] if masked else 1)
-    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b), ("sfa", x.sfa), ("sfb", x.sfb)):
+    for n, t in (("a", a), ("d", out), ("b[group]", b[0] if G else b)):
         guards.check_voffset(t, n)
 
     if rows == 0 or N == 0 or G == 0:
         return empty_plan("deep_gemm_fp8_grouped_gemm", "empty problem: nothing to launch")
     family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16",
-                  **({"PSUM": 1} if psum else {}), **({"B_FMT": "e2m1"} if fp4 else {}))
+                  **({"PSUM": 1} if psum else {}), **({"B_FMT": "e2m1"} if fp4 else {}),
+                  **({"A_FMT": "bf16"} if bf16 else {}))
     row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))
     choice = choose_variant(N, row_tiles, family, x.config)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
-    scales = (f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
+    scales = ("no scales, bf16 MFMAs" if bf16 else
+              f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
               if ue8m0 else "fp32 scales, exact per-128-K promotion")
     layout = "masked layout" if masked else f"contiguous ({'psum' if psum else 'm_indices'}) layout, padding " \
         f"rows {'zeroed' if x.zero_padding else 'untouched'}"
+    operands = "bf16" if bf16 else "e4m3 x e2m1" if fp4 else "e4m3"
     return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,
-                       f"{layout}, {'e4m3 x e2m1' if fp4 else 'e4m3'}, {scales}, {bm}x{bn} tile ({why})",
+                       f"{layout}, {operands}, {scales}, {bm}x{bn} tile ({why})",
                        N=N, K=K, m_tiles=row_tiles(bm), rows=rows, m_max=m_max, groups=G,
                        zero_pad=int(bool(x.zero_padding)),
                        **dict(zip(("sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1"), sfa_st)),
                        **dict(zip(("sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1"), sfb_st)),
-                       sfb_shift=0 if sfb_packed or fp4 else 7)
+                       sfb_shift=0 if sfb_per_row else 7)
 
 
 def _check_layout(x, plan) -> None:
@@ -206,13 +224,16 @@ def _check_layout(x, plan) -> None:
 
 
 @op(plan=_plan, check_data=_check_layout, convert={"config": CONFIG.text})
-def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor | None, b: torch.Tensor, sfb: torch.Tensor | None,
                                layout: torch.Tensor, out: torch.Tensor, *, masked: bool = False, psum: bool = False,
                                zero_padding: bool = False, config: str = "", validate: bool = True) -> torch.Tensor:
     """Grouped FP8 (or FP8 x FP4) GEMM, NT, with DeepGEMM's block scales, written into ``out``
     (DeepGEMM's d):
         out[m, n] = sum over K blocks kb of sfa[m, kb] * sfb[g, n, kb] * (a[m, kb] . b[g, n, kb])
     with g the group of row m (sfb[g, n, kb]: the scale of n's 128-row block, or of row n).
+    BF16 (DeepGEMM's m_grouped_bf16_gemm_*): a and b bf16 with the shapes below, sfa = sfb = None,
+    out bf16: out[m, n] = sum_k a[m, k] b[g, n, k] in fp32, each 32-K chunk's exact sum rounded once
+    then added (one bf16 MFMA each, in K order), K % 16 == 0.
 
     Contiguous (masked=False): a [M, K] e4m3, out [M, N], and either
       psum=False: layout = m_indices int32 [M] (group of each row, -1 for padding; each 128-row

@@ -1,6 +1,6 @@
 """deep_gemm_fp8_grouped_gemm (ops/deep_gemm.py; DeepGEMM's names in mxgemm.deep_gemm): grouped FP8
-(or FP8 x FP4) GEMM, NT, with 1x128 / 128x128 (1x32 for FP4) block scales, contiguous (m_indices
-or psum) or masked groups."""
+(or FP8 x FP4) GEMM, NT, with 1x128 / 128x128 (1x32 for FP4) block scales, or unscaled BF16 (A_FMT
+bf16), contiguous (m_indices or psum) or masked groups."""
 from __future__ import annotations
 
 import torch
@@ -11,11 +11,18 @@ OP = "deep_gemm_fp8_grouped_gemm"
 KERNEL = "deep_gemm_fp8"
 
 
+def _bf16(inp: Inputs, *shape):
+    """A bf16 operand: Gaussian (torch.empty for the "empty" fill)."""
+    if inp.fill == "empty":
+        return torch.empty(shape, dtype=torch.bfloat16)
+    return torch.randn(*shape, generator=inp.gen).bfloat16().to(inp.device)
+
+
 def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="", zero_padding=False) -> Call:
     """Groups of ``group_rows`` rows: masked [G, m_max, K], or contiguous in G * m_max rows, each
     group padded to m_max rows (layout -1 past a group's rows) or, PSUM, DeepGEMM's psum layout (the
     groups' ends, each group starting at the previous end aligned to 128; m_max a multiple of 128);
-    B_FMT e2m1: FP4 b with 1x32 e8m0 scales."""
+    B_FMT e2m1: FP4 b with 1x32 e8m0 scales; A_FMT bf16: bf16 a and b, no scales."""
     sf = inp.scale if v["UE8M0"] else inp.fp32_scale
     psum = bool(v.get("PSUM"))
     if v["MASKED"]:
@@ -31,8 +38,13 @@ def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="", zero_padding=Fa
         layout[torch.arange(G * m_max) % m_max >= group_rows.repeat_interleave(m_max)] = -1
     out = inp.zeros(*rows, N, dtype=OUT_DTYPES[v["OUT"]])
     kb = -(-K // 128)
-    b, sfb = inp.mx(G, N, K, fmt="e2m1") if v.get("B_FMT") == "e2m1" else (inp.fp8(G, N, K), sf(G, -(-N // 128), kb))
-    args = (inp.fp8(*rows, K), sf(*rows, kb), b, sfb, layout.to(inp.device), out)
+    if v.get("A_FMT") == "bf16":
+        a, sfa, b, sfb = _bf16(inp, *rows, K), None, _bf16(inp, G, N, K), None
+    else:
+        b, sfb = inp.mx(G, N, K, fmt="e2m1") if v.get("B_FMT") == "e2m1" else \
+            (inp.fp8(G, N, K), sf(G, -(-N // 128), kb))
+        a, sfa = inp.fp8(*rows, K), sf(*rows, kb)
+    args = (a, sfa, b, sfb, layout.to(inp.device), out)
     kw = dict(masked=bool(v["MASKED"]), config=config,
               **({} if v["MASKED"] else dict(psum=psum, zero_padding=zero_padding)))
     return Call(OP, args, kw, out=out)
@@ -50,7 +62,10 @@ def work(kernel, v, groups, m, N, K) -> Work:
     wgs = g[0] * g[1]
     iters = -(-K // k_per_iteration(kernel, v, v["BM"], v["BN"]))
     rows = groups * m
-    fp4 = v.get("B_FMT") == "e2m1"
+    fp4, bf16 = v.get("B_FMT") == "e2m1", v.get("A_FMT") == "bf16"
+    if bf16:
+        return Work(2.0 * rows * N * K, 2 * rows * K + 2 * groups * N * K + 2 * rows * N, "bf16", g, wgs,
+                    wgs * waves(kernel) * iters, iters)
     b_bytes = groups * N * K // 2 + groups * N * (K // 32) if fp4 else \
         groups * N * K + groups * -(-N // 128) * (K // 128) * 4
     scales = rows * (K // 128) * (1 if v["UE8M0"] else 4)
@@ -60,15 +75,17 @@ def work(kernel, v, groups, m, N, K) -> Work:
 
 def race(kernel, v) -> list:
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows, or psum), K = 1, 6 and 7 blocks, the 7th partial (848; 864 for
-    FP4 b, K % 32) (the compiler unrolls the K loop: 6 and 7 leave remainder steps for unroll
-    factors 2 and 4; with 6 the dead prefetch DMA of the last step lands in LDS buffer 0, where
-    the epilogue's C tile goes; 1 takes the path that skips the unrolled loop); contiguous calls
-    with K = 6 blocks write their padding rows as zeros (padding-only tiles run with no K loop)."""
+    each group padded to 128 rows, or psum), K = 1, 6 and 7 blocks of 128 bytes, the 7th partial
+    (848 bytes; 864 for FP4 b, K % 32, and bf16, K % 16: K = 64, 384, 432 elements) (the compiler unrolls the
+    K loop: 6 and 7 leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA
+    of the last step lands in LDS buffer 0, where the epilogue's C tile goes; 1 takes the path
+    that skips the unrolled loop); contiguous calls with K = 6 blocks write their padding rows as
+    zeros (padding-only tiles run with no K loop)."""
     rows = torch.tensor([40, 0, 23])
-    return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K,
+    bf16 = v.get("A_FMT") == "bf16"
+    return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K // 2 if bf16 else K,
                   f"BM={v['BM']},BN={v['BN']}", zero_padding=K == 768)
-            for K in (128, 768, 864 if v.get("B_FMT") == "e2m1" else 848)]
+            for K in (128, 768, 864 if bf16 or v.get("B_FMT") == "e2m1" else 848)]
 
 
 def decode(inp: Inputs) -> dict:
@@ -104,7 +121,8 @@ def preset_published():
 
 
 SPEC = OpSpec(
-    name="deep_gemm", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_deep_gemm.py",),
-    reference=("m_grouped_fp8_gemm_nt_contiguous_ref", "m_grouped_fp8_gemm_nt_masked_ref"),
+    name="deep_gemm", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_deep_gemm.py", "tests/test_deep_gemm_bf16.py"),
+    reference=("m_grouped_fp8_gemm_nt_contiguous_ref", "m_grouped_fp8_gemm_nt_masked_ref",
+               "m_grouped_bf16_gemm_nt_contiguous_ref", "m_grouped_bf16_gemm_nt_masked_ref"),
     hardware_script="op_tests/test_deep_gemm.py", contract=BITWISE, call=call, work=work, race=race,
     decode=decode, smoke=smoke, presets={"deep_gemm": preset_published})
