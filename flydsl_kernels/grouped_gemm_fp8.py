@@ -1,8 +1,9 @@
-"""FP8 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K), TT;
-tensorwise, row-wise or 128-block fp32 scales.
+"""FP8 / BF16 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K),
+TT; FP8 with tensorwise, row-wise or 128-block fp32 scales, or BF16 without scales.
 
 One body computes, per group g, out_g[i, j] = sum_c A_g(i, c) B_g(j, c), scaled, on
-v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), for four layouts (each
+v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), or unscaled on
+v_mfma_f32_16x16x32_bf16 (FMT=bf16: a and b bf16, no scale is read), for four layouts (each
 operand K-major or MN-major; with G = 1 and group_offs [0, M] (TN: [0, K], out [1, M, N]) every
 dense GEMM D[M, N] = A[M, K] B[N, K]^T: DeepGEMM's fp8_gemm_nt / nn / tt / tn):
 
@@ -13,10 +14,11 @@ dense GEMM D[M, N] = A[M, K] B[N, K]^T: DeepGEMM's fp8_gemm_nt / nn / tt / tn):
   TN      a[offs[g] + c, i]         b[offs[g] + c, j]         [G, M, N]           contraction (variable K)
 
   a: NT/NN [sum_m, K], TT [K, sum_m], TN [sum_k, M];  b: NT/TT [G, N, K], NN [G, K, N], TN [sum_k, N];
-  all fp8 bytes. group_offs: int64 [G + 1], non-decreasing (rows before offs[0] belong to no
-  group: never read, never written). Rows from offs[G] to M, a padded tail of an
-  over-allocated a: NT/NN/TT write them as zeros (ACCUM: out + 0) without reading them (tiles
-  after the groups' with an empty contraction, their scales masked to 0); TN never reads them.
+  all fp8 bytes (FMT=bf16: bf16 elements; every shape counts elements). group_offs: int64
+  [G + 1], non-decreasing (rows before offs[0] belong to no group: never read, never written).
+  Rows from offs[G] to M, a padded tail of an over-allocated a: NT/NN/TT write them as zeros
+  (ACCUM: out + 0) without reading them (tiles after the groups' with an empty contraction,
+  their scales masked to 0); TN never reads them.
 
 Scales (fp32, read through byte strides given as kernel arguments, so stride 0 broadcasts and
 row-major and MN-major scale tensors are read in place):
@@ -36,13 +38,23 @@ chunk's MFMA runs from C = 0 giving p, then acc = acc + p * (sa(i, kb) * sb(j, k
 product, product, add: three RNE roundings), acc from +0; no epilogue scale. Then ACCUM=1 adds
 (fp32) the value out held (beta = 1: Megatron's fused main_grad, DeepGEMM's d = a b^T + c with
 d = c), and the result is rounded to bf16 or fp16 (RNE) or stored as fp32.
-mxgemm.reference.grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref model exactly this order.
+GRAN=none (FMT=bf16): each v_mfma_f32_16x16x32_bf16 sums one 32-wide chunk [32 s, 32 s + 32) (zero
+padded past the end; TN: from the group's first row) and adds it to acc in the MFMA (the chunks in
+increasing order, acc from +0, the whole contraction in fp32, no promotion); as the emulator
+executes it (mxgemm.emu.matrix: the chunk's products summed exactly, rounded once to fp32, then
+one more RNE adding C; the ISA documents neither order nor precision, docs/gfx950_isa.md §1.1).
+Then ACCUM=1 adds (fp32) out's value, and the result is rounded to bf16 / fp16 (RNE) or stored.
+mxgemm.reference.grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref (and grouped_gemm_bf16_ref /
+grouped_gemm_bf16_variable_k_ref) model exactly this order.
 
 Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
-block of 16 x 16 MFMA tiles. Per 128-wide contraction step both operand tiles go global ->
-VGPR (16-byte buffer loads, prefetched one step ahead) -> LDS (two ping-pong buffers, one
-barrier per step) -> MFMA operands: 16-byte ds_reads for contraction-contiguous ("K-major")
-operands, ds_read_b64_tr_b8 transposing reads for the others (NN's B, TT's A, both TN operands).
+block of 16 x 16 MFMA tiles. Per 128-byte contraction step (128 fp8 or 64 bf16 elements) both
+operand tiles go global -> VGPR (16-byte buffer loads, prefetched one step ahead) -> LDS (two
+ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
+contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16: _tr_b16) transposing
+reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
+(contraction bytes 16(l/16) and 64 + 16(l/16)) form the fp8 MFMA's operand, or the operands of
+the step's two bf16 MFMAs (K 8(l/16) + i, then 32 + that).
 The MFMA computes the transposed tile (src0 = B rows, src1 = A rows) so a lane holds 4
 consecutive output columns of one row: one 8-byte store. Each lane loads its row's sa and its
 four columns' sb (one dword each): per block step before the prefetch (GRAN=block), or once in
@@ -53,7 +65,7 @@ the group for TN) load as zero (buffer voffset 0x80000000, out of range); stores
 and columns are dropped the same way, and so are their scale loads. N, K (NT/NN/TT) and M, N
 (TN) must be multiples of 16; group sizes are arbitrary, empty groups allowed (TN writes zeros
 for them). TT's A is read in 16-byte chunks along sum_m: sum_m and every group_offs entry are
-multiples of 16 (the op's guard), so a chunk never leaves a's row.
+multiples of 16 (the op's guard), so a chunk (16 fp8 or 8 bf16 elements) never leaves a's row.
 
 64-bit addressing: every buffer resource is rebuilt per tile and per contraction step from a
 64-bit base pointer advanced to the tile's first row/column and the step's first contraction
@@ -72,12 +84,14 @@ Kernel arguments (no hidden ones):
   G, M, N, K, group_m, grid                   int32  (NT/NN/TT: M = sum_m; TN: K = sum_k)
   sa_sg, sa_si, sa_sk, sb_sg, sb_sj, sb_sk    int32  scale byte strides (above)
   sb_shift                                    int32  (0 or 7)
+(GRAN=none: a_scale, b_scale and the strides are not read; the op passes null pointers and 0.)
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
-source, so e4m3 x e5m2 mixes are the same body), OUT (bf16 / f16 / f32), ACCUM (0: out = result;
-1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the epilogue, which
-tensorwise is with zero strides; block: promoted per contraction step; absent = row).
+source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 only), OUT (bf16 / f16 / f32), ACCUM
+(0: out = result; 1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the
+epilogue, which tensorwise is with zero strides; block: promoted per contraction step; none: no
+scales, FMT=bf16 only; absent = row for fp8, none for bf16).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -86,12 +100,13 @@ from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 from ir_builder import INVALID_OFFSET, Builder, Int, workgroup_barrier
 
 THREADS = 256
-BK = 128                          # contraction per step = the MFMA's K
+BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; bf16: two K-32 MFMAs)
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
 FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
+ESIZE = {"e4m3": 1, "e5m2": 1, "bf16": 2}   # operand element bytes
 LAYOUTS = ("NT", "NN", "TN", "TT")
 K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False), "TT": (False, True)}  # (A, B) K-contiguous
-GRANS = ("row", "block")          # scales applied in the epilogue / promoted per 128-wide contraction step
+GRANS = ("row", "block", "none")  # scales in the epilogue / promoted per 128-wide contraction step / none (bf16)
 
 
 class _Ir(Builder):
@@ -113,31 +128,33 @@ class _Ir(Builder):
 
 
 class _Operand:
-    """One MFMA operand X(r, c) (r: output rows for A / columns for B; c: contraction) of a tile.
+    """One MFMA operand X(r, c) (r: output rows for A / columns for B; c: contraction) of a tile,
+    elements of `es` bytes (1: fp8, 2: bf16; indices and ld in elements, addresses in bytes).
 
-    k_major: X(r, c) at base + r * ld + c (16-byte rows of the contraction), else at
-    base + c * ld + r. `rows` is how many BMN rows of this tile exist; lds_off the operand's
-    region inside one LDS buffer."""
+    k_major: X(r, c) at base + (r * ld + c) es (128-byte rows of the contraction per step), else
+    at base + (c * ld + r) es. `rows` is how many BMN rows of this tile exist; lds_off the
+    operand's region inside one LDS buffer."""
 
-    def __init__(self, b, bmn, k_major, lds_off):
-        self.bmn, self.k_major, self.lds_off = bmn, k_major, lds_off
-        self.stride = BK + PAD if k_major else bmn + PAD       # LDS row stride (bytes)
-        self.lds_bytes = (bmn if k_major else BK) * self.stride
+    def __init__(self, b, bmn, k_major, lds_off, es):
+        self.bmn, self.k_major, self.lds_off, self.es = bmn, k_major, lds_off, es
+        self.bke = BK // es                                      # contraction elements per step
+        self.stride = BK + PAD if k_major else bmn * es + PAD  # LDS row stride (bytes)
+        self.lds_bytes = (bmn if k_major else self.bke) * self.stride
         self.chunks = bmn * BK // (THREADS * 16)                 # 16-byte loads per thread and step
-        per_row = BK // 16 if k_major else bmn // 16
+        per_row = (BK if k_major else bmn * es) // 16
         tid = Int(fx.thread_idx.x.ir_value())
         self.slots = []                                          # (row-dim index, contraction index, LDS byte)
         for p in range(self.chunks):
             q = tid + p * THREADS
-            line, col = q // per_row, q % per_row
-            col = col * 16
-            r, c = (line, col) if k_major else (col, line)
-            self.slots.append((r, c, line * self.stride + col))
+            line, chunk = q // per_row, q % per_row
+            r, c = (line, chunk * (16 // es)) if k_major else (chunk * (16 // es), line)
+            self.slots.append((r, c, line * self.stride + chunk * 16))
 
     def step_base(self, b, tile_base, ld, kt):
         """64-bit base of contraction step kt."""
-        adv = b.u64(kt * BK)
-        return b.gep(tile_base, adv if self.k_major else arith.muli(adv, b.u64(ld)))
+        if self.k_major:
+            return b.gep(tile_base, b.u64(kt * BK))
+        return b.gep(tile_base, arith.muli(b.u64(kt * self.bke), b.u64(Int(ld) * self.es)))
 
     def load(self, b, base, ld, rows, c_left):
         """This thread's 16-byte chunks of the step (zeros outside rows x c_left)."""
@@ -146,7 +163,7 @@ class _Operand:
         for r, c, _ in self.slots:
             ok = arith.andi(b.cmp("slt", r, rows), b.cmp("slt", c, c_left))
             off = r * ld + c if self.k_major else c * ld + r
-            voff = arith.select(ok, off, b.c(INVALID_OFFSET))
+            voff = arith.select(ok, off * self.es, b.c(INVALID_OFFSET))
             out.append(rocdl.raw_ptr_buffer_load(b.v4i32, rs, voff, b.c(0), aux=ir.IntegerAttr.get(b.i32, 0)))
         return out
 
@@ -155,24 +172,27 @@ class _Operand:
             llvm.store(v, b.gep(buf, b.c(self.lds_off) + at), alignment=16)
 
     def mfma_operand(self, b, buf, r0, lane):
-        """v8i32 operand of rows r0 .. r0+15 (lane l: row l % 16, contraction 16(l/16) + i % 16 + 64(i/16))."""
+        """(lo, hi) v4i32 halves of the operand of rows r0 .. r0+15: lane l holds row l % 16 and
+        the 16 bytes at contraction byte 16(l/16) of the step's first (lo) and second (hi) 64
+        bytes. fp8: lo ++ hi is the 16x16x128 operand (K 16(l/16) + i % 16 + 64(i/16)); bf16: lo
+        and hi are the operands of the step's two 16x16x32 MFMAs (K 8(l/16) + i, then 32 on)."""
         g, s = lane // 16, lane % 16
         region = b.gep(buf, b.c(self.lds_off))
         if self.k_major:
             row = (r0 + s) * self.stride
-            parts = [llvm.load(b.v4i32, b.gep(region, row + (g * 16 + h)), alignment=16) for h in (0, 64)]
-            return llvm.shufflevector(b.v8i32, parts[0], parts[1], list(range(8)))
-        # Transposing reads: lane s of a 16-lane group reads 8 bytes of contraction row
-        # (k0 + s/2) at rows 8(s%2).. ; lane j receives the rows-dim element j of rows k0..k0+7.
-        col = r0 + s % 2 * 8
+            return [llvm.load(b.v4i32, b.gep(region, row + (g * 16 + h)), alignment=16) for h in (0, 64)]
+        # Transposing reads of n = 8 / es elements: lane s of a 16-lane group reads 8 bytes of
+        # contraction row k0 + s / (16/n) at rows n(s % (16/n)).. ; lane j receives the rows-dim
+        # element j of rows k0 .. k0 + n - 1 (docs/gfx950_isa.md §3).
+        n = 8 // self.es
+        col = r0 + s % (16 // n) * n
         parts = []
-        for k0 in (0, 8, 64, 72):
-            krow = g * 16 + k0 + s // 2
-            at = krow * self.stride + col
-            parts.append(rocdl.ds_read_tr8_b64(b.v2i32, b.gep(region, at)))
-        lo = llvm.shufflevector(b.v4i32, parts[0], parts[1], list(range(4)))
-        hi = llvm.shufflevector(b.v4i32, parts[2], parts[3], list(range(4)))
-        return llvm.shufflevector(b.v8i32, lo, hi, list(range(8)))
+        for k0 in (0, n, self.bke // 2, self.bke // 2 + n):
+            krow = g * 2 * n + k0 + s // (16 // n)
+            at = b.gep(region, krow * self.stride + col * self.es)
+            parts.append(rocdl.ds_read_tr8_b64(b.v2i32, at) if self.es == 1 else
+                         llvm.bitcast(b.v2i32, rocdl.ds_read_tr16_b64(ir.VectorType.get([4], b.i16), at)))
+        return [llvm.shufflevector(b.v4i32, parts[h], parts[h + 1], list(range(4))) for h in (0, 2)]
 
 
 def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, out_base, out_ld, sc, sc_tile):
@@ -181,6 +201,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     the scales (_Scales) and this tile's place in them (_Scales.lanes)."""
     bm, bn, (fmt_a, fmt_b), out_t, accum, gran = cfg
     A, B = ops
+    cat = lambda halves: llvm.shufflevector(b.v8i32, *halves, list(range(8)))  # noqa: E731
     tid = Int(fx.thread_idx.x.ir_value())
     lane = tid % 64
     wave = Int(rocdl.readfirstlane(b.i32, tid // 64))
@@ -189,10 +210,10 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     a_r0 = [wm * (bm // 2) + 16 * i for i in range(mi_n)]
     b_r0 = [wn * (bn // 2) + 16 * j for j in range(nj_n)]
     buf_bytes = A.lds_bytes + B.lds_bytes
-    steps = b.ceil_div(c_len, BK)
+    steps = b.ceil_div(c_len, A.bke)
 
     def load(kt):
-        c_left = arith.subi(c_len, kt * BK)
+        c_left = arith.subi(c_len, kt * A.bke)
         return (A.load(b, A.step_base(b, a_base, a_ld, kt), a_ld, a_rows, c_left),
                 B.load(b, B.step_base(b, b_base, b_ld, kt), b_ld, b_rows, c_left))
 
@@ -206,6 +227,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
 
     if gran == "block":   # the scale offsets: a VGPR per 16-row / 16-column tile
         lanes = sc.lanes(b, sc_tile, lane, a_r0, b_r0)
+    v8bf16 = ir.VectorType.get([8], b.bf16)
     stage(b.c(0), load(b.c(0)))
     workgroup_barrier()
     zero = b.splat(b.v4f32, 0.0)
@@ -220,21 +242,27 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
         b_ops = [B.mfma_operand(b, buf, r0, lane) for r0 in b_r0]
-        zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
-        for i in range(mi_n):
-            for j in range(nj_n):
-                t = i * nj_n + j
-                # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
-                p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                    b.v4f32, [b_ops[j], a_ops[i], zero if gran == "block" else acc[t], FMT_CODE[fmt_b],
-                              FMT_CODE[fmt_a], 0, zero_scale, 0, zero_scale])
-                acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) if gran == "block" else p
+        if fmt_a == "bf16":   # the step's two K-32 chunks in order, each MFMA accumulating into acc
+            for h in range(2):
+                for t in range(mi_n * nj_n):
+                    srcs = [llvm.bitcast(v8bf16, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]
+                    acc[t] = fx.rocdl.mfma_f32_16x16x32_bf16(b.v4f32, [*srcs, acc[t]])
+        else:
+            zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
+            for i in range(mi_n):
+                for j in range(nj_n):
+                    t = i * nj_n + j
+                    # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
+                    p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                        b.v4f32, [cat(b_ops[j]), cat(a_ops[i]), zero if gran == "block" else acc[t],
+                                  FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale, 0, zero_scale])
+                    acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) if gran == "block" else p
         stage(nxt, regs)
         workgroup_barrier()
         scf.YieldOp(acc)
     acc = list(loop.results)
 
-    scale = None if gran == "block" else sc.load(b, sc.lanes(b, sc_tile, lane, a_r0, b_r0))
+    scale = sc.load(b, sc.lanes(b, sc_tile, lane, a_r0, b_r0)) if gran == "row" else None
     _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows)
 
 
@@ -263,7 +291,8 @@ class _Scales:
         self.sa_sk, self.sb_sk = (vgpr(sa_sk), vgpr(sb_sk)) if block else (None, None)
         self.sb_shift = sb_shift if block else None
 
-    def tile(self, g, i0, j0, kb0, rows, cols):
+    @staticmethod
+    def tile(g, i0, j0, kb0, rows, cols):
         """A tile's origin: group g, first output row i0 and column j0, first contraction block
         kb0; rows / cols: its rows and columns that have scales (the rest read 0)."""
         return Int(g), Int(i0), Int(j0), Int(kb0), rows, cols
@@ -380,12 +409,14 @@ def _swizzle(b, local, m_tiles, n_tiles, group_m):
 
 def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, group_m, nwg, scale_strides, lds):
     b = _Ir()
-    bm, bn, _, out_t, _, _ = cfg
+    bm, bn, (fmt, _), out_t, _, gran = cfg
+    es = ESIZE[fmt]
     ka, kb = K_MAJOR[layout]
-    A = _Operand(b, bm, ka, 0)
-    B = _Operand(b, bn, kb, A.lds_bytes)
+    A = _Operand(b, bm, ka, 0, es)
+    B = _Operand(b, bn, kb, A.lds_bytes, es)
     ops = (A, B)
-    sc = _Scales(b, a_scale, b_scale, scale_strides, layout, cfg[5])
+    sc = None if gran == "none" else _Scales(b, a_scale, b_scale, scale_strides, layout, gran)
+    ebytes = lambda x: x if es == 1 else arith.muli(x, b.c(es, b.i64))  # noqa: E731   element offset -> bytes
     group_m = arith.maxui(group_m, b.c(1))
     n_tiles = b.ceil_div(N, bn)
     bid = fx.block_idx.x.ir_value()
@@ -408,13 +439,13 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             mt, nt = _swizzle(b, arith.divui(tile, G), m_tiles, n_tiles, group_m)
             s, e = _group_bounds(b, group_offs, g)
             i0, j0 = arith.muli(mt, b.c(bm)), arith.muli(nt, b.c(bn))
-            a_base = b.gep(a, arith.addi(arith.muli(b.u64(s), b.u64(M)), b.u64(i0)))
-            b_base = b.gep(bp, arith.addi(arith.muli(b.u64(s), b.u64(N)), b.u64(j0)))
+            a_base = b.gep(a, ebytes(arith.addi(arith.muli(b.u64(s), b.u64(M)), b.u64(i0))))
+            b_base = b.gep(bp, ebytes(arith.addi(arith.muli(b.u64(s), b.u64(N)), b.u64(j0))))
             out_row = arith.addi(arith.muli(b.u64(g), b.u64(M)), b.u64(i0))
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), esize))
             rows, cols = arith.subi(M, i0), arith.subi(N, j0)
             # block scales: the group starts on a 128 boundary (the op's guard), contraction block s / 128
-            sc_tile = sc.tile(g, i0, j0, arith.divui(s, b.c(BK)), rows, cols)
+            sc_tile = _Scales.tile(g, i0, j0, arith.divui(s, b.c(BK)), rows, cols)
             _tile(b, cfg, ops, lds, a_base, M, rows, b_base, N, cols, arith.subi(e, s),
                   out_base, N, sc, sc_tile)
         else:
@@ -427,32 +458,36 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             row0 = arith.addi(s, arith.muli(mt, b.c(bm)))
             j0 = arith.muli(nt, b.c(bn))
             if layout == "TT":    # a [K, M]: the tile's rows are columns of a
-                a_base, a_ld = b.gep(a, b.u64(row0)), M
+                a_base, a_ld = b.gep(a, ebytes(b.u64(row0))), M
             else:
-                a_base, a_ld = b.gep(a, arith.muli(b.u64(row0), b.u64(K))), K
+                a_base, a_ld = b.gep(a, ebytes(arith.muli(b.u64(row0), b.u64(K)))), K
             b_group = arith.muli(b.u64(g), arith.muli(b.u64(N), b.u64(K)))
             if layout == "NN":
-                b_base, b_ld = b.gep(bp, arith.addi(b_group, b.u64(j0))), N
+                b_base, b_ld = b.gep(bp, ebytes(arith.addi(b_group, b.u64(j0)))), N
             else:
-                b_base, b_ld = b.gep(bp, arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K)))), K
+                b_base, b_ld = b.gep(bp, ebytes(arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K))))), K
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), esize))
             rows, cols = arith.subi(e, row0), arith.subi(N, j0)
             # the padded tail's rows have no scales: they read 0 (out = 0 * 0, never a stale NaN)
-            sc_tile = sc.tile(g, row0, j0, b.c(0), arith.select(tail, b.c(0), rows), cols)
+            sc_tile = _Scales.tile(g, row0, j0, b.c(0), arith.select(tail, b.c(0), rows), cols)
             _tile(b, cfg, ops, lds, a_base, a_ld, rows, b_base, b_ld, cols, c_len,
                   out_base, N, sc, sc_tile)
         scf.YieldOp([])
 
 
-def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0, gran="row"):
+def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0, gran=None):
     """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
-    if layout not in LAYOUTS or fmt not in FMT_CODE or fmt_b not in FMT_CODE or out not in OUT_BYTES \
+    gran = gran or ("none" if fmt == "bf16" else "row")
+    fp8 = fmt in FMT_CODE and fmt_b in FMT_CODE and gran != "none"
+    if layout not in LAYOUTS or not (fp8 or fmt == fmt_b == "bf16" and gran == "none") or out not in OUT_BYTES \
             or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1) or gran not in GRANS:
         raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum} "
-                         f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)}, OUT in "
-                         f"{tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1), GRAN in {GRANS}")
+                         f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)} with GRAN row or "
+                         f"block, or both bf16 with GRAN none; OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), "
+                         f"ACCUM in (0, 1)")
     ka, kb = K_MAJOR[layout]
-    lds_bytes = 2 * sum((n if k else BK) * ((BK if k else n) + PAD) for n, k in ((bm, ka), (bn, kb)))
+    es = ESIZE[fmt]
+    lds_bytes = 2 * sum((n if k else BK // es) * ((BK if k else n * es) + PAD) for n, k in ((bm, ka), (bn, kb)))
     cfg = (bm, bn, (fmt, fmt_b), out, accum, gran)
 
     @fx.struct
@@ -484,7 +519,7 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
 
 
 def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,
-                      BN=64, ACCUM=0, GRAN="row"):
+                      BN=64, ACCUM=0, GRAN=None):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
     fn = build(symbol, LAYOUT, FMT, FMT_B, OUT, BM, BN, ACCUM, GRAN)

@@ -228,7 +228,7 @@ def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
     return out
 
 
-# ---- FP8 grouped GEMM (grouped_gemm_fp8: tensorwise, row-wise or 128-block fp32 scales) ----
+# ---- FP8 / BF16 grouped GEMM (grouped_gemm_fp8: tensorwise, row-wise or 128-block fp32 scales, or bf16) ----
 def _scaled_dot(a, sa, b, sb, granularity, out_dtype, old=None, kb0=0) -> torch.Tensor:
     """a [M, R] x b [N, R]^T fp8 -> out_dtype, the contraction summed exactly per TENSORWISE_CHUNK
     (= the f8f6f4 MFMA's K) chunk from the first element of R (fp32 rounding once per chunk).
@@ -236,7 +236,12 @@ def _scaled_dot(a, sa, b, sb, granularity, out_dtype, old=None, kb0=0) -> torch.
         sa a scalar or [M], sb a scalar or [N].
       block: acc = acc + fp32(chunk c) * fp32(sa[:, kb0 + c] * sb[:, kb0 + c]) (three RNE roundings
         per chunk), sa [M, kblocks], sb [N, kblocks]; v = acc.
+      none (bf16 a and b, no scales): v = _bf16_dot (32-wide chunks, each exact then one fp32
+        rounding, acc = fp32(acc + chunk) from +0 in order).
     out = rne(v) or, accumulating into ``old``, rne(v + fp32(old)) (one rounding)."""
+    if granularity == "none":
+        v = _bf16_dot(a, b)
+        return _out(v if old is None else v + old.float(), out_dtype)
     av, bv = F.decode(a, _fmt(a)), F.decode(b, _fmt(b))
     if granularity == "block":
         sa, sb = sa.float(), sb.float()
@@ -271,14 +276,14 @@ def grouped_gemm_fp8_ref(a, a_scale, b, b_scale, group_offs, trans_b: bool = Tru
     The granularity is b_scale's (one value / rank 2 / rank 3). Rows past group_offs[G] (a padded
     tail) are 0 (accumulating: rne(+0 + old)). accumulate_into: [sum_m, N] of out_dtype, added in
     fp32 before the one rounding."""
-    gran = _granularity(b_scale, granularity, {2: "row", 3: "block"})
+    gran = "none" if b_scale is None else _granularity(b_scale, granularity, {2: "row", 3: "block"})
     n = b.shape[1] if trans_b else b.shape[2]
     rows = a.shape[1] if a_mn_major else a.shape[0]
     out = torch.zeros(rows, n, dtype=out_dtype)
     for g, s, e in _groups(group_offs):
         ag = a[:, s:e].T if a_mn_major else a[s:e]
         bg = b[g] if trans_b else b[g].T
-        sa, sb = (a_scale, b_scale) if gran == "tensor" else (a_scale[s:e], b_scale[g])
+        sa, sb = (a_scale, b_scale) if gran in ("tensor", "none") else (a_scale[s:e], b_scale[g])
         if gran == "block":
             sb = _per_column_blocks(sb, n)
         old = None if accumulate_into is None else accumulate_into[s:e]
@@ -301,7 +306,7 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
               multiple of 128), promoted per chunk.
     granularity "row" or "block" must be given for non-scalar scales. accumulate_into: [G, M, N]
     of out_dtype, the result is then that + the product (fp32 add, one rounding)."""
-    gran = _granularity(b_scale, granularity, {})
+    gran = "none" if b_scale is None else _granularity(b_scale, granularity, {})
     out = torch.zeros(len(group_offs) - 1, a.shape[1], b.shape[1], dtype=out_dtype)
     for g, s, e in _groups(group_offs):
         old = None if accumulate_into is None else accumulate_into[g]
@@ -313,6 +318,23 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
             sa, sb, kb0 = a_scale.T, _per_column_blocks(b_scale.T, b.shape[1]), s // FP8_BLOCK
         out[g] = _scaled_dot(a[s:e].T, sa, b[s:e].T, sb, gran, out_dtype, old, kb0)
     return out
+
+
+def grouped_gemm_bf16_ref(a, b, group_offs, trans_b: bool = True, out_dtype=torch.bfloat16, *,
+                          a_mn_major: bool = False, accumulate_into=None) -> torch.Tensor:
+    """grouped_gemm_fp8_ref's groups and layouts (a [sum_m, K] or, a_mn_major, [K, sum_m]; b
+    [G, N, K] (trans_b) or [G, K, N]) with bf16 a and b and no scales: each group's product is
+    _bf16_dot (v_mfma_f32_16x16x32_bf16 as the emulator executes it: every 32-wide contraction
+    chunk summed exactly and rounded once to fp32, the chunks added in order into fp32 from +0),
+    then + fp32(accumulate_into) and one RNE to out_dtype (or the fp32 value). Tail rows: 0."""
+    return grouped_gemm_fp8_ref(a, None, b, None, group_offs, trans_b, out_dtype, a_mn_major=a_mn_major,
+                                accumulate_into=accumulate_into)
+
+
+def grouped_gemm_bf16_variable_k_ref(a, b, group_offs, out_dtype=torch.bfloat16, accumulate_into=None) -> torch.Tensor:
+    """The wgrad of bf16 a [sum_k, M], b [sum_k, N] -> [G, M, N]: out[g] = a_g^T b_g in
+    grouped_gemm_bf16_ref's order, the 32-wide chunks from the group's first row (empty group: 0)."""
+    return grouped_gemm_fp8_variable_k_ref(a, None, b, None, group_offs, out_dtype, accumulate_into)
 
 
 def _groups(group_offs: torch.Tensor):

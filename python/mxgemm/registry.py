@@ -257,6 +257,14 @@ _GROUPED_FP8_BLOCK = tuple(dict(v, GRAN="block") for v in (
     *(dict(LAYOUT=lay, OUT=o, **_E4M3_64, **acc) for lay in ("NT", "NN", "TN", "TT")
       for o, acc in (("bf16", {}), ("bf16", dict(ACCUM=1)), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1))))))
 
+# FMT=FMT_B=bf16 (no scales, GRAN absent: none): every layout at 64 x 64 in bf16 and f16, fp32 with ACCUM 0 / 1,
+# bf16 accumulating (TN also f16 accumulating); 128 x 128 and 256 x 128 bf16 (hardware tiles) in every layout.
+_BF16 = dict(FMT="bf16", FMT_B="bf16")
+_GROUPED_BF16 = tuple(dict(LAYOUT=lay, OUT=o, BM=64, BN=64, **_BF16, **acc) for lay in ("NT", "NN", "TT", "TN")
+                      for o, acc in (("bf16", {}), ("f16", {}), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1)),
+                                     ("bf16", dict(ACCUM=1))))
+_GROUPED_BF16 += (dict(LAYOUT="TN", OUT="f16", BM=64, BN=64, ACCUM=1, **_BF16),) + tuple(
+    dict(LAYOUT=lay, OUT="bf16", BM=bm, BN=128, **_BF16) for bm in (128, 256) for lay in ("NT", "NN", "TT", "TN"))
 
 register(Kernel(
     name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
@@ -268,7 +276,7 @@ register(Kernel(
     variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
-    + _GROUPED_FP8_ROW_EXTRA + _GROUPED_FP8_BLOCK,
+    + _GROUPED_BF16 + _GROUPED_FP8_ROW_EXTRA + _GROUPED_FP8_BLOCK,
     doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) on "
         "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "
         "scan, 64-bit tile rebasing, bf16/f16/f32 out, out += result (fused main_grad accumulation)"))

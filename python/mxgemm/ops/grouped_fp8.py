@@ -19,6 +19,10 @@ needs every non-empty group to start on a multiple of 128 (DeepGEMM's K-grouped 
 block index is global, (group_offs[g] + c) / 128. Tensorwise and row scales multiply the fp32
 accumulator once in the epilogue.
 
+BF16: grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k are the same two ops with bf16 a
+and b and no scales (the kernel's FMT=bf16 variants; model: mxgemm.reference.grouped_gemm_bf16_ref
+/ grouped_gemm_bf16_variable_k_ref); they share this module's planners, guards and group checks.
+
 Config space (every config gives the same bits; they differ in speed only): the tile BM x BN (a
 registered variant), GROUP_M (row tiles per band of the tile order sharing a B column tile) and
 PERSISTENT (0: one workgroup per possible tile; p > 0: a persistent grid of p workgroups per CU,
@@ -38,6 +42,7 @@ from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, 
 _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+_FORMATS = {**_FMT, torch.bfloat16: "bf16"}   # variant FMT of an operand dtype (bf16: the unscaled ops)
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # fp32 out and accumulation (the wgrad; the rows' e4m3 variants)
 GRANULARITIES = ("tensor", "row", "block")
@@ -61,11 +66,18 @@ def group_offsets(group_lens) -> torch.Tensor:
     return torch.cat([lens.new_zeros(1), lens.cumsum(0)])
 
 
+def _scaled(x) -> bool:
+    """An fp8 call (scales given) or a bf16 one (the bf16 ops have no scale parameters)."""
+    return hasattr(x, "a_scale")
+
+
 def _check_operands(x, names_2d, b_dim, outs=_OUT):
-    fmt_dtypes = tuple(_FMT)
+    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales) or a bf16 one."""
+    scaled = _scaled(x)
+    fmt_dtypes = tuple(_FMT) if scaled else (torch.bfloat16,)
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
-    for n in ("a_scale", "b_scale"):
+    for n in ("a_scale", "b_scale") if scaled else ():
         guards.check_dtype(getattr(x, n), n, torch.float32)
     guards.check_dtype(x.group_lens, "group_lens", torch.int64)
     guards.check_dtype(x.group_offs, "group_offs", torch.int64)
@@ -79,18 +91,24 @@ def _check_operands(x, names_2d, b_dim, outs=_OUT):
         guards.fail("shape", f"group_lens must be 1-D [G]; got shape {list(x.group_lens.shape)}")
     G = x.group_lens.shape[0]
     guards.check_shape(x.group_offs, "group_offs", (G + 1,))
-    named = dict(a=x.a, a_scale=x.a_scale, b=x.b, b_scale=x.b_scale, group_lens=x.group_lens,
-                 group_offs=x.group_offs, out=x.out)
+    named = dict(a=x.a, a_scale=getattr(x, "a_scale", None), b=x.b, b_scale=getattr(x, "b_scale", None),
+                 group_lens=x.group_lens, group_offs=x.group_offs, out=x.out)
     for n, t in named.items():
         if t is not None and n not in ("a_scale", "b_scale"):   # scales are read through their strides
             guards.check_contiguous(t, n)
     return G, guards.check_same_device(**named)
 
 
+_STRIDES = ("sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift")
+
+
 def _scale_strides(x, forms: dict) -> tuple:
     """(granularity, the kernel's scale arguments) of a call. forms: granularity -> (the shapes
     a_scale may have, those b_scale may have, a function of the two tensors giving the kernel's
-    byte strides). The granularity is the one whose shapes fit (or x.granularity, which must)."""
+    byte strides). The granularity is the one whose shapes fit (or x.granularity, which must).
+    A bf16 call: "none", null scale pointers and zero strides (the kernel reads no scale)."""
+    if not _scaled(x):
+        return "none", dict(a_scale=None, b_scale=None, **dict.fromkeys(_STRIDES, 0))
     if x.granularity is not None and x.granularity not in GRANULARITIES:
         guards.fail("granularity", f"granularity = {x.granularity!r}; expected None (from the scales' shapes) or one "
                                    f"of {', '.join(map(repr, GRANULARITIES))}")
@@ -113,8 +131,7 @@ def _scale_strides(x, forms: dict) -> tuple:
         if t.numel() and last + 4 > guards.VOFFSET_LIMIT:
             guards.fail("2GB-voffset", f"{n}'s last element lies {last} bytes from its first: the kernel's "
                                        f"scale offsets must stay below 2^31")
-    names = ("sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift")
-    return gran, dict(zip(names, forms[gran][2](sa, sb)))
+    return gran, dict(zip(_STRIDES, forms[gran][2](sa, sb)))
 
 
 def _bytes(t, dim):
@@ -199,7 +216,7 @@ def tuned_table(path=None) -> dict:
 def _variant(layout, a_dtype, b_dtype, out_dtype, cfg, accumulate=False, gran="tensor"):
     """The registered variant of a config, or None. Tensorwise and row scales share the variants
     without a GRAN key (stride-0 scales are one scale); block scales have GRAN=block."""
-    want = dict(LAYOUT=layout, FMT=_FMT[a_dtype], FMT_B=_FMT[b_dtype], OUT=_OUT_WGRAD[out_dtype], BM=cfg["BM"],
+    want = dict(LAYOUT=layout, FMT=_FORMATS[a_dtype], FMT_B=_FORMATS[b_dtype], OUT=_OUT_WGRAD[out_dtype], BM=cfg["BM"],
                 BN=cfg["BN"])
     if accumulate or out_dtype == torch.float32:   # the variants that have an ACCUM key
         want["ACCUM"] = int(accumulate)
@@ -240,7 +257,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     if forced is not None:
         variant = _call_variant(layout, x, forced, gran)
         if variant is None:
-            guards.fail("config", f"no registered {layout} {_FMT[x.a.dtype]} x {_FMT[x.b.dtype]} -> "
+            guards.fail("config", f"no registered {layout} {_FORMATS[x.a.dtype]} x {_FORMATS[x.b.dtype]} -> "
                                   f"{_OUT_WGRAD[x.out_dtype]} variant{_BLOCK_NOTE[gran]} with {forced['BM']} x "
                                   f"{forced['BN']} tiles; registered tiles: "
                                   f"{_tiles_str(_registered_tiles(layout, x, gran))}")
@@ -254,7 +271,8 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     if not fit:
         block = dict(GRAN="block") if gran == "block" else {}
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
-                       for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")})
+                       for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")
+                       and (v["FMT"] == "bf16") == (gran == "none")})
         guards.fail("dtype", f"no {layout} variant{_BLOCK_NOTE[gran]} for a {x.a.dtype} x b {x.b.dtype} -> "
                              f"{x.out_dtype}{' accumulating into out' if x.accumulate else ''}; registered for "
                              f"{layout}{_BLOCK_NOTE[gran]}: {', '.join(have) or 'none'}")
@@ -262,7 +280,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     return _choice(_call_variant(layout, x, cfg, gran), cfg, "heuristic")
 
 
-_BLOCK_NOTE = {"tensor": "", "row": "", "block": " with block scales"}   # tensor and row share the variants
+_BLOCK_NOTE = {"tensor": "", "row": "", "block": " with block scales", "none": ""}   # tensor and row share the variants
 
 
 def _choice(variant, cfg, why) -> Choice:
@@ -277,6 +295,9 @@ def _grid(options, tiles, num_cu):
         g = min(tiles, NUM_CUS * options["PERSISTENT"])
         return g, f"persistent grid of {g} workgroups ({options['PERSISTENT']} per CU)"
     return tiles, f"{tiles} workgroups (one per possible tile)"
+
+
+_GRAN_NOTE = {"tensor": "tensor scales", "row": "row scales", "block": "block scales", "none": "bf16 (no scales)"}
 
 
 def _plan_rows(x) -> Plan:
@@ -304,11 +325,12 @@ def _plan_rows(x) -> Plan:
         guards.check_multiple(sum_m, "sum_m (a.shape[1], trans_a)", 16, "sum_m%16")
     _check_out(x, (sum_m, N))
     gran, strides = _scale_strides(x, _rows_forms(sum_m, G, N, K))
-    esize = x.out_dtype.itemsize
-    _check_sizes(sum_m, "sum_m", dict(a=sum_m if x.trans_a else K, b=K if x.trans_b else N, out=esize * N))
+    es, esize = x.a.element_size(), x.out_dtype.itemsize
+    _check_sizes(sum_m, "sum_m", dict(a=es * (sum_m if x.trans_a else K), b=es * (K if x.trans_b else N),
+                                      out=esize * N))
     if x.num_cu is not None and x.num_cu < 1:
         guards.fail("num_cu", f"num_cu = {x.num_cu}; expected None or >= 1")
-    name = "grouped_gemm_fp8_kernel"
+    name = "grouped_gemm_fp8_kernel" if _scaled(x) else "grouped_gemm_bf16_kernel"
     shape = dict(out_shape=(sum_m, N), out_dtype=x.out_dtype)
     if sum_m == 0 or N == 0:
         return empty_plan(name, **shape)
@@ -319,7 +341,7 @@ def _plan_rows(x) -> Plan:
     # tiles without reading group_lens on the host: sum_g ceil(len_g / BM) <= ceil(sum_m / BM) + G
     grid, grid_why = _grid(cfg, (-(-sum_m // bm) + G) * -(-N // bn), x.num_cu)
     what = {"NT": "forward (NT)", "NN": "dgrad (NN)", "TT": "TT (a MN-major)"}[layout]
-    why = (f"{what}, {gran} scales, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
+    why = (f"{what}, {_GRAN_NOTE[gran]}, {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
            f"GROUP_M={cfg['GROUP_M']}, {grid_why}; config: {source}")
     return kernel_plan(name, _KERNEL, variant, device, why, **shape,
                        grid=grid, G=G, M=sum_m, N=N, K=K, group_m=cfg["GROUP_M"], **strides)
@@ -338,8 +360,9 @@ def _plan_variable_k(x) -> Plan:
     guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
     _check_out(x, (G, M, N))
     gran, strides = _scale_strides(x, _variable_k_forms(G, M, N, sum_k))
-    _check_sizes(sum_k, "sum_k", dict(a=M, b=N, out=x.out_dtype.itemsize * N))
-    name = "grouped_gemm_fp8_variable_k"
+    es = x.a.element_size()
+    _check_sizes(sum_k, "sum_k", dict(a=es * M, b=es * N, out=x.out_dtype.itemsize * N))
+    name = "grouped_gemm_fp8_variable_k" if _scaled(x) else "grouped_gemm_bf16_variable_k"
     shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
     if G * M * N == 0:
         return empty_plan(name, **shape)
@@ -348,7 +371,7 @@ def _plan_variable_k(x) -> Plan:
     bm, bn = variant["BM"], variant["BN"]
     grid, grid_why = _grid(cfg, G * -(-M // bm) * -(-N // bn), None)
     return kernel_plan(name, _KERNEL, variant, device,
-                       f"variable-K wgrad (TN), {gran} scales, {bm} x {bn} tiles (G x tiles of [M, N]), "
+                       f"variable-K wgrad (TN), {_GRAN_NOTE[gran]}, {bm} x {bn} tiles (G x tiles of [M, N]), "
                        f"GROUP_M={cfg['GROUP_M']}, {grid_why}; config: {source}", **shape, grid=grid, G=G, M=M, N=N,
                        K=sum_k, group_m=cfg["GROUP_M"], **strides)
 
@@ -358,7 +381,7 @@ def _check_groups(x, plan) -> None:
     tail); group_offs its prefix sums from 0; TT: groups start on multiples of 16; the wgrad with
     block scales: non-empty groups start on multiples of 128."""
     lens, offs = x.group_lens.cpu(), x.group_offs.cpu()
-    rows_op = plan.op == "grouped_gemm_fp8_kernel"
+    rows_op = plan.op in ("grouped_gemm_fp8_kernel", "grouped_gemm_bf16_kernel")
     rows = x.a.shape[1] if rows_op and x.trans_a else x.a.shape[0]
     what = ("a.shape[1] (sum_m)" if x.trans_a else "a.shape[0] (sum_m)") if rows_op else "a.shape[0] (sum_k)"
     if lens.numel() and int(lens.min()) < 0:
@@ -383,10 +406,13 @@ def _check_groups(x, plan) -> None:
             guards.fail("group_offs", f"group {g} starts at row {int(offs[g])}, not a multiple of {align}: {why}")
 
 
+def _rows_out_shape(x):
+    """(shape, dtype) of a rows op's result: [sum_m, N]."""
+    return (x.a.shape[1] if x.trans_a else x.a.shape[0], x.b.shape[1] if x.trans_b else x.b.shape[2]), x.out_dtype
+
+
 @op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text},
-    out_shape=lambda x: ((x.a.shape[1] if x.trans_a else x.a.shape[0], x.b.shape[1] if x.trans_b else x.b.shape[2]),
-                         x.out_dtype))
+    convert={"config": CONFIG_GRAMMAR.text}, out_shape=_rows_out_shape)
 def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                             group_lens: torch.Tensor, group_offs: torch.Tensor | None = None, trans_b: bool = True,
                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
@@ -462,6 +488,58 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     config, validate: as for grouped_gemm_fp8_kernel.
     """
 
+
+
+@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
+    convert={"config": CONFIG_GRAMMAR.text}, out_shape=_rows_out_shape)
+def grouped_gemm_bf16_kernel(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
+                             group_offs: torch.Tensor | None = None, *, trans_a: bool = False, trans_b: bool = True,
+                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None,
+                             out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
+                             validate: bool = True) -> torch.Tensor:
+    """Grouped GEMM with BF16 operands, groups along the rows of out (MoE forward and dgrad;
+    Primus-Turbo's BF16 grouped_gemm, DeepGEMM's bf16_gemm_nt / nn / tt with G = 1): for g < G
+    and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
+        out[r, j] = rne(sum_k A[r, k] B_g[j, k])
+    on v_mfma_f32_16x16x32_bf16: fp32 accumulation over the whole contraction (each 32-wide
+    chunk as the MFMA sums it, the chunks in order: reference.grouped_gemm_bf16_ref), and with
+    accumulate=True rne(that + fp32(out[r, j])) (one rounding):
+      trans_a  trans_b  layout  A                       B_g
+      False    True     NT      a [sum_m, K]            b [G, N, K]  (forward)
+      False    False    NN      a [sum_m, K]            b [G, K, N]  (dgrad)
+      True     True     TT      a [K, sum_m] (A = a^T)  b [G, N, K]
+    (TN, both operands MN-major, is grouped_gemm_bf16_variable_k.)
+
+    a, b: torch.bfloat16, contiguous in the shapes above. group_lens: int64 [G] (>= 0, summing
+    to at most sum_m: rows past the sum are a padded tail, never read, their out rows 0
+    (accumulate: out's value + 0)); group_offs: int64 [G + 1] = [0, cumsum(group_lens)]
+    (computed when None). K % 16 == 0, N % 16 == 0; TT: sum_m % 16 == 0 and every group_offs
+    entry a multiple of 16. out_dtype: torch.bfloat16, torch.float16 or torch.float32; out:
+    optional [sum_m, N] of that dtype, required by accumulate=True (bf16 or fp32 out). num_cu,
+    config, validate: as for grouped_gemm_fp8_kernel.
+    """
+
+
+@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
+    convert={"config": CONFIG_GRAMMAR.text},
+    out_shape=lambda x: ((x.group_lens.shape[0], x.a.shape[1], x.b.shape[1]), x.out_dtype))
+def grouped_gemm_bf16_variable_k(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
+                                 group_offs: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16,
+                                 out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
+                                 validate: bool = True) -> torch.Tensor:
+    """Grouped GEMM with BF16 operands, groups along the contraction (MoE wgrad; DeepGEMM's
+    k_grouped_bf16 wgrad, bf16_gemm_tn with one group, out [1, M, N]):
+        out[g] = rne(a_g^T b_g),
+    a_g / b_g the rows of group g, fp32 accumulation in 32-row chunks from the group's first row
+    (reference.grouped_gemm_bf16_variable_k_ref); an empty group gives zeros (accumulate: out[g] + 0).
+
+    a: [sum_k, M], b: [sum_k, N], torch.bfloat16, contiguous. group_lens int64 [G] summing to at
+    most sum_k (rows past the sum: a padded tail, never read); group_offs int64 [G + 1] (computed
+    when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype (torch.bfloat16,
+    torch.float16 or torch.float32). accumulate: out += the product (fp32 add in the epilogue, one
+    rounding; out required: Megatron's main_grad in fp32, bf16 or fp16). config, validate: as for
+    grouped_gemm_fp8_kernel.
+    """
 
 FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}  # (a and b, grad_out)
 TRAIN_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")   # Primus-Turbo's names
@@ -661,7 +739,9 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
         guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
         group_offs = group_offsets(group_lens)
-    main_grad = _fused_main_grad(b, fuse_bgrad_accum_pattern, format, granularity, trans_b)
+    fwd_fmt, grad_fmt = FORMATS[format]
+    main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, *((grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)),
+                                "block" if granularity == "blockwise" else None)
     out = _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
                                 validate, main_grad)
     if main_grad is not None:
@@ -669,8 +749,9 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     return out
 
 
-def _fused_main_grad(b, pattern, fmt, granularity, trans_b):
-    """b.main_grad for fuse_bgrad_accum_pattern (checked here, before any launch), or None."""
+def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran=None):
+    """b.main_grad for fuse_bgrad_accum_pattern (checked here, before any launch), or None; the
+    wgrad accumulating into it is the TN variant of formats lhs_fmt x rhs_fmt, GRAN gran."""
     if pattern is None:
         return None
     if pattern != "megatron":
@@ -681,14 +762,12 @@ def _fused_main_grad(b, pattern, fmt, granularity, trans_b):
         guards.fail("fuse_bgrad_accum_pattern", "fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor) "
                                                 "and b.grad_added_to_main_grad set up before the backward")
     guards.check_shape(main_grad, "b.main_grad", tuple(b.shape))
-    fwd_fmt, grad_fmt = FORMATS[fmt]
-    lhs, rhs = (grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)
     out = _OUT_WGRAD.get(main_grad.dtype)
-    gran = {"GRAN": "block"} if granularity == "blockwise" else {}
-    if not any(v["LAYOUT"] == "TN" and v.get("ACCUM") == 1 and v["FMT"] == lhs and v["FMT_B"] == rhs
-               and v["OUT"] == out and v.get("GRAN") == gran.get("GRAN") for v in _FACTS.variants):
-        guards.fail("dtype", f"b.main_grad is {main_grad.dtype}: no wgrad kernel accumulates {lhs} x {rhs} "
-                             f"{granularity} into it (fp32 or bf16 main_grad, see the registry's TN ACCUM variants)")
+    if not any(v["LAYOUT"] == "TN" and v.get("ACCUM") == 1 and v["FMT"] == lhs_fmt and v["FMT_B"] == rhs_fmt
+               and v["OUT"] == out and v.get("GRAN") == gran for v in _FACTS.variants):
+        guards.fail("dtype", f"b.main_grad is {main_grad.dtype}: no wgrad kernel accumulates {lhs_fmt} x {rhs_fmt}"
+                             f"{f' {gran}-scaled' if gran else ''} products into it (see the registry's TN ACCUM "
+                             "variants)")
     if not main_grad.is_contiguous() or main_grad.device != b.device:
         guards.fail("layout", f"b.main_grad must be contiguous and on b's device ({b.device}); got "
                               f"{main_grad.device}, strides {main_grad.stride()}")

@@ -1,5 +1,6 @@
-"""grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k and the autograd op grouped_gemm_fp8
-(ops/grouped_fp8.py): FP8 MoE grouped GEMM with tensorwise, row-wise or 128-block scales,
+"""grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k, the autograd op grouped_gemm_fp8 and
+grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k (ops/grouped_fp8.py): FP8 MoE grouped
+GEMM with tensorwise, row-wise or 128-block scales, and BF16 (FMT=bf16 variants, no scales),
 forward NT, dgrad NN, wgrad TN, TT (a MN-major)."""
 from __future__ import annotations
 
@@ -23,22 +24,39 @@ from .base import (
 )
 
 ROWS, WGRAD, AUTOGRAD = "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "grouped_gemm_fp8"
+BF16_ROWS, BF16_WGRAD = "grouped_gemm_bf16_kernel", "grouped_gemm_bf16_variable_k"
 KERNEL = "grouped_gemm_fp8"
+DTYPES = {**FP8, "bf16": torch.bfloat16}
+
+
+def _bf16(inp: Inputs, *shape):
+    """A bf16 operand: Gaussians (torch.empty for the "empty" fill)."""
+    if inp.fill == "empty":
+        return torch.empty(shape, dtype=torch.bfloat16, device=inp.device)
+    return torch.randn(*shape, generator=inp.gen).bfloat16().to(inp.device)
+
+
+def _call(v, rows: bool, a, sa, b, sb, lens, **out) -> Call:
+    """The Call of variant v's op: the fp8 ops take the scales, the bf16 ones (FMT=bf16) none."""
+    if v["FMT"] == "bf16":
+        return Call(BF16_ROWS if rows else BF16_WGRAD, (a, b, lens), **out)
+    return Call(ROWS if rows else WGRAD, (a, sa, b, sb, lens), **out)
 
 
 def call(kernel, v, shape, inp: Inputs) -> Call:
     """Groups of m rows (NT / NN / TT) or m contraction rows (TN: out [G, N, K])."""
     G, m, N, K = shape["groups"], shape["m"], shape["N"], shape["K"]
     lens = torch.full((G,), m, dtype=torch.int64, device=inp.device)
+    operand = (lambda *s: _bf16(inp, *s)) if v["FMT"] == "bf16" else inp.fp8
     if v["LAYOUT"] == "TN":
         sa, sb = _scales(v, inp, (-(-G * m // 128), N), (-(-G * m // 128), -(-K // 128)))
-        return Call(WGRAD, (inp.fp8(G * m, N), sa, inp.fp8(G * m, K), sb, lens), **_out_kw(v, (G, N, K)))
-    a = inp.fp8(K, G * m) if v["LAYOUT"] == "TT" else inp.fp8(G * m, K)
-    b = inp.fp8(G, K, N) if v["LAYOUT"] == "NN" else inp.fp8(G, N, K)
+        return _call(v, False, operand(G * m, N), sa, operand(G * m, K), sb, lens, **_out_kw(v, (G, N, K)))
+    a = operand(K, G * m) if v["LAYOUT"] == "TT" else operand(G * m, K)
+    b = operand(G, K, N) if v["LAYOUT"] == "NN" else operand(G, N, K)
     sa, sb = _scales(v, inp, (G * m, -(-K // 128)), (G, -(-N // 128), -(-K // 128)))
     out = _out_kw(v, (G * m, N))
     out["kw"].update(trans_b=v["LAYOUT"] != "NN", trans_a=v["LAYOUT"] == "TT")
-    return Call(ROWS, (a, sa, b, sb, lens), **out)
+    return _call(v, True, a, sa, b, sb, lens, **out)
 
 
 def _scales(v, inp: Inputs, a_shape, b_shape):
@@ -76,7 +94,10 @@ def work(kernel, v, groups, m, N, K) -> Work:
         nbytes, iters = groups * m * (N + K) + 2 * groups * N * K, -(-m // k_iter)
     else:
         nbytes, iters = groups * m * K + groups * N * K + 2 * groups * m * N, -(-K // k_iter)
-    return Work(flops, nbytes, "fp8", grid(kernel, v, grid=bound), tiles, tiles * waves(kernel) * iters, iters)
+    if v["FMT"] == "bf16":
+        nbytes += groups * m * (N + K) if tn else groups * m * K + groups * N * K   # 2-byte operands
+    return Work(flops, nbytes, "bf16" if v["FMT"] == "bf16" else "fp8", grid(kernel, v, grid=bound), tiles,
+                tiles * waves(kernel) * iters, iters)
 
 
 def race(kernel, v) -> list:
@@ -87,14 +108,14 @@ def race(kernel, v) -> list:
     d = 2, TT 16: its groups start on multiples of 16); K = three steps, so the K loop runs its
     2-unrolled body and its remainder step. Then G = 0 (every row a padded tail): the tail's
     tile count waits on its own for the load of group_offs[G], which any group's scan retires."""
-    qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(FP8[v[f]])
+    qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(DTYPES[v[f]])
               for f in ("FMT", "FMT_B"))
     bm, bn = v["BM"], v["BN"]
     inp = Inputs("data")
     if v["LAYOUT"] == "TN":
         lens = torch.tensor([128, 5] if v.get("GRAN") == "block" else [130, 3])
         sa, sb = _scales(v, inp, (2, bm), (2, -(-bn // 128)))
-        return [Call(WGRAD, (qa(133, bm), sa, qb(133, bn), sb, lens), **_out_kw(v, (2, bm, bn)))]
+        return [_call(v, False, qa(133, bm), sa, qb(133, bn), sb, lens, **_out_kw(v, (2, bm, bn)))]
     d, K = 16 if v["LAYOUT"] == "TT" else 2, 384
     lens = torch.tensor([bm + d] + [0] * 7 + [bm - d])
     out = _out_kw(v, (2 * bm, bn))
@@ -106,15 +127,16 @@ def race(kernel, v) -> list:
     tail_out = _out_kw(v, (2 * bm, bn))
     tail_out["kw"].update({k: out["kw"][k] for k in ("trans_b", "trans_a", "num_cu", "config")})
     sa0, sb0 = _scales(v, inp, (2 * bm, 3), (0, -(-bn // 128), 3))
-    return [Call(ROWS, (a, sa, b, sb, lens), **out),
-            Call(ROWS, (a, sa0, b[:0], sb0, lens[:0]), **tail_out)]
+    return [_call(v, True, a, sa, b, sb, lens, **out), _call(v, True, a, sa0, b[:0], sb0, lens[:0], **tail_out)]
 
 
 def decode(inp: Inputs) -> dict:
-    """A training step's MoE layer: 8 experts, 4096 routed rows."""
+    """A training step's MoE layer: 8 experts, 4096 routed rows (fp8 and bf16)."""
     lens = torch.full((8,), 512, dtype=torch.int64)
     return {ROWS: Call(ROWS, (inp.fp8(4096, 2048), _one(inp), inp.fp8(8, 1024, 2048), _one(inp), lens)),
-            WGRAD: Call(WGRAD, (inp.fp8(4096, 1024), _one(inp), inp.fp8(4096, 2048), _one(inp), lens))}
+            WGRAD: Call(WGRAD, (inp.fp8(4096, 1024), _one(inp), inp.fp8(4096, 2048), _one(inp), lens)),
+            BF16_ROWS: Call(BF16_ROWS, (_bf16(inp, 4096, 2048), _bf16(inp, 8, 1024, 2048), lens)),
+            BF16_WGRAD: Call(BF16_WGRAD, (_bf16(inp, 4096, 1024), _bf16(inp, 4096, 2048), lens))}
 
 
 def smoke(device) -> list:
@@ -159,8 +181,10 @@ def preset_deepseek_v3():
 
 
 SPEC = OpSpec(
-    name="grouped_fp8", ops=(ROWS, WGRAD, AUTOGRAD), kernels=(KERNEL,), tests=("tests/test_grouped_gemm_fp8.py",),
-    reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref"),
+    name="grouped_fp8", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD), kernels=(KERNEL,),
+    tests=("tests/test_grouped_gemm_fp8.py", "tests/test_grouped_gemm_bf16.py"),
+    reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref", "grouped_gemm_bf16_ref",
+               "grouped_gemm_bf16_variable_k_ref"),
     hardware_script="op_tests/test_grouped_gemm_fp8.py",
     contract=BITWISE, call=call, work=work, race=race, decode=decode, smoke=smoke,
     presets={"grouped_fp8": preset_deepseek_v3})

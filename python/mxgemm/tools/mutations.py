@@ -177,8 +177,8 @@ CATALOGUE = (
         (GROUPED_FP8, 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}', 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 2}'),),
         "fp32 output addressed with 2-byte elements"),
     Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "FMT_CODE[fmt_b],\n                              FMT_CODE[fmt_a]",
-         "FMT_CODE[fmt_a],\n                              FMT_CODE[fmt_b]"),),
+        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale",
+         "FMT_CODE[fmt_a], FMT_CODE[fmt_b], 0, zero_scale"),),
         "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
@@ -205,6 +205,20 @@ CATALOGUE = (
     Mutation("grouped-fp8-tn-block-index-per-group", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "arith.divui(s, b.c(BK))", "b.c(0)"),),
         "variable-K block scales: the 128-row block index restarts at each group instead of (offs[g] + c) / 128"),
+    Mutation("grouped-bf16-chunks-out-of-order", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "            for h in range(2):\n", "            for h in (1, 0):\n"),),
+        "bf16: each step's second 32-wide chunk is accumulated before its first (summation order)"),
+    Mutation("grouped-bf16-a-chunk-mismatched", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "srcs = [llvm.bitcast(v8bf16, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]",
+         "srcs = [llvm.bitcast(v8bf16, x[i]) for x, i in ((b_ops[t % nj_n], h), (a_ops[t // nj_n], 1 - h))]"),),
+        "bf16: a's 32-wide chunk of the other half of the step multiplies b's"),
+    Mutation("grouped-bf16-element-offsets-as-bytes", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "voff = arith.select(ok, off * self.es, b.c(INVALID_OFFSET))",
+         "voff = arith.select(ok, off, b.c(INVALID_OFFSET))"),),
+        "operand loads address bf16 elements with 1-byte strides"),
+    Mutation("grouped-bf16-steps-of-128-elements", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "steps = b.ceil_div(c_len, A.bke)", "steps = b.ceil_div(c_len, BK)"),),
+        "the contraction loop counts 128 elements per step: bf16 (64 per step) computes half of K"),
     # ---- MX GEMM (FlyDSL)
     Mutation("mx-gemm-drop-b-scale", ("mx_gemm",), (
         (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale]",
