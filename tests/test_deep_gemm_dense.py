@@ -155,3 +155,52 @@ def test_dense_bf16_accumulates_c():
     d = c.clone()
     deep_gemm.fp8_gemm_nt(xa, wb, d, c=d)
     assert torch.equal(d.view(torch.int16), F.bf16_rne(want + c.float()).view(torch.int16))
+
+
+def chunked_bf16(x, w, chunk=32):
+    """fp32 x[M, K] . w[N, K]^T of bf16 operands, modelled independently of the kernel: per 32-K
+    chunk the exact sum (float64; exact for these magnitudes) rounded once to fp32, the chunks added
+    in order into fp32 from +0 (v_mfma_f32_16x16x32_bf16 accumulating)."""
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32)
+    for k0 in range(0, x.shape[1], chunk):
+        acc = acc + (x[:, k0:k0 + chunk].double() @ w[:, k0:k0 + chunk].double().T).float()
+    return acc
+
+
+@pytest.mark.parametrize("a_k,b_k", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["NT", "NN", "TT", "TN"])
+@pytest.mark.parametrize("out", [torch.bfloat16, torch.float32])
+def test_bf16_dense_layouts_bit_exact_with_c(a_k, b_k, out):
+    m, n, k = 64, 48, 96
+    g = torch.Generator().manual_seed(15)
+    x, w = torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+    c = (torch.randn(m, n, generator=g) * 4).to(out)
+    d = torch.full((m, n), float("nan"), dtype=out)
+    deep_gemm.bf16_gemm_nt(major(x, a_k), major(w, b_k), d, c=c)
+    want = chunked_bf16(x, w) + c.float()
+    assert torch.equal(d.float(), want if out == torch.float32 else F.bf16_rne(want).float())
+    assert float(utils.calc_diff(d, x.float() @ w.float().T + c.float())) < 1e-5
+    for fn, xa, wb in ((deep_gemm.bf16_gemm_nn, x, w.t().contiguous()),
+                       (deep_gemm.bf16_gemm_tn, x.t().contiguous(), w.t().contiguous()),
+                       (deep_gemm.bf16_gemm_tt, x.t().contiguous(), w)):
+        d2 = torch.empty(m, n, dtype=out)
+        fn(xa, wb, d2, c=c)
+        assert torch.equal(d2, d), fn.__name__
+
+
+def test_bf16_k_grouped_tn_accumulates_each_group():
+    m, n, ks = 32, 48, [128, 0, 256]
+    g = torch.Generator().manual_seed(16)
+    a, b = torch.randn(sum(ks), m, generator=g).bfloat16(), torch.randn(sum(ks), n, generator=g).bfloat16()
+    c = torch.randn(len(ks), m, n, generator=g)
+    d = torch.empty_like(c)
+    deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, torch.tensor(ks, dtype=torch.int32), c=c)
+    start = 0
+    for i, kg in enumerate(ks):
+        rows = slice(start, start + kg)
+        assert torch.equal(d[i], chunked_bf16(a[rows].t(), b[rows].t()) + c[i]), i
+        start += kg
+    with pytest.raises(GuardError, match=r"\[c\]"):
+        deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, torch.tensor(ks, dtype=torch.int32))
+    with pytest.raises(GuardError, match=r"\[dtype\]"):
+        deep_gemm.bf16_gemm_nt(a.t().float(), b.t().float(), torch.empty(m, n))

@@ -1,4 +1,4 @@
-"""mxgemm's FP8 grouped GEMMs as a Primus-Turbo style kernel backend.
+"""mxgemm's FP8 and BF16 grouped GEMMs as Primus-Turbo style kernel backends.
 
 A Primus-Turbo-like dispatcher keeps, per op, a table of backend classes with two static
 methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute(**kw)``:
@@ -26,7 +26,14 @@ quantisers make them (fp32 dequantisation scales, value = fp8 * scale), read in 
                transposed); b_scales per 128x128 block of b's own     groups start on multiples of 128 (its
                layout: [G, N/128, K/128] / NN [G, K/128, N/128]       segment-padded column quantiser)
 
-MX_BLOCKWISE is refused. Mixed e4m3 / e5m2 operands are taken where hybrid training's backward
+MX_BLOCKWISE is refused.
+
+``GroupedGemmBackend`` serves the BF16 dispatchers the same way (keywords a, b, group_lens,
+group_offs, trans_a, trans_b, num_cu, schedule (+ trans_c, out, inplace_add_to_out)):
+grouped_gemm_bf16_kernel (b 3-D) and grouped_gemm_bf16_variable_k (b 2-D), bf16 out, or out's
+dtype (fp32 or bf16) when accumulating.
+
+Mixed e4m3 / e5m2 operands are taken where hybrid training's backward
 has them (see the ops). Everything else about the call (dtypes, shapes, alignment, device,
 arch) and about its data (group sizes against the rows) is decided by the ops' own checks,
 which ``can_handle`` runs without launching: it is True exactly when ``execute`` runs without a
@@ -34,8 +41,15 @@ GuardError, and False (no exception) otherwise.
 """
 from __future__ import annotations
 
+import torch
+
 from . import guards
-from .ops import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
+from .ops import (
+    grouped_gemm_bf16_kernel,
+    grouped_gemm_bf16_variable_k,
+    grouped_gemm_fp8_kernel,
+    grouped_gemm_fp8_variable_k,
+)
 
 _GRANULARITY = {"TENSORWISE": "tensor", "ROWWISE": "row", "BLOCKWISE": "block"}   # Primus-Turbo's -> the ops'
 
@@ -66,47 +80,78 @@ def _m_grouped_scales(gran, a_scales, b_scales, trans_b):
 
 def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, out_dtype, granularity, num_cu,
           trans_c=False, out=None, inplace_add_to_out=False, **kwargs):
-    """(op, positional args, keyword args) of the mxgemm op serving this call; GuardError
+    """(op, positional args, keyword args) of the mxgemm FP8 op serving this call; GuardError
     [backend] for a granularity or layout no mxgemm op has."""
-    b_dim = b.dim() if hasattr(b, "dim") else None
     gran = _GRANULARITY.get(str(getattr(granularity, "name", granularity)).upper())
     if gran is None:
         guards.fail("backend", f"granularity {granularity}: mxgemm's FP8 grouped GEMMs take "
                                f"{', '.join(_GRANULARITY)} scales")
+    if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
+        sa, sb = _m_grouped_scales(gran, a_scales, b_scales, trans_b)
+        return grouped_gemm_fp8_kernel, (a, sa, b, sb, group_lens, group_offs), \
+            dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out, granularity=gran)
+    if gran == "row":
+        a_scales, b_scales = _squeeze(a_scales, 0, "a_scales"), _squeeze(b_scales, 0, "b_scales")
+    lhs, rhs = ((b, b_scales), (a, a_scales)) if trans_c else ((a, a_scales), (b, b_scales))
+    return grouped_gemm_fp8_variable_k, (*lhs, *rhs, group_lens, group_offs), \
+        dict(granularity=gran, **_wgrad_out(out_dtype, out, inplace_add_to_out))
+
+
+def _call_bf16(a, b, group_lens, group_offs, trans_a, trans_b, num_cu, trans_c=False, out=None,
+               inplace_add_to_out=False, **kwargs):
+    """(op, positional args, keyword args) of the mxgemm BF16 op serving this call."""
+    if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
+        return grouped_gemm_bf16_kernel, (a, b, group_lens, group_offs), dict(trans_b=trans_b, num_cu=num_cu, out=out)
+    lhs, rhs = (b, a) if trans_c else (a, b)
+    return grouped_gemm_bf16_variable_k, (lhs, rhs, group_lens, group_offs), \
+        _wgrad_out(torch.bfloat16, out, inplace_add_to_out)
+
+
+def _m_grouped(b, trans_a, trans_b, inplace_add_to_out) -> bool:
+    """True for the M-grouped op (b 3-D), False for the variable-K wgrad (b 2-D); GuardError for
+    a layout neither has."""
+    b_dim = b.dim() if hasattr(b, "dim") else None
     if b_dim == 3 and not trans_a:
         if inplace_add_to_out:
             guards.fail("backend", "inplace_add_to_out: mxgemm accumulates into out in the variable-K wgrad only "
                                    "(b 2-D, trans_a=True), not in the forward / dgrad")
-        sa, sb = _m_grouped_scales(gran, a_scales, b_scales, trans_b)
-        return grouped_gemm_fp8_kernel, (a, sa, b, sb, group_lens, group_offs), \
-            dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out, granularity=gran)
+        return True
     if b_dim == 2 and trans_a and not trans_b:
-        if gran == "row":
-            a_scales, b_scales = _squeeze(a_scales, 0, "a_scales"), _squeeze(b_scales, 0, "b_scales")
-        lhs, rhs = ((b, b_scales), (a, a_scales)) if trans_c else ((a, a_scales), (b, b_scales))
-        if inplace_add_to_out:
-            if out is None:
-                guards.fail("backend", "inplace_add_to_out=True needs out (the main_grad to accumulate into)")
-            out_dtype = out.dtype     # the accumulation is in out's dtype, as Primus-Turbo's backends do
-        return grouped_gemm_fp8_variable_k, (*lhs, *rhs, group_lens, group_offs), \
-            dict(out_dtype=out_dtype, out=out, accumulate=bool(inplace_add_to_out), granularity=gran)
+        return False
     guards.fail("backend", f"b.dim() = {b_dim}, trans_a = {trans_a}, trans_b = {trans_b}: mxgemm serves b 3-D with "
                            "trans_a=False (forward / dgrad) and b 2-D with trans_a=True, trans_b=False (wgrad)")
 
 
-class GroupedGemmFP8Backend:
+def _wgrad_out(out_dtype, out, inplace_add_to_out) -> dict:
+    """The wgrad's out keywords: accumulation is in out's dtype, as Primus-Turbo's backends do."""
+    if inplace_add_to_out:
+        if out is None:
+            guards.fail("backend", "inplace_add_to_out=True needs out (the main_grad to accumulate into)")
+        out_dtype = out.dtype
+    return dict(out_dtype=out_dtype, out=out, accumulate=bool(inplace_add_to_out))
+
+
+class _Backend:
     """Primus-Turbo style backend: ``can_handle(**kw)`` / ``execute(**kw)`` (module docstring)."""
 
-    @staticmethod
-    def can_handle(**kw) -> bool:
+    @classmethod
+    def can_handle(cls, **kw) -> bool:
         try:
-            op, args, op_kw = _call(**kw)
+            op, args, op_kw = cls.route(**kw)
             op.check(*args, **op_kw)
         except guards.GuardError:
             return False
         return True
 
-    @staticmethod
-    def execute(**kw):
-        op, args, op_kw = _call(**kw)
+    @classmethod
+    def execute(cls, **kw):
+        op, args, op_kw = cls.route(**kw)
         return op(*args, **op_kw)
+
+
+class GroupedGemmFP8Backend(_Backend):
+    route = staticmethod(_call)
+
+
+class GroupedGemmBackend(_Backend):
+    route = staticmethod(_call_bf16)

@@ -36,9 +36,11 @@ bf16 d), with the FP8 functions' layouts, padding rules and weight majorness.
 
 The dense GEMMs ``fp8_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (2.6: ``fp8_fp4_gemm_*``) and the
 K-grouped weight-gradient GEMMs ``k_grouped_fp8_gemm_tn_contiguous`` / ``_nt_contiguous`` run
-mxgemm's grouped FP8 GEMM family with 128-block scales (``gemm.py``: layouts, ``c``, costs).
+mxgemm's grouped FP8 GEMM family with 128-block scales, and their BF16 forms ``bf16_gemm_nt`` /
+``nn`` / ``tn`` / ``tt`` and ``k_grouped_bf16_gemm_tn_contiguous`` its BF16 variants
+(``gemm.py``: layouts, ``c``, costs).
 
-Not covered: the K-grouped bf16 GEMM, FP4 operands of the dense GEMMs, FP4
+Not covered: FP4 operands of the dense GEMMs, FP4
 activations (a), 1 x 32 activation scales
 (recipe_a (1, 32)) and the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
 FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
@@ -51,10 +53,15 @@ from .. import guards
 from ..ops._op import OPS
 from ..ops.deep_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
 from .gemm import (
+    bf16_gemm_nn,
+    bf16_gemm_nt,
+    bf16_gemm_tn,
+    bf16_gemm_tt,
     fp8_gemm_nn,
     fp8_gemm_nt,
     fp8_gemm_tn,
     fp8_gemm_tt,
+    k_grouped_bf16_gemm_tn_contiguous,
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
     k_major_weights,
@@ -285,17 +292,17 @@ m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
 # DeepGEMM 2.6 names the dense GEMMs fp8_fp4_gemm_*; FP4 operands have no dense kernel here
 fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 
-__all__ = ["align", "bf16_m_grouped_gemm_nt_masked", "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt",
-           "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
-           "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "k_grouped_fp8_gemm_nt_contiguous",
-           "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
-           "m_grouped_fp8_gemm_nn_contiguous", "get_k_alignment_for_contiguous_layout",
+__all__ = ["align", "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "bf16_m_grouped_gemm_nt_masked",
+           "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+           "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "get_k_alignment_for_contiguous_layout",
            "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "get_m_alignment_for_contiguous_layout",
            "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
            "get_mn_major_tma_aligned_tensor", "get_num_sms", "get_pdl", "get_tc_util",
            "get_theoretical_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
-           "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
+           "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
            "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
-           "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "set_block_size_multiple_of",
-           "set_ignore_compile_dims", "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl",
-           "set_tc_util", "transform_sf_into_required_layout"]
+           "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
+           "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
+           "m_grouped_fp8_gemm_nt_masked", "set_block_size_multiple_of", "set_ignore_compile_dims",
+           "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl", "set_tc_util",
+           "transform_sf_into_required_layout"]

@@ -1,5 +1,6 @@
-"""DeepGEMM's dense and K-grouped FP8 GEMMs on mxgemm's grouped FP8 GEMM family
-(``mxgemm.grouped_gemm_fp8_kernel`` / ``grouped_gemm_fp8_variable_k`` with block scales).
+"""DeepGEMM's dense and K-grouped FP8 and BF16 GEMMs on mxgemm's grouped GEMM family
+(``mxgemm.grouped_gemm_fp8_kernel`` / ``grouped_gemm_fp8_variable_k`` with block scales;
+``grouped_gemm_bf16_kernel`` / ``grouped_gemm_bf16_variable_k`` for BF16, the same layouts).
 
 A dense GEMM is a grouped GEMM with one group: d[M, N] = a[M, K] . b[N, K]^T, each operand
 K-major or MN-major (told from its strides, as DeepGEMM does), 1x128 scales for a and 128x128
@@ -29,7 +30,12 @@ from __future__ import annotations
 import torch
 
 from .. import guards
-from ..ops.grouped_fp8 import grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k
+from ..ops.grouped_fp8 import (
+    grouped_gemm_bf16_kernel,
+    grouped_gemm_bf16_variable_k,
+    grouped_gemm_fp8_kernel,
+    grouped_gemm_fp8_variable_k,
+)
 from .layout import TILE_ALIGNMENT, get_mk_alignment_for_contiguous_layout, psum_group_starts, unpack_ue8m0_from_int
 from .runtime import get_num_sms
 
@@ -95,12 +101,26 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     ceil(K/128)] or [N, ceil(K/128)]); each of a and b K-major or MN-major (a view with unit
     stride along M / N); scales in any strides; d bf16 or fp32 [M, N] row-major; c fp32 like d."""
     (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
-    a_k, b_k = _k_major(x, "a"), _k_major(w, "b")
     sfa, sfb = _fp32_scales(sfa, "sfa"), _fp32_scales(sfb, "sfb")
+    _check_recipe(recipe, recipe_a, recipe_b, sfb.shape[0], w.shape[0])
+    _dense(x, w, d, c, (sfa, sfb))
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,
+                 compiled_dims: str = "nk") -> None:
+    """d[M, N] = a[M, K] . b[N, K]^T (+ c), written in place: a, b bf16, each K-major or MN-major;
+    d bf16 or fp32 [M, N] row-major; c like d (may be d). fp32 accumulation on the BF16 MFMA
+    (grouped_gemm_bf16_kernel / _variable_k with one group), one rounding."""
+    _dense(a, b, d, c, None)
+
+
+def _dense(x, w, d, c, scales) -> None:
+    """d = x w^T (+ c) on the grouped family with G = 1, the layout picked by majorness (module
+    docstring); scales: (sfa, sfb) fp32 block scales (FP8), or None (BF16)."""
+    a_k, b_k = _k_major(x, "a"), _k_major(w, "b")
     m, k = x.shape
     n = w.shape[0]
     guards.check_shape(w, "b", (n, k))
-    _check_recipe(recipe, recipe_a, recipe_b, sfb.shape[0], n)
     guards.check_shape(d, "d", (m, n))
     guards.check_dtype(d, "d", (torch.bfloat16, torch.float32))
     accumulate = c is not None
@@ -112,15 +132,19 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     if k == 0:                                    # the empty sum: d = c, or 0
         d.copy_(c) if accumulate else d.zero_()
         return
+    fp8 = scales is not None
+    sfa, sfb = scales or (None, None)
     lens = torch.tensor([k if not (a_k or b_k) else m], dtype=torch.int64, device=x.device)
     if not a_k and not b_k:                       # both MN-major: one contraction group
-        op, args = grouped_gemm_fp8_variable_k, (x.t(), sfa.t(), w.t(), sfb.t(), lens)
+        op = grouped_gemm_fp8_variable_k if fp8 else grouped_gemm_bf16_variable_k
+        args = (x.t(), sfa.t(), w.t(), sfb.t(), lens) if fp8 else (x.t(), w.t(), lens)
         kw = dict(out=d.unsqueeze(0))
     else:
-        op, args = grouped_gemm_fp8_kernel, (x if a_k else x.t(), sfa, (w if b_k else w.t()).unsqueeze(0),
-                                             sfb.unsqueeze(0), lens)
+        op = grouped_gemm_fp8_kernel if fp8 else grouped_gemm_bf16_kernel
+        xa, wb = x if a_k else x.t(), (w if b_k else w.t()).unsqueeze(0)
+        args = (xa, sfa, wb, sfb.unsqueeze(0), lens) if fp8 else (xa, wb, lens)
         kw = dict(out=d, trans_b=b_k, trans_a=not a_k, num_cu=get_num_sms())
-    kw.update(out_dtype=d.dtype, accumulate=accumulate, granularity="block")
+    kw.update(out_dtype=d.dtype, accumulate=accumulate, **(dict(granularity="block") if fp8 else {}))
     _run_after_copy(op, args, kw, d, c)
 
 
@@ -154,6 +178,21 @@ def fp8_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, comp
     """fp8_gemm_nt with a given as (e4m3 [K, M], sfa [ceil(K/128), M]); b as in fp8_gemm_nt."""
     (x, sfa) = pair(a, "a")
     fp8_gemm_nt((x.t(), sfa.t()), b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk") -> None:
+    """bf16_gemm_nt with b given as [K, N] (transposed, a view)."""
+    bf16_gemm_nt(a, b.t(), d, c, compiled_dims)
+
+
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn") -> None:
+    """bf16_gemm_nt with a given as [K, M] and b as [K, N] (transposed views)."""
+    bf16_gemm_nt(a.t(), b.t(), d, c, compiled_dims)
+
+
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
+    """bf16_gemm_nt with a given as [K, M] (a transposed view); b as in bf16_gemm_nt."""
+    bf16_gemm_nt(a.t(), b, d, c, compiled_dims)
 
 
 def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
@@ -193,15 +232,34 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layo
     (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
     if tuple(recipe) != (1, 1, GRAN_K):
         guards.fail("recipe", f"recipe {tuple(recipe)}: the K-grouped GEMM takes (1, 1, {GRAN_K})")
+    scales = _fp32_scales(sfa, "sfa"), _fp32_scales(sfb, "sfb")
+    _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales)
+
+
+def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks_cpu,
+                                      grouped_layout: torch.Tensor, c: torch.Tensor | None = None,
+                                      compiled_dims: str = "mn", use_psum_layout: bool = False) -> None:
+    """d[g] = c[g] + a_g^T b_g for the K groups g (the MoE weight gradient): a bf16 [sum_k, M],
+    b bf16 [sum_k, N], d and c fp32 [G, M, N] (c may be d); groups as in
+    k_grouped_fp8_gemm_tn_contiguous. fp32 accumulation on the BF16 MFMA
+    (grouped_gemm_bf16_variable_k)."""
+    _k_grouped(a, b, d, ks_cpu, grouped_layout, c, use_psum_layout, None)
+
+
+def _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales) -> None:
     if c is None:
         guards.fail("c", "c is required (d = c + a^T b), as in DeepGEMM")
     guards.check_dtype(d, "d", torch.float32)
     guards.check_dtype(c, "c", torch.float32)
     guards.check_shape(c, "c", tuple(d.shape))
     group_lens, group_offs = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0])
-    _run_after_copy(grouped_gemm_fp8_variable_k,
-                    (x, _fp32_scales(sfa, "sfa"), w, _fp32_scales(sfb, "sfb"), group_lens, group_offs),
-                    dict(out=d, out_dtype=torch.float32, accumulate=True, granularity="block"), d, c)
+    if scales is None:
+        op, args = grouped_gemm_bf16_variable_k, (x, w, group_lens, group_offs)
+        kw = {}
+    else:
+        op, args = grouped_gemm_fp8_variable_k, (x, scales[0], w, scales[1], group_lens, group_offs)
+        kw = dict(granularity="block")
+    _run_after_copy(op, args, dict(out=d, out_dtype=torch.float32, accumulate=True, **kw), d, c)
 
 
 def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layout: torch.Tensor,

@@ -3,6 +3,7 @@ from ._op import explain  # noqa: F401
 from .deep_gemm import deep_gemm_fp8_grouped_gemm  # noqa: F401
 from .dense_mx import mx_gemm  # noqa: F401
 from .dequant import mxfp8_dequantize  # noqa: F401
+from .grouped_bf16 import grouped_gemm  # noqa: F401
 from .grouped_fp8 import (  # noqa: F401
     grouped_gemm_bf16_kernel,
     grouped_gemm_bf16_variable_k,
