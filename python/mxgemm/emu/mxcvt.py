@@ -330,3 +330,66 @@ handler(*[f"v_cvt_scalef32_pk_{q}_{s}" for q in ("fp8", "bf8", "fp4") for s in (
 handler(*[f"v_cvt_scalef32_pk_{d}_{q}" for d in ("f32", "f16", "bf16") for q in ("fp8", "bf8", "fp4")],
         *[f"v_cvt_scalef32_{d}_{q}" for d in ("f32", "f16") for q in ("fp8", "bf8")],
         *[f"v_cvt_{p}f32_{q}" for p in ("", "pk_") for q in ("fp8", "bf8")])(_build_up)
+
+
+# ---- 32-element FP6 / BF6 conversions ------------------------------------------------------
+# Six dwords hold 32 codes as one little-endian 192-bit string, code i in bits [6i, 6i + 6)
+# (AMD's host model amd_hip_ocp_host.hpp, fp6_cvt_packedx32: a packed struct of 32 six-bit
+# fields; the scaled MFMA reads a lane's fp6 registers in the same order, docs/gfx950_isa.md §1.3).
+# fp6 = E2M3, bf6 = E3M2; the scale is bits [30:23] of the fp32 operand, as for the pk forms.
+
+_SIX = {"fp6": "e2m3", "bf6": "e3m2"}
+
+
+def unpack6(words) -> np.ndarray:
+    """uint32 [n, 6] -> the 32 codes of each row, uint32 [n, 32] (every 3 bytes hold 4 codes)."""
+    b = np.ascontiguousarray(words, np.uint32).view(np.uint8).reshape(-1, 8, 3).astype(np.uint32)
+    w24 = b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16
+    return ((w24[..., None] >> np.uint32([0, 6, 12, 18])) & 0x3F).reshape(-1, 32)
+
+
+def pack6(codes) -> np.ndarray:
+    """uint32 codes [n, 32] -> uint32 [n, 6]."""
+    c = np.asarray(codes, np.uint32).reshape(-1, 8, 4) & 0x3F
+    w24 = c[..., 0] | c[..., 1] << 6 | c[..., 2] << 12 | c[..., 3] << 18
+    b = np.stack([w24 & 0xFF, w24 >> 8 & 0xFF, w24 >> 16], -1).astype(np.uint8)
+    return b.reshape(-1, 24).view(np.uint32)
+
+
+def _build_pk32_up(ins):
+    """v_cvt_scalef32_pk32_{f32,f16,bf16}_{fp6,bf6} vdst, vsrc[6], scale: element i = code i *
+    2^(E-127), exact in f32, rounded once (RNE) to f16 / bf16, which pack two per dword (element
+    2j in the low half)."""
+    dst_t, fmt = re.fullmatch(r"v_cvt_scalef32_pk32_(f32|f16|bf16)_(fp6|bf6)", ins.base).groups()
+    src, scale, put = R.src_vec(ins, 1), _u32_reader(ins, 2), R.dst_vec(ins, 0)
+    table = decode_table(_SIX[fmt])
+
+    def run(w):
+        with np.errstate(invalid="ignore", over="ignore"):
+            x = table[unpack6(src(w))] * scale_factor(scale(w))[:, None]
+        if dst_t == "f32":
+            put(w, u32_of_f32(x))
+        else:
+            h = HALF_ENCODE[dst_t](x)
+            put(w, (h[:, 0::2] | (h[:, 1::2] << np.uint32(16))).astype(np.uint32))
+    return run
+
+
+def _build_pk32_down(ins):
+    """v_cvt_scalef32_pk32_{fp6,bf6}_{f16,bf16} vdst[6], vsrc[16], scale: code i = RNE(x_i /
+    2^(E-127)), saturating (FP6 has no Inf / NaN); element 2j is the low half of dword j."""
+    fmt, src_t = re.fullmatch(r"v_cvt_scalef32_pk32_(fp6|bf6)_(f16|bf16)", ins.base).groups()
+    src, scale, put = R.src_vec(ins, 1), _u32_reader(ins, 2), R.dst_vec(ins, 0)
+    dec = HALF_DECODE[src_t]
+
+    def run(w):
+        v = src(w)
+        x = np.empty((w.n, 32), np.float64)
+        x[:, 0::2], x[:, 1::2] = dec(v & 0xFFFF), dec(v >> 16)
+        with np.errstate(invalid="ignore"):
+            put(w, pack6(encode(x / scale_factor(scale(w))[:, None], _SIX[fmt], True)))
+    return run
+
+
+handler(*[f"v_cvt_scalef32_pk32_{d}_{q}" for d in ("f32", "f16", "bf16") for q in _SIX])(_build_pk32_up)
+handler(*[f"v_cvt_scalef32_pk32_{q}_{s}" for q in _SIX for s in ("f16", "bf16")])(_build_pk32_down)

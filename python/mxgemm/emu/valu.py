@@ -236,6 +236,9 @@ _OPS = {
     "v_cvt_i16_f16": ("i16", "f16", lambda a: _cvt_i(a, i16, -32768, 32767)),
     "v_cvt_pkrtz_f16_f32": ("u32", "f32 f32", lambda a, b: _pk16(_f16_rtz(a), _f16_rtz(b))),
     "v_cvt_pk_bf16_f32": ("u32", "f32 f32", lambda a, b: _bf16(a) | (_bf16(b) << u32(16))),
+    "v_cvt_f32_bf16": ("u32", "bf16", lambda a: np.asarray(a, u32) << u32(16)),   # exact: bf16 is f32's top half
+    # LFSR step, the ISA's pseudocode: D = (S << 1) ^ (S[31] ? 197 : 0) [CDNA4 ISA V_PRNG_B32]
+    "v_prng_b32": ("u32", "u32", lambda a: (a << u32(1)) ^ np.where(a >> u32(31), u32(197), u32(0))),
     "v_cvt_pk_f16_f32": ("u32", "f32 f32",
                          lambda a, b: _pk16(np.asarray(a, f32).astype(f16), np.asarray(b, f32).astype(f16))),
     "v_cvt_pk_u16_u32": ("u32", "u32 u32", lambda a, b: np.minimum(a, 0xFFFF) | (np.minimum(b, 0xFFFF) << u32(16))),
