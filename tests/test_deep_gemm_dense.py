@@ -204,3 +204,31 @@ def test_bf16_k_grouped_tn_accumulates_each_group():
         deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, torch.tensor(ks, dtype=torch.int32))
     with pytest.raises(GuardError, match=r"\[dtype\]"):
         deep_gemm.bf16_gemm_nt(a.t().float(), b.t().float(), torch.empty(m, n))
+
+
+def test_bf16_k_grouped_takes_32_aligned_groups():
+    """Without scales the K groups need only DeepGEMM's alignment (a multiple of 32): psum groups
+    ending at 40 and 100 start at 0 and 64 with alignment 32, rows 40..63 between them must be
+    zeros (refused otherwise); the FP8 form still needs 128."""
+    m, n = 32, 32
+    g = torch.Generator().manual_seed(17)
+    a, b = torch.randn(100, m, generator=g).bfloat16(), torch.randn(100, n, generator=g).bfloat16()
+    c = torch.zeros(2, m, n)
+    d = c.clone()
+    before = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    deep_gemm.set_mk_alignment_for_contiguous_layout(32)
+    try:
+        with pytest.raises(GuardError, match=r"\[psum-padding\] a rows 40\.\.63"):     # the gap must be zeros
+            deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, None, torch.tensor([40, 100], dtype=torch.int32),
+                                                        c=d, use_psum_layout=True)
+        a[40:64], b[40:64] = 0, 0
+        deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, None, torch.tensor([40, 100], dtype=torch.int32), c=d,
+                                                    use_psum_layout=True)
+        xq, sfa = utils.per_channel_cast_to_fp8(torch.randn(128, m, generator=g), use_ue8m0=False)
+        with pytest.raises(GuardError, match=r"\[alignment\]"):
+            deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (xq, sfa), c, [32, 64],
+                                                       torch.tensor([32, 64], dtype=torch.int32), c=c)
+    finally:
+        deep_gemm.set_mk_alignment_for_contiguous_layout(before)
+    for i, rows in enumerate((slice(0, 40), slice(64, 100))):
+        assert torch.equal(d[i], chunked_bf16(a[rows].t(), b[rows].t())), i

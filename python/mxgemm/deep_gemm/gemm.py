@@ -195,12 +195,13 @@ def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
     bf16_gemm_nt(a.t(), b, d, c, compiled_dims)
 
 
-def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
+def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int, scaled: bool):
     """(group_lens, group_offs) int64 of the K-grouped layout: groups one after another, each
-    starting on a multiple of the contiguous-layout alignment (psum: group ends given)."""
+    starting on a multiple of the contiguous-layout alignment (psum: group ends given); with
+    block scales (scaled) that alignment must be a multiple of the 128-K scale block."""
     guards.check_dtype(layout_tensor(grouped_layout, "grouped_layout"), "grouped_layout", torch.int32)
     align_k = get_mk_alignment_for_contiguous_layout()
-    if align_k % TILE_ALIGNMENT:
+    if scaled and align_k % TILE_ALIGNMENT:
         guards.fail("alignment", f"the contiguous-layout alignment is {align_k}: the K-grouped kernels need every "
                                  f"group to start on a multiple of {TILE_ALIGNMENT} (its 128-K scale block)")
     if use_psum_layout:
@@ -219,7 +220,19 @@ def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
         guards.fail("grouped_layout", f"groups of K {lens} starting at {starts} do not fit the {rows} rows of a")
     device = grouped_layout.device
     offs = torch.tensor(starts + [starts[-1] + lens[-1] if lens else 0], dtype=torch.int64, device=device)
-    return offs[1:] - offs[:-1], offs
+    gaps = [(s + k, n) for s, k, n in zip(starts, lens, starts[1:]) if n > s + k]
+    return offs[1:] - offs[:-1], offs, gaps
+
+
+def _check_gaps_zero(gaps, x, w) -> None:
+    """The psum layout's gap rows (a group's end up to the next aligned start) are summed into the
+    group before them, which is exact only for zeros (DeepGEMM's generators keep them zeroed):
+    refuse anything else rather than add it silently."""
+    for lo, hi in gaps:
+        for name, t in (("a", x), ("b", w)):
+            if t[lo:hi].float().abs().sum().item() != 0:
+                guards.fail("psum-padding", f"{name} rows {lo}..{hi - 1} lie between two psum groups (after a "
+                                            f"group's end, before the next aligned start) and are not zero")
 
 
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layout: torch.Tensor,
@@ -252,7 +265,8 @@ def _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales) -> N
     guards.check_dtype(d, "d", torch.float32)
     guards.check_dtype(c, "c", torch.float32)
     guards.check_shape(c, "c", tuple(d.shape))
-    group_lens, group_offs = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0])
+    group_lens, group_offs, gaps = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0], scales is not None)
+    _check_gaps_zero(gaps, x, w)
     if scales is None:
         op, args = grouped_gemm_bf16_variable_k, (x, w, group_lens, group_offs)
         kw = {}
