@@ -156,6 +156,16 @@ CATALOGUE = (
         (DEEP_GEMM, 'B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)',
          'B.cmp("slt", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)'),),
         "psum layout: a tile starting exactly at a group's aligned end is given the previous group"),
+    Mutation("deep-gemm-bf16-chunks-out-of-order", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "            for h in range(2):\n                for mt in range(t.m_tiles):",
+         "            for h in (1, 0):\n                for mt in range(t.m_tiles):"),),
+        "bf16: each K block's second 32-K MFMA is accumulated before its first (summation order)"),
+    Mutation("deep-gemm-bf16-a-half-mismatched", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "llvm.bitcast(v8bf16, af[mt][h])", "llvm.bitcast(v8bf16, af[mt][1 - h])"),),
+        "bf16: a's 32-K half of the other half of the K block multiplies b's"),
+    Mutation("deep-gemm-bf16-rows-in-elements", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, "        k = k * 2 ", "        k = k + 0 "),),
+        "bf16: rows of a and b addressed as K bytes instead of 2K (and half the K blocks)"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
     Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "return arith.mulf(b.splat_value(b.v4f32, sa), sb)", "return b.splat_value(b.v4f32, sa)"),),
