@@ -125,6 +125,22 @@ def test_masked_matches_reference(tile):
     check(d, ref, written, torch.einsum("gmk,gnk->gmn", a.double().nan_to_num(0), b.double()), SENTINEL)
 
 
+def test_accumulation_is_32k_chunks_in_k_order():
+    """Chunk sums 2^24, 0, 3, -2^24 (K = 128: two K blocks of two 32-K MFMAs): added in K order into
+    fp32, 2^24 + 3 rounds to 2^24 + 4 (ties to even) and the result is 4; the exact sum is 3, and
+    any other chunk order (e.g. a block's second MFMA first: 0 + 3) gives 3."""
+    a, b = torch.zeros(1, 32, 128, dtype=torch.bfloat16), torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+    a[0, :, 0], b[0, :, 0] = 2.0 ** 12, 2.0 ** 12          # chunk 0
+    a[0, :, 64], b[0, :, 64] = 3.0, 1.0                    # chunk 2
+    a[0, :, 96], b[0, :, 96] = -2.0 ** 12, 2.0 ** 12       # chunk 3
+    masked_m = torch.tensor([32], dtype=torch.int32)
+    d = torch.full((1, 32, 32), SENTINEL, dtype=torch.bfloat16)
+    run(deep_gemm.m_grouped_bf16_gemm_nt_masked, variant(32, masked=1), a, b, d, masked_m, 32)
+    assert torch.einsum("gmk,gnk->gmn", a.double(), b.double()).eq(3.0).all()
+    assert torch.equal(reference.m_grouped_bf16_gemm_nt_masked_ref(a, b, masked_m), torch.full_like(d, 4.0))
+    assert torch.equal(d, torch.full_like(d, 4.0))
+
+
 @pytest.mark.parametrize("use_psum_layout", [False, True])
 def test_nn_and_mn_major_b_are_copied_k_major(use_psum_layout):
     """m_grouped_bf16_gemm_nn_contiguous with b [G, K, N], and the NT function with the same weights
