@@ -22,7 +22,9 @@ SGPRS = {"vcc": (106, 1), "vcc_lo": (106, 1), "vcc_hi": (107, 1), "null": (124, 
          "exec": (126, 1), "exec_lo": (126, 1), "exec_hi": (127, 1),
          **{f"ttmp{i}": (108 + i, 1) for i in range(16)}}
 
-COUNTERS = ("load", "store", "ds", "km", "tensor")
+# ASYNCcnt: the async global <-> LDS copies count on it; the emulator has no handler for them
+# yet, so s_wait_asynccnt has nothing outstanding to wait for
+COUNTERS = ("load", "store", "ds", "km", "tensor", "async")
 
 
 def _route(counter, kind):
@@ -45,7 +47,10 @@ _VMEM_SIZE = {"b32": "dword", "b64": "dwordx2", "b96": "dwordx3", "b128": "dword
 _ATOMIC = {"add_u32": "add", "sub_u32": "sub", "min_i32": "smin", "max_i32": "smax", "min_u32": "umin",
            "max_u32": "umax", "and_b32": "and", "or_b32": "or", "xor_b32": "xor", "swap_b32": "swap",
            "inc_u32": "inc", "dec_u32": "dec", "add_u64": "add_x2", "swap_b64": "swap_x2",
-           "max_i64": "smax_x2", "max_u64": "umax_x2"}
+           "max_i64": "smax_x2", "max_u64": "umax_x2", "min_i64": "smin_x2", "min_u64": "umin_x2",
+           "sub_u64": "sub_x2", "and_b64": "and_x2", "or_b64": "or_x2", "xor_b64": "xor_x2", "inc_u64": "inc_x2",
+           "dec_u64": "dec_x2", "cmpswap_b32": "cmpswap", "cmpswap_b64": "cmpswap_x2", "max_num_f64": "max_f64",
+           "min_num_f64": "min_f64"}
 _DS_PAIR = {"": "", "2addr_": "2", "2addr_stride64_": "2st64"}
 _RENAME = {"s_add_co_u32": "s_add_u32", "s_add_co_ci_u32": "s_addc_u32", "s_sub_co_u32": "s_sub_u32",
            "s_sub_co_ci_u32": "s_subb_u32", "s_add_co_i32": "s_add_i32", "s_sub_co_i32": "s_sub_i32",
@@ -54,7 +59,8 @@ _RENAME = {"s_add_co_u32": "s_add_u32", "s_add_co_ci_u32": "s_addc_u32", "s_sub_
            "v_subrev_co_ci_u32": "v_subbrev_co_u32", "v_cls_i32": "v_ffbh_i32", "v_clz_i32_u32": "v_ffbh_u32",
            "v_ctz_i32_b32": "v_ffbl_b32", "v_mad_nc_u64_u32": "v_mad_u64_u32", "v_mad_nc_i64_i32": "v_mad_i64_i32",
            "v_bitop2_b32": "v_bitop3_b32", "ds_storexchg_rtn_b32": "ds_wrxchg_rtn_b32",
-           "v_dot2acc_f32_f16": "v_dot2c_f32_f16", "s_addk_co_i32": "s_addk_i32"}
+           "v_dot2acc_f32_f16": "v_dot2c_f32_f16", "s_addk_co_i32": "s_addk_i32",
+           "s_get_pc_i64": "s_getpc_b64", "s_set_pc_i64": "s_setpc_b64", "s_swap_pc_i64": "s_swappc_b64"}
 _NOT = {"and_not1": "andn2", "or_not1": "orn2", "and_not0": "andn1", "or_not0": "orn1"}
 
 
@@ -256,6 +262,52 @@ _VS = {"v_s_rcp_f32": lambda a: np.float32(1) / a, "v_s_sqrt_f32": np.sqrt,
        "v_s_rsq_f32": lambda a: np.float32(1) / np.sqrt(a), "v_s_exp_f32": np.exp2, "v_s_log_f32": np.log2}
 for _n, _f in _VS.items():
     handler(_n)(lambda ins, f=_f: _sfloat(ins, lambda a: _bits(f(_f32(a)))))
+
+
+# Transcendentals. The ISA promises about 1 ULP for these (not a correctly rounded result), so
+# the hardware's bits are not specified exactly; the emulator's choice: the float64 function of
+# the exact input, rounded once (RNE) to the result type. bf16 results, like the gfx9 16-bit ops
+# the emulator maps gfx12 ones onto, write the low half and zero the high half.
+_TRANS = {"tanh": np.tanh, "rcp": lambda x: 1.0 / x, "sqrt": np.sqrt, "rsq": lambda x: 1.0 / np.sqrt(x),
+          "log": np.log2, "exp": np.exp2}
+
+
+def _trans(f, t):
+    def run(x):
+        with np.errstate(all="ignore"):
+            return np.asarray(f(np.asarray(x, np.float64))).astype(t)
+    return run
+
+
+def _trans_bf16(f):
+    def run(bits):
+        with np.errstate(all="ignore"):
+            return mxcvt.bf16_round(f(mxcvt.bf16_value(bits))).astype(np.uint16)
+    return run
+
+
+handler("v_tanh_f32")(lambda ins: valu.build_valu(ins, "f32", "f32", _trans(np.tanh, np.float32)))
+handler("v_tanh_f16")(lambda ins: valu.build_valu(ins, "f16", "f16", _trans(np.tanh, np.float16)))
+for _n, _f in _TRANS.items():
+    handler(f"v_{_n}_bf16")(lambda ins, f=_f: valu.build_valu(ins, "u16", "bf16", _trans_bf16(f)))
+
+
+@handler("v_pk_add_min_i16", "v_pk_add_max_i16", "v_pk_add_min_u16", "v_pk_add_max_u16")
+def _pk_add_minmax(ins):
+    """Per 16-bit half: min / max(S0 + S1, S2). The add wraps; with clamp it saturates to the
+    type's range (the emulator's reading of the clamp bit, as for v_pk_add_i16; not checked
+    against hardware)."""
+    ty = ins.base[-3:]
+    lo, hi = (-2**15, 2**15 - 1) if ty == "i16" else (0, 2**16 - 1)
+    t = np.int16 if ty == "i16" else np.uint16
+    pick = np.minimum if "_min_" in ins.base else np.maximum
+    clamp = bool(ins.mods.pop("clamp", False))
+
+    def fn(a, b, c):
+        s = np.asarray(a, np.int64) + np.asarray(b, np.int64)
+        s = np.clip(s, lo, hi) if clamp else s
+        return pick(s.astype(t), np.asarray(c, t))
+    return valu._build_pk(ins, ty, 3, fn)
 
 
 @handler("s_add_nc_u64", "s_sub_nc_u64")

@@ -458,10 +458,28 @@ def _getpc(ins):
     return lambda w: d(w, pc)
 
 
+def _jump(w, addr):
+    """Continue at the fake code address addr (s_getpc_b64's numbering)."""
+    pc = (addr - (1 << 40)) // 4
+    if pc < 0 or addr % 4:
+        raise EmulatorFault(f"jump to {addr:#x}, which is not an instruction of kernel {w.kernel!r}")
+    w.pc = pc
+
+
+@handler("s_swappc_b64")
+def _swappc(ins):
+    """D = the next instruction's address (as s_getpc_b64), then jump to S0 (as s_setpc_b64)."""
+    d, a = R.sdst(ins, 0, 64), sget(ins, 1, 64)
+    pc = (1 << 40) + 4 * (ins.index + 1)
+
+    def run(w):
+        target = a(w)
+        d(w, pc)
+        _jump(w, target)
+    return run
+
+
 @handler("s_setpc_b64")
 def _setpc(ins):
     a = sget(ins, 0, 64)
-
-    def run(w):
-        w.pc = (a(w) - (1 << 40)) // 4
-    return run
+    return lambda w: _jump(w, a(w))

@@ -131,7 +131,20 @@ _ATOMIC = {
     "dec": (u32, lambda o, s: np.where((o == 0) | (o > s), s, o - u32(1))),
     "add_x2": (u64, lambda o, s: o + s), "swap_x2": (u64, lambda o, s: s),
     "smax_x2": (np.int64, np.maximum), "umax_x2": (u64, np.maximum),
+    "sub_x2": (u64, lambda o, s: o - s), "smin_x2": (np.int64, np.minimum), "umin_x2": (u64, np.minimum),
+    "and_x2": (u64, lambda o, s: o & s), "or_x2": (u64, lambda o, s: o | s), "xor_x2": (u64, lambda o, s: o ^ s),
+    "inc_x2": (u64, lambda o, s: np.where(o >= s, u64(0), o + u64(1))),
+    "dec_x2": (u64, lambda o, s: np.where((o == 0) | (o > s), s, o - u64(1))),
+    # data = [src, cmp]: MEM = (MEM == cmp) ? src : MEM, bitwise (ISA ATOMIC_CMPSWAP)
+    "cmpswap": (u32, lambda o, s, c: np.where(o == c, s, o)),
+    "cmpswap_x2": (u64, lambda o, s, c: np.where(o == c, s, o)),
+    # float64 RNE add; min / max and gfx12's *_num forms return the non-NaN operand (IEEE minNum/maxNum)
+    "add_f64": (np.float64, lambda o, s: o + s), "min_f64": (np.float64, np.fmin), "max_f64": (np.float64, np.fmax),
+    "max_num_f32": (np.float32, np.fmax), "min_num_f32": (np.float32, np.fmin),
+    # gfx12 ATOMIC_COND_SUB_U32: subtract only when it does not wrap
+    "cond_sub_u32": (u32, lambda o, s: np.where(o >= s, o - s, o)),
 }
+_FLOAT_ATOMICS = ("cmpswap",)   # global_ / buffer_ forms of these live in float_atomics
 
 
 def _atomic_rmw(ins, get_addr, data_i, ret, apply):
@@ -144,17 +157,20 @@ def _atomic_rmw(ins, get_addr, data_i, ret, apply):
     put = R.dst_vec(ins, 0) if ret else None
     keys = R.reg_keys(ins, 0) if ret else ()
     width = np.dtype(dt).itemsize // 4
+    nsrc = 2 if name.startswith("cmpswap") else 1     # cmpswap's data: src, then cmp
 
     def run(w):
-        src = np.ascontiguousarray(data(w)[:, :width]).view(dt)[:, 0]
-        old = apply(w, get_addr(w), lambda o, lanes: fn(o, src[lanes]), dt)
+        d = np.ascontiguousarray(data(w)[:, :width * nsrc]).view(dt)
+        srcs = [d[:, i] for i in range(nsrc)]
+        old = apply(w, get_addr(w), lambda o, lanes: fn(o, *[s[lanes] for s in srcs]), dt)
         if ret:
             put(w, np.ascontiguousarray(old).view(u32).reshape(w.n, width))
         race.track_load(w, ins, "vm", keys, "load" if ret else "store")
     return run
 
 
-@handler(*[f"global_atomic_{n}" for n in _ATOMIC] + [f"flat_atomic_{n}" for n in _ATOMIC], per_wave=True)
+@handler(*[f"global_atomic_{n}" for n in _ATOMIC if n not in _FLOAT_ATOMICS] + [f"flat_atomic_{n}" for n in _ATOMIC],
+         per_wave=True)
 def _global_atomic(ins):
     ret = len(ins.ops) == (4 if ins.base.startswith("global") else 3)
     if ins.base.startswith("flat") and len(ins.ops) == 2:
@@ -312,7 +328,7 @@ def _buffer_store(ins):
     return run
 
 
-@handler(*[f"buffer_atomic_{n}" for n in _ATOMIC], per_wave=True)
+@handler(*[f"buffer_atomic_{n}" for n in _ATOMIC if n not in _FLOAT_ATOMICS], per_wave=True)
 def _buffer_atomic(ins):
     ret = bool(ins.mods.get("sc0") or ins.mods.get("glc"))
     vi = None if ins.ops[1].kind == "off" else 1
@@ -499,7 +515,12 @@ _DS_ATOMIC = {"add_u32": (u32, lambda o, s: o + s), "sub_u32": (u32, lambda o, s
               "and_b32": (u32, lambda o, s: o & s), "or_b32": (u32, lambda o, s: o | s),
               "xor_b32": (u32, lambda o, s: o ^ s), "min_f32": (np.float32, np.fmin),
               "max_f32": (np.float32, np.fmax), "wrxchg_rtn_b32": (u32, lambda o, s: s),
-              "add_u64": (u64, lambda o, s: o + s)}
+              "add_u64": (u64, lambda o, s: o + s), "and_b64": (u64, lambda o, s: o & s),
+              "inc_u32": _ATOMIC["inc"], "dec_u32": _ATOMIC["dec"], "inc_u64": _ATOMIC["inc_x2"],
+              "dec_u64": _ATOMIC["dec_x2"],
+              # gfx11+ DS_CMPSTORE: DATA0 is the new value, DATA1 the compare value (gfx9's
+              # ds_cmpst had them the other way round)
+              "cmpstore_b32": _ATOMIC["cmpswap"], "cmpstore_b64": _ATOMIC["cmpswap_x2"]}
 
 
 @handler(*[f"ds_{k}" for k in _DS_ATOMIC], *[f"ds_{k.replace('_', '_rtn_', 1)}" for k in _DS_ATOMIC], per_wave=True)
@@ -509,7 +530,7 @@ def _ds_atomic(ins):
     dt, fn = _DS_ATOMIC[name]
     first = 1 if ret else 0
     addr = _ds_addr(ins, first)
-    data = R.src_vec(ins, first + 1)
+    datas = [R.src_vec(ins, i) for i in range(first + 1, len(ins.ops))]   # cmpstore: new, cmp
     put = R.dst_vec(ins, 0) if ret else None
     keys = R.reg_keys(ins, 0) if ret else ()
     n = np.dtype(dt).itemsize
@@ -517,13 +538,13 @@ def _ds_atomic(ins):
     def run(w):
         # LDS atomics are exempt from the cross-wave race check: they are atomic by design.
         a = lds.addresses(w, addr(w), n, wrap=True)
-        src = np.ascontiguousarray(data(w)[:, :n // 4]).view(dt)[:, 0]
+        srcs = [np.ascontiguousarray(d(w)[:, :n // 4]).view(dt)[:, 0] for d in datas]
         out = np.zeros(w.n, dt)
         mem = w.wg.lds
         for l in np.nonzero(w.mask)[0]:   # lane order matters when lanes share an address
             cur = mem[a[l]:a[l] + n].view(dt)[0]
             out[l] = cur
-            mem[a[l]:a[l] + n] = np.asarray(fn(cur, src[l]), dt).reshape(1).view(np.uint8)
+            mem[a[l]:a[l] + n] = np.asarray(fn(cur, *[s[l] for s in srcs]), dt).reshape(1).view(np.uint8)
         if ret:
             put(w, out.view(u32).reshape(w.n, n // 4))
         race.track_load(w, ins, "lgkm", keys)

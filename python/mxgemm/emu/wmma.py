@@ -5,8 +5,10 @@ rounded once to fp32, then + C with one more rounding).
 Layouts (docs/gfx1250_emulator.md §3 gives the evidence and the remaining doubt): lane l holds
 row (A) / column (B) l % 16 of a 16-row operand; its elements, as one little-endian bit string
 of the lane's registers, run along K in runs of kw (KW: 16 for 8-bit, 32 for 6- and 4-bit,
-8 for 16-bit types) that alternate between the two lane halves: element i of half h is K = i % kw + kw * h + 2 kw *
-(i // kw).
+8 for 16-bit types, 2 for f32) that alternate between the two lane halves: element i of half h is
+K = i % kw + kw * h + 2 kw * (i // kw). Forms: 16x16x128 f8f6f4 (scaled or not), 32x16x128 f4,
+16x16x64 fp8/bf8, 16x16x32 bf16/f16, 16x16x4 f32 (A: VGPR v of lane l is K = v + 2 (l // 16), as
+the ISA's 32-bit A table; its products are exact in float64, so the f32 form shares the model).
 The 16x16 fp32 accumulator: lane l holds column l % 16, VGPR r row r + 8 (l // 16); the 32x16
 one stacks two of them (VGPRs 8-15: rows 16-31). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
 (or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1), except the
@@ -24,9 +26,9 @@ from .matrix import BITS, _dot_scaled, _full_writer, _vec_reader, unpack_items
 from .mxcvt import decode_table, e8m0_value, lsb_table
 
 LANES = 32
-KW = {16: 8, 8: 16, 6: 32, 4: 32}     # element bits -> K run of a lane half
+KW = {32: 2, 16: 8, 8: 16, 6: 32, 4: 32}     # element bits -> K run of a lane half
 _FMT = {"FP8": "e4m3", "BF8": "e5m2", "FP6": "e2m3", "BF6": "e3m2", "FP4": "e2m1"}
-_NAMES = {"fp8": "e4m3", "bf8": "e5m2", "bf16": "bf16", "f16": "f16"}
+_NAMES = {"fp8": "e4m3", "bf8": "e5m2", "bf16": "bf16", "f16": "f16", "f32": "f32"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,11 +59,17 @@ def cd_layout(rows: int):
 
 def operand(regs, rows, k, fmt, neg=False):
     """float64 [rows, k] values and lsb bounds of an A (or transposed B) operand."""
-    row, kidx = ab_layout(rows, k, BITS[fmt])
-    codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
+    row, kidx = ab_layout(rows, k, 32 if fmt == "f32" else BITS[fmt])
     vals, lsb = np.empty((rows, k)), np.empty((rows, k))
-    vals[row, kidx] = decode_table(fmt)[codes]
-    lsb[row, kidx] = lsb_table(fmt)[codes]
+    if fmt == "f32":                    # one element per register
+        v = np.ascontiguousarray(np.asarray(regs, np.uint32).T).view(np.float32).astype(np.float64)
+        ok = np.isfinite(v) & (v != 0)
+        vals[row, kidx] = v
+        lsb[row, kidx] = np.where(ok, np.ldexp(1.0, np.frexp(np.where(ok, v, 1.0))[1] - 24), np.inf)
+    else:
+        codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
+        vals[row, kidx] = decode_table(fmt)[codes]
+        lsb[row, kidx] = lsb_table(fmt)[codes]
     return (-vals if neg else vals), lsb
 
 
@@ -78,6 +86,7 @@ def wmma(m, k, fa, fb, a, b, c, sa=None, sb=None, sel_a=0, sel_b=0, block=32, ne
     register arrays [nregs, 32]; fa / fb: element formats; sa / sb None: unscaled."""
     va, la = operand(a, m, k, fa, neg[0])
     vb, lb = operand(b, 16, k, fb, neg[1])
+    block = min(block, k)
     nb = k // block
     fa_ = np.ones((m, nb)) if sa is None else scales(sa, m, nb, sel_a)
     fb_ = np.ones((16, nb)) if sb is None else scales(sb, 16, nb, sel_b)
@@ -147,4 +156,6 @@ def _waves(w):
 GFX12.register(*[f"v_wmma_f32_16x16x128_{a}_{b}" for a in ("fp8", "bf8") for b in ("fp8", "bf8")],
                "v_wmma_f32_16x16x128_f8f6f4", "v_wmma_scale_f32_16x16x128_f8f6f4",
                "v_wmma_scale16_f32_16x16x128_f8f6f4", "v_wmma_f32_32x16x128_f4", "v_wmma_scale_f32_32x16x128_f4",
-               "v_wmma_scale16_f32_32x16x128_f4", "v_wmma_f32_16x16x32_bf16", "v_wmma_f32_16x16x32_f16")(_build)
+               "v_wmma_scale16_f32_32x16x128_f4", "v_wmma_f32_16x16x32_bf16", "v_wmma_f32_16x16x32_f16",
+               *[f"v_wmma_f32_16x16x64_{a}_{b}" for a in ("fp8", "bf8") for b in ("fp8", "bf8")],
+               "v_wmma_f32_16x16x4_f32")(_build)
