@@ -302,6 +302,8 @@ def wmma_regs(mat, bits):
         for v in range(nregs):
             if bits == 32:
                 regs[v, l] = mat[row, v + 2 * h]
+            elif bits == 16:    # half j of VGPR v is K = 16 (v // 4) + 8 h + 2 (v % 4) + j
+                regs[v, l] = sum(int(mat[row, 16 * (v // 4) + 8 * h + 2 * (v % 4) + j]) << (16 * j) for j in range(2))
             else:
                 regs[v, l] = sum(int(mat[row, 32 * (v // 4) + 16 * h + 4 * (v % 4) + j]) << (8 * j) for j in range(4))
     return regs
@@ -311,18 +313,25 @@ def d_regs(d):
     return np.array([[d[r + 8 * (l // 16), l % 16] for l in range(N)] for r in range(8)])
 
 
-def run_wmma(insn, a_regs, b_regs, c):
+def run_wmma(insn, a_regs, b_regs, c, nc=8, nd=8):
+    """c: [16, 16] uint32 fp32 bits, or (nc = 4) bf16 bits; returns D [16, 16] as fp32 bits, or
+    (nd = 4) bf16 bits. 16-bit C / D: element i of a lane (row i + 8 h) is half i % 2 of VGPR i // 2."""
     na, nb = len(a_regs), len(b_regs)
     ins = {40 + i: a_regs[i] for i in range(na)}
     ins.update({50 + i: b_regs[i] for i in range(nb)})
-    ins.update({60 + r: d_regs(c)[r] for r in range(8)})
-    body = f"{insn} v[70:77], v[40:{39 + na}], v[50:{49 + nb}], v[60:67]"
-    out = run(A, body, ins, list(range(70, 78)))
+    cr = d_regs(c)
+    cr = cr if nc == 8 else cr[0::2] | (cr[1::2] << 16)
+    ins.update({60 + r: cr[r] for r in range(nc)})
+    body = f"{insn} v[70:{69 + nd}], v[40:{39 + na}], v[50:{49 + nb}], v[60:{59 + nc}]"
+    out = run(A, body, ins, list(range(70, 70 + nd)))
+    el = np.array([out[70 + r] for r in range(nd)], np.uint32)
+    if nd == 4:
+        el = np.stack([el & 0xFFFF, el >> 16], 1).reshape(8, N)
     d = np.zeros((16, 16), np.uint32)
     for r in range(8):
         for l in range(N):
-            d[r + 8 * (l // 16), l % 16] = out[70 + r][l]
-    return d.view(np.float32)
+            d[r + 8 * (l // 16), l % 16] = el[r][l]
+    return d
 
 
 @pytest.mark.parametrize("fa,fb", [("fp8", "fp8"), ("bf8", "fp8"), ("fp8", "bf8"), ("bf8", "bf8")])
@@ -341,7 +350,7 @@ def test_wmma_16x16x64_fp8(fa, fb):
     va = formats.decode(torch.from_numpy(ca), fmt[fa]).double().numpy()
     vb = formats.decode(torch.from_numpy(cb), fmt[fb]).double().numpy()
     c = rng.normal(0, 4, (16, 16)).astype(np.float32)
-    got = run_wmma(f"v_wmma_f32_16x16x64_{fa}_{fb}", wmma_regs(ca, 8), wmma_regs(cb, 8), c.view(np.uint32))
+    got = run_wmma(f"v_wmma_f32_16x16x64_{fa}_{fb}", wmma_regs(ca, 8), wmma_regs(cb, 8), c.view(np.uint32)).view(np.float32)
     # fp8 products span < 2^42, so the float64 sum is exact; one rounding to f32, then + C
     ref = ((va @ vb.T).astype(np.float32) + c).astype(np.float32)
     np.testing.assert_array_equal(got, ref)
@@ -353,8 +362,29 @@ def test_wmma_16x16x4_f32():
     b = (rng.integers(-2**12, 2**12, (16, 4)) / 32).astype(np.float32)       # B^T [N, K]
     c = rng.normal(0, 1, (16, 16)).astype(np.float32)
     got = run_wmma("v_wmma_f32_16x16x4_f32", wmma_regs(a.view(np.uint32), 32), wmma_regs(b.view(np.uint32), 32),
-                   c.view(np.uint32))
+                   c.view(np.uint32)).view(np.float32)
     ref = ((a.astype(np.float64) @ b.T.astype(np.float64)).astype(np.float32) + c).astype(np.float32)
     np.testing.assert_array_equal(got, ref)
     assert not np.array_equal(got, ((a.astype(np.float64) @ b.astype(np.float64).T[[1, 0, 3, 2]])
                                     .astype(np.float32) + c))   # the K order of B matters to the test
+
+
+@pytest.mark.parametrize("form", ["bf16", "bf16f32"])
+def test_wmma_bf16_results(form):
+    """The emulator's numerics for bf16 D (not documented): the fp32 form's result rounded once
+    more to bf16 (RNE); the bf16 form's C is bf16, widened exactly."""
+    import torch
+
+    from mxgemm import formats
+    rng = np.random.default_rng(7)
+    a = torch.from_numpy(rng.integers(-512, 512, (16, 32)) / 64).to(torch.bfloat16)
+    b = torch.from_numpy(rng.integers(-512, 512, (16, 32)) / 32).to(torch.bfloat16)    # B^T [N, K]
+    c32 = torch.from_numpy(rng.normal(0, 50, (16, 16))).float()
+    c = c32.to(torch.bfloat16).float() if form == "bf16" else c32
+    bits = lambda t: t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)   # noqa: E731
+    c_in = bits(c.to(torch.bfloat16)) if form == "bf16" else c.numpy().view(np.uint32)
+    got = run_wmma(f"v_wmma_{form}_16x16x32_bf16", wmma_regs(bits(a), 16), wmma_regs(bits(b), 16), c_in,
+                   nc=4 if form == "bf16" else 8, nd=4)
+    exact = a.double().numpy() @ b.double().numpy().T                      # bf16 products: exact sums
+    f32 = (exact.astype(np.float32) + c.numpy()).astype(np.float32)
+    np.testing.assert_array_equal(got, formats.bf16_bits(torch.from_numpy(f32)).numpy())

@@ -9,6 +9,11 @@ of the lane's registers, run along K in runs of kw (KW: 16 for 8-bit, 32 for 6- 
 K = i % kw + kw * h + 2 kw * (i // kw). Forms: 16x16x128 f8f6f4 (scaled or not), 32x16x128 f4,
 16x16x64 fp8/bf8, 16x16x32 bf16/f16, 16x16x4 f32 (A: VGPR v of lane l is K = v + 2 (l // 16), as
 the ISA's 32-bit A table; its products are exact in float64, so the f32 form shares the model).
+The bf16-result forms (v_wmma_bf16_16x16x32_bf16: bf16 C and D; v_wmma_bf16f32_16x16x32_bf16:
+fp32 C, bf16 D) hold 8 bf16 per lane in 4 VGPRs, element i (LLVM's <8 x bfloat> element i) in
+the place of the fp32 accumulator's VGPR i: half i % 2 of VGPR i // 2. Their numerics are the
+emulator's choice, not a documented one: the fp32 form's result (bf16 C widened exactly) rounded
+once more, RNE, to bf16.
 The 16x16 fp32 accumulator: lane l holds column l % 16, VGPR r row r + 8 (l // 16); the 32x16
 one stacks two of them (VGPRs 8-15: rows 16-31). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
 (or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1), except the
@@ -23,7 +28,7 @@ import numpy as np
 
 from .isa import GFX12, UnsupportedInstruction
 from .matrix import BITS, _dot_scaled, _full_writer, _vec_reader, unpack_items
-from .mxcvt import decode_table, e8m0_value, lsb_table
+from .mxcvt import bf16_round, decode_table, e8m0_value, lsb_table
 
 LANES = 32
 KW = {32: 2, 16: 8, 8: 16, 6: 32, 4: 32}     # element bits -> K run of a lane half
@@ -99,7 +104,22 @@ def wmma(m, k, fa, fb, a, b, c, sa=None, sb=None, sel_a=0, sel_b=0, block=32, ne
         return (p[row, col] + cf).astype(np.float32).view(np.uint32)
 
 
-_WMMA = re.compile(r"v_wmma_(scale16_|scale_)?f32_(16|32)x16x(\d+)_(\w+)")
+_WMMA = re.compile(r"v_wmma_(scale16_|scale_)?(f32|bf16|bf16f32)_(16|32)x16x(\d+)_(\w+)")
+
+
+def unpack16(regs):
+    """bf16 accumulator registers uint32 [4, 32] -> fp32 bits [8, 32]: element i of a lane (the
+    fp32 accumulator's VGPR i) is half i % 2 of VGPR i // 2."""
+    r = np.asarray(regs, np.uint32)
+    out = np.empty((2 * r.shape[0], r.shape[1]), np.uint32)
+    out[0::2], out[1::2] = r << np.uint32(16), r & np.uint32(0xFFFF0000)
+    return out
+
+
+def pack16(d):
+    """fp32 bits [8, 32] -> bf16 registers [4, 32], each element rounded once (RNE)."""
+    h = bf16_round(np.asarray(d, np.uint32).view(np.float32).astype(np.float64))
+    return (h[0::2] | (h[1::2] << np.uint32(16))).astype(np.uint32)
 
 
 def _fmt_mod(mods, key, default):
@@ -114,7 +134,7 @@ def _fmt_mod(mods, key, default):
 
 def _build(ins):
     mt = _WMMA.fullmatch(ins.base)
-    scaled, m, k, ty = mt.group(1), int(mt.group(2)), int(mt.group(3)), mt.group(4)
+    scaled, acc, m, k, ty = mt.group(1), mt.group(2), int(mt.group(3)), int(mt.group(4)), mt.group(5)
     mods = ins.mods
     if ty in ("f8f6f4", "f4"):
         fa = _fmt_mod(mods, "matrix_a_fmt", "e2m1" if ty == "f4" else "e4m3")
@@ -127,7 +147,13 @@ def _build(ins):
     neg, abs_c = (tuple(neg_lo) + (0, 0, 0))[:3], bool((tuple(neg_hi) + (0, 0, 0))[2])
     ncd = m // 2
     read_a, read_b = _vec_reader(ins, 1, ins.ops[1].count), _vec_reader(ins, 2, ins.ops[2].count)
-    read_c, write_d = _vec_reader(ins, 3, ncd), _full_writer(ins, 0)
+    read_c, write_d = _vec_reader(ins, 3, ncd // 2 if acc == "bf16" else ncd), _full_writer(ins, 0)
+    if acc == "bf16":      # bf16 C, widened exactly
+        get_c = read_c
+        read_c = lambda w: unpack16(get_c(w))  # noqa: E731
+    if acc != "f32":       # bf16 D: the fp32 result rounded once more
+        put_d = write_d
+        write_d = lambda w, d: put_d(w, pack16(d))  # noqa: E731
     if scaled:
         for key in ("matrix_a_scale_fmt", "matrix_b_scale_fmt"):
             if key in mods and not str(mods[key]).endswith("E8"):
@@ -158,4 +184,4 @@ GFX12.register(*[f"v_wmma_f32_16x16x128_{a}_{b}" for a in ("fp8", "bf8") for b i
                "v_wmma_scale16_f32_16x16x128_f8f6f4", "v_wmma_f32_32x16x128_f4", "v_wmma_scale_f32_32x16x128_f4",
                "v_wmma_scale16_f32_32x16x128_f4", "v_wmma_f32_16x16x32_bf16", "v_wmma_f32_16x16x32_f16",
                *[f"v_wmma_f32_16x16x64_{a}_{b}" for a in ("fp8", "bf8") for b in ("fp8", "bf8")],
-               "v_wmma_f32_16x16x4_f32")(_build)
+               "v_wmma_f32_16x16x4_f32", "v_wmma_bf16_16x16x32_bf16", "v_wmma_bf16f32_16x16x32_bf16")(_build)
