@@ -232,3 +232,43 @@ def test_bf16_k_grouped_takes_32_aligned_groups():
         deep_gemm.set_mk_alignment_for_contiguous_layout(before)
     for i, rows in enumerate((slice(0, 40), slice(64, 100))):
         assert torch.equal(d[i], chunked_bf16(a[rows].t(), b[rows].t())), i
+
+
+def test_m_grouped_mn_major_fp4_weights_match_the_k_major_form():
+    """DeepGEMM's MN-major FP4 weights (each group's [K, N] e2m1 packed along N, passed as .mT:
+    shape [G, N/2, K]) are re-packed along K: the same d as the K-major weights, bit for bit."""
+    g = torch.Generator().manual_seed(18)
+    G, n, k = 2, 32, 256
+    xa = utils.per_token_cast_to_fp8(torch.randn(256, k, generator=g), use_ue8m0=True)
+    ws = [utils.per_token_cast_to_fp4(torch.randn(n, k, generator=g), use_ue8m0=True, gran_k=32) for _ in range(G)]
+    wq, sfb = torch.stack([w for w, _ in ws]), torch.stack([s for _, s in ws])
+    mn_major = torch.stack([utils.transpose_packed_fp4(w) for w, _ in ws]).mT        # [G, N/2, K], unit stride on N/2
+    m_indices = torch.tensor([0] * 128 + [1] * 128, dtype=torch.int32)
+    want = torch.zeros(256, n, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(xa, (wq, sfb), want, m_indices)
+    d = torch.full((256, n), 3.0, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(xa, (mn_major, sfb), d, m_indices)
+    assert torch.equal(d, want) and want.float().abs().max() > 0
+
+
+def test_dense_fp8_fp4_nt_is_the_one_group_m_grouped_gemm():
+    """fp8_fp4_gemm_nt with FP4 b (M = 96: any M): the masked M-grouped FP8 x FP4 kernel with one
+    group (bit-identical to that call), within DeepGEMM's accuracy bar of the dequantised product;
+    c refused, d untouched."""
+    g = torch.Generator().manual_seed(19)
+    m, n, k = 96, 64, 256
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    xa = utils.per_token_cast_to_fp8(x, use_ue8m0=True)
+    wq, sfb = utils.per_token_cast_to_fp4(w, use_ue8m0=True, gran_k=32)
+    d = torch.full((m, n), 5.0, dtype=torch.bfloat16)
+    deep_gemm.fp8_fp4_gemm_nt(xa, (wq, sfb), d)
+    want = torch.empty(1, m, n, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_masked((xa[0][None], xa[1][None]), (wq[None], sfb[None]), want,
+                                               torch.tensor([m], dtype=torch.int32), m)
+    want = want[0]
+    assert torch.equal(d, want)
+    deq_x = xa[0].float() * xa[1].repeat_interleave(128, 1)[:, :k]
+    assert float(utils.calc_diff(d, deq_x @ utils.cast_back_from_fp4(wq, sfb, gran_k=32).T)) < 1e-3
+    with pytest.raises(GuardError, match=r"\[c\]"):
+        deep_gemm.fp8_fp4_gemm_nt(xa, (wq, sfb), d, c=torch.zeros(m, n, dtype=torch.bfloat16))
+    assert torch.equal(d, want)

@@ -40,7 +40,7 @@ mxgemm's grouped FP8 GEMM family with 128-block scales, and their BF16 forms ``b
 ``nn`` / ``tn`` / ``tt`` and ``k_grouped_bf16_gemm_tn_contiguous`` its BF16 variants
 (``gemm.py``: layouts, ``c``, costs).
 
-Not covered: FP4 operands of the dense GEMMs, FP4
+Not covered: FP4 operands of the dense NN / TN / TT GEMMs (``fp8_fp4_gemm_nt`` takes FP4 b), FP4
 activations (a), 1 x 32 activation scales
 (recipe_a (1, 32)) and the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
 FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
@@ -289,8 +289,29 @@ def m_grouped_fp8_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recip
 
 
 m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
-# DeepGEMM 2.6 names the dense GEMMs fp8_fp4_gemm_*; FP4 operands have no dense kernel here
-fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
+
+
+def fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                    disable_ue8m0_cast=False) -> None:
+    """DeepGEMM 2.6's dense GEMM d[M, N] = a[M, K] . b[N, K]^T (+ c). FP8 b: fp8_gemm_nt. FP4 b
+    (e2m1 packed int8 [N, K/2], sfb [N, K/32]; recipe_a (1, 128), recipe_b (1, 32)): the masked
+    M-grouped FP8 x FP4 kernel with one group of M rows (a K-major e4m3 [M, K] with sfa [M, K/128],
+    d bf16 [M, N] written in place); c is refused there (that kernel has no accumulating epilogue)."""
+    w = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
+    if getattr(w, "dtype", None) not in (torch.int8, torch.uint8):
+        return fp8_gemm_nt(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    if c is not None:
+        guards.fail("c", "c with FP4 b: the FP8 x FP4 kernel writes d = a b^T without accumulation")
+    x, sfa = pair(a, "a")
+    if not isinstance(d, torch.Tensor) or d.dim() != 2:
+        guards.fail("shape", f"d must be a 2-D [M, N] tensor; got {getattr(d, 'shape', type(d).__name__)}")
+    m_grouped_fp8_fp4_gemm_nt_masked((x.unsqueeze(0), sfa.unsqueeze(0)), (w.unsqueeze(0), b[1].unsqueeze(0)),
+                                     d.unsqueeze(0), torch.tensor([x.shape[0]], dtype=torch.int32, device=x.device),
+                                     x.shape[0], recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+# DeepGEMM 2.6 names the dense GEMMs fp8_fp4_gemm_*; FP4 b is served in the NT form only
+fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 
 __all__ = ["align", "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "bf16_m_grouped_gemm_nt_masked",
            "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",

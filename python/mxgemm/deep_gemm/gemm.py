@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import formats as F
 from .. import guards
 from ..ops.grouped_fp8 import (
     grouped_gemm_bf16_kernel,
@@ -300,14 +301,15 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layo
 
 
 def k_major_weights(b):
-    """DeepGEMM's M-grouped weights (e4m3 [G, N, K], sfb) with b K-major, as the M-grouped kernel
-    reads them: an MN-major b (a [G, K, N] tensor's transposed view, DeepGEMM's SM100 recipe)
-    is copied K-major, its scales made row-major (small). Packed FP4 b must come K-major."""
+    """DeepGEMM's M-grouped weights (e4m3 [G, N, K] or packed e2m1 [G, N, K/2], and sfb) with b
+    K-major, as the M-grouped kernel reads them. An MN-major b is copied K-major (a copy per call),
+    its scales made row-major (small): FP8 b as a [G, K, N] tensor's transposed view (DeepGEMM's
+    SM100 recipe); FP4 b as DeepGEMM makes it MN-major, e2m1 packed two per byte along N
+    ([G, K, N/2] bytes) seen transposed, shape [G, N/2, K], re-packed along K."""
     w, sfb = pair(b, "b")
     if w.dim() != 3 or w.stride(-1) == 1 or w.stride(-2) != 1:   # K-major, or neither (the op's guard says so)
         return w, sfb
-    if w.dtype != torch.float8_e4m3fn:
-        guards.fail("layout", f"b ({w.dtype}) is MN-major (strides {w.stride()}): packed FP4 weights must be "
-                              "K-major [G, N, K/2]")
+    if w.dtype in (torch.int8, torch.uint8):
+        codes = F.unpack_fp4(w.mT.contiguous().view(torch.uint8))                  # [G, K, N]
+        return F.pack_fp4(codes.mT.contiguous()).view(w.dtype), sfb.contiguous()
     return w.contiguous(), sfb.contiguous()
-
