@@ -307,3 +307,43 @@ MXGEMM_KERNEL(tail)(unsigned* out, int busy, int iters) {
         times[name] = emu.last_timing["cycles"]
     assert times["strata"] == pytest.approx(times["whole"], rel=0.10), times
     assert times["firsts"] > 1.6 * times["whole"], times
+
+
+@pytest.mark.parametrize("op, multi", [("global_load_ubyte", False), ("global_load_dword", False),
+                                       ("global_load_dwordx4", True)])
+def test_vector_loads_pass_the_address_unit_at_its_rate(op, multi):
+    """One wave loads a line from HBM and waits, then issues 128 loads whose 64 lanes all read
+    that line (L1 hits): the L1 port passes each in one line's time, so the CU's address unit
+    binds, at the table's cycles per wave64 instruction (more for a multi-dword access)."""
+    n = 128
+    dst = "v[4:7]" if multi else "v4"
+    src = (r'''
+MXGEMM_KERNEL(loads)(const int* __restrict__ x) {
+  asm volatile("v_mov_b32 v1, 0\n global_load_dword v4, v1, %0\n s_waitcnt vmcnt(0)\n%BODY%\n s_waitcnt vmcnt(0)"
+               :: "s"(x) : "memory", "v1", "v4", "v5", "v6", "v7");
+}''').replace("%BODY%", "\\n".join([f"{op} {dst}, v1, %0"] * n))
+    t = _timed(src, "loads", [torch.zeros(64, dtype=torch.int32)])
+    rate = n * (M.ta_multi_cycles if multi else M.ta_cycles)
+    assert rate > n * M.line_bytes / M.l1_bytes_per_clk       # the address unit, not the port, binds
+    warm = M.hbm_latency + M.ta_cycles                              # the first load's miss, waited for
+    assert warm + rate <= t["cycles"] <= warm + rate + M.l1_latency + 100, (t["cycles"], rate)
+    assert t["breakdown"]["busy"]["ta"] > t["breakdown"]["busy"]["l1"]
+
+
+def test_a_kernel_from_another_revision_runs_with_that_revisions_arguments():
+    """mxgemm.timing.revisions: grouped_gemm_fp8 before its strided scales took seven arguments
+    fewer (its registry at that commit); the FlyDSL dequantise kernel built from a fixed commit,
+    launched with the argument names the op passes today, computes the op's result and is timed."""
+    import mxgemm
+    from mxgemm import registry, specs
+    from mxgemm.timing import revisions
+    strides = ("sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift")
+    assert revisions.kernel_at("6dfc569", "grouped_gemm_fp8").args == tuple(
+        a for a in registry.get("grouped_gemm_fp8").args if a not in strides)
+    case = specs.Case("mxfp8_dequant_flydsl", {}, dict(M=64, K=256), "small")
+    call = specs.op_call(case, fill="data")
+    values, rows = revisions.time_revisions(call, ["86cf0a4"], rounds=0)
+    (c, t), = rows
+    assert c.startswith("86cf0a4") and t["cycles"] > 0 and not t["sampled"]
+    x, s = call.args[:2]
+    assert torch.equal(values["out"], mxgemm.mxfp8_dequantize(x, s))

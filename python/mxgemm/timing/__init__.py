@@ -42,6 +42,7 @@ def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=Fals
     util = {"mfma": r["busy"].get("mfma", 0) / (span * m.simds * r["cus"]),
             "valu": r["busy"].get("valu", 0) / (span * m.simds * r["cus"]),
             "lds": r["busy"].get("lds", 0) / (span * r["cus"]),
+            "ta": r["busy"].get("ta", 0) / (span * r["cus"]),
             "l1": r["busy"].get("l1", 0) / (span * r["cus"]),
             "l2": r["busy"].get("l2", 0) / span,
             "mall": r["bytes"].get("mall", 0) / (span * r["mall_bytes_per_clk"]),

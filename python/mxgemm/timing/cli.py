@@ -6,11 +6,16 @@ are sampled (``--rounds``, docs/timing_model.md §3); `--calibrate`: the calibra
 
 `--vs-peers`: our small-M MXFP8 kernels beside Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers).
 
+`--revisions OLD,NEW`: the case's launch with the kernel built from each git revision, same inputs, same
+run (mxgemm.timing.revisions); `--shape groups=8,m=256,...` replaces the case's shape (the op then picks
+the variant).
+
 In the calibration each stage runs the first two rounds of workgroups XCD 0 receives (sampled; the rest of its share
 extrapolated) at two small K, and the time is extrapolated linearly in K to 4096 (the K loop is
 the steady state of these kernels)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -35,10 +40,16 @@ def stage_time(stage, M, N, K, machine="mi355x"):
     return emu.last_timing
 
 
-def calibrate(n=4096, out=sys.stdout):
+def calibrate(n=4096, out=sys.stdout, stages=None):
+    """Predicted vs published TFLOP/s of each stage (``stages``: their symbols; None: all)."""
+    unknown = set(stages or ()) - set(calibration.STAGES)
+    if unknown:
+        raise ValueError(f"unknown calibration stages {sorted(unknown)}; known: {list(calibration.STAGES)}")
     print(f"{'stage':26s} {'published':>10s} {'predicted':>10s} {'error':>7s}  limiter  (TFLOP/s at {n}^3)", file=out)
     rows = []
     for stage in calibration.STAGES.values():
+        if stages and stage.symbol not in stages:
+            continue
         t0 = time.time()
         ks = (64, 128) if stage.block == (16, 16) else (256, 512)
         t = [stage_time(stage, n, n, k) for k in ks]
@@ -96,6 +107,22 @@ def table(cases, rounds=None, out=sys.stdout) -> list:
     return rows
 
 
+def revision_table(case, revs, rounds, out=sys.stdout) -> list:
+    """The case's launch timed with its kernel built from each of ``revs`` (the first the baseline):
+    a row per revision, us, ratio to the first, limiter."""
+    from .. import specs
+    from . import revisions
+    call = specs.spec_of_kernel(case.kernel).call(case.kernel, case.variant, case.shape, specs.Inputs("bytes", "cpu"))
+    t0 = time.time()
+    _, rows = revisions.time_revisions(call, revs, rounds)
+    base = rows[0][1]["us"]
+    for rev, (c, t) in zip(revs, rows):
+        print(f"  {rev:>12s} {c[:10]}  {t['us']:9.2f} us  x{t['us'] / base:.3f}  limiter {t['limiter']}"
+              f"{', sampled' if t['sampled'] else ''}", file=out)
+    print(f"  ({time.time() - t0:.0f} s)", file=out, flush=True)
+    return rows
+
+
 def main(argv) -> int:
     import argparse
 
@@ -110,13 +137,16 @@ def main(argv) -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="simulate ROUNDS rounds of XCD 0's workgroups: its first and one per stratum of the rest "
                         "(mxgemm.timing.rounds_sample; default 3); 0: the whole grid")
+    p.add_argument("--revisions", help="comma-separated git revisions: time the kernel built from each")
+    p.add_argument("--shape", help="the case's shape instead, as name=value,... (the op picks the variant)")
     p.add_argument("--blocks", type=int, default=8, help="hottest basic blocks to print")
-    p.add_argument("--calibrate", action="store_true", help="the calibration table (about 6 minutes)")
+    p.add_argument("--calibrate", action="store_true", help="the calibration table (over an hour on 2 cores)")
+    p.add_argument("--stages", help="with --calibrate: only these stages (comma-separated symbols)")
     p.add_argument("--vs-peers", action="store_true",
                    help="small-M MXFP8 linear layers: ours vs Triton tl.dot_scaled, same model, same run")
     args = p.parse_args(argv)
     if args.calibrate:
-        calibrate()
+        calibrate(stages=args.stages.split(",") if args.stages else None)
         return 0
     if args.vs_peers:
         from . import peers
@@ -132,7 +162,12 @@ def main(argv) -> int:
         print(f"python -m mxgemm time: no case of kernel {args.kernel!r} in preset {args.preset!r}", file=sys.stderr)
         return 1
     case = cases[0]
+    if args.shape:
+        case = dataclasses.replace(case, shape={k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))})
     print(f"{case.kernel} {case.variant} {case.label}: {case.shape}")
+    if args.revisions:
+        revision_table(case, args.revisions.split(","), args.rounds)
+        return 0
     for symbol, t in time_case(case, rounds=args.rounds):
         report(symbol, t, args.blocks)
     return 0

@@ -5,7 +5,8 @@ Each CU has ``simds`` SIMDs; a SIMD issues at most one instruction a cycle from 
 waves, a wave one at a time in program order. Pipes: VALU (``valu_cycles`` a wave64
 instruction), the matrix pipe (an MFMA holds it for its cycles: mxgemm.asm_facts.mfma_cycles), the
 CU's LDS pipe (bank-conflict cycles, then ``lds_latency``). Global memory goes through a per-CU
-L1, the XCD's L2 (a queue per channel, lines hashed over them) and the XCD's share of the MALL
+address unit (cycles per instruction by its width) and L1, the XCD's L2 (a queue per channel,
+lines hashed over them) and the XCD's share of the MALL
 (LRU caches of lines, addresses from the run) to HBM, each level with its latency, the fabric
 to the MALL and HBM a bandwidth queue each; atomics are applied in the L2 channel, a lane at a
 time; ``s_waitcnt`` waits for the counted operations to
@@ -24,6 +25,7 @@ from .trace import BUFFER_SHIFT
 
 _TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
 _CNT = re.compile(r"(vmcnt|lgkmcnt)\((\d+)\)")
+_MULTI = re.compile(r"(dwordx[234]|_b(64|96|128))\b")   # more than one dword per lane (a multi-channel access)
 
 
 class _Lru:
@@ -50,7 +52,8 @@ def _static(instrs):
         if cls == "mfma":
             kind, cost = "mfma", asm_facts.mfma_cycles(ins.text.split(";")[0].strip())
         elif cls.startswith(("vmem", "scratch")):
-            kind, cost = "vmem", "atomic" if "atomic" in base else "store" if "store" in base else "load"
+            kind = "vmem"
+            cost = ("atomic" if "atomic" in base else "store" if "store" in base else "load", bool(_MULTI.search(base)))
         elif cls.startswith("lds"):
             kind, cost = "lds", 4
         elif cls == "waitcnt":
@@ -117,7 +120,8 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
     valu_free = [[0.0] * m.simds for _ in range(ncu)]
     mfma_free = [[0.0] * m.simds for _ in range(ncu)]
     lds_free = [0.0] * ncu
-    ta_free = [0.0] * ncu
+    ta_free = [0.0] * ncu       # the CU's address unit (texture addresser)
+    port_free = [0.0] * ncu     # the CU's L1 port
     busy = defaultdict(float)
     ch_free = [0.0] * m.l2_channels
     ch_busy = [0.0] * m.l2_channels
@@ -151,17 +155,21 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
                 heapq.heappush(heap, (now, seq, wv))
                 seq += 1
 
-    def mem_done(wv, now, rec, kind):
-        """When a vector memory instruction's data is back (load) or taken (store, atomic): its
-        lines leave the CU's L1 port one after another; loads that miss the L1, stores and
-        atomics go on, line by line, to the L2 (§1)."""
+    def mem_done(wv, now, rec, kind, multi):
+        """When a vector memory instruction's data is back (load) or taken (store, atomic): the
+        CU's address unit takes the instruction's lanes (a wave64 in ``ta_cycles`` or, more than
+        a dword a lane, ``ta_multi_cycles``), then its lines leave the CU's L1 port one after
+        another; loads that miss the L1, stores and atomics go on, line by line, to the L2 (§1)."""
         cu = wv["cu"]
-        start = max(now, ta_free[cu])
+        a = max(now, ta_free[cu])
+        ta_free[cu] = a + (m.ta_multi_cycles if multi else m.ta_cycles)
+        busy["ta"] += ta_free[cu] - a
+        start = max(a, port_free[cu])
         lines, lanes = (rec[1].tolist(), rec[2].tolist()) if rec is not None else ((), ())
         per_line = m.line_bytes / m.l1_bytes_per_clk
-        ta_free[cu] = start + max(1.0, len(lines) * per_line)
-        busy["l1"] += ta_free[cu] - start
-        done = ta_free[cu] + m.l1_latency
+        port_free[cu] = start + max(1.0, len(lines) * per_line)
+        busy["l1"] += port_free[cu] - start
+        done = max(ta_free[cu], port_free[cu]) + m.l1_latency
         for i, ln in enumerate(lines):
             if kind == "load" and l1[cu].hit(ln):
                 continue
@@ -241,7 +249,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             end = max(end, issue + cost)       # the launch ends when its results are written
         elif kind == "vmem":
             rec = t.mem.get(pos)
-            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, cost)
+            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, *cost)
             if instrs[pc].mods.get("lds") or instrs[pc].base.startswith("global_load_lds"):
                 done += m.lds_latency
             wv["vm"].append(max(done, wv["vm"][-1] if wv["vm"] else 0.0))

@@ -28,6 +28,8 @@ class Machine:
     lds_latency: int
     lds_bytes_per_clk: int
     line_bytes: int
+    ta_cycles: int              # per CU: the address unit's cycles for a wave64 access of a dword or less a lane
+    ta_multi_cycles: int        # the same, more than a dword a lane (dwordx2..x4, b64..b128)
     l1_bytes: int               # per CU
     l1_latency: int
     l1_bytes_per_clk: int       # per CU: lines an instruction touches pass at this rate
@@ -55,7 +57,7 @@ def _chip(arch: str) -> dict:
 
 MI355X = Machine(
     **_chip("gfx950"), xcds=8, loaded_clock_ghz=2.0, valu_cycles=VALU_CYCLES, trans_cycles=16,
-    smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128,
+    smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128, ta_cycles=4, ta_multi_cycles=16,
     l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64,
     l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0, l2_channels=16, atomic_cycles=1,
     mall_bytes=256 * 1024 * 1024, mall_latency=720, mall_bytes_per_s=8.0e12 * 0.8 * 5.4 / 3.7,
