@@ -28,6 +28,9 @@ row-major and MN-major scale tensors are read in place):
   kb: 128-wide contraction block (NT/NN/TT: c / 128; TN: global, (offs[g] + c) / 128, so each
   non-empty group starts on a multiple of 128 there: the op's guard). Tensorwise: all strides 0;
   row-wise: sa_sk = sb_sk = 0; sb_shift 7 for one b scale per 128 columns, 0 for one per column.
+  GRAN=mx (MXFP8): e8m0 bytes instead, kb the 32-wide contraction block (TN: (offs[g] + c) / 32,
+  groups start on multiples of 32), sb_shift 0; each lane feeds the MFMA the byte of its row /
+  column lane % 16 and block 4 step + lane / 16 (blocks past the contraction read 0).
 
 Numerics: each MFMA sums one 128-wide contraction chunk [128 s, 128 s + 128) of the tile (zero
 padded past the end; for TN the chunks start at the group's first row), exactly, rounded once
@@ -38,6 +41,9 @@ chunk's MFMA runs from C = 0 giving p, then acc = acc + p * (sa(i, kb) * sb(j, k
 product, product, add: three RNE roundings), acc from +0; no epilogue scale. Then ACCUM=1 adds
 (fp32) the value out held (beta = 1: Megatron's fused main_grad, DeepGEMM's d = a b^T + c with
 d = c), and the result is rounded to bf16 or fp16 (RNE) or stored as fp32.
+GRAN=mx: the scaled MFMA sums each 128-wide chunk's products times 2^(ea + eb - 254) of their
+32-wide blocks exactly, rounds once to fp32 and adds the chunk to acc (one more RNE), chunks in
+order from +0; then ACCUM and the output rounding as above (mx_gemm's numerics per chunk).
 GRAN=none (FMT=bf16): each v_mfma_f32_16x16x32_bf16 sums one 32-wide chunk [32 s, 32 s + 32) (zero
 padded past the end; TN: from the group's first row) and adds it to acc in the MFMA (the chunks in
 increasing order, acc from +0, the whole contraction in fp32, no promotion); as the emulator
@@ -90,8 +96,8 @@ launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
 source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 only), OUT (bf16 / f16 / f32), ACCUM
 (0: out = result; 1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the
-epilogue, which tensorwise is with zero strides; block: promoted per contraction step; none: no
-scales, FMT=bf16 only; absent = row for fp8, none for bf16).
+epilogue, which tensorwise is with zero strides; block: promoted per contraction step; mx: e8m0
+per 32 on the scaled MFMA; none: no scales, FMT=bf16 only; absent = row for fp8, none for bf16).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -106,7 +112,8 @@ FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
 ESIZE = {"e4m3": 1, "e5m2": 1, "bf16": 2}   # operand element bytes
 LAYOUTS = ("NT", "NN", "TN", "TT")
 K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False), "TT": (False, True)}  # (A, B) K-contiguous
-GRANS = ("row", "block", "none")  # scales in the epilogue / promoted per 128-wide contraction step / none (bf16)
+GRANS = ("row", "block", "mx", "none")  # scales: epilogue / promoted per 128-K step / e8m0 per 32-K on the MFMA / none
+MX_BLOCK = 32                     # contraction elements per e8m0 scale (GRAN=mx)
 
 
 class _Ir(Builder):
@@ -225,8 +232,8 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         A.store_lds(b, buf, regs[0])
         B.store_lds(b, buf, regs[1])
 
-    if gran == "block":   # the scale offsets: a VGPR per 16-row / 16-column tile
-        lanes = sc.lanes(b, sc_tile, lane, a_r0, b_r0)
+    if gran in ("block", "mx"):   # the scale offsets: a VGPR per 16-row / 16-column tile
+        lanes = (sc.mx_lanes if gran == "mx" else sc.lanes)(b, sc_tile, lane, a_r0, b_r0)
     v8bf16 = ir.VectorType.get([8], b.bf16)
     stage(b.c(0), load(b.c(0)))
     workgroup_barrier()
@@ -238,6 +245,8 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         nxt = kt + 1
         if gran == "block":                               # this step's scales, issued before the prefetch
             sa, sb = sc.load(b, lanes, kt)
+        elif gran == "mx":
+            sa, sb = sc.mx_load(b, lanes, kt, c_len, lane)
         regs = load(nxt)                                  # prefetch; all-zero past the last step
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
@@ -252,10 +261,12 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
             for i in range(mi_n):
                 for j in range(nj_n):
                     t = i * nj_n + j
+                    # mx: the lanes' e8m0 bytes (src0 = B: b's scales); others: unscaled
+                    scales = (sb[j], sa[i]) if gran == "mx" else (zero_scale, zero_scale)
                     # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
                     p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
                         b.v4f32, [cat(b_ops[j]), cat(a_ops[i]), zero if gran == "block" else acc[t],
-                                  FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale, 0, zero_scale])
+                                  FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
                     acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) if gran == "block" else p
         stage(nxt, regs)
         workgroup_barrier()
@@ -288,7 +299,7 @@ class _Scales:
         block = gran == "block"
         self.sa_sg = sa_sg if layout == "TN" else None
         self.sa_si, self.sb_sj = vgpr(sa_si), vgpr(sb_sj)
-        self.sa_sk, self.sb_sk = (vgpr(sa_sk), vgpr(sb_sk)) if block else (None, None)
+        self.sa_sk, self.sb_sk = (vgpr(sa_sk), vgpr(sb_sk)) if gran in ("block", "mx") else (None, None)
         self.sb_shift = sb_shift if block else None
 
     @staticmethod
@@ -316,6 +327,33 @@ class _Scales:
             ok = b.cmp("slt", c0 + col_l, cols)   # N % 16: the four columns exist together
             sb.append([b.sel(ok, sb0 + c * self.sb_sj, b.c(INVALID_OFFSET)) for c in col])
         return sa, sb
+
+    def mx_lanes(self, b, tile, lane, a_r0, b_r0):
+        """GRAN=mx: this lane's e8m0 byte offsets at block kb0 + lane / 16 (the MFMA takes row m's
+        scale of 32-wide block kb from lane m + 16 kb, docs/gfx950_isa.md §1.5): a's of row
+        lane % 16 per 16-row tile, b's of column lane % 16 per 16-column tile (masked: INVALID_OFFSET)."""
+        g, i0, j0, kb0, rows, cols = tile
+        kb = kb0 + lane // 16
+        sa0 = kb * self.sa_sk if self.sa_sg is None else g * self.sa_sg + kb * self.sa_sk
+        sb0 = g * self.sb_sg + kb * self.sb_sk
+        r = lane % 16
+        sa = [b.sel(b.cmp("slt", r0 + r, rows), sa0 + (i0 + r0 + r) * self.sa_si, b.c(INVALID_OFFSET)) for r0 in a_r0]
+        sb = [b.sel(b.cmp("slt", c0 + r, cols), sb0 + (j0 + c0 + r) * self.sb_sj, b.c(INVALID_OFFSET)) for c0 in b_r0]
+        return sa, sb
+
+    def mx_load(self, b, lanes, kt, c_len, lane):
+        """(sa per i-tile, sb per j-tile): i32 VGPRs holding in byte 0 the e8m0 scale of step kt's
+        block 4 kt + lane / 16; blocks at or past c_len read 0 (their data is 0, and the next
+        group's or row's byte could be 0xFF: NaN)."""
+        ok = b.cmp("slt", (kt * (BK // MX_BLOCK) + lane // 16) * MX_BLOCK, c_len)
+        aux = ir.IntegerAttr.get(b.i32, 0)
+        out = []
+        for rs, offs, sk in ((b.rsrc_rebased(self.a_scale), lanes[0], self.sa_sk),
+                             (b.rsrc_rebased(self.b_scale), lanes[1], self.sb_sk)):
+            step = kt * (BK // MX_BLOCK) * sk
+            out.append([arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, rs, b.sel(ok, v + step, b.c(INVALID_OFFSET)),
+                                                                     b.c(0), aux=aux)) for v in offs])
+        return out
 
     def load(self, b, lanes, kb=None):
         """(sa [i-tile] f32, sb [j-tile] v4f32) of contraction block kb (relative to kb0; block
@@ -444,8 +482,9 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             out_row = arith.addi(arith.muli(b.u64(g), b.u64(M)), b.u64(i0))
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), esize))
             rows, cols = arith.subi(M, i0), arith.subi(N, j0)
-            # block scales: the group starts on a 128 boundary (the op's guard), contraction block s / 128
-            sc_tile = _Scales.tile(g, i0, j0, arith.divui(s, b.c(BK)), rows, cols)
+            # block (mx) scales: the group starts on a 128 (32) boundary (the op's guard), block s / 128 (32)
+            kb_len = MX_BLOCK if gran == "mx" else BK
+            sc_tile = _Scales.tile(g, i0, j0, arith.divui(s, b.c(kb_len)), rows, cols)
             _tile(b, cfg, ops, lds, a_base, M, rows, b_base, N, cols, arith.subi(e, s),
                   out_base, N, sc, sc_tile)
         else:

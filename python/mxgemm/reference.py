@@ -236,11 +236,21 @@ def _scaled_dot(a, sa, b, sb, granularity, out_dtype, old=None, kb0=0) -> torch.
         sa a scalar or [M], sb a scalar or [N].
       block: acc = acc + fp32(chunk c) * fp32(sa[:, kb0 + c] * sb[:, kb0 + c]) (three RNE roundings
         per chunk), sa [M, kblocks], sb [N, kblocks]; v = acc.
+      mx: sa [M, ceil(R/32)], sb [N, ceil(R/32)] e8m0 (uint8): each 128-wide chunk's products
+        times 2^(ea + eb - 254) of their 32-blocks summed exactly, rounded once to fp32 (the scaled
+        16x16x128 MFMA, _mx_chunks), added in order into acc from +0; v = acc.
       none (bf16 a and b, no scales): v = _bf16_dot (32-wide chunks, each exact then one fp32
         rounding, acc = fp32(acc + chunk) from +0 in order).
     out = rne(v) or, accumulating into ``old``, rne(v + fp32(old)) (one rounding)."""
     if granularity == "none":
         v = _bf16_dot(a, b)
+        return _out(v if old is None else v + old.float(), out_dtype)
+    if granularity == "mx":   # the contraction padded with +0 codes to whole 32-blocks
+        pad = -a.shape[1] % MX_BLOCK
+        av, bv = (torch.nn.functional.pad(t.view(torch.uint8), (0, pad)) for t in (a, b))
+        v = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+        for p in _mx_chunks(av, sa.view(torch.uint8), bv, sb.view(torch.uint8), _fmt(a), _fmt(b), MX_MMA_K):
+            v = v + p
         return _out(v if old is None else v + old.float(), out_dtype)
     av, bv = F.decode(a, _fmt(a)), F.decode(b, _fmt(b))
     if granularity == "block":
@@ -253,7 +263,10 @@ def _scaled_dot(a, sa, b, sb, granularity, out_dtype, old=None, kb0=0) -> torch.
 
 
 def _granularity(b_scale, granularity, dims):
-    """tensor for one scale, else the given granularity or that of b_scale's rank (dims: rank -> name)."""
+    """mx for e8m0 (uint8) scales, tensor for one scale, else the given granularity or that of
+    b_scale's rank (dims: rank -> name)."""
+    if b_scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
+        return "mx"
     if b_scale.numel() == 1 and b_scale.dim() <= 1:
         return "tensor"
     return granularity or dims[b_scale.dim()]
@@ -272,8 +285,10 @@ def grouped_gemm_fp8_ref(a, a_scale, b, b_scale, group_offs, trans_b: bool = Tru
       tensor: a_scale, b_scale one value each;
       row:    a_scale [sum_m] (per out row), b_scale [G, N] (per group and out column);
       block:  a_scale [sum_m, ceil(K/128)], b_scale [G, ceil(N/128) or N, ceil(K/128)] (128x128 or
-              one per column), promoted per 128-K chunk (_scaled_dot).
-    The granularity is b_scale's (one value / rank 2 / rank 3). Rows past group_offs[G] (a padded
+              one per column), promoted per 128-K chunk (_scaled_dot);
+      mx:     a_scale [sum_m, K/32], b_scale [G, N, K/32] e8m0 (uint8), applied per 32-block in
+              each 128-K chunk's exact sum (_scaled_dot).
+    The granularity is b_scale's (e8m0: mx / one value / rank 2 / rank 3). Rows past group_offs[G] (a padded
     tail) are 0 (accumulating: rne(+0 + old)). accumulate_into: [sum_m, N] of out_dtype, added in
     fp32 before the one rounding."""
     gran = "none" if b_scale is None else _granularity(b_scale, granularity, {2: "row", 3: "block"})
@@ -303,7 +318,9 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
       row:    a_scale [M] or [G, M] (per out row, shared by the groups or per group), b_scale [N] or [G, N];
       block:  a_scale [ceil(sum_k/128), M], b_scale [ceil(sum_k/128), ceil(N/128) or N] (DeepGEMM's
               K-grouped layout: the 128-row block index is global, every group starts on a
-              multiple of 128), promoted per chunk.
+              multiple of 128), promoted per chunk;
+      mx:     a_scale [M, ceil(sum_k/32)], b_scale [N, ceil(sum_k/32)] e8m0 (uint8) per 32 rows of
+              sum_k (global blocks: every group starts on a multiple of 32).
     granularity "row" or "block" must be given for non-scalar scales. accumulate_into: [G, M, N]
     of out_dtype, the result is then that + the product (fp32 add, one rounding)."""
     gran = "none" if b_scale is None else _granularity(b_scale, granularity, {})
@@ -316,6 +333,10 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
         elif gran == "block":
             assert s % FP8_BLOCK == 0, "block scales: each group starts on a 128-row block"
             sa, sb, kb0 = a_scale.T, _per_column_blocks(b_scale.T, b.shape[1]), s // FP8_BLOCK
+        elif gran == "mx":
+            assert s % MX_BLOCK == 0, "mx scales: each group starts on a 32-row block"
+            blocks = slice(s // MX_BLOCK, -(-e // MX_BLOCK))
+            sa, sb = a_scale[:, blocks], b_scale[:, blocks]
         out[g] = _scaled_dot(a[s:e].T, sa, b[s:e].T, sb, gran, out_dtype, old, kb0)
     return out
 

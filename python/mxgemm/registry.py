@@ -256,6 +256,13 @@ _GROUPED_FP8_BLOCK = tuple(dict(v, GRAN="block") for v in (
     *(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=128, BN=128) for lay in ("NT", "NN")),
     *(dict(LAYOUT=lay, OUT=o, **_E4M3_64, **acc) for lay in ("NT", "NN", "TN", "TT")
       for o, acc in (("bf16", {}), ("bf16", dict(ACCUM=1)), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1))))))
+# GRAN=mx (MXFP8, Primus-Turbo's MX_BLOCKWISE: e8m0 scales per 32 contraction elements on the scaled MFMA): e4m3 every
+# layout at 64 x 64 (bf16; f32 with ACCUM 0 / 1), e5m2 NT / TN bf16 at 64 x 64, e4m3 bf16 NT / NN at 128 x 128.
+_GROUPED_MX = tuple(dict(v, GRAN="mx") for v in (
+    *(dict(LAYOUT=lay, OUT=o, **_E4M3_64, **acc) for lay in ("NT", "NN", "TT", "TN")
+      for o, acc in (("bf16", {}), ("f32", dict(ACCUM=0)), ("f32", dict(ACCUM=1)))),
+    *(dict(LAYOUT=lay, FMT="e5m2", FMT_B="e5m2", OUT="bf16", BM=64, BN=64) for lay in ("NT", "TN")),
+    *(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=128, BN=128) for lay in ("NT", "NN"))))
 
 # FMT=FMT_B=bf16 (no scales, GRAN absent: none): every layout at 64 x 64 in bf16 and f16, fp32 with ACCUM 0 / 1,
 # bf16 accumulating (TN also f16 accumulating); 128 x 128 and 256 x 128 bf16 (hardware tiles) in every layout.
@@ -276,8 +283,9 @@ register(Kernel(
     variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
-    + _GROUPED_BF16 + _GROUPED_FP8_ROW_EXTRA + _GROUPED_FP8_BLOCK,
-    doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) on "
+    + _GROUPED_BF16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA + _GROUPED_FP8_BLOCK,
+    doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) or "
+        "MX e8m0 1x32 scales, or BF16 without scales, on "
         "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "
         "scan, 64-bit tile rebasing, bf16/f16/f32 out, out += result (fused main_grad accumulation)"))
 

@@ -2,7 +2,8 @@
 variable-K wgrad (groups along the contraction), one FlyDSL kernel family
 (flydsl_kernels/grouped_gemm_fp8.py; bit-exact model: mxgemm.reference.grouped_gemm_fp8_ref /
 grouped_gemm_fp8_variable_k_ref), with fp32 scales of three granularities, told apart by the
-scale tensors' shapes (``granularity=`` names one where shapes alone are ambiguous):
+scale tensors' shapes (``granularity=`` names one where shapes alone are ambiguous), or e8m0
+(uint8 / float8_e8m0fnu) MX scales, told apart by their dtype:
 
   granularity  grouped_gemm_fp8_kernel (out [R, N], R = a's rows)   grouped_gemm_fp8_variable_k (out [G, M, N])
   tensor       a_scale, b_scale: one value each (shape [] or [1])  the same
@@ -10,6 +11,8 @@ scale tensors' shapes (``granularity=`` names one where shapes alone are ambiguo
   block        a_scale [R, ceil(K/128)],                             a_scale [ceil(sum_k/128), M],
                b_scale [G, ceil(N/128), ceil(K/128)] (128x128)       b_scale [ceil(sum_k/128), ceil(N/128)] (128x128)
                or [G, N, ceil(K/128)] (one per column)               or [ceil(sum_k/128), N] (one per column)
+  mx           a_scale [R, K/32], b_scale [G, N, K/32] (e8m0;        a_scale [M, ceil(sum_k/32)], b_scale
+               K % 32 == 0)                                          [N, ceil(sum_k/32)] (e8m0)
 
 Scale tensors are read in place through their strides (any strides: row-major, or MN-major as
 DeepGEMM's TMA-aligned scales [.., ceil(K/128)] with unit row stride and a padded column
@@ -17,7 +20,10 @@ stride); every element offset times 4 must stay below 2^31. Block scales are pro
 128-wide contraction block (acc += fp32 block sum * fp32(sa * sb)); the variable-K wgrad then
 needs every non-empty group to start on a multiple of 128 (DeepGEMM's K-grouped rule): its
 block index is global, (group_offs[g] + c) / 128. Tensorwise and row scales multiply the fp32
-accumulator once in the epilogue.
+accumulator once in the epilogue. MX scales (MXFP8, Primus-Turbo's MX_BLOCKWISE: per 32
+contraction elements of each out row and column, the wgrad's along sum_k as Primus-Turbo's
+column-quantised operands carry them) are applied by the scaled MFMA inside each 128-wide chunk's
+exact sum; the wgrad's non-empty groups start on multiples of 32 (global block index).
 
 BF16: grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k are the same two ops with bf16 a
 and b and no scales (the kernel's FMT=bf16 variants; model: mxgemm.reference.grouped_gemm_bf16_ref
@@ -37,7 +43,7 @@ import functools
 import torch
 
 from .. import formats, guards, quant, registry, tuned
-from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
+from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = "grouped_gemm_fp8"
 _FACTS = registry.get(_KERNEL)
@@ -45,7 +51,8 @@ _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _FORMATS = {**_FMT, torch.bfloat16: "bf16"}   # variant FMT of an operand dtype (bf16: the unscaled ops)
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # fp32 out and accumulation (the wgrad; the rows' e4m3 variants)
-GRANULARITIES = ("tensor", "row", "block")
+GRANULARITIES = ("tensor", "row", "block", "mx")
+MX_BLOCK = 32              # mx scales: one e8m0 byte per 32 contraction elements
 SCALE_BLOCK = 128          # block scales: one per 128 contraction elements (and per 128 columns of b, or one)
 _MAX_ROWS = 1 << 31       # row counts and group offsets are i32 inside the kernel
 _VOFFSET_ROWS = 256       # a tile's 32-bit buffer offsets span up to max(BM, BN, 128) row strides
@@ -78,7 +85,10 @@ def _check_operands(x, names_2d, b_dim, outs=_OUT):
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
     for n in ("a_scale", "b_scale") if scaled else ():
-        guards.check_dtype(getattr(x, n), n, torch.float32)
+        guards.check_dtype(getattr(x, n), n, (torch.float32, *E8M0))
+    if scaled and (x.a_scale.dtype in E8M0) != (x.b_scale.dtype in E8M0):
+        guards.fail("dtype", f"a_scale is {x.a_scale.dtype} and b_scale {x.b_scale.dtype}: both fp32 or both e8m0 "
+                             f"(granularity mx)")
     guards.check_dtype(x.group_lens, "group_lens", torch.int64)
     guards.check_dtype(x.group_offs, "group_offs", torch.int64)
     if x.out_dtype not in outs:
@@ -113,6 +123,11 @@ def _scale_strides(x, forms: dict) -> tuple:
         guards.fail("granularity", f"granularity = {x.granularity!r}; expected None (from the scales' shapes) or one "
                                    f"of {', '.join(map(repr, GRANULARITIES))}")
     sa, sb = x.a_scale, x.b_scale
+    mx = sa.dtype in E8M0       # e8m0 scales are mx scales, fp32 ones any other granularity
+    if x.granularity and (x.granularity == "mx") != mx:
+        guards.fail("dtype", f"granularity = {x.granularity!r} with a_scale {sa.dtype}: mx takes e8m0 scales "
+                             f"({' or '.join(map(str, E8M0))}), the others fp32")
+    forms = {g: f for g, f in forms.items() if (g == "mx") == mx}
     fit = lambda t, shapes: tuple(t.shape) in shapes  # noqa: E731
     fits = [g for g, (a_shapes, b_shapes, _) in forms.items() if fit(sa, a_shapes) and fit(sb, b_shapes)]
     want = [x.granularity] if x.granularity else list(forms)
@@ -127,15 +142,15 @@ def _scale_strides(x, forms: dict) -> tuple:
                                    f"{' and '.join(chosen)} scales: pass granularity=")
     gran = chosen[0]
     for n, t in (("a_scale", sa), ("b_scale", sb)):
-        last = 4 * sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d)
-        if t.numel() and last + 4 > guards.VOFFSET_LIMIT:
+        last = t.element_size() * sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d)
+        if t.numel() and last + t.element_size() > guards.VOFFSET_LIMIT:
             guards.fail("2GB-voffset", f"{n}'s last element lies {last} bytes from its first: the kernel's "
                                        f"scale offsets must stay below 2^31")
     return gran, dict(zip(_STRIDES, forms[gran][2](sa, sb)))
 
 
 def _bytes(t, dim):
-    return 4 * t.stride(dim)
+    return t.element_size() * t.stride(dim)
 
 
 _TENSORWISE = (0,) * 7
@@ -149,12 +164,14 @@ def _row_shift(sb, n):
 
 def _rows_forms(R, G, N, K) -> dict:
     """Scale shapes and kernel strides of grouped_gemm_fp8_kernel (module docstring table)."""
-    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    kb, nb, kx = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK), -(-K // MX_BLOCK)
     return {"tensor": (_ONE, _ONE, lambda sa, sb: _TENSORWISE),
             "row": (((R,),), ((G, N),), lambda sa, sb: (0, _bytes(sa, 0), 0, _bytes(sb, 0), _bytes(sb, 1), 0, 0)),
             "block": (((R, kb),), ((G, nb, kb), (G, N, kb)),
                       lambda sa, sb: (0, _bytes(sa, 0), _bytes(sa, 1), _bytes(sb, 0), _bytes(sb, 1), _bytes(sb, 2),
-                                      _row_shift(sb, N)))}
+                                      _row_shift(sb, N))),
+            "mx": (((R, kx),), ((G, N, kx),),
+                   lambda sa, sb: (0, _bytes(sa, 0), _bytes(sa, 1), _bytes(sb, 0), _bytes(sb, 1), _bytes(sb, 2), 0))}
 
 
 def _variable_k_forms(G, M, N, sum_k) -> dict:
@@ -166,7 +183,9 @@ def _variable_k_forms(G, M, N, sum_k) -> dict:
                     lambda sa, sb: (*per_group(sa), 0, *per_group(sb), 0, 0)),
             "block": (((kb, M),), ((kb, nb), (kb, N)),
                       lambda sa, sb: (0, _bytes(sa, 1), _bytes(sa, 0), 0, _bytes(sb, 1), _bytes(sb, 0),
-                                      _row_shift(sb, N)))}
+                                      _row_shift(sb, N))),
+            "mx": (((M, -(-sum_k // MX_BLOCK)),), ((N, -(-sum_k // MX_BLOCK)),),
+                   lambda sa, sb: (0, _bytes(sa, 0), _bytes(sa, 1), 0, _bytes(sb, 0), _bytes(sb, 1), 0))}
 
 
 def _check_out(x, shape):
@@ -220,8 +239,8 @@ def _variant(layout, a_dtype, b_dtype, out_dtype, cfg, accumulate=False, gran="t
                 BN=cfg["BN"])
     if accumulate or out_dtype == torch.float32:   # the variants that have an ACCUM key
         want["ACCUM"] = int(accumulate)
-    if gran == "block":
-        want["GRAN"] = "block"
+    if gran in ("block", "mx"):
+        want["GRAN"] = gran
     return want if want in _FACTS.variants else None
 
 
@@ -269,7 +288,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     cfg = heuristic_config(layout, G, M, N, x.out_dtype)
     fit = [t for t in _registered_tiles(layout, x, gran) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
     if not fit:
-        block = dict(GRAN="block") if gran == "block" else {}
+        block = dict(GRAN=gran) if gran in ("block", "mx") else {}
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
                        for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")
                        and (v["FMT"] == "bf16") == (gran == "none")})
@@ -280,7 +299,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     return _choice(_call_variant(layout, x, cfg, gran), cfg, "heuristic")
 
 
-_BLOCK_NOTE = {"tensor": "", "row": "", "block": " with block scales", "none": ""}   # tensor and row share the variants
+_BLOCK_NOTE = {"tensor": "", "row": "", "block": " with block scales", "mx": " with mx scales", "none": ""}
 
 
 def _choice(variant, cfg, why) -> Choice:
@@ -297,7 +316,8 @@ def _grid(options, tiles, num_cu):
     return tiles, f"{tiles} workgroups (one per possible tile)"
 
 
-_GRAN_NOTE = {"tensor": "tensor scales", "row": "row scales", "block": "block scales", "none": "bf16 (no scales)"}
+_GRAN_NOTE = {"tensor": "tensor scales", "row": "row scales", "block": "block scales", "mx": "mx (e8m0 1x32) scales",
+              "none": "bf16 (no scales)"}
 
 
 def _plan_rows(x) -> Plan:
@@ -325,6 +345,8 @@ def _plan_rows(x) -> Plan:
         guards.check_multiple(sum_m, "sum_m (a.shape[1], trans_a)", 16, "sum_m%16")
     _check_out(x, (sum_m, N))
     gran, strides = _scale_strides(x, _rows_forms(sum_m, G, N, K))
+    if gran == "mx":   # whole 32-blocks: a block's byte also covers the elements past K
+        guards.check_multiple(K, "K", MX_BLOCK, f"K%{MX_BLOCK}")
     es, esize = x.a.element_size(), x.out_dtype.itemsize
     _check_sizes(sum_m, "sum_m", dict(a=es * (sum_m if x.trans_a else K), b=es * (K if x.trans_b else N),
                                       out=esize * N))
@@ -399,6 +421,8 @@ def _check_groups(x, plan) -> None:
         align, why = 16, "TT reads a's rows in 16-byte chunks along sum_m"
     elif layout == "TN" and plan.variant.get("GRAN") == "block":
         align, why = SCALE_BLOCK, "block scales of the wgrad are per 128 rows of sum_k (DeepGEMM's K-grouped rule)"
+    elif layout == "TN" and plan.variant.get("GRAN") == "mx":
+        align, why = MX_BLOCK, "mx scales of the wgrad are per 32 rows of sum_k"
     if align:
         bad = ((offs[:-1] % align != 0) & (lens > 0)).nonzero()
         if len(bad):
@@ -423,6 +447,7 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
     (group_offs[g] <= r < group_offs[g + 1]),
         out[r, j] = rne(fp32(sa * sb) * sum_k A[r, k] B_g[j, k])   (tensor / row scales), or
         out[r, j] = rne(acc), acc += fp32(sum over 128-block kb) * fp32(sa[r, kb] * sb[j, kb])   (block),
+        out[r, j] = rne(acc), acc += fp32(sum over 128-chunk of A B 2^(ea + eb - 254), ea / eb per 32)   (mx),
     fp32 accumulation, and with accumulate=True rne(that + fp32(out[r, j])) (one rounding):
       trans_a  trans_b  layout  A                      B_g
       False    True     NT      a [sum_m, K]           b [G, N, K]  (forward; DeepGEMM fp8_gemm_nt with G = 1)
@@ -437,7 +462,10 @@ def grouped_gemm_fp8_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
       row:    a_scale [R] (per out row, i.e. per token), b_scale [G, N] (per group and out column);
       block:  a_scale [R, ceil(K/128)] (1x128), b_scale [G, ceil(N/128), ceil(K/128)] (128x128) or
               [G, N, ceil(K/128)] (one per column); e4m3 only.
-    granularity: None (from the shapes) or "tensor" / "row" / "block" (must fit the shapes).
+      mx:     a_scale [R, K/32], b_scale [G, N, K/32], e8m0 (torch.uint8 or float8_e8m0fnu), one
+              per 32 contraction elements, applied by the scaled MFMA (MXFP8); K % 32 == 0.
+    granularity: None (from the shapes; mx from the e8m0 dtype) or "tensor" / "row" / "block" /
+    "mx" (must fit the shapes and dtype).
     group_lens: int64 [G] (>= 0, summing to at most sum_m: rows past the sum are a padded tail,
     as of an over-allocated activation buffer, never read, their out rows 0 (accumulate: out's
     value + 0)); group_offs: int64 [G + 1] = [0, cumsum(group_lens)] (computed when None).
@@ -465,6 +493,7 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     DeepGEMM's fp8_gemm_tn, out [1, M, N]):
         out[g] = rne(fp32(sa * sb) * a_g^T b_g)   (tensor / row scales), or
         out[g] = rne(acc), acc += fp32(128-row block sum) * fp32(sa * sb of that block)   (block),
+        out[g] = rne(acc), acc += fp32(128-row chunk's sum of a b 2^(ea + eb - 254), per 32 rows)   (mx),
     a_g / b_g the rows of group g, fp32 accumulation in 128-row chunks from the group's first
     row; an empty group gives zeros (accumulate: out[g] + 0).
 
@@ -477,9 +506,11 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
       block:  a_scale [ceil(sum_k/128), M], b_scale [ceil(sum_k/128), N] (one per column,
               DeepGEMM's K-grouped wgrad) or [ceil(sum_k/128), ceil(N/128)] (128x128); block kb
               covers rows 128 kb .. 128 kb + 127 of sum_k, so every non-empty group must start on a
-              multiple of 128 (checked with the groups); e4m3 only.
+              multiple of 128 (checked with the groups); e4m3 only;
+      mx:     a_scale [M, ceil(sum_k/32)], b_scale [N, ceil(sum_k/32)], e8m0, per 32 rows of sum_k
+              (global blocks: every non-empty group starts on a multiple of 32).
     granularity: None (from the shapes; [G, X] and [ceil(sum_k/128), X] scales with
-    G = ceil(sum_k/128) need it) or "tensor" / "row" / "block".
+    G = ceil(sum_k/128) need it) or "tensor" / "row" / "block" / "mx" (from the e8m0 dtype).
     group_lens int64 [G] summing to at most sum_k (rows past the sum: a padded tail, never read);
     group_offs int64 [G + 1] (computed when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype
     (torch.bfloat16, torch.float16 or torch.float32). accumulate: out += the product (beta = 1,
@@ -653,7 +684,8 @@ def _quant_config(config, format):
     granularity = name(getattr(config, "granularity", "tensorwise"))
     if granularity not in TRAIN_GRANULARITIES:
         guards.fail("granularity", f"config.granularity = {granularity.upper()}: grouped_gemm_fp8 quantises "
-                                   f"{', '.join(g.upper() for g in TRAIN_GRANULARITIES)} (no MX grouped kernel here)")
+                                   f"{', '.join(g.upper() for g in TRAIN_GRANULARITIES)} (MX_BLOCKWISE: the kernel ops "
+                                   f"take e8m0 scales quantised by the caller)")
     block = getattr(config, "block_size", None)
     if granularity == "blockwise" and block != SCALE_BLOCK:
         guards.fail("block_size", f"config.block_size = {block!r}: BLOCKWISE scales are {SCALE_BLOCK}-wide here")

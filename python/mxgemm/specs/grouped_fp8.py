@@ -49,18 +49,23 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
     lens = torch.full((G,), m, dtype=torch.int64, device=inp.device)
     operand = (lambda *s: _bf16(inp, *s)) if v["FMT"] == "bf16" else inp.fp8
     if v["LAYOUT"] == "TN":
-        sa, sb = _scales(v, inp, (-(-G * m // 128), N), (-(-G * m // 128), -(-K // 128)))
+        sa, sb = _scales(v, inp, (-(-G * m // 128), N), (-(-G * m // 128), -(-K // 128)),
+                         ((N, -(-G * m // 32)), (K, -(-G * m // 32))))
         return _call(v, False, operand(G * m, N), sa, operand(G * m, K), sb, lens, **_out_kw(v, (G, N, K)))
     a = operand(K, G * m) if v["LAYOUT"] == "TT" else operand(G * m, K)
     b = operand(G, K, N) if v["LAYOUT"] == "NN" else operand(G, N, K)
-    sa, sb = _scales(v, inp, (G * m, -(-K // 128)), (G, -(-N // 128), -(-K // 128)))
+    sa, sb = _scales(v, inp, (G * m, -(-K // 128)), (G, -(-N // 128), -(-K // 128)),
+                     ((G * m, -(-K // 32)), (G, N, -(-K // 32))))
     out = _out_kw(v, (G * m, N))
     out["kw"].update(trans_b=v["LAYOUT"] != "NN", trans_a=v["LAYOUT"] == "TT")
     return _call(v, True, a, sa, b, sb, lens, **out)
 
 
-def _scales(v, inp: Inputs, a_shape, b_shape):
-    """Ones: one each (tensorwise) or block scales of these shapes (GRAN=block)."""
+def _scales(v, inp: Inputs, a_shape, b_shape, mx_shapes):
+    """Ones: one each (tensorwise), block scales of these shapes (GRAN=block) or e8m0 bytes of the
+    mx shapes (a's, b's; GRAN=mx)."""
+    if v.get("GRAN") == "mx":
+        return tuple(torch.full(s, 127, dtype=torch.uint8, device=inp.device) for s in mx_shapes)
     if v.get("GRAN") == "block":
         return torch.ones(a_shape, device=inp.device), torch.ones(b_shape, device=inp.device)
     return _one(inp), _one(inp)
@@ -113,8 +118,8 @@ def race(kernel, v) -> list:
     bm, bn = v["BM"], v["BN"]
     inp = Inputs("data")
     if v["LAYOUT"] == "TN":
-        lens = torch.tensor([128, 5] if v.get("GRAN") == "block" else [130, 3])
-        sa, sb = _scales(v, inp, (2, bm), (2, -(-bn // 128)))
+        lens = torch.tensor([128, 5] if v.get("GRAN") in ("block", "mx") else [130, 3])
+        sa, sb = _scales(v, inp, (2, bm), (2, -(-bn // 128)), ((bm, 5), (bn, 5)))
         return [_call(v, False, qa(133, bm), sa, qb(133, bn), sb, lens, **_out_kw(v, (2, bm, bn)))]
     d, K = 16 if v["LAYOUT"] == "TT" else 2, 384
     lens = torch.tensor([bm + d] + [0] * 7 + [bm - d])
@@ -123,10 +128,10 @@ def race(kernel, v) -> list:
                      config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
     a = qa(K, 2 * bm) if v["LAYOUT"] == "TT" else qa(2 * bm, K)
     b = qb(9, K, bn) if v["LAYOUT"] == "NN" else qb(9, bn, K)
-    sa, sb = _scales(v, inp, (2 * bm, 3), (9, -(-bn // 128), 3))
+    sa, sb = _scales(v, inp, (2 * bm, 3), (9, -(-bn // 128), 3), ((2 * bm, 12), (9, bn, 12)))
     tail_out = _out_kw(v, (2 * bm, bn))
     tail_out["kw"].update({k: out["kw"][k] for k in ("trans_b", "trans_a", "num_cu", "config")})
-    sa0, sb0 = _scales(v, inp, (2 * bm, 3), (0, -(-bn // 128), 3))
+    sa0, sb0 = _scales(v, inp, (2 * bm, 3), (0, -(-bn // 128), 3), ((2 * bm, 12), (0, bn, 12)))
     return [_call(v, True, a, sa, b, sb, lens, **out), _call(v, True, a, sa0, b[:0], sb0, lens[:0], **tail_out)]
 
 

@@ -213,8 +213,14 @@ CATALOGUE = (
         (GROUPED_FP8, 'zero if gran == "block" else acc[t]', "acc[t]"),),
         "block scales multiply the MFMA's running sum (C = acc), not each block's exact partial from C = 0"),
     Mutation("grouped-fp8-tn-block-index-per-group", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "arith.divui(s, b.c(BK))", "b.c(0)"),),
+        (GROUPED_FP8, "arith.divui(s, b.c(kb_len))", "b.c(0)"),),
         "variable-K block scales: the 128-row block index restarts at each group instead of (offs[g] + c) / 128"),
+    Mutation("grouped-mx-scales-swapped", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, 'scales = (sb[j], sa[i]) if gran == "mx"', 'scales = (sa[i], sb[j]) if gran == "mx"'),),
+        "mx: a's e8m0 scales fed to the MFMA as b's and b's as a's"),
+    Mutation("grouped-mx-first-block-only", ("grouped_gemm_fp8",), (
+        (GROUPED_FP8, "kb = kb0 + lane // 16", "kb = kb0 + 0 * lane"),),
+        "mx: every lane feeds the scale of the step's first 32-block, not block lane / 16"),
     Mutation("grouped-bf16-chunks-out-of-order", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "            for h in range(2):\n", "            for h in (1, 0):\n"),),
         "bf16: each step's second 32-wide chunk is accumulated before its first (summation order)"),
