@@ -182,6 +182,87 @@ def _init(shape, out_dtype, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(out_dtype)
 
 
+# ---- MX scales (GRAN=mx: e8m0 per 32 contraction elements, applied by the scaled MFMA) ----
+# a_scale [R, K/32] and b_scale [G, N, K/32] (TN: [M, sum_k/32] and [N, sum_k/32], groups on
+# multiples of 32), uint8; rows with scales 2^-8 .. 2^8 apart, so a scale read for the wrong row
+# or block changes the bits. The padded tail's scales hold 0xFF (NaN) and are never applied.
+def mx_case(layout, fmt, lens, n, k, seed, tail=0):
+    from mxgemm.quant import quantize_mx
+    g = torch.Generator().manual_seed(seed)
+
+    def q(rows, cols):   # (payload [rows, cols], e8m0 [rows, cols / 32]) of rows with spread magnitudes
+        x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-8, 9, (rows, 1), generator=g).float())
+        return quantize_mx(x, fmt)
+    G, rows = len(lens), sum(lens) + tail
+    offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
+    if layout == "TN":   # a [rows, n], b [rows, k]: quantised along the contraction (rows)
+        (a, sa), (b, sb) = q(n, rows), q(k, rows)
+        return dict(a=a.T.contiguous(), a_scale=sa, b=b.T.contiguous(), b_scale=sb, group_offs=offs, lens=lens)
+    a, sa = q(rows, k)
+    b, sb = q(G * n, k)
+    b, sb = b.reshape(G, n, k), sb.reshape(G, n, k // 32)
+    sa[sum(lens):] = 0xFF
+    return dict(a=a.T.contiguous() if layout == "TT" else a, a_scale=sa,
+                b=b.transpose(1, 2).contiguous() if layout == "NN" else b, b_scale=sb, group_offs=offs, lens=lens)
+
+
+# (layout, fmt, out, accumulate, group sizes, N, K, tail); TN: sizes along the contraction
+MX_CASES = [
+    ("NT", "e4m3", "bf16", False, [40, 0, 77], 80, 160, 9),
+    ("NN", "e4m3", "f32", True, [3, 70, 0], 48, 96, 0),
+    ("TT", "e4m3", "f32", False, [16, 0, 80], 64, 224, 16),
+    ("TT", "e4m3", "bf16", False, [32, 48], 48, 96, 0),
+    ("NT", "e4m3", "f32", True, [65, 12], 64, 288, 0),
+    ("TN", "e4m3", "bf16", False, [64, 0, 96, 37], 48, 80, 27),
+    ("TN", "e4m3", "f32", True, [32, 0, 70], 80, 48, 26),
+    ("TN", "e4m3", "f32", False, [160, 3], 64, 64, 29),
+    ("NT", "e5m2", "bf16", False, [17, 50], 64, 128, 0),
+    ("TN", "e5m2", "bf16", False, [96, 33], 48, 64, 31),
+]
+
+
+@pytest.mark.parametrize("case", MX_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}{'-acc' if c[3] else ''}-G{len(c[4])}"
+                                                for c in MX_CASES])
+def test_mx_bit_exact_vs_reference(case):
+    layout, fmt, out_t, accumulate, lens, n, k, tail = case
+    c = mx_case(layout, fmt, lens, n, k, seed=n + k + len(lens), tail=tail)
+    out_dtype = OUT[out_t]
+    shape = (len(lens), n, k) if layout == "TN" else (sum(lens) + tail, n)
+    init = _init(shape, out_dtype, 4) if accumulate else None
+    out = run_op(layout, c, out_dtype, init=init)
+    ref = scaled_reference(layout, c, out_dtype, init)
+    assert ref.float().abs().max() > 0 and not ref.float().isnan().any()
+    metrics.assert_bitwise_equal(out, ref, f"{layout} mx {fmt} {out_t}")
+    # the scales matter: the same payloads with every scale 1.0 give other bits
+    ones = dict(c, a_scale=torch.full_like(c["a_scale"], 127), b_scale=torch.full_like(c["b_scale"], 127))
+    assert not torch.equal(scaled_reference(layout, ones, out_dtype, init), ref)
+
+
+def test_mx_hardware_tile_bit_exact():
+    c = mx_case("NT", "e4m3", [130, 0, 77], 144, 256, seed=31)
+    out = run_op("NT", c, torch.bfloat16, config="BM=128,BN=128,GROUP_M=2,PERSISTENT=0")
+    metrics.assert_bitwise_equal(out, scaled_reference("NT", c, torch.bfloat16), "NT mx 128 x 128")
+
+
+def test_mx_guards():
+    import mxgemm
+    from mxgemm import guards
+    c = mx_case("TN", "e4m3", [40, 24], 48, 64, seed=1)
+    lens = torch.tensor([40, 24])
+    with pytest.raises(guards.GuardError, match=r"\[group_offs\] group 1 starts at row 40, not a multiple of 32"):
+        mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"], lens)
+    with pytest.raises(guards.GuardError, match=r"\[dtype\] a_scale is torch.uint8 and b_scale torch.float32"):
+        mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"].float(), lens)
+    with pytest.raises(guards.GuardError, match=r"\[dtype\] granularity = 'block' with a_scale torch.uint8"):
+        mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"], lens, granularity="block")
+    r = mx_case("NT", "e4m3", [40, 24], 48, 64, seed=2)
+    with pytest.raises(guards.GuardError, match=r"\[K%32\] K = 48 must be a multiple of 32"):
+        mxgemm.grouped_gemm_fp8_kernel(r["a"][:, :48].contiguous(), r["a_scale"][:, :2].contiguous(),
+                                       r["b"][:, :, :48].contiguous(), r["b_scale"][:, :, :2].contiguous(), lens)
+    with pytest.raises(guards.GuardError, match=r"\[scale-shape\] a_scale \[64, 1\] and b_scale \[2, 48, 2\]"):
+        mxgemm.grouped_gemm_fp8_kernel(r["a"], r["a_scale"][:, :1].contiguous(), r["b"], r["b_scale"], lens)
+
+
 # (layout, granularity, out, accumulate, group sizes, N, K, options); TN: sizes along the contraction,
 # (N, K) the output's [rows, columns]. K off 128 where allowed (NT / NN / TT; TN's last group);
 # TT's groups start on multiples of 16. Block cases first: a seeded bug there fails before the
@@ -502,83 +583,3 @@ def test_wgrad_out_beyond_4gb_window():
     tile = dict(c, a=c["a"][:, i0:].contiguous(), b=c["b"][:, i0:].contiguous())
     metrics.assert_bitwise_equal(got, reference_out("TN", tile, torch.bfloat16)[1], "TN out beyond 4 GB")
 
-
-# ---- MX scales (GRAN=mx: e8m0 per 32 contraction elements, applied by the scaled MFMA) ----
-# a_scale [R, K/32] and b_scale [G, N, K/32] (TN: [M, sum_k/32] and [N, sum_k/32], groups on
-# multiples of 32), uint8; rows with scales 2^-8 .. 2^8 apart, so a scale read for the wrong row
-# or block changes the bits. The padded tail's scales hold 0xFF (NaN) and are never applied.
-def mx_case(layout, fmt, lens, n, k, seed, tail=0):
-    from mxgemm.quant import quantize_mx
-    g = torch.Generator().manual_seed(seed)
-
-    def q(rows, cols):   # (payload [rows, cols], e8m0 [rows, cols / 32]) of rows with spread magnitudes
-        x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-8, 9, (rows, 1), generator=g).float())
-        return quantize_mx(x, fmt)
-    G, rows = len(lens), sum(lens) + tail
-    offs = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
-    if layout == "TN":   # a [rows, n], b [rows, k]: quantised along the contraction (rows)
-        (a, sa), (b, sb) = q(n, rows), q(k, rows)
-        return dict(a=a.T.contiguous(), a_scale=sa, b=b.T.contiguous(), b_scale=sb, group_offs=offs, lens=lens)
-    a, sa = q(rows, k)
-    b, sb = q(G * n, k)
-    b, sb = b.reshape(G, n, k), sb.reshape(G, n, k // 32)
-    sa[sum(lens):] = 0xFF
-    return dict(a=a.T.contiguous() if layout == "TT" else a, a_scale=sa,
-                b=b.transpose(1, 2).contiguous() if layout == "NN" else b, b_scale=sb, group_offs=offs, lens=lens)
-
-
-# (layout, fmt, out, accumulate, group sizes, N, K, tail); TN: sizes along the contraction
-MX_CASES = [
-    ("NT", "e4m3", "bf16", False, [40, 0, 77], 80, 160, 9),
-    ("NN", "e4m3", "f32", True, [3, 70, 0], 48, 96, 0),
-    ("TT", "e4m3", "f32", False, [16, 0, 80], 64, 224, 16),
-    ("TT", "e4m3", "bf16", False, [32, 48], 48, 96, 0),
-    ("NT", "e4m3", "f32", True, [65, 12], 64, 288, 0),
-    ("TN", "e4m3", "bf16", False, [64, 0, 96, 37], 48, 80, 27),
-    ("TN", "e4m3", "f32", True, [32, 0, 70], 80, 48, 26),
-    ("TN", "e4m3", "f32", False, [160, 3], 64, 64, 29),
-    ("NT", "e5m2", "bf16", False, [17, 50], 64, 128, 0),
-    ("TN", "e5m2", "bf16", False, [96, 33], 48, 64, 31),
-]
-
-
-@pytest.mark.parametrize("case", MX_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}{'-acc' if c[3] else ''}-G{len(c[4])}"
-                                                for c in MX_CASES])
-def test_mx_bit_exact_vs_reference(case):
-    layout, fmt, out_t, accumulate, lens, n, k, tail = case
-    c = mx_case(layout, fmt, lens, n, k, seed=n + k + len(lens), tail=tail)
-    out_dtype = OUT[out_t]
-    shape = (len(lens), n, k) if layout == "TN" else (sum(lens) + tail, n)
-    init = _init(shape, out_dtype, 4) if accumulate else None
-    out = run_op(layout, c, out_dtype, init=init)
-    ref = scaled_reference(layout, c, out_dtype, init)
-    assert ref.float().abs().max() > 0 and not ref.float().isnan().any()
-    metrics.assert_bitwise_equal(out, ref, f"{layout} mx {fmt} {out_t}")
-    # the scales matter: the same payloads with every scale 1.0 give other bits
-    ones = dict(c, a_scale=torch.full_like(c["a_scale"], 127), b_scale=torch.full_like(c["b_scale"], 127))
-    assert not torch.equal(scaled_reference(layout, ones, out_dtype, init), ref)
-
-
-def test_mx_hardware_tile_bit_exact():
-    c = mx_case("NT", "e4m3", [130, 0, 77], 144, 256, seed=31)
-    out = run_op("NT", c, torch.bfloat16, config="BM=128,BN=128,GROUP_M=2,PERSISTENT=0")
-    metrics.assert_bitwise_equal(out, scaled_reference("NT", c, torch.bfloat16), "NT mx 128 x 128")
-
-
-def test_mx_guards():
-    import mxgemm
-    from mxgemm import guards
-    c = mx_case("TN", "e4m3", [40, 24], 48, 64, seed=1)
-    lens = torch.tensor([40, 24])
-    with pytest.raises(guards.GuardError, match=r"\[group_offs\] group 1 starts at row 40, not a multiple of 32"):
-        mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"], lens)
-    with pytest.raises(guards.GuardError, match=r"\[dtype\] a_scale is torch.uint8 and b_scale torch.float32"):
-        mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"].float(), lens)
-    with pytest.raises(guards.GuardError, match=r"\[dtype\] granularity = 'block' with a_scale torch.uint8"):
-        mxgemm.grouped_gemm_fp8_variable_k(c["a"], c["a_scale"], c["b"], c["b_scale"], lens, granularity="block")
-    r = mx_case("NT", "e4m3", [40, 24], 48, 64, seed=2)
-    with pytest.raises(guards.GuardError, match=r"\[K%32\] K = 48 must be a multiple of 32"):
-        mxgemm.grouped_gemm_fp8_kernel(r["a"][:, :48].contiguous(), r["a_scale"][:, :2].contiguous(),
-                                       r["b"][:, :, :48].contiguous(), r["b_scale"][:, :, :2].contiguous(), lens)
-    with pytest.raises(guards.GuardError, match=r"\[scale-shape\] a_scale \[64, 1\] and b_scale \[2, 48, 2\]"):
-        mxgemm.grouped_gemm_fp8_kernel(r["a"], r["a_scale"][:, :1].contiguous(), r["b"], r["b_scale"], lens)
