@@ -94,8 +94,7 @@ STILL_UNSUPPORTED = {
         "f32_16x16x128_bf8_bf8", "f32_16x16x128_bf8_fp8", "f32_16x16x128_fp8_bf8", "f32_16x16x128_fp8_fp8",
         "f32_16x16x64_bf16", "f32_16x16x64_f16", "f32_32x32x32_bf16", "f32_32x32x32_f16", "f32_32x32x64_bf8_bf8",
         "f32_32x32x64_bf8_fp8", "f32_32x32x64_fp8_bf8", "f32_32x32x64_fp8_fp8", "i32_16x16x128_i8", "i32_32x32x64_i8")},
-    "gfx1250": {"cluster_load_b128", "cluster_load_b32", "cluster_load_b64", "ds_append", "ds_condxchg32_rtn_b64",
-                "ds_consume", "global_load_block", "global_store_addtid_b32", "s_add_pc_i64", "s_barrier_signal",
+    "gfx1250": {"cluster_load_b128", "cluster_load_b32", "cluster_load_b64", "ds_condxchg32_rtn_b64", "global_load_block", "global_store_addtid_b32", "s_add_pc_i64", "s_barrier_signal",
                 "s_barrier_wait", "s_get_barrier_state", "s_get_shader_cycles_u64", "s_monitor_sleep", "s_rfe_i64",
                 "s_sendmsg_rtn_b32", "s_sendmsg_rtn_b64", "s_set_pc_i64", "s_setpc_b64", "s_swap_pc_i64"},
 }

@@ -1,4 +1,4 @@
-"""gfx1250 handlers added for coverage: DS and flat / global atomics, PC instructions,
+"""gfx1250 handlers added for coverage: DS and flat / global atomics, ds_append / ds_consume, PC instructions,
 s_wait_asynccnt, v_tanh / bf16 transcendentals, v_pk_add_{min,max}_{i16,u16}, and the
 16x16x64 fp8 / 16x16x4 f32 WMMAs. Expected values are worked out here from the ISA's rules
 (inc wraps to 0 when old >= src; dec reloads src when old is 0 or above src; cmpstore / cmpswap
@@ -108,6 +108,27 @@ def test_ds_cmpstore_b32_operand_order():
     out = run(A, body, {3: L * 4, 4: init, 5: 0xBEEF, 6: cmp}, [10, 11], lds=4 * N)
     np.testing.assert_array_equal(out[10], init)
     np.testing.assert_array_equal(out[11], np.where(L % 2 == 0, 0xBEEF, init))
+
+
+def test_ds_append_consume_count_active_lanes_once_per_wave():
+    """The dword at the offset gains (append) / loses (consume) the number of active lanes; every
+    active lane gets the value before, inactive lanes keep their register."""
+    body = """v_mov_b32 v3, 0
+  v_mov_b32 v4, 10
+  ds_store_b32 v3, v4 offset:8
+  s_wait_dscnt 0
+  ds_append v10 offset:8
+  s_wait_dscnt 0
+  s_mov_b32 exec_lo, 0xff
+  ds_consume v11 offset:8
+  s_wait_dscnt 0
+  s_mov_b32 exec_lo, -1
+  ds_load_b32 v12, v3 offset:8
+  s_wait_dscnt 0"""
+    out = run(A, body, {11: 777}, [10, 11, 12], lds=64)
+    assert set(out[10].tolist()) == {10}                               # 10 before; 10 + 32 after
+    assert out[11].tolist() == [42] * 8 + [777] * 24                    # 42 before the consume of 8
+    assert set(out[12].tolist()) == {34}
 
 
 # ---- flat / global atomics ----------------------------------------------------------------------

@@ -551,6 +551,28 @@ def _ds_atomic(ins):
     return run
 
 
+@handler("ds_append", "ds_consume", per_wave=True)
+def _ds_append(ins):
+    """Add (append) or subtract (consume) the number of active lanes to the dword of LDS at the
+    instruction offset, once for the wave; every active lane gets the value before [CDNA4 ISA
+    DS_APPEND / DS_CONSUME: LDS address instr_offset, the pre-operation value to VGPRs]."""
+    off = ins.mods.get("offset", 0) & ~3
+    put, keys = R.dst(ins, 0, "u32"), R.reg_keys(ins, 0)
+    sign = 1 if ins.base == "ds_append" else -1
+
+    def run(w):
+        lanes = np.flatnonzero(w.mask)
+        if lanes.size == 0:
+            return
+        a = int(lds.addresses(w, np.full(w.n, off, np.int64), 4)[lanes[0]])   # inactive lanes point elsewhere
+        cell = w.wg.lds[a:a + 4].view(u32)
+        old = u32(cell[0])
+        cell[0] = u32((int(old) + sign * int(w.mask.sum())) & 0xFFFFFFFF)
+        put(w, np.full(w.n, old, u32))
+        race.track_load(w, ins, "lgkm", keys)
+    return run
+
+
 def _swizzle_offset(v):
     """Decode ds_swizzle offset: an int or LLVM's swizzle(...) macro [ISA §11.3 DS_SWIZZLE]."""
     if isinstance(v, int):
