@@ -230,16 +230,12 @@ def blockwise_cast_to_fp8(x: torch.Tensor, block: tuple = (1, 128), fmt: str = "
     return _cast_blocks(x, bm, bk, False, fmt)
 
 
-def segment_cast_to_fp8(x: torch.Tensor, group_offs: torch.Tensor, block: int = 128, fmt: str = "e4m3"):
-    """Column-wise block scales over row groups: x [R, C] with groups of rows
-    group_offs[g] .. group_offs[g + 1] -> (q [P, C], sf fp32 [P / block, C], padded_offs int64
-    [G + 1]): each group's rows copied to a segment starting on a multiple of ``block`` (zero
-    rows after it), one scale per ``block`` rows of a segment and column. P is an upper bound
-    known without reading group_offs (no device sync): R + G (block - 1) rounded up to block.
-    Rows outside every group are dropped. This is the operand layout of the variable-K GEMM
-    with block scales (its groups start on multiples of 128)."""
+def _segments(x: torch.Tensor, group_offs: torch.Tensor, block: int):
+    """(xp [P, C], padded_offs int64 [G + 1]): x's row groups copied to segments starting on
+    multiples of ``block`` (zero rows after each), P = R + G (block - 1) rounded up to block (an
+    upper bound known without reading group_offs: no device sync); rows outside every group are
+    dropped."""
     _check_matrix(x)
-    _check_fmt(fmt, F.TORCH_DTYPES)
     _check_block(block, "block")
     offs = group_offs.to(device=x.device, dtype=torch.int64)
     lens = offs[1:] - offs[:-1]
@@ -253,8 +249,30 @@ def segment_cast_to_fp8(x: torch.Tensor, group_offs: torch.Tensor, block: int = 
     xp = x.new_zeros(P, C)
     if G:
         xp[(rows - offs[g] + padded[g])[inside]] = x[inside]
+    return xp, padded
+
+
+def segment_cast_to_fp8(x: torch.Tensor, group_offs: torch.Tensor, block: int = 128, fmt: str = "e4m3"):
+    """Column-wise block scales over row groups: x [R, C] with groups of rows
+    group_offs[g] .. group_offs[g + 1] -> (q [P, C], sf fp32 [P / block, C], padded_offs int64
+    [G + 1]): each group's rows in a segment starting on a multiple of ``block`` (_segments), one
+    scale per ``block`` rows of a segment and column. This is the operand layout of the variable-K
+    GEMM with block scales (its groups start on multiples of 128)."""
+    _check_fmt(fmt, F.TORCH_DTYPES)
+    xp, padded = _segments(x, group_offs, block)
     q, sf = _cast_blocks(xp.t(), 1, block, False, fmt)
     return q.t().contiguous(), sf.t().contiguous(), padded
+
+
+def segment_quantize_mx(x: torch.Tensor, group_offs: torch.Tensor, fmt: str = "e4m3"):
+    """MX scales along the rows of each row group: x [R, C] -> (payload [P, C], e8m0 scales
+    [C, P / 32], padded_offs int64 [G + 1]): the segments of _segments (32-row aligned), each
+    column's 32-row blocks quantised as quantize_mx (floor). The operand layout of the variable-K
+    GEMM with mx scales (its groups start on multiples of 32)."""
+    _check_fmt(fmt, F.TORCH_DTYPES)
+    xp, padded = _segments(x, group_offs, MX_BLOCK)
+    q, sc = quantize_mx(xp.t(), fmt)
+    return q.t().contiguous(), sc, padded
 
 
 def dequantize_fp8_blocks(q: torch.Tensor, sf: torch.Tensor, bm: int, bk: int) -> torch.Tensor:

@@ -573,7 +573,7 @@ def grouped_gemm_bf16_variable_k(a: torch.Tensor, b: torch.Tensor, group_lens: t
     """
 
 FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}  # (a and b, grad_out)
-TRAIN_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")   # Primus-Turbo's names
+TRAIN_GRANULARITIES = ("tensorwise", "rowwise", "blockwise", "mx_blockwise")   # Primus-Turbo's names
 
 
 def _colwise(t, fmt):
@@ -602,8 +602,17 @@ def _quantise_forward(a, b, group_offs, trans_b, fmt, granularity):
     tensorwise: one scale per tensor, reused by every GEMM; rowwise: a per row and b per output
     column along K for the forward, b along N (the dgrad's contraction) and a per column for the
     wgrad; blockwise: a 1x128 and b 128x128 (the dgrad reads the same blocks transposed), a in
-    128-row column blocks of each group's own padded segment for the wgrad. A pre-quantised
-    operand's buffers serve the forward (and the tensorwise backward) as they are."""
+    128-row column blocks of each group's own padded segment for the wgrad; mx_blockwise: e8m0
+    scales per 32 contraction elements of every operand, re-quantised along each GEMM's own
+    contraction (b along N for the dgrad, a in 32-row blocks of each group's padded segment for
+    the wgrad). A pre-quantised operand's buffers serve the forward (and the tensorwise backward)
+    as they are."""
+    if granularity == "mx_blockwise":
+        aq, sa = quant.quantize_mx(a, fmt)                                               # [M, K/32]
+        bq, sb = _mx_along(b, fmt, -1 if trans_b else -2)                                  # sb [G, N, K/32]
+        b_dgrad = _mx_along(b, fmt, -2 if trans_b else -1)                                # scales [G, K, N/32]
+        a_seg, sa_seg, seg_offs = quant.segment_quantize_mx(a, group_offs, fmt)
+        return (aq, sa, bq, sb), dict(b=b_dgrad, a=(a_seg, sa_seg), seg_offs=seg_offs)
     if granularity == "tensorwise":
         (aq, sa), (bq, sb) = (_quantised(t, fmt, quant.tensorwise_cast_to_fp8) for t in (a, b))
         return (aq, sa, bq, sb), dict(b=(bq, sb), a=(aq, sa))
@@ -620,7 +629,16 @@ def _quantise_forward(a, b, group_offs, trans_b, fmt, granularity):
     return (aq, sa, bq, sb), dict(b=(bq, sb.transpose(1, 2)), a=(a_seg, sa_seg), seg_offs=seg_offs)
 
 
-_KERNEL_GRANULARITY = {"tensorwise": "tensor", "rowwise": "row", "blockwise": "block"}
+_KERNEL_GRANULARITY = {"tensorwise": "tensor", "rowwise": "row", "blockwise": "block", "mx_blockwise": "mx"}
+
+
+def _mx_along(b, fmt, axis):
+    """(b's payload in b's layout, e8m0 scales [G, other dim, dim / 32]): b [G, X, Y] quantised in
+    32-blocks along ``axis`` (-1: Y, -2: X)."""
+    if axis == -1:
+        return quant.quantize_mx(b, fmt)
+    q, sc = quant.quantize_mx(b.mT, fmt)
+    return q.mT.contiguous(), sc
 
 
 class _Fp8GroupedGemm(torch.autograd.Function):
@@ -652,9 +670,12 @@ class _Fp8GroupedGemm(torch.autograd.Function):
             (gq, sg), (gq_w, sg_w) = (quant.tensorwise_cast_to_fp8(go, fmt),) * 2
         elif gran == "rowwise":
             (gq, sg), (gq_w, sg_w) = quant.rowwise_cast_to_fp8(go, fmt), _colwise(go, fmt)
-        else:
+        elif gran == "blockwise":
             (gq, sg) = quant.blockwise_cast_to_fp8(go, (1, SCALE_BLOCK), fmt)
             gq_w, sg_w, _ = quant.segment_cast_to_fp8(go, offs, SCALE_BLOCK, fmt)
+        else:
+            (gq, sg), (gq_w, sg_w, _) = quant.quantize_mx(go, fmt), quant.segment_quantize_mx(go, offs, fmt)
+        if seg_offs is not None:
             w_lens, w_offs = seg_offs[1:] - seg_offs[:-1], seg_offs     # the wgrad runs on the padded segments
         # the groups were checked (or vouched for) by the forward
         grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu,
@@ -684,16 +705,20 @@ def _quant_config(config, format):
     granularity = name(getattr(config, "granularity", "tensorwise"))
     if granularity not in TRAIN_GRANULARITIES:
         guards.fail("granularity", f"config.granularity = {granularity.upper()}: grouped_gemm_fp8 quantises "
-                                   f"{', '.join(g.upper() for g in TRAIN_GRANULARITIES)} (MX_BLOCKWISE: the kernel ops "
-                                   f"take e8m0 scales quantised by the caller)")
+                                   f"{', '.join(g.upper() for g in TRAIN_GRANULARITIES)}")
     block = getattr(config, "block_size", None)
-    if granularity == "blockwise" and block != SCALE_BLOCK:
-        guards.fail("block_size", f"config.block_size = {block!r}: BLOCKWISE scales are {SCALE_BLOCK}-wide here")
-    if granularity == "blockwise" and fmt != "e4m3":
-        guards.fail("format", f"config.format = {fmt.upper()} with BLOCKWISE: the block-scale kernels are e4m3")
-    if name(getattr(config, "scale_dtype", "fp32")) not in ("fp32", "float32"):
-        guards.fail("scale_dtype", f"config.scale_dtype = {name(config.scale_dtype).upper()}: the scales here "
-                                   "are fp32")
+    want_block, scale_dtypes = {"blockwise": (SCALE_BLOCK, ("fp32", "float32")),
+                                "mx_blockwise": (MX_BLOCK, ("e8m0",))}.get(granularity, (block, ("fp32", "float32")))
+    if block != want_block:
+        guards.fail("block_size", f"config.block_size = {block!r}: {granularity.upper()} scales are "
+                                  f"{want_block}-wide here")
+    if granularity in ("blockwise", "mx_blockwise") and fmt != "e4m3":
+        guards.fail("format", f"config.format = {fmt.upper()} with {granularity.upper()}: its training kernels "
+                              "(every layout) are e4m3")
+    scale_dtype = name(getattr(config, "scale_dtype", scale_dtypes[0]))
+    if scale_dtype not in scale_dtypes:
+        guards.fail("scale_dtype", f"config.scale_dtype = {scale_dtype.upper()}: {granularity.upper()} scales here "
+                                   f"are {scale_dtypes[0].upper()}")
     return fmt, granularity
 
 
@@ -710,6 +735,9 @@ def _check_operand(t, name: str, fmt: str, granularity: str, block, axis) -> Non
     outer shape."""
     if _is_pre_quantised(t):
         got = str(getattr(t.granularity, "name", t.granularity)).lower()
+        if granularity == "mx_blockwise":
+            guards.fail("type", f"{name} is pre-quantised: MX_BLOCKWISE quantises its operands itself here (each "
+                                "GEMM along its own contraction)")
         if granularity == "blockwise" and name == "a":
             guards.fail("type", "a is pre-quantised: BLOCKWISE quantises the activation itself (row blocks for the "
                                 "forward, segment-padded column blocks for the wgrad), as Primus-Turbo does")
@@ -742,8 +770,10 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     a, b: bf16, fp16 or fp32 (one dtype), quantised on every call in the format and granularity
     of ``config`` (Primus-Turbo's Float8QuantConfig: format E4M3 / E5M2 / HYBRID; granularity
     TENSORWISE, ROWWISE (a per row, b per output column; the backward re-quantises along the
-    other axes) or BLOCKWISE with block_size 128 (a 1x128, b 128x128, the wgrad's operands in
-    128-row column blocks of each group; E4M3, bf16 or fp32 out); scale_dtype FP32), or of
+    other axes), BLOCKWISE with block_size 128 (a 1x128, b 128x128, the wgrad's operands in
+    128-row column blocks of each group; E4M3, bf16 or fp32 out) with scale_dtype FP32, or
+    MX_BLOCKWISE with block_size 32 and scale_dtype E8M0 (MXFP8: e8m0 scales per 32 elements of
+    each GEMM's contraction on the scaled MFMA; E4M3, bf16 out)), or of
     ``format`` with tensorwise scales: "e4m3" (default), "e5m2", or "hybrid" (a and b in e4m3,
     grad_out in e5m2: its wider range for gradients); out_dtype: bf16 or fp16, default a.dtype. The backward
     quantises grad_out and runs grouped_gemm_fp8_kernel (grad_a) and
@@ -773,7 +803,7 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
         group_offs = group_offsets(group_lens)
     fwd_fmt, grad_fmt = FORMATS[format]
     main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, *((grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)),
-                                "block" if granularity == "blockwise" else None)
+                                {"blockwise": "block", "mx_blockwise": "mx"}.get(granularity))
     out = _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
                                 validate, main_grad)
     if main_grad is not None:
