@@ -8,10 +8,11 @@ compile-time variants:
             -1 for padding). A tile's group is the one of its first row. Rows whose m_indices
             differ from the tile's group are not loaded (read as 0).
   PSUM 1    (contiguous) DeepGEMM's psum layout: `layout` = int32 [G], each group's end row;
-            group g starts at the previous end aligned to M_ALIGN (128); G <= 64. A workgroup
+            group g starts at the previous end aligned to M_ALIGN (128); any G. A workgroup
             finds its group by counting the groups whose aligned end is at or before its first
-            row (each lane of a wave reads one end, a ballot's popcount: a uniform value, no
-            loop). Rows at or past the group's end are padding.
+            row, 64 ends at a time (each lane of a wave reads one end, a ballot's popcount: a
+            uniform value), until a chunk holds an end past that row (G <= 64: one pass; no
+            device sync). Rows at or past the group's end are padding.
             Contiguous padding rows (and tiles of padding only) are left untouched (zero_pad 0:
             those tiles exit at once, the rows' stores are dropped) or written as zeros
             (zero_pad 1: padding-only tiles run with an empty K loop).
@@ -81,7 +82,6 @@ FP4_BLOCK = 32                    # K of one FP4 weight scale (and of one lane's
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
-PSUM_MAX_GROUPS = 64              # psum layout: one wave's lanes hold the group ends
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 A_FMTS = ("e4m3", "bf16")
 
@@ -100,13 +100,27 @@ def _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out):
 
 def _psum_group(B, layout, groups, row_base):
     """psum layout: (the group whose rows hold row_base, that group's end row) — the group is the
-    number of groups whose aligned end is at or before row_base: lane l reads group l's end (G <=
-    PSUM_MAX_GROUPS, the caller's guard) and a ballot counts them, no loop; past the last group's
-    aligned end the end is 0 (no group)."""
+    number of groups whose aligned end is at or before row_base. The ends are counted 64 at a time:
+    lane l reads the end of group base + l and a ballot's popcount counts those before row_base; the
+    ends do not decrease, so a chunk with a group end past row_base (popcount < 64) or the last
+    chunk ends the search (G <= 64: one pass). Every value is uniform: a scalar loop, no sync.
+    Past the last group's aligned end the end is 0 (no group)."""
     lane = Int(fx.thread_idx.x.ir_value()) % 64
-    end = Int(rocdl.raw_ptr_buffer_load(B.i32, B.rsrc(layout, groups * 4), lane * 4, B.c(0), aux=B.c_attr(0)))
-    before = arith.andi(B.cmp("ult", lane, groups), B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base))
-    group = Int(arith.trunci(B.i32, llvm.intr_ctpop(rocdl.ballot(B.i64, before))))
+    ends = B.rsrc(layout, groups * 4)
+    search = scf.WhileOp([B.i32, B.i32], [B.c(0), B.c(0)])
+    before = search.before.blocks.append(B.i32, B.i32)
+    with ir.InsertionPoint(before):
+        base = Int(before.arguments[0])
+        g = base + lane
+        end = Int(rocdl.raw_ptr_buffer_load(B.i32, ends, g * 4, B.c(0), aux=B.c_attr(0)))
+        ended = arith.andi(B.cmp("ult", g, groups), B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base))
+        count = Int(arith.trunci(B.i32, llvm.intr_ctpop(rocdl.ballot(B.i64, ended))))
+        more = arith.andi(B.cmp("eq", count, B.c(64)), B.cmp("slt", base + 64, groups))
+        scf.ConditionOp(more, [base, count])
+    after = search.after.blocks.append(B.i32, B.i32)
+    with ir.InsertionPoint(after):
+        scf.YieldOp([Int(after.arguments[0]) + 64, after.arguments[1]])
+    group = Int(search.results[0]) + Int(search.results[1])
     has = B.cmp("slt", group, groups)
     return group, Int(B.sel(has, B.gload(B.i32, layout, Int(B.sel(has, group, B.c(0))) * 4, 4), B.c(0)))
 

@@ -268,22 +268,40 @@ PSUM = [(dict(BM=32, BN=32, PSUM=1, UE8M0=0, OUT="bf16"), False), (dict(BM=32, B
         (dict(BM=128, BN=128, PSUM=1, UE8M0=0, OUT="bf16"), True)]
 
 
-@pytest.mark.parametrize("variant,zero_padding", PSUM, ids=[f"{registry.variant_id(v)}-zero{int(z)}" for v, z in PSUM])
-def test_psum_matches_reference(variant, zero_padding):
-    """Groups of 50, 0, 37 and 128 rows ending at 50, 128, 165, 384 (an empty group, unaligned ends,
-    a gap of padding-only 32-row tiles), then a tail of 128 padding rows; K = 352 (a partial block).
-    The gap rows of a and sfa hold NaN codes (DeepGEMM leaves them uninitialised): never read."""
+def _check_psum(variant, zero_padding, group_rows, m, k, seed):
+    """The psum kernel against the reference: a and sfa of rows of no group hold NaN codes (DeepGEMM
+    leaves them uninitialised): never read."""
     n, ue8m0 = variant["BN"] * 2, variant["UE8M0"]
-    x, w, ends, owner = psum_case([50, 0, 37, 128], 512, n, 352, seed=21)
+    x, w, ends, owner = psum_case(group_rows, m, n, k, seed=seed)
     a, sfa, b, sfb = quantize(x, w, ue8m0)
     gap = owner < 0
     a.view(torch.uint8)[gap] = 0x7F
     sfa[gap] = 0xFF if ue8m0 else float("nan")
-    d = torch.full((512, n), SENTINEL, dtype=torch.bfloat16)
+    d = torch.full((m, n), SENTINEL, dtype=torch.bfloat16)
     run_contiguous(variant, a, sfa, b, sfb, d, ends, zero_padding, use_psum_layout=True)
     ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, ends, torch.bfloat16, psum=True)
     product = torch.einsum("mk,mnk->mn", x, w[owner.clamp(min=0)])
     _check(d, ref, owner >= 0, product, f"psum {variant}", 0.0 if zero_padding else SENTINEL)
+
+
+@pytest.mark.parametrize("variant,zero_padding", PSUM, ids=[f"{registry.variant_id(v)}-zero{int(z)}" for v, z in PSUM])
+def test_psum_matches_reference(variant, zero_padding):
+    """Groups of 50, 0, 37 and 128 rows ending at 50, 128, 165, 384 (an empty group, unaligned ends,
+    a gap of padding-only 32-row tiles), then a tail of 128 padding rows; K = 352 (a partial block)."""
+    _check_psum(variant, zero_padding, [50, 0, 37, 128], 512, 352, seed=21)
+
+
+# 130 groups (EP-sized): the group search takes three 64-group chunks. Rows only in the chunks' edge
+# groups (3, 63 | 64, 127 | 128, 129), the rest empty: tiles of the last group of a chunk, of the first
+# of the next one, of group 127 (chunk 1 counts 63), 128 (chunk 1 full, chunk 2 counts 0), and the
+# padding tail past group 129 (the search runs out of chunks: no group).
+PSUM_MANY = {3: 50, 63: 20, 64: 37, 127: 1, 128: 5, 129: 40}
+
+
+@pytest.mark.parametrize("variant,zero_padding", PSUM[:2], ids=[f"{registry.variant_id(v)}-zero{int(z)}"
+                                                                 for v, z in PSUM[:2]])
+def test_psum_more_than_64_groups(variant, zero_padding):
+    _check_psum(variant, zero_padding, [PSUM_MANY.get(g, 0) for g in range(130)], 768, 160, seed=22)
 
 
 def fp4_inputs(x, w, packed=False):
@@ -603,9 +621,6 @@ GUARDS_26 = [  # (name, call arguments, rule, message fragment)
      "grouped_layout[0] = -1"),
     ("psum-shape", _with(grouped_layout=torch.zeros(256, dtype=torch.int32)), "shape",
      "grouped_layout has shape [256]; expected [2]"),
-    ("psum-too-many-groups", {**_valid_26(), "b": (torch.zeros(65, 64, 128, dtype=torch.int8), torch.ones(65, 64, 8)),
-                              "grouped_layout": torch.full((65,), 40, dtype=torch.int32)}, "groups",
-     "G = 65 groups with use_psum_layout: the kernel reads the group ends in one wave, at most 64 groups"),
     ("psum-expected-m-without-psum", _with(use_psum_layout=False, grouped_layout=torch.zeros(256, dtype=torch.int32),
                                            expected_m_for_psum_layout=64), "expected_m_for_psum_layout",
      "expected_m_for_psum_layout = 64 is a hint of the psum layout only"),

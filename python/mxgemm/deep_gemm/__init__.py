@@ -22,7 +22,7 @@ nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b (1, 32): one
 of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
 Contiguous layouts: m_indices (a group per row, -1 padding) or, with ``use_psum_layout``, DeepGEMM's
 psum layout (grouped_layout [G] = each group's end row; group g starts at the previous end aligned
-to 128, the only alignment the psum kernel serves; at most 64 groups). Padding rows of d: with
+to 128, the only alignment the psum kernel serves; any number of groups). Padding rows of d: with
 m_indices (== -1) always zeros, as DeepGEMM's kernels compute them from a's zero padding rows
 (its own tests expect zeros there with ensure_zero_padding=False); in the psum layout (rows
 between a group's end and the next aligned start, and past the last group) zeros with

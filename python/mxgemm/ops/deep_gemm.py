@@ -13,7 +13,6 @@ _KERNEL = registry.get("deep_gemm_fp8")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
 FP4_BLOCK = 32                     # scale block along K of FP4 weights (recipe_b (1, 32))
 M_ALIGN = 128                      # row alignment of each group in the contiguous layouts (kernel's M_ALIGN)
-PSUM_MAX_GROUPS = 64               # the psum layout's group ends are read by one wave's lanes
 FP4 = (torch.int8, torch.uint8)    # b as e2m1 packed two per byte, even K in the low nibble
 # UE8M0 scales: one byte per scale, or DeepGEMM's SM100 packing of four to an int32 (byte i of
 # word j = K block 4j + i, little-endian; sfb then holds one scale per row of b)
@@ -150,9 +149,6 @@ def _plan(x) -> Plan:
     elif psum:
         m_max = 0
         guards.check_shape(x.layout, "grouped_layout", (G,))
-        if G > PSUM_MAX_GROUPS:
-            guards.fail("groups", f"G = {G} groups with use_psum_layout: the kernel reads the group ends in one "
-                                  f"wave, at most {PSUM_MAX_GROUPS} groups")
     else:
         m_max = 0
         guards.check_shape(x.layout, "m_indices", (a.shape[0],))

@@ -156,6 +156,10 @@ CATALOGUE = (
         (DEEP_GEMM, 'B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)',
          'B.cmp("slt", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)'),),
         "psum layout: a tile starting exactly at a group's aligned end is given the previous group"),
+    Mutation("deep-gemm-psum-first-chunk-only", ("deep_gemm_fp8",), (
+        (DEEP_GEMM, 'more = arith.andi(B.cmp("eq", count, B.c(64)),',
+         'more = arith.andi(B.cmp("eq", count, B.c(65)),'),),
+        "psum layout: the group search stops after the first 64 group ends (more than 64 groups)"),
     Mutation("deep-gemm-bf16-chunks-out-of-order", ("deep_gemm_fp8",), (
         (DEEP_GEMM, "            for h in range(2):\n                for mt in range(t.m_tiles):",
          "            for h in (1, 0):\n                for mt in range(t.m_tiles):"),),
