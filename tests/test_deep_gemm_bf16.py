@@ -196,9 +196,6 @@ GUARDS = [  # (name, masked, edit of the valid inputs, call keywords, rule, mess
     ("expected_m", 1, lambda t: t, {"expected_m": -1}, "expected_m", "expected_m must be a non-negative int"),
     ("expected_m_for_psum", 0, lambda t: t, {"expected_m_for_psum_layout": 64}, "expected_m_for_psum_layout",
      "a hint of the psum layout only"),
-    ("psum-groups", 0, lambda t: {**t, "layout": torch.full((65,), 256, dtype=torch.int32),
-                                  "b": t["b"][:1].expand(65, 64, 128).contiguous()},
-     {"use_psum_layout": True}, "groups", "G = 65 groups with use_psum_layout"),
     ("b-contiguity", 0, lambda t: {**t, "b": torch.nn.functional.pad(t["b"], (0, 16))[..., :128]}, {}, "contiguity",
      "b must be contiguous"),
 ]
