@@ -13,9 +13,11 @@ import functools
 import hashlib
 import importlib.util
 import io
+import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -52,15 +54,18 @@ def kernel_at(rev: str, name: str) -> registry.Kernel:
 
 
 def _sources(c: str) -> Path:
-    """The revision's flydsl_kernels/ directory, extracted once."""
+    """The revision's flydsl_kernels/ directory, extracted once (into a scratch directory, then
+    renamed: a concurrent run never sees half a tree)."""
     d = Path(toolchain.cache_dir()) / "revisions" / c / SOURCES
     if not d.is_dir():
-        part = d.with_name(f"{SOURCES}.tmp")
-        part.mkdir(parents=True, exist_ok=True)
-        tarfile.open(fileobj=io.BytesIO(_git("archive", c, SOURCES))).extractall(part.parent / "x", filter="data")
-        (part.parent / "x" / SOURCES).rename(d)
-        part.rmdir()
-        (part.parent / "x").rmdir()
+        d.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=d.parent) as tmp:
+            tarfile.open(fileobj=io.BytesIO(_git("archive", c, SOURCES))).extractall(tmp, filter="data")
+            try:
+                os.rename(Path(tmp) / SOURCES, d)
+            except OSError:
+                if not d.is_dir():
+                    raise
     return d
 
 
@@ -70,7 +75,8 @@ def artifact(rev: str, name: str, variant: dict, arch: str = "gfx950") -> build.
     if variant not in k.variants_for(arch):
         raise ValueError(f"{name} at {rev} has no {arch} variant {variant}")
     c = commit(rev)
-    key = hashlib.sha256(repr((c, Path(__file__).read_bytes(), toolchain.flydsl_version(), arch,
+    key = hashlib.sha256(repr((c, Path(build.__file__).with_name("flydsl_build.py").read_bytes(),
+                               toolchain.flydsl_version(), arch,
                                sorted(variant.items()))).encode()).hexdigest()[:20]
     d = Path(toolchain.cache_dir()) / "revisions" / c / arch / name
     art = build.Artifact(name, dict(variant), arch, d / f"{registry.variant_id(variant)}-{key}.s",
