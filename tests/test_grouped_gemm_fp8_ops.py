@@ -107,9 +107,9 @@ ROWS_BAD = [
     ("granularity-not-fitting", _with(ROWS, a_scale=torch.ones(117), b_scale=torch.ones(3, 64), granularity="block"),
      r"\[scale-shape\] a_scale \[117\] and b_scale \[3, 64\] fit no block granularity"),
     ("granularity-name", _with(ROWS, granularity="channel"), r"\[granularity\] granularity = 'channel'"),
-    ("block-e5m2", _with(ROWS, a=ROWS["a"].float().to(E5M2), b=ROWS["b"].float().to(E5M2),
-                         a_scale=torch.ones(117, 1), b_scale=torch.ones(3, 1, 1)),
-     r"\[dtype\] no NT variant with block scales for a torch.float8_e5m2"),
+    ("block-e4m3-x-e5m2", _with(ROWS, b=ROWS["b"].float().to(E5M2), a_scale=torch.ones(117, 1),
+                                b_scale=torch.ones(3, 1, 1)),
+     r"\[dtype\] no NT variant with block scales for a torch.float8_e4m3fn x b torch.float8_e5m2"),
     ("trans-a-without-trans-b", _with(ROWS, a=fp8(128, 117), b=fp8(3, 128, 64), trans_a=True, trans_b=False),
      r"\[layout\] trans_a=True \(a \[K, sum_m\]\) takes b as \[G, N, K\]"),
     ("tt-sum-m-align", _with(ROWS, a=fp8(128, 117), trans_a=True), r"\[sum_m%16\] sum_m \(a.shape\[1\], trans_a\)"),
@@ -340,7 +340,7 @@ def test_autograd_op_takes_primus_turbo_signature_and_config():
     want = mxgemm.grouped_gemm_fp8(a, b, lens, format="hybrid")
     got = mxgemm.grouped_gemm_fp8(a, b, lens, None, True, None, Float8QuantConfig(_Enum.HYBRID), 2)
     assert torch.equal(got, want)
-    for config, rule in ((Float8QuantConfig(granularity=_Enum.MX_BLOCKWISE, block_size=32), "granularity"),
+    for config, rule in ((Float8QuantConfig(granularity=_Enum.MX_BLOCKWISE, block_size=32), "scale_dtype"),
                          (Float8QuantConfig(scale_dtype=_Enum.E8M0), "scale_dtype")):
         with pytest.raises(guards.GuardError, match=rf"\[{rule}\] config.{rule} = "):
             mxgemm.grouped_gemm_fp8(a, b, lens, config=config)

@@ -234,3 +234,41 @@ def test_mx_blockwise_recipe(trans_b):
     dw_ref = torch.stack([dyf[r].T @ xf[r] if trans_b else xf[r].T @ dyf[r] for r in rows])
     for name, got, want in (("y", y.detach(), y_ref), ("grad_b", w.grad, dw_ref)):
         assert metrics.snr_db(got.float(), want) >= 25.0, name
+
+
+@pytest.mark.parametrize("granularity,fmt,out", [("BLOCKWISE", "E5M2", torch.bfloat16),
+                                                 ("BLOCKWISE", "HYBRID", torch.float16),
+                                                 ("MX_BLOCKWISE", "E5M2", torch.float16),
+                                                 ("MX_BLOCKWISE", "HYBRID", torch.bfloat16)])
+def test_block_and_mx_recipes_in_e5m2_and_hybrid(granularity, fmt, out):
+    """BLOCKWISE / MX_BLOCKWISE with E5M2 or HYBRID (e4m3 a and b, e5m2 grad_out) and bf16 / fp16
+    out: forward, dgrad and wgrad bit-identical to the reference on the recipe's operands."""
+    g = torch.Generator().manual_seed(29)
+    lens, n, k = [70, 0, 58], 64, 256
+    offs = torch.tensor([0, 70, 70, 128])
+    x = torch.randn(sum(lens), k, generator=g).to(out).requires_grad_()
+    w = (torch.randn(3, n, k, generator=g) * 0.05).to(out).requires_grad_()
+    dy = torch.randn(sum(lens), n, generator=g).to(out)
+    mx = granularity == "MX_BLOCKWISE"
+    cfg = types.SimpleNamespace(format=fmt, granularity=granularity, block_size=32 if mx else 128,
+                                scale_dtype="E8M0" if mx else "FP32")
+    y = mxgemm.grouped_gemm_fp8(x, w, torch.tensor(lens), config=cfg)
+    y.backward(dy)
+    f, gf = ("e5m2", "e5m2") if fmt == "E5M2" else ("e4m3", "e5m2")
+    xd, wd = x.detach(), w.detach()
+    ref, ref_k = reference.grouped_gemm_fp8_ref, reference.grouped_gemm_fp8_variable_k_ref
+    if mx:
+        (xq, xs), (wq, ws), (dq, ds) = quant.quantize_mx(xd, f), quant.quantize_mx(wd, f), quant.quantize_mx(dy, gf)
+        wq_t, ws_t = quant.quantize_mx(wd.mT, f)                                    # along N: [G, K, N]
+        dgrad_b = wq_t.mT.contiguous()
+        (xc, xcs, seg), (dc, dcs, _) = quant.segment_quantize_mx(xd, offs, f), quant.segment_quantize_mx(dy, offs, gf)
+        gran = "mx"
+    else:
+        (xq, xs), (dq, ds) = quant.blockwise_cast_to_fp8(xd, (1, 128), f), quant.blockwise_cast_to_fp8(dy, (1, 128), gf)
+        wq, ws = quant.blockwise_cast_to_fp8(wd, (128, 128), f)
+        dgrad_b, ws_t = wq, ws.transpose(1, 2)
+        (xc, xcs, seg), (dc, dcs, _) = (quant.segment_cast_to_fp8(t, offs, 128, h) for t, h in ((xd, f), (dy, gf)))
+        gran = "block"
+    metrics.assert_bitwise_equal(y, ref(xq, xs, wq, ws, offs, True, out, granularity=gran), "y")
+    metrics.assert_bitwise_equal(x.grad, ref(dq, ds, dgrad_b, ws_t, offs, False, out, granularity=gran), "grad_a")
+    metrics.assert_bitwise_equal(w.grad, ref_k(dc, dcs, xc, xcs, seg, out, granularity=gran), "grad_b")

@@ -264,6 +264,15 @@ _GROUPED_MX = tuple(dict(v, GRAN="mx") for v in (
     *(dict(LAYOUT=lay, FMT="e5m2", FMT_B="e5m2", OUT="bf16", BM=64, BN=64) for lay in ("NT", "TN")),
     *(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=128, BN=128) for lay in ("NT", "NN"))))
 
+# The training recipes' other formats with block and mx scales (mxgemm.grouped_gemm_fp8's BLOCKWISE and MX_BLOCKWISE
+# in e5m2 and hybrid, bf16 or f16 out) at 64 x 64: the forward / dgrad / wgrad layouts of each format pair.
+_GROUPED_SCALED_RECIPES = tuple(
+    dict(LAYOUT=lay, FMT=fa, FMT_B=fb, OUT=o, BM=64, BN=64, GRAN=gran) for gran in ("block", "mx")
+    for o in ("bf16", "f16") for lay, fa, fb in (
+        ("NT", "e4m3", "e4m3"), ("NN", "e4m3", "e4m3"), ("TN", "e4m3", "e4m3"),
+        ("NT", "e5m2", "e5m2"), ("NN", "e5m2", "e5m2"), ("TN", "e5m2", "e5m2"),
+        ("NN", "e5m2", "e4m3"), ("NT", "e5m2", "e4m3"), ("TN", "e5m2", "e4m3"), ("TN", "e4m3", "e5m2")))
+
 # FMT=FMT_B=bf16 (no scales, GRAN absent: none): every layout at 64 x 64 in bf16 and f16, fp32 with ACCUM 0 / 1,
 # bf16 accumulating (TN also f16 accumulating); 128 x 128 and 256 x 128 bf16 (hardware tiles) in every layout.
 _BF16 = dict(FMT="bf16", FMT_B="bf16")
@@ -283,7 +292,8 @@ register(Kernel(
     variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
-    + _GROUPED_BF16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA + _GROUPED_FP8_BLOCK,
+    + _GROUPED_BF16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
+    + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK,
     doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) or "
         "MX e8m0 1x32 scales, or BF16 without scales, on "
         "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "

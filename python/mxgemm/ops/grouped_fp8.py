@@ -712,9 +712,6 @@ def _quant_config(config, format):
     if block != want_block:
         guards.fail("block_size", f"config.block_size = {block!r}: {granularity.upper()} scales are "
                                   f"{want_block}-wide here")
-    if granularity in ("blockwise", "mx_blockwise") and fmt != "e4m3":
-        guards.fail("format", f"config.format = {fmt.upper()} with {granularity.upper()}: its training kernels "
-                              "(every layout) are e4m3")
     scale_dtype = name(getattr(config, "scale_dtype", scale_dtypes[0]))
     if scale_dtype not in scale_dtypes:
         guards.fail("scale_dtype", f"config.scale_dtype = {scale_dtype.upper()}: {granularity.upper()} scales here "
@@ -802,6 +799,8 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     if group_offs is None:
         group_offs = group_offsets(group_lens)
     fwd_fmt, grad_fmt = FORMATS[format]
+    _check_recipe_kernels(fwd_fmt, grad_fmt, _KERNEL_GRANULARITY[granularity], trans_b, out_dtype, format,
+                          granularity)
     main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, *((grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)),
                                 {"blockwise": "block", "mx_blockwise": "mx"}.get(granularity))
     out = _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
@@ -809,6 +808,23 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     if main_grad is not None:
         b.grad_added_to_main_grad = True
     return out
+
+
+def _check_recipe_kernels(fwd_fmt, grad_fmt, gran, trans_b, out_dtype, format, granularity) -> None:
+    """Every GEMM of the step (forward, dgrad, wgrad) has a registered variant for the recipe's
+    formats, scales and out_dtype, checked before the forward launches (a missing backward kernel
+    would otherwise fail only after it)."""
+    fwd, dgrad = ("NT", "NN") if trans_b else ("NN", "NT")
+    wgrad = (grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)
+    out = _OUT_WGRAD[out_dtype]
+    key = {"block": "block", "mx": "mx"}.get(gran)
+    for name, layout, (fa, fb) in (("forward", fwd, (fwd_fmt, fwd_fmt)), ("dgrad", dgrad, (grad_fmt, fwd_fmt)),
+                                   ("wgrad", "TN", wgrad)):
+        if not any(v["LAYOUT"] == layout and v["FMT"] == fa and v["FMT_B"] == fb and v["OUT"] == out
+                   and not v.get("ACCUM") and v.get("GRAN") == key for v in _FACTS.variants):
+            guards.fail("format", f"format {format!r} with {granularity.upper()} and out_dtype {out_dtype}: no "
+                                  f"{name} kernel ({layout}, {fa} x {fb} -> {out}{f', {key} scales' if key else ''}) "
+                                  "is registered")
 
 
 def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran=None):
