@@ -6,6 +6,7 @@ import torch
 
 import mxgemm.deep_gemm as deep_gemm
 from mxgemm import formats as F
+from mxgemm import reference
 from mxgemm.deep_gemm import utils
 from mxgemm.guards import GuardError
 
@@ -272,3 +273,41 @@ def test_dense_fp8_fp4_nt_is_the_one_group_m_grouped_gemm():
     with pytest.raises(GuardError, match=r"\[c\]"):
         deep_gemm.fp8_fp4_gemm_nt(xa, (wq, sfb), d, c=torch.zeros(m, n, dtype=torch.bfloat16))
     assert torch.equal(d, want)
+
+
+def test_k_grouped_ue8m0_per_32_rows_with_compact_scale_rows():
+    """recipe (1, 1, 32) (DeepGEMM's SM100 K-grouped recipe: UE8M0 scales per 32 rows, on the scaled
+    MFMA) in the psum layout with alignment 128: groups ending at 40 and 200 start at 0 and 128;
+    their scales come as DeepGEMM's casts make them, ceil(k / 32) rows per group one after another
+    (2 + 3 rows), which the kernel reads at rows 0-1 and 4-6. Bit-exact against the reference fed
+    the scales at those rows (its first group spanning the zero gap rows 40-127, as the op's does);
+    DeepGEMM's bar against the unquantised product."""
+    m, n, ends = 32, 64, [40, 200]
+    g = torch.Generator().manual_seed(21)
+    a, b = torch.zeros(200, m), torch.zeros(200, n)
+    groups = [(0, 40), (128, 200)]
+    for s, e in groups:
+        a[s:e], b[s:e] = torch.randn(e - s, m, generator=g), torch.randn(e - s, n, generator=g)
+
+    def cast(x):   # per group, padded to whole 32-row blocks (DeepGEMM's K-grouped cast)
+        qs, sfs = torch.zeros(x.shape, dtype=torch.float8_e4m3fn), []
+        for s, e in groups:
+            xp = torch.zeros(-(-(e - s) // 32) * 32, x.shape[1])
+            xp[:e - s] = x[s:e]
+            q, sf = utils.per_channel_cast_to_fp8(xp, use_ue8m0=True, gran_k=32)
+            qs[s:e], _ = q[:e - s], sfs.append(sf)
+        return qs, torch.cat(sfs)
+
+    (xq, sfa), (wq, sfb) = cast(a), cast(b)
+    assert sfa.shape == (5, m)
+    c = torch.randn(2, m, n, generator=g)
+    d = c.clone()
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (wq, sfb), d, None, torch.tensor(ends, dtype=torch.int32),
+                                               c=d, recipe=(1, 1, 32), use_psum_layout=True)
+    codes = lambda sf: ((sf.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # noqa: E731
+    at = lambda sf: torch.cat([sf[0:2], torch.ones(2, sf.shape[1]), sf[2:5], torch.ones(1, sf.shape[1])])  # noqa: E731
+    want = reference.grouped_gemm_fp8_variable_k_ref(xq, codes(at(sfa)).t(), wq, codes(at(sfb)).t(),
+                                                     torch.tensor([0, 128, 200]), torch.float32, accumulate_into=c)
+    assert torch.equal(d, want)
+    for i, (s, e) in enumerate(groups):
+        assert float(utils.calc_diff(d[i], c[i] + a[s:e].T @ b[s:e])) < 1e-3

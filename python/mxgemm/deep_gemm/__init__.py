@@ -81,6 +81,7 @@ from .layout import (
     get_tma_aligned_size,
     set_mk_alignment_for_contiguous_layout,
     transform_sf_into_required_layout,
+    ue8m0_codes,
 )
 from .runtime import (
     get_num_sms,
@@ -98,12 +99,6 @@ def _pairs(a, b, layout, layout_name):
     pair(a, "a")
     pair(b, "b")
     layout_tensor(layout, layout_name)
-
-
-def _ue8m0_codes(sf: torch.Tensor) -> torch.Tensor:
-    """fp32 UE8M0 scales -> e8m0 bytes: the fp32 exponent field, DeepGEMM's UE8M0 cast (exact for
-    the powers of two its casts make)."""
-    return ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
 
 
 def _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast) -> tuple:
@@ -126,7 +121,7 @@ def _scales(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast) -> tuple:
             if disable_ue8m0_cast:
                 guards.fail("disable_ue8m0_cast", "FP4 b runs on UE8M0 scales: fp32 scales need the UE8M0 cast "
                                                   "(disable_ue8m0_cast=False), as in DeepGEMM")
-            sfa, sfb = (_ue8m0_codes(s) if s.dtype == torch.float32 else s for s in (sfa, sfb))
+            sfa, sfb = (ue8m0_codes(s) if s.dtype == torch.float32 else s for s in (sfa, sfb))
         return sfa, sfb
     want = (1, 1, 128) if sfb.dtype == PACKED else (1, 128, 128)  # DeepGEMM's default for this sfb
     if recipe is not None and tuple(recipe) != want:

@@ -37,10 +37,11 @@ from ..ops.grouped_fp8 import (
     grouped_gemm_fp8_kernel,
     grouped_gemm_fp8_variable_k,
 )
-from .layout import TILE_ALIGNMENT, get_mk_alignment_for_contiguous_layout, psum_group_starts, unpack_ue8m0_from_int
+from .layout import get_mk_alignment_for_contiguous_layout, psum_group_starts, ue8m0_codes, unpack_ue8m0_from_int
 from .runtime import get_num_sms
 
 GRAN_K = 128
+MX_GRAN_K = 32          # DeepGEMM's SM100 K-grouped recipe (1, 1, 32): UE8M0 scales on the scaled MFMA
 
 
 def pair(x, name: str):
@@ -196,15 +197,15 @@ def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
     bf16_gemm_nt(a.t(), b, d, c, compiled_dims)
 
 
-def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int, scaled: bool):
-    """(group_lens, group_offs) int64 of the K-grouped layout: groups one after another, each
-    starting on a multiple of the contiguous-layout alignment (psum: group ends given); with
-    block scales (scaled) that alignment must be a multiple of the 128-K scale block."""
+def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int, gran_k: int | None):
+    """(group_lens, group_offs int64, starts, lens, gaps) of the K-grouped layout: groups one after
+    another, each starting on a multiple of the contiguous-layout alignment (psum: group ends
+    given); with scales per gran_k rows that alignment must be a multiple of gran_k."""
     guards.check_dtype(layout_tensor(grouped_layout, "grouped_layout"), "grouped_layout", torch.int32)
     align_k = get_mk_alignment_for_contiguous_layout()
-    if scaled and align_k % TILE_ALIGNMENT:
+    if gran_k and align_k % gran_k:
         guards.fail("alignment", f"the contiguous-layout alignment is {align_k}: the K-grouped kernels need every "
-                                 f"group to start on a multiple of {TILE_ALIGNMENT} (its 128-K scale block)")
+                                 f"group to start on a multiple of {gran_k} (its scale block)")
     if use_psum_layout:
         ends = grouped_layout.cpu().tolist()
         starts = psum_group_starts(ends, align_k)
@@ -222,7 +223,7 @@ def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int, scaled: 
     device = grouped_layout.device
     offs = torch.tensor(starts + [starts[-1] + lens[-1] if lens else 0], dtype=torch.int64, device=device)
     gaps = [(s + k, n) for s, k, n in zip(starts, lens, starts[1:]) if n > s + k]
-    return offs[1:] - offs[:-1], offs, gaps
+    return offs[1:] - offs[:-1], offs, starts, lens, gaps
 
 
 def _check_gaps_zero(gaps, x, w) -> None:
@@ -236,18 +237,42 @@ def _check_gaps_zero(gaps, x, w) -> None:
                                             f"group's end, before the next aligned start) and are not zero")
 
 
+def _global_scale_rows(sf, name, starts, lens, gran_k, rows):
+    """DeepGEMM's K-grouped scales hold ceil(k_g / gran_k) rows per group, one group after another;
+    the kernel reads group g's block j at row start_g / gran_k + j. The same tensor when the two
+    agree (groups' K multiples of the alignment, which equals gran_k), else a copy with each
+    group's rows moved to its start (a small tensor: one row per gran_k rows of a)."""
+    blocks = [-(-k // gran_k) for k in lens]
+    compact = [sum(blocks[:g]) for g in range(len(blocks))]
+    if sf.dim() != 2 or sf.shape[0] < sum(blocks):
+        guards.fail("shape", f"{name} is {list(sf.shape)}: the groups of K {lens} need {sum(blocks)} scale rows "
+                             f"(ceil(k / {gran_k}) per group)")
+    at = [st // gran_k for st in starts]
+    if at == compact:
+        return sf
+    out = sf.new_zeros(-(-rows // gran_k), sf.shape[1])
+    for c0, g0, n in zip(compact, at, blocks):
+        out[g0:g0 + n] = sf[c0:c0 + n]
+    return out
+
+
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu, grouped_layout: torch.Tensor,
                                      c: torch.Tensor | None = None, recipe=(1, 1, 128), compiled_dims: str = "mn",
                                      use_psum_layout: bool = False) -> None:
-    """d[g] = c[g] + a_g^T b_g for the K groups g: a = (e4m3 [sum_k, M], sfa fp32 [sum_k/128, M]),
-    b = (e4m3 [sum_k, N], sfb fp32 [sum_k/128, N]), d fp32 [G, M, N], c fp32 [G, M, N] (may be d).
-    ks_cpu: the groups' K (multiples of the alignment); with use_psum_layout, grouped_layout
-    holds the groups' end rows instead (a group starts at the previous end aligned up)."""
+    """d[g] = c[g] + a_g^T b_g for the K groups g: a = (e4m3 [sum_k, M], sfa [*, M]), b = (e4m3
+    [sum_k, N], sfb [*, N]), d fp32 [G, M, N], c fp32 [G, M, N] (may be d). recipe (1, 1, 128): fp32
+    scales per 128 rows, promoted per block; (1, 1, 32): UE8M0 scales per 32 rows (DeepGEMM's SM100
+    recipe; fp32 powers of two or packed int32), applied by the scaled MFMA. Scale rows are per
+    group as DeepGEMM's K-grouped casts make them: ceil(k_g / gran_k) rows each, one group after
+    another. ks_cpu: the groups' K (multiples of the alignment); with use_psum_layout,
+    grouped_layout holds the groups' end rows instead (a group starts at the previous end aligned
+    up)."""
     (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
-    if tuple(recipe) != (1, 1, GRAN_K):
-        guards.fail("recipe", f"recipe {tuple(recipe)}: the K-grouped GEMM takes (1, 1, {GRAN_K})")
+    if tuple(recipe) not in ((1, 1, GRAN_K), (1, 1, MX_GRAN_K)):
+        guards.fail("recipe", f"recipe {tuple(recipe)}: the K-grouped GEMM takes (1, 1, {GRAN_K}) or "
+                              f"(1, 1, {MX_GRAN_K})")
     scales = _fp32_scales(sfa, "sfa"), _fp32_scales(sfb, "sfb")
-    _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales)
+    _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales, tuple(recipe)[2])
 
 
 def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks_cpu,
@@ -257,23 +282,28 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     b bf16 [sum_k, N], d and c fp32 [G, M, N] (c may be d); groups as in
     k_grouped_fp8_gemm_tn_contiguous. fp32 accumulation on the BF16 MFMA
     (grouped_gemm_bf16_variable_k)."""
-    _k_grouped(a, b, d, ks_cpu, grouped_layout, c, use_psum_layout, None)
+    _k_grouped(a, b, d, ks_cpu, grouped_layout, c, use_psum_layout, None, None)
 
 
-def _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales) -> None:
+def _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales, gran_k) -> None:
     if c is None:
         guards.fail("c", "c is required (d = c + a^T b), as in DeepGEMM")
     guards.check_dtype(d, "d", torch.float32)
     guards.check_dtype(c, "c", torch.float32)
     guards.check_shape(c, "c", tuple(d.shape))
-    group_lens, group_offs, gaps = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0], scales is not None)
+    group_lens, group_offs, starts, lens, gaps = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0],
+                                                           gran_k)
     _check_gaps_zero(gaps, x, w)
     if scales is None:
         op, args = grouped_gemm_bf16_variable_k, (x, w, group_lens, group_offs)
         kw = {}
     else:
-        op, args = grouped_gemm_fp8_variable_k, (x, scales[0], w, scales[1], group_lens, group_offs)
-        kw = dict(granularity="block")
+        sfa, sfb = (_global_scale_rows(sf, name, starts, lens, gran_k, x.shape[0])
+                    for sf, name in zip(scales, ("sfa", "sfb")))
+        if gran_k == MX_GRAN_K:      # e8m0 bytes, one row per out row: [M, sum_k / 32] views
+            sfa, sfb = ue8m0_codes(sfa).t(), ue8m0_codes(sfb).t()
+        op, args = grouped_gemm_fp8_variable_k, (x, sfa, w, sfb, group_lens, group_offs)
+        kw = dict(granularity="block" if gran_k == GRAN_K else "mx")
     _run_after_copy(op, args, dict(out=d, out_dtype=torch.float32, accumulate=True, **kw), d, c)
 
 

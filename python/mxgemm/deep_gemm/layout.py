@@ -92,6 +92,12 @@ def pack_ue8m0_to_int(x: torch.Tensor) -> torch.Tensor:
     return (x.contiguous().view(torch.int32) >> 23).to(torch.uint8).view(torch.int32)
 
 
+def ue8m0_codes(sf: torch.Tensor) -> torch.Tensor:
+    """fp32 UE8M0 scales -> e8m0 bytes: the fp32 exponent field, DeepGEMM's UE8M0 cast (exact for
+    the powers of two its casts make)."""
+    return ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+
+
 def unpack_ue8m0_from_int(packed_sf: torch.Tensor) -> torch.Tensor:
     """Inverse of pack_ue8m0_to_int: int32 [..., n] -> fp32 powers of two [..., 4n]."""
     return (packed_sf.contiguous().view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
