@@ -70,7 +70,7 @@ def test_recipe_refusals():
     x, w, lens = torch.randn(8, 128).bfloat16(), torch.randn(1, 16, 128).bfloat16(), torch.tensor([8])
     for cfg, rule in ((config("BLOCKWISE"), "block_size"), (config("BLOCKWISE", 64), "block_size"),
                       (config("MX_BLOCKWISE", 32), "scale_dtype"), (config("MX_BLOCKWISE", 128), "block_size"),
-                      (types.SimpleNamespace(format="HYBRID", granularity="BLOCKWISE", block_size=128), "format")):
+                      (types.SimpleNamespace(format="E2M1", granularity="BLOCKWISE", block_size=128), "format")):
         with pytest.raises(mxgemm.guards.GuardError, match=rf"\[{rule}\]"):
             mxgemm.grouped_gemm_fp8(x, w, lens, config=cfg)
 

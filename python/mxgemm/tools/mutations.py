@@ -191,8 +191,8 @@ CATALOGUE = (
         (GROUPED_FP8, 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}', 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 2}'),),
         "fp32 output addressed with 2-byte elements"),
     Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, zero_scale",
-         "FMT_CODE[fmt_a], FMT_CODE[fmt_b], 0, zero_scale"),),
+        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0]",
+         "FMT_CODE[fmt_a], FMT_CODE[fmt_b], 0, scales[0]"),),
         "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
         (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
