@@ -210,7 +210,7 @@ def test_bf16_k_grouped_tn_accumulates_each_group():
 def test_bf16_k_grouped_takes_32_aligned_groups():
     """Without scales the K groups need only DeepGEMM's alignment (a multiple of 32): psum groups
     ending at 40 and 100 start at 0 and 64 with alignment 32, rows 40..63 between them must be
-    zeros (refused otherwise); the FP8 form still needs 128."""
+    zeros (refused otherwise)."""
     m, n = 32, 32
     g = torch.Generator().manual_seed(17)
     a, b = torch.randn(100, m, generator=g).bfloat16(), torch.randn(100, n, generator=g).bfloat16()
@@ -225,10 +225,6 @@ def test_bf16_k_grouped_takes_32_aligned_groups():
         a[40:64], b[40:64] = 0, 0
         deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, None, torch.tensor([40, 100], dtype=torch.int32), c=d,
                                                     use_psum_layout=True)
-        xq, sfa = utils.per_channel_cast_to_fp8(torch.randn(128, m, generator=g), use_ue8m0=False)
-        with pytest.raises(GuardError, match=r"\[alignment\]"):
-            deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (xq, sfa), c, [32, 64],
-                                                       torch.tensor([32, 64], dtype=torch.int32), c=c)
     finally:
         deep_gemm.set_mk_alignment_for_contiguous_layout(before)
     for i, rows in enumerate((slice(0, 40), slice(64, 100))):
@@ -311,3 +307,40 @@ def test_k_grouped_ue8m0_per_32_rows_with_compact_scale_rows():
     assert torch.equal(d, want)
     for i, (s, e) in enumerate(groups):
         assert float(utils.calc_diff(d[i], c[i] + a[s:e].T @ b[s:e])) < 1e-3
+
+
+def test_k_grouped_alignment_not_a_multiple_of_the_scale_block():
+    """Alignment 160 with 128-row scales (DeepGEMM allows it): groups of K 160 and 320 start at 0 and
+    160, not multiples of 128; they run copied to 128-aligned segments, with the same d as the
+    groups laid out 128-aligned by hand (bit for bit)."""
+    m, n, ks = 32, 32, [160, 320]
+    g = torch.Generator().manual_seed(22)
+    a, b = torch.randn(480, m, generator=g), torch.randn(480, n, generator=g)
+
+    def cast(x):     # per group, padded to whole 128-row blocks, scale rows one group after another
+        qs, sfs = [], []
+        for s, k in ((0, 160), (160, 320)):
+            xp = torch.zeros(-(-k // 128) * 128, x.shape[1])
+            xp[:k] = x[s:s + k]
+            q, sf = utils.per_channel_cast_to_fp8(xp, use_ue8m0=False)
+            qs.append(q[:k]), sfs.append(sf)
+        return torch.cat(qs), torch.cat(sfs)
+
+    (xq, sfa), (wq, sfb) = cast(a), cast(b)
+    c = torch.randn(2, m, n, generator=g)
+    d = c.clone()
+    before = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    deep_gemm.set_mk_alignment_for_contiguous_layout(160)
+    try:
+        deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xq, sfa), (wq, sfb), d, ks, torch.tensor(ks, dtype=torch.int32),
+                                                   c=d)
+    finally:
+        deep_gemm.set_mk_alignment_for_contiguous_layout(before)
+    pad = lambda q: torch.cat([q[:160], torch.zeros(96, q.shape[1]).to(q.dtype), q[160:]])  # noqa: E731
+    want = c.clone()
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous((pad(xq), sfa), (pad(wq), sfb), want, None,
+                                               torch.tensor([160, 576], dtype=torch.int32), c=want,
+                                               use_psum_layout=True)
+    assert torch.equal(d, want)
+    for i, (s, k) in enumerate(((0, 160), (160, 320))):
+        assert float(utils.calc_diff(d[i], c[i] + a[s:s + k].T @ b[s:s + k])) < 1e-3

@@ -197,15 +197,12 @@ def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
     bf16_gemm_nt(a.t(), b, d, c, compiled_dims)
 
 
-def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int, gran_k: int | None):
+def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
     """(group_lens, group_offs int64, starts, lens, gaps) of the K-grouped layout: groups one after
     another, each starting on a multiple of the contiguous-layout alignment (psum: group ends
-    given); with scales per gran_k rows that alignment must be a multiple of gran_k."""
+    given)."""
     guards.check_dtype(layout_tensor(grouped_layout, "grouped_layout"), "grouped_layout", torch.int32)
     align_k = get_mk_alignment_for_contiguous_layout()
-    if gran_k and align_k % gran_k:
-        guards.fail("alignment", f"the contiguous-layout alignment is {align_k}: the K-grouped kernels need every "
-                                 f"group to start on a multiple of {gran_k} (its scale block)")
     if use_psum_layout:
         ends = grouped_layout.cpu().tolist()
         starts = psum_group_starts(ends, align_k)
@@ -235,6 +232,27 @@ def _check_gaps_zero(gaps, x, w) -> None:
             if t[lo:hi].float().abs().sum().item() != 0:
                 guards.fail("psum-padding", f"{name} rows {lo}..{hi - 1} lie between two psum groups (after a "
                                             f"group's end, before the next aligned start) and are not zero")
+
+
+def _scale_block_segments(x, w, starts, lens, gran_k):
+    """The kernel's scale blocks are global (row / gran_k), so groups whose starts are not multiples
+    of gran_k (an alignment such as 160 with 128-row scales) are copied into segments that start on
+    multiples of gran_k, zero rows between them (a copy of a and b per call):
+    (x, w, starts, group_offs) of that layout."""
+    new_starts, pos = [], 0
+    for k in lens:
+        new_starts.append(pos)
+        pos = -(-(pos + k) // gran_k) * gran_k
+    src = torch.cat([torch.arange(st, st + k) for st, k in zip(starts, lens)] or [torch.zeros(0, dtype=torch.long)])
+    dst = torch.cat([torch.arange(st, st + k) for st, k in zip(new_starts, lens)] or [torch.zeros(0, dtype=torch.long)])
+    moved = []
+    for t in (x, w):
+        tp = torch.zeros(max(pos, 1), t.shape[1], dtype=t.dtype, device=t.device)
+        tp[dst.to(t.device)] = t[src.to(t.device)]
+        moved.append(tp)
+    ends = new_starts[-1] + lens[-1] if lens else 0
+    offs = torch.tensor(new_starts + [ends], dtype=torch.int64, device=x.device)
+    return moved[0], moved[1], new_starts, offs
 
 
 def _global_scale_rows(sf, name, starts, lens, gran_k, rows):
@@ -291,9 +309,12 @@ def _k_grouped(x, w, d, ks_cpu, grouped_layout, c, use_psum_layout, scales, gran
     guards.check_dtype(d, "d", torch.float32)
     guards.check_dtype(c, "c", torch.float32)
     guards.check_shape(c, "c", tuple(d.shape))
-    group_lens, group_offs, starts, lens, gaps = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0],
-                                                           gran_k)
-    _check_gaps_zero(gaps, x, w)
+    group_lens, group_offs, starts, lens, gaps = _k_groups(ks_cpu, grouped_layout, use_psum_layout, x.shape[0])
+    if gran_k and any(st % gran_k for st in starts):
+        x, w, starts, group_offs = _scale_block_segments(x, w, starts, lens, gran_k)
+        group_lens = group_offs[1:] - group_offs[:-1]
+    else:
+        _check_gaps_zero(gaps, x, w)
     if scales is None:
         op, args = grouped_gemm_bf16_variable_k, (x, w, group_lens, group_offs)
         kw = {}
