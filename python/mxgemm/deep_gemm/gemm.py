@@ -257,18 +257,18 @@ def _scale_block_segments(x, w, starts, lens, gran_k):
 
 def _global_scale_rows(sf, name, starts, lens, gran_k, rows):
     """DeepGEMM's K-grouped scales hold ceil(k_g / gran_k) rows per group, one group after another;
-    the kernel reads group g's block j at row start_g / gran_k + j. The same tensor when the two
-    agree (groups' K multiples of the alignment, which equals gran_k), else a copy with each
-    group's rows moved to its start (a small tensor: one row per gran_k rows of a)."""
+    the kernel reads group g's block j at row start_g / gran_k + j of ceil(rows / gran_k) rows. The
+    same tensor when the two agree, else a copy with each group's rows moved to its start (a small
+    tensor: one row per gran_k rows of a)."""
     blocks = [-(-k // gran_k) for k in lens]
     compact = [sum(blocks[:g]) for g in range(len(blocks))]
     if sf.dim() != 2 or sf.shape[0] < sum(blocks):
         guards.fail("shape", f"{name} is {list(sf.shape)}: the groups of K {lens} need {sum(blocks)} scale rows "
                              f"(ceil(k / {gran_k}) per group)")
-    at = [st // gran_k for st in starts]
-    if at == compact:
+    at, total = [st // gran_k for st in starts], -(-rows // gran_k)
+    if at == compact and sf.shape[0] == total:
         return sf
-    out = sf.new_zeros(-(-rows // gran_k), sf.shape[1])
+    out = sf.new_zeros(total, sf.shape[1])
     for c0, g0, n in zip(compact, at, blocks):
         out[g0:g0 + n] = sf[c0:c0 + n]
     return out
