@@ -799,10 +799,10 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     if group_offs is None:
         group_offs = group_offsets(group_lens)
     fwd_fmt, grad_fmt = FORMATS[format]
-    _check_recipe_kernels(fwd_fmt, grad_fmt, _KERNEL_GRANULARITY[granularity], trans_b, out_dtype, format,
-                          granularity)
-    main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, *((grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)),
-                                {"blockwise": "block", "mx_blockwise": "mx"}.get(granularity))
+    gran = _KERNEL_GRANULARITY[granularity]
+    wgrad_fmts = (grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)    # the wgrad's (lhs, rhs)
+    _check_recipe_kernels(fwd_fmt, grad_fmt, wgrad_fmts, gran, trans_b, out_dtype, format, granularity)
+    main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, *wgrad_fmts, gran)
     out = _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
                                 validate, main_grad)
     if main_grad is not None:
@@ -810,26 +810,33 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     return out
 
 
-def _check_recipe_kernels(fwd_fmt, grad_fmt, gran, trans_b, out_dtype, format, granularity) -> None:
+def _has_variant(layout, fmt_a, fmt_b, out, gran, accumulate=False) -> bool:
+    """Some tile is registered for this layout, format pair, out ("bf16" / "f16" / "f32"),
+    accumulation and scale granularity (the kernel's: block and mx have their GRAN key, the others
+    none)."""
+    key = gran if gran in ("block", "mx") else None
+    return any(v["LAYOUT"] == layout and v["FMT"] == fmt_a and v["FMT_B"] == fmt_b and v["OUT"] == out
+               and bool(v.get("ACCUM")) == accumulate and v.get("GRAN") == key for v in _FACTS.variants)
+
+
+def _check_recipe_kernels(fwd_fmt, grad_fmt, wgrad_fmts, gran, trans_b, out_dtype, format, granularity) -> None:
     """Every GEMM of the step (forward, dgrad, wgrad) has a registered variant for the recipe's
     formats, scales and out_dtype, checked before the forward launches (a missing backward kernel
     would otherwise fail only after it)."""
     fwd, dgrad = ("NT", "NN") if trans_b else ("NN", "NT")
-    wgrad = (grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)
     out = _OUT_WGRAD[out_dtype]
-    key = {"block": "block", "mx": "mx"}.get(gran)
     for name, layout, (fa, fb) in (("forward", fwd, (fwd_fmt, fwd_fmt)), ("dgrad", dgrad, (grad_fmt, fwd_fmt)),
-                                   ("wgrad", "TN", wgrad)):
-        if not any(v["LAYOUT"] == layout and v["FMT"] == fa and v["FMT_B"] == fb and v["OUT"] == out
-                   and not v.get("ACCUM") and v.get("GRAN") == key for v in _FACTS.variants):
+                                   ("wgrad", "TN", wgrad_fmts)):
+        if not _has_variant(layout, fa, fb, out, gran):
+            scales = f", {gran} scales" if gran in ("block", "mx") else ""
             guards.fail("format", f"format {format!r} with {granularity.upper()} and out_dtype {out_dtype}: no "
-                                  f"{name} kernel ({layout}, {fa} x {fb} -> {out}{f', {key} scales' if key else ''}) "
-                                  "is registered")
+                                  f"{name} kernel ({layout}, {fa} x {fb} -> {out}{scales}) is registered")
 
 
-def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran=None):
+def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran="none"):
     """b.main_grad for fuse_bgrad_accum_pattern (checked here, before any launch), or None; the
-    wgrad accumulating into it is the TN variant of formats lhs_fmt x rhs_fmt, GRAN gran."""
+    wgrad accumulating into it is the TN variant of formats lhs_fmt x rhs_fmt and the kernel's
+    scale granularity gran."""
     if pattern is None:
         return None
     if pattern != "megatron":
@@ -841,11 +848,10 @@ def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran=None):
                                                 "and b.grad_added_to_main_grad set up before the backward")
     guards.check_shape(main_grad, "b.main_grad", tuple(b.shape))
     out = _OUT_WGRAD.get(main_grad.dtype)
-    if not any(v["LAYOUT"] == "TN" and v.get("ACCUM") == 1 and v["FMT"] == lhs_fmt and v["FMT_B"] == rhs_fmt
-               and v["OUT"] == out and v.get("GRAN") == gran for v in _FACTS.variants):
+    if not _has_variant("TN", lhs_fmt, rhs_fmt, out, gran, accumulate=True):
+        scaled = f" {gran}-scaled" if gran in ("block", "mx") else ""
         guards.fail("dtype", f"b.main_grad is {main_grad.dtype}: no wgrad kernel accumulates {lhs_fmt} x {rhs_fmt}"
-                             f"{f' {gran}-scaled' if gran else ''} products into it (see the registry's TN ACCUM "
-                             "variants)")
+                             f"{scaled} products into it (see the registry's TN ACCUM variants)")
     if not main_grad.is_contiguous() or main_grad.device != b.device:
         guards.fail("layout", f"b.main_grad must be contiguous and on b's device ({b.device}); got "
                               f"{main_grad.device}, strides {main_grad.stride()}")
