@@ -226,12 +226,20 @@ def _k_groups(ks_cpu, grouped_layout, use_psum_layout: bool, rows: int):
 def _check_gaps_zero(gaps, x, w) -> None:
     """The psum layout's gap rows (a group's end up to the next aligned start) are summed into the
     group before them, which is exact only for zeros (DeepGEMM's generators keep them zeroed):
-    refuse anything else rather than add it silently."""
-    for lo, hi in gaps:
-        for name, t in (("a", x), ("b", w)):
-            if t[lo:hi].float().abs().sum().item() != 0:
-                guards.fail("psum-padding", f"{name} rows {lo}..{hi - 1} lie between two psum groups (after a "
-                                            f"group's end, before the next aligned start) and are not zero")
+    refuse anything else rather than add it silently. One read of all gap rows per operand."""
+    if not gaps:
+        return
+    rows = torch.cat([torch.arange(lo, hi) for lo, hi in gaps])
+    gap_of_row = torch.cat([torch.full((hi - lo,), g) for g, (lo, hi) in enumerate(gaps)])
+    bad = []            # (first gap with a nonzero row, a before b, name): the earliest gap is named
+    for order, (name, t) in enumerate((("a", x), ("b", w))):
+        hit = gap_of_row[t[rows.to(t.device)].float().ne(0).any(dim=1).cpu()]
+        if hit.numel():
+            bad.append((int(hit.min()), order, name))
+    if bad:
+        g, _, name = min(bad)
+        guards.fail("psum-padding", f"{name} rows {gaps[g][0]}..{gaps[g][1] - 1} lie between two psum groups (after "
+                                    "a group's end, before the next aligned start) and are not zero")
 
 
 def _scale_block_segments(x, w, starts, lens, gran_k):
