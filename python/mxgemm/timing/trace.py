@@ -8,6 +8,7 @@ import numpy as np
 
 LINE = 128          # cache line bytes (L1 / L2) on CDNA (docs/timing_model.md §2)
 LDS_BANKS = 64      # 4-byte banks, 256 bytes per clock on gfx950 (docs/timing_model.md §2)
+LDS_MEMO = 1 << 16   # address patterns whose bank cycles a Tracer remembers (a launch's loops repeat a few)
 BUFFER_SHIFT = 40   # a line's key: (the buffer's rank by address << BUFFER_SHIFT) + its line in the buffer
 
 
@@ -24,6 +25,7 @@ class Tracer:
     def __init__(self):
         self.waves: list = []
         self.cur: WaveTrace | None = None
+        self.lds_cycles: dict = {}     # (bytes a lane, active lanes' addresses) -> bank cycles
 
     def start_wave(self, w, wg_id, wave_index) -> None:
         w.trace = WaveTrace(wg_id, wave_index)
@@ -62,17 +64,29 @@ class Tracer:
 
     def lds(self, addr, mask, nbytes) -> None:
         """An LDS access of the current instruction (addr: per lane, a row per lane where a lane
-        has several; mask: the active lanes): the cycles its bank conflicts cost. Lanes
-        go in phases of 256 bytes (64 banks x 4 bytes; ds_read_b128: 16 lanes a phase); a phase
-        takes as many cycles as the most distinct dwords any one bank serves in it."""
+        has several; mask: the active lanes): the cycles its bank conflicts cost, memoised per
+        address pattern (a loop's waves repeat theirs every iteration)."""
         t = self.cur
         if t is None:
             return
-        a = np.asarray(addr)[mask].reshape(-1)
-        per_phase = max(1, 256 // max(4, nbytes))
-        cycles = 0
-        for p in range(0, a.size, per_phase):
-            dw = np.unique(((a[p:p + per_phase, None] + np.arange(0, max(4, nbytes), 4)) // 4).ravel())
-            cycles += int(np.bincount(dw % LDS_BANKS, minlength=LDS_BANKS).max())
+        a = np.asarray(addr, np.int64)[mask]
+        key = (nbytes, a.tobytes())
+        cycles = self.lds_cycles.get(key)
+        if cycles is None:
+            if len(self.lds_cycles) >= LDS_MEMO:
+                self.lds_cycles.clear()
+            cycles = self.lds_cycles[key] = bank_cycles(a.reshape(-1), nbytes)
         prev = t.mem.get(len(t.pcs) - 1)
         t.mem[len(t.pcs) - 1] = ("lds", cycles + (prev[1] if prev else 0))
+
+
+def bank_cycles(a, nbytes) -> int:
+    """Cycles of an LDS access at byte addresses ``a`` (the active lanes in order), each lane
+    ``nbytes``: lanes go in phases of 256 bytes (64 banks x 4 bytes; ds_read_b128: 16 lanes a
+    phase); a phase takes as many cycles as the most distinct dwords any one bank serves in it."""
+    per_phase = max(1, 256 // max(4, nbytes))
+    cycles = 0
+    for p in range(0, a.size, per_phase):
+        dw = np.unique(((a[p:p + per_phase, None] + np.arange(0, max(4, nbytes), 4)) // 4).ravel())
+        cycles += int(np.bincount(dw % LDS_BANKS, minlength=LDS_BANKS).max())
+    return cycles
