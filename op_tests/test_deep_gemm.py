@@ -127,7 +127,7 @@ def hardware(ms, shapes, scales, all_configs):
                 plan = deep_gemm.explain(deep_gemm.m_grouped_fp8_gemm_nt_masked if masked else
                                          deep_gemm.m_grouped_fp8_gemm_nt_contiguous, (a, sfa), bs[0], d, layout,
                                          *((m,) if masked else ()))
-                tiles = [""] + (sorted({f"{v['BM']}x{v['BN']}" for v in registry.get("deep_gemm_fp8").variants
+                tiles = [""] + (sorted({f"{v['BM']}x{v['BN']}" for v in registry.get("blockscale_grouped_gemm").variants
                                         if N % v["BN"] == 0}) if all_configs else [])
                 runs = {f"mxgemm {t or 'default'}": (lambda i, t=t: run(a, sfa, *bs[i], layout, d, masked, t))
                         for t in tiles}

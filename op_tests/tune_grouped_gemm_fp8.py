@@ -1,6 +1,6 @@
 """Tune the tensorwise FP8 grouped GEMM configs and (re)write
 python/mxgemm/configs/grouped_gemm_fp8_gfx950.csv, keyed by (layout, G, M, N, K) (see
-mxgemm.ops.grouped_fp8.problem_key).
+mxgemm.ops.train_grouped_gemm.problem_key).
 
 On an MI355X (gfx950 GPU, ROCm torch) the default mode times every candidate config (each
 registered e4m3 -> bf16 tile of the layout x GROUP_M x PERSISTENT) of the forward (NT), dgrad
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch
 
 from mxgemm import toolchain, tuned
-from mxgemm.ops import grouped_fp8 as op
+from mxgemm.ops import train_grouped_gemm as op
 
 FIELDS = [*op.KEY, *op.CONFIG, "us", "source"]
 

@@ -1,4 +1,4 @@
-"""DeepGEMM-compatible FP8 and FP8 x FP4 block-scale grouped GEMMs (kernel family deep_gemm_fp8)
+"""DeepGEMM-compatible FP8 and FP8 x FP4 block-scale grouped GEMMs (kernel family blockscale_grouped_gemm)
 and the mxgemm.deep_gemm helpers.
 
 Spec: inputs are built the way DeepGEMM's own tests build them (per-token cast of A, per-block
@@ -23,7 +23,7 @@ import mxgemm.deep_gemm as deep_gemm
 from mxgemm import build, formats, guards, reference, registry
 from mxgemm.deep_gemm import utils
 
-KERNEL = "deep_gemm_fp8"
+KERNEL = "blockscale_grouped_gemm"
 SENTINEL = -7.0           # d is pre-filled with it: rows the kernel must not write keep it
 
 

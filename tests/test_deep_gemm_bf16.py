@@ -1,5 +1,5 @@
 """DeepGEMM's M-grouped BF16 GEMMs (mxgemm.deep_gemm.m_grouped_bf16_gemm_nt_contiguous / _nn_contiguous
-/ _nt_masked) on the deep_gemm_fp8 kernel family's A_FMT=bf16 variants.
+/ _nt_masked) on the blockscale_grouped_gemm kernel family's A_FMT=bf16 variants.
 
 Spec: a and b bf16 without scales, fp32 accumulation, bf16 d written in place. Every row the
 kernel writes is bit-identical to mxgemm.reference (each 32-K chunk's exact sum rounded once to
@@ -19,9 +19,9 @@ import torch
 import mxgemm.deep_gemm as deep_gemm
 from mxgemm import build, guards, reference, registry
 from mxgemm.deep_gemm import utils
-from mxgemm.ops.deep_gemm import deep_gemm_fp8_grouped_gemm
+from mxgemm.ops.blockscale_grouped_gemm import deep_gemm_fp8_grouped_gemm
 
-KERNEL = "deep_gemm_fp8"
+KERNEL = "blockscale_grouped_gemm"
 SENTINEL = -7.0           # d is pre-filled with it: rows the kernel must not write keep it
 BF16_VARIANTS = [v for v in registry.get(KERNEL).variants if v.get("A_FMT") == "bf16"]
 

@@ -1,4 +1,4 @@
-"""BF16 grouped GEMM: the FMT=bf16 variants of the grouped_gemm_fp8 kernel body (no scales,
+"""BF16 grouped GEMM: the FMT=bf16 variants of the train_grouped_gemm kernel body (no scales,
 v_mfma_f32_16x16x32_bf16) through mxgemm.grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k
 on the emulator (race mode, shuffled workgroup order).
 
@@ -19,7 +19,7 @@ import torch
 import mxgemm
 from mxgemm import build, guards, launcher, metrics, reference, registry
 
-KERNEL = "grouped_gemm_fp8"
+KERNEL = "train_grouped_gemm"
 OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 CFG64 = "BM=64,BN=64,GROUP_M=2,PERSISTENT=0"
 BF16_VARIANTS = [v for v in registry.get(KERNEL).variants if v["FMT"] == "bf16"]

@@ -1,4 +1,4 @@
-"""grouped_gemm_fp8 kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN, TT.
+"""train_grouped_gemm kernel family (FlyDSL, gfx950) on the emulator: forward NT, dgrad NN, variable-K wgrad TN, TT.
 
 Spec: every layout x format (e4m3, e5m2; mixed a / b formats of the hybrid backward) x output (bf16, fp16)
 is bit-identical to
@@ -24,7 +24,7 @@ import torch
 
 from mxgemm import asm_facts, build, launcher, metrics, reference, registry
 
-KERNEL = "grouped_gemm_fp8"
+KERNEL = "train_grouped_gemm"
 ORDER = registry.get(KERNEL).ordered_args   # raw emulator launches take the arguments by name too
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}

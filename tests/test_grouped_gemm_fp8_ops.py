@@ -63,7 +63,7 @@ def test_variable_k_op_bit_exact_with_given_offsets():
 def test_explain_names_kernel_tiles_and_grid():
     p = mxgemm.explain("grouped_gemm_fp8_kernel", **rows_case(lens=(300, 212), n=128), num_cu=3)
     assert (p.kernel, p.variant["LAYOUT"], p.variant["BM"], p.variant["BN"], p.grid) == \
-        ("grouped_gemm_fp8", "NT", 256, 128, (3, 1, 1))
+        ("train_grouped_gemm", "NT", 256, 128, (3, 1, 1))
     p = mxgemm.explain("grouped_gemm_fp8_variable_k", **variable_k_case(m=128, n=128), out_dtype=torch.float16)
     assert (p.variant["LAYOUT"], p.variant["OUT"], p.variant["BM"], p.grid) == ("TN", "f16", 64, (3 * 2 * 2, 1, 1))
     assert "variable-K" in str(p)
@@ -210,7 +210,7 @@ def test_autograd_op_forward_and_backward(trans_b, fmt, dtype, y_db, grad_db):
     grad_b are bit-identical to the reference on the quantised tensors (hybrid: a and b in
     e4m3, grad_out in e5m2, both weight layouts and both half outputs), and within y_db /
     grad_db SNR of fp32 math on the unquantised ones."""
-    from mxgemm.ops.grouped_fp8 import FORMATS
+    from mxgemm.ops.train_grouped_gemm import FORMATS
     from mxgemm.quant import tensorwise_cast_to_fp8
     g = torch.Generator().manual_seed(7)
     lens, n, k = [40, 0, 77], 96, 128
@@ -287,7 +287,7 @@ def test_planner_reads_the_tuned_table(tmp_path, monkeypatch):
     """A tuned row for the problem (layout, G, M, N, K) replaces the heuristic (a shape planned
     nowhere else: plans are memoised per shape)."""
     from mxgemm import tuned
-    from mxgemm.ops import grouped_fp8 as op
+    from mxgemm.ops import train_grouped_gemm as op
     row = dict(layout="TN", G=3, M=128, N=144, K=187, BM=128, BN=128, GROUP_M=4, PERSISTENT=2, us="1.00",
                source="measured")
     tuned.write_rows([row], tmp_path / "t.csv", list(row))

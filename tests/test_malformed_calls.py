@@ -294,8 +294,8 @@ def _layouts(t):
 
 def _deep_gemm_multi_k():
     """A deep_gemm call whose scales have several K blocks (so strides tell layouts apart)."""
-    v = registry.find_variant(registry.get("deep_gemm_fp8"), BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16")
-    return list(specs.deep_gemm._call(specs.Inputs(), v, 2, torch.tensor([128, 100]), 128, 128, 512).args)
+    v = registry.find_variant(registry.get("blockscale_grouped_gemm"), BM=128, BN=128, MASKED=0, UE8M0=0, OUT="bf16")
+    return list(specs.blockscale_grouped_gemm._call(specs.Inputs(), v, 2, torch.tensor([128, 100]), 128, 128, 512).args)
 
 
 @pytest.mark.parametrize("op", OUT_OPS)

@@ -137,7 +137,7 @@ def test_grouped_gemm_fp8_emulator_cases_pass():
 
 def _grouped_config_problems(rows) -> list[str]:
     """Why rows of a grouped_gemm_fp8 tuned table are unusable: duplicates, unregistered tiles, values."""
-    from mxgemm.ops import grouped_fp8 as op
+    from mxgemm.ops import train_grouped_gemm as op
     bad, seen = [], set()
     for n, r in enumerate(rows, 2):
         key = op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
@@ -155,7 +155,7 @@ def _grouped_config_problems(rows) -> list[str]:
 
 
 def _planner_takes(rows, table):
-    from mxgemm.ops import grouped_fp8 as op
+    from mxgemm.ops import train_grouped_gemm as op
     e4m3 = torch.empty(0, dtype=torch.float8_e4m3fn)
     call = types.SimpleNamespace(config="", a=e4m3, b=e4m3, out_dtype=torch.bfloat16, accumulate=False)
     for r in rows:
@@ -168,7 +168,7 @@ def _planner_takes(rows, table):
 
 def test_grouped_gemm_fp8_tuner_dry_run_writes_a_table_the_planner_reads(tmp_path):
     from mxgemm import tuned
-    from mxgemm.ops import grouped_fp8 as op
+    from mxgemm.ops import train_grouped_gemm as op
     out = _run(ROOT / "op_tests" / "tune_grouped_gemm_fp8.py", "--emulator", "--out", tmp_path / "t.csv")
     assert "every candidate bit-exact vs reference" in out, out
     header, rows = csv_rows(tmp_path / "t.csv")
@@ -179,7 +179,7 @@ def test_grouped_gemm_fp8_tuner_dry_run_writes_a_table_the_planner_reads(tmp_pat
 
 
 def test_shipped_grouped_gemm_fp8_table_rows_are_taken_by_the_planner():
-    from mxgemm.ops import grouped_fp8 as op
+    from mxgemm.ops import train_grouped_gemm as op
     header, rows = csv_rows(op.CONFIG_CSV)
     assert header == [*op.KEY, *op.CONFIG, "us", "source"] and rows
     assert _grouped_config_problems(rows) == []

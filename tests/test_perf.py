@@ -33,10 +33,10 @@ HAND = [
     ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256, K=1024),
      2 * 4 * 256 * 1024, 4 * (512 + 32) + 2 * 256 * (512 + 32) + 2 * 2 * 2 * 256, (1, 3, 1), 2 * 4 * 2),
     # DeepGEMM masked, fp32 scales: sfa 32 rows x 4 blocks, sfb 1 x 4 blocks (4 bytes each)
-    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32, K=512),
+    ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32, K=512),
      2 * 32 * 32 * 512, 32 * 512 + 32 * 512 + 32 * 4 * 4 + 4 * 4 + 2 * 32 * 32, (1, 1, 1), 4 * 2),
     # grouped fp8 forward: 2 groups of 64 rows, tile bound (ceil(128 / 64) + 2) x 1; 64x64 tiles step K by 256
-    ("grouped_gemm_fp8", {"LAYOUT": "NT", "FMT": "e4m3", "FMT_B": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64},
+    ("train_grouped_gemm", {"LAYOUT": "NT", "FMT": "e4m3", "FMT_B": "e4m3", "OUT": "bf16", "BM": 64, "BN": 64},
      dict(groups=2, m=64, N=64, K=512), 2 * 2 * 64 * 64 * 512, 2 * 64 * 512 + 2 * 64 * 512 + 2 * 2 * 64 * 64,
      (4, 1, 1), 2 * 4 * 2),
     # dequant 8 x 1024: e4m3 in, 32 scales a row, fp32 out; one workgroup per 1024 elements
@@ -79,13 +79,13 @@ LOOPS = [
      (512, 1024)),
     ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
     ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
-    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
+    ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
      (512, 1024)),
-    ("deep_gemm_fp8", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 1, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
+    ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 1, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
      (1024, 2048)),
-    ("grouped_gemm_fp8", {"LAYOUT": "NT", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
-    ("grouped_gemm_fp8", {"LAYOUT": "NN", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
-    ("grouped_gemm_fp8", {"LAYOUT": "TN", **_NT64}, dict(groups=1, N=64, K=64), "m", (128, 256)),
+    ("train_grouped_gemm", {"LAYOUT": "NT", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
+    ("train_grouped_gemm", {"LAYOUT": "NN", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
+    ("train_grouped_gemm", {"LAYOUT": "TN", **_NT64}, dict(groups=1, N=64, K=64), "m", (128, 256)),
     ("mxfp8_dequant", {}, dict(K=1024), "M", (8, 16)),
     ("mxfp8_dequant_flydsl", {}, dict(K=1024), "M", (8, 16)),
 ]

@@ -38,7 +38,7 @@ REDUNDANT = (
     ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
      "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
      "runs whenever the second does (a block's real rows precede its padding)"),
-    ("grouped_gemm_fp8", tuple(registry.variant_id(v) for v in registry.get("grouped_gemm_fp8").variants
+    ("train_grouped_gemm", tuple(registry.variant_id(v) for v in registry.get("train_grouped_gemm").variants
                                if v["BM"] == 64 and v["LAYOUT"] != "TN"), "s_waitcnt lgkmcnt(0)", None,
      "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
      "dead prefetch of step K/128 (all-zero loads); that LDS buffer is next read after the next tile's "

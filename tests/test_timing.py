@@ -334,8 +334,9 @@ MXGEMM_KERNEL(loads)(const int* __restrict__ x) {
 
 
 def test_a_kernel_from_another_revision_runs_with_that_revisions_arguments():
-    """mxgemm.timing.revisions: grouped_gemm_fp8 before its strided scales took seven arguments
-    fewer (its registry at that commit, when the clone has it); the FlyDSL dequantise kernel built
+    """mxgemm.timing.revisions: train_grouped_gemm before its strided scales took seven arguments
+    fewer (its registry at that commit, when the clone has it, where it had its former name and
+    file); the FlyDSL dequantise kernel built
     from HEAD (in every clone),
     launched with the argument names the op passes today, computes the op's result and is timed."""
     import mxgemm
@@ -345,8 +346,9 @@ def test_a_kernel_from_another_revision_runs_with_that_revisions_arguments():
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True)  # noqa: E731
     if git("cat-file", "-e", "6dfc569^{commit}").returncode == 0:   # absent from a shallow clone
         strides = ("sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift")
-        assert revisions.kernel_at("6dfc569", "grouped_gemm_fp8").args == tuple(
-            a for a in registry.get("grouped_gemm_fp8").args if a not in strides)
+        old = revisions.kernel_at("6dfc569", "train_grouped_gemm")
+        assert old.args == tuple(a for a in registry.get("train_grouped_gemm").args if a not in strides)
+        assert old.symbol == "grouped_gemm_fp8" and old.source.endswith("/grouped_gemm_fp8.py")
     head = git("rev-parse", "--short=7", "HEAD").stdout.strip()
     case = specs.Case("mxfp8_dequant_flydsl", {}, dict(M=64, K=256), "small")
     call = specs.op_call(case, fill="data")

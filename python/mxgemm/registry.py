@@ -190,8 +190,8 @@ register(Kernel(
 # scales (UE8M0) and the output type (OUT) are parameters. BM=BN=128 is the production tile;
 # 32 x 32 keeps emulator tests fast.
 register(Kernel(
-    name="deep_gemm_fp8", language="flydsl", source="flydsl_kernels/deep_gemm_fp8.py",
-    symbol="deep_gemm_fp8",
+    name="blockscale_grouped_gemm", language="flydsl", source="flydsl_kernels/blockscale_grouped_gemm.py",
+    symbol="blockscale_grouped_gemm",
     # layout: m_indices / grouped_layout (contiguous) or masked_m (masked); zero_pad: write rows of no
     # group as zeros; sfa_* / sfb_*: the scales' byte strides (group, row, 4 K blocks, K block in 4;
     # rows of b >> sfb_shift); m_tiles: BM-row tiles over all groups
@@ -231,13 +231,13 @@ _GROUPED_FP8_HYBRID = (dict(LAYOUT="NN", FMT="e5m2", FMT_B="e4m3"), dict(LAYOUT=
                        dict(LAYOUT="TN", FMT="e5m2", FMT_B="e4m3"), dict(LAYOUT="TN", FMT="e4m3", FMT_B="e5m2"))
 
 
-def _grouped_fp8_variants(**params):
+def _train_grouped_variants(**params):
     same = tuple(dict(v, **f) for f in _GROUPED_FP8_SAME for v in variant_grid(LAYOUT=("NT", "NN", "TN"), **params))
     return same + tuple(dict(v, **h) for h in _GROUPED_FP8_HYBRID for v in variant_grid(**params)
                         if v["BM"] in (64, 256))
 
 
-def _grouped_fp8_wgrad_variants(formats, tile):
+def _train_grouped_wgrad_variants(formats, tile):
     """TN variants writing fp32 (ACCUM 0, 1) or accumulating into bf16, per (FMT, FMT_B) pair."""
     return tuple(dict(LAYOUT="TN", FMT=fa, FMT_B=fb, OUT=o, BM=tile, BN=tile, ACCUM=acc) for fa, fb in formats
                  for o, acc in (("f32", 0), ("f32", 1), ("bf16", 1)))
@@ -283,15 +283,15 @@ _GROUPED_BF16 += (dict(LAYOUT="TN", OUT="f16", BM=64, BN=64, ACCUM=1, **_BF16),)
     dict(LAYOUT=lay, OUT="bf16", BM=bm, BN=128, **_BF16) for bm in (128, 256) for lay in ("NT", "NN", "TT", "TN"))
 
 register(Kernel(
-    name="grouped_gemm_fp8", language="flydsl", source="flydsl_kernels/grouped_gemm_fp8.py",
-    symbol="grouped_gemm_fp8",
+    name="train_grouped_gemm", language="flydsl", source="flydsl_kernels/train_grouped_gemm.py",
+    symbol="train_grouped_gemm",
     args=("a", "a_scale", "b", "b_scale", "group_offs", "out", "G", "M", "N", "K", "group_m", "grid",
           "sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift"),
     # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
     grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
-    variants=_grouped_fp8_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
-    + _grouped_fp8_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
-    + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _grouped_fp8_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
+    variants=_train_grouped_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
+    + _train_grouped_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
+    + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
     + _GROUPED_BF16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
     + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK,
     doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) or "

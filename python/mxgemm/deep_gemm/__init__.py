@@ -17,7 +17,7 @@ DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j i
 of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them.
 ``compiled_dims`` and ``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing
 here; ``config`` (mxgemm's, after DeepGEMM's arguments) picks the tile (``choose_tile`` in
-ops/deep_gemm.py). FP4 b (int8 / uint8 [G, N, K/2], two e2m1 per byte, element 2i in the low
+ops/blockscale_grouped_gemm.py). FP4 b (int8 / uint8 [G, N, K/2], two e2m1 per byte, element 2i in the low
 nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b (1, 32): one scale per row
 of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
 Contiguous layouts: m_indices (a group per row, -1 padding) or, with ``use_psum_layout``, DeepGEMM's
@@ -51,7 +51,7 @@ import torch
 
 from .. import guards
 from ..ops._op import OPS
-from ..ops.deep_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
+from ..ops.blockscale_grouped_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
 from .gemm import (
     bf16_gemm_nn,
     bf16_gemm_nt,

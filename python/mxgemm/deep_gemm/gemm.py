@@ -31,7 +31,7 @@ import torch
 
 from .. import formats as F
 from .. import guards
-from ..ops.grouped_fp8 import (
+from ..ops.train_grouped_gemm import (
     grouped_gemm_bf16_kernel,
     grouped_gemm_bf16_variable_k,
     grouped_gemm_fp8_kernel,

@@ -1,12 +1,12 @@
 """grouped_gemm: the differentiable BF16 MoE grouped GEMM (Primus-Turbo's ``turbo.ops.grouped_gemm``),
 forward, dgrad and wgrad on the BF16 variants of the grouped GEMM kernel family
-(grouped_gemm_bf16_kernel, grouped_gemm_bf16_variable_k in ops/grouped_fp8.py)."""
+(grouped_gemm_bf16_kernel, grouped_gemm_bf16_variable_k in ops/train_grouped_gemm.py)."""
 from __future__ import annotations
 
 import torch
 
 from .. import guards
-from .grouped_fp8 import fused_main_grad, group_offsets, grouped_gemm_bf16_kernel, grouped_gemm_bf16_variable_k
+from .train_grouped_gemm import fused_main_grad, group_offsets, grouped_gemm_bf16_kernel, grouped_gemm_bf16_variable_k
 
 SCHEDULES = ("static", "dynamic")
 

@@ -4,11 +4,11 @@ Perf, timing, bench, demo, the race-deletion sweep, the GPU-path test and the mu
 are loops over ``SPECS``; adding an op adds a spec here (see the README's checklist)."""
 from __future__ import annotations
 
-from . import deep_gemm, dense_mx, dequant, grouped_fp8, moe_a4w4, moe_mxfp8, smallm_mxfp8
+from . import blockscale_grouped_gemm, dense_mx, dequant, moe_a4w4, moe_mxfp8, smallm_mxfp8, train_grouped_gemm
 from .base import Call, Case, Contract, Inputs, OpSpec, Smoke, Work
 
-SPECS: tuple[OpSpec, ...] = tuple(m.SPEC for m in (dequant, smallm_mxfp8, moe_mxfp8, moe_a4w4, grouped_fp8,
-                                                     deep_gemm, dense_mx))
+SPECS: tuple[OpSpec, ...] = tuple(m.SPEC for m in (dequant, smallm_mxfp8, moe_mxfp8, moe_a4w4, train_grouped_gemm,
+                                                     blockscale_grouped_gemm, dense_mx))
 SMALL_PRESET = "small"   # CI: one case of every kernel that runs quickly
 
 __all__ = ["Call", "Case", "Contract", "Inputs", "OpSpec", "SPECS", "Smoke", "Work", "SMALL_PRESET", "presets",

@@ -46,11 +46,22 @@ def kernel_at(rev: str, name: str) -> registry.Kernel:
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod          # dataclasses resolve annotations through sys.modules
     exec(compile(src, f"{c[:12]}:python/mxgemm/registry.py", "exec"), mod.__dict__)
-    old = mod.KERNELS[name]
+    old = mod.KERNELS.get(name) or _renamed(c, name, mod.KERNELS)
     if old.language != "flydsl":
         raise ValueError(f"{name}: only FlyDSL kernels are built from other revisions (it is {old.language})")
     fields = {f: getattr(old, f) for f in registry.Kernel.__dataclass_fields__ if hasattr(old, f)}
     return registry.Kernel(**dict(fields, source=str(_sources(c) / Path(old.source).name)))
+
+
+def _renamed(c: str, name: str, kernels: dict) -> registry.Kernel:
+    """The kernel at commit ``c`` whose source git follows to today's source of ``name`` (a kernel
+    renamed since keeps its history: its file was moved with it)."""
+    today = registry.get(name).source
+    for line in _git("diff", "--name-status", "-M", c, "HEAD", "--", SOURCES).decode().splitlines():
+        status, *paths = line.split("\t")
+        if status.startswith("R") and paths[1] == today:
+            return next(k for k in kernels.values() if k.source == paths[0])
+    raise KeyError(f"{name} has no kernel at {c[:12]} (nor a source renamed to {today})")
 
 
 def _sources(c: str) -> Path:

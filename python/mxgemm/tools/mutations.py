@@ -17,8 +17,8 @@ A4W4_HIP = "csrc/kernels/moe_gemm2_a4w4.hip"
 A4W4_FLY = "flydsl_kernels/moe_gemm2_a4w4.py"
 DEQUANT_HIP = "csrc/kernels/mxfp8_dequant.hip"
 DEQUANT_FLY = "flydsl_kernels/mxfp8_dequant.py"
-DEEP_GEMM = "flydsl_kernels/deep_gemm_fp8.py"
-GROUPED_FP8 = "flydsl_kernels/grouped_gemm_fp8.py"
+BLOCKSCALE = "flydsl_kernels/blockscale_grouped_gemm.py"
+TRAIN_GROUPED = "flydsl_kernels/train_grouped_gemm.py"
 MX_GEMM = "flydsl_kernels/mx_gemm.py"
 VALU = "python/mxgemm/emu/valu.py"
 ATOMICS = "python/mxgemm/emu/float_atomics.py"
@@ -121,123 +121,123 @@ CATALOGUE = (
         (DEQUANT_FLY, "[v, arith.subi(s, c(127))]", "[v, c(0)]"),),
         "FlyDSL dequant ignores the scale"),
     # ---- DeepGEMM-compatible FP8 grouped GEMM (FlyDSL)
-    Mutation("deep-gemm-drop-sfb", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "arith.mulf(sa[mt], sb[0])", "sa[mt]"),
-        (DEEP_GEMM, "acc[nt][mt], FMT_CODE[t.b_fmt], 0, 0, sb[nt], 0, sa[mt]]",
+    Mutation("deep-gemm-drop-sfb", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "arith.mulf(sa[mt], sb[0])", "sa[mt]"),
+        (BLOCKSCALE, "acc[nt][mt], FMT_CODE[t.b_fmt], 0, 0, sb[nt], 0, sa[mt]]",
          "acc[nt][mt], FMT_CODE[t.b_fmt], 0, 0, one, 0, sa[mt]]")),
         "weight scales ignored: fp32 promotion by sfa alone, hardware e8m0 scale 1.0 for B"),
-    Mutation("deep-gemm-bf16-truncate", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))",
+    Mutation("deep-gemm-bf16-truncate", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "packed = llvm.bitcast(v2i32, arith.truncf(out_t, acc[nt][mt]))",
          "v4i16 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))\n"
          "            hi = arith.shrui(llvm.bitcast(B.v4i32, acc[nt][mt]), arith.constant(B.v4i32, "
          "ir.DenseElementsAttr.get_splat(B.v4i32, B.c_attr(16))))\n"
          "            packed = llvm.bitcast(v2i32, arith.trunci(v4i16, hi) if out == \"bf16\" "
          "else arith.truncf(out_t, acc[nt][mt]))"),),
         "bf16 output conversion truncates the fp32 bits instead of RNE"),
-    Mutation("deep-gemm-sfa-next-k-block", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1)",
+    Mutation("deep-gemm-sfa-next-k-block", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1)",
          "sfa_voff[mt], k_block(B.add(kt, B.c(1)), sfa_sk4, sfa_sk1)"),),
         "activation scale of the next 128-K block (off by one in the K-block scale index)"),
-    Mutation("deep-gemm-sfb-per-block-only", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "(c >> sfb_shift) * sfb_sn", "(c >> 7) * sfb_sn"),),
+    Mutation("deep-gemm-sfb-per-block-only", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "(c >> sfb_shift) * sfb_sn", "(c >> 7) * sfb_sn"),),
         "UE8M0 weight scales always read per 128 rows of b: per-row (packed recipe) scales ignored"),
-    Mutation("deep-gemm-partial-k-block-unmasked", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, 'return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET))',
+    Mutation("deep-gemm-partial-k-block-unmasked", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, 'return [B.sel(B.cmp("ult", c, t.tail), o, B.c(INVALID_OFFSET))',
          "return [o"),),
         "a partial last K block reads on into the next row instead of zeros past K"),
-    Mutation("deep-gemm-fp4-scale-block", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]",
+    Mutation("deep-gemm-fp4-scale-block", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]",
          "sfb_voff = [sfb_group + c * sfb_sn for c in cols]"),),
         "FP4 weight scales: every lane reads the first 32-K block's scale of its 128-K block"),
-    Mutation("deep-gemm-padding-tiles-skipped", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "active = arith.ori(run, pad)", "active = run"),),
+    Mutation("deep-gemm-padding-tiles-skipped", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "active = arith.ori(run, pad)", "active = run"),),
         "ensure_zero_padding: tiles made only of padding rows exit without writing their zeros"),
-    Mutation("deep-gemm-psum-group-off-by-one", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, 'B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)',
+    Mutation("deep-gemm-psum-group-off-by-one", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, 'B.cmp("sle", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)',
          'B.cmp("slt", (end + (M_ALIGN - 1)) & -M_ALIGN, row_base)'),),
         "psum layout: a tile starting exactly at a group's aligned end is given the previous group"),
-    Mutation("deep-gemm-psum-first-chunk-only", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, 'more = arith.andi(B.cmp("eq", count, B.c(64)),',
+    Mutation("deep-gemm-psum-first-chunk-only", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, 'more = arith.andi(B.cmp("eq", count, B.c(64)),',
          'more = arith.andi(B.cmp("eq", count, B.c(65)),'),),
         "psum layout: the group search stops after the first 64 group ends (more than 64 groups)"),
-    Mutation("deep-gemm-bf16-chunks-out-of-order", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "            for h in range(2):\n                for mt in range(t.m_tiles):",
+    Mutation("deep-gemm-bf16-chunks-out-of-order", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "            for h in range(2):\n                for mt in range(t.m_tiles):",
          "            for h in (1, 0):\n                for mt in range(t.m_tiles):"),),
         "bf16: each K block's second 32-K MFMA is accumulated before its first (summation order)"),
-    Mutation("deep-gemm-bf16-a-half-mismatched", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "llvm.bitcast(v8bf16, af[mt][h])", "llvm.bitcast(v8bf16, af[mt][1 - h])"),),
+    Mutation("deep-gemm-bf16-a-half-mismatched", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "llvm.bitcast(v8bf16, af[mt][h])", "llvm.bitcast(v8bf16, af[mt][1 - h])"),),
         "bf16: a's 32-K half of the other half of the K block multiplies b's"),
-    Mutation("deep-gemm-bf16-rows-in-elements", ("deep_gemm_fp8",), (
-        (DEEP_GEMM, "        k = k * 2 ", "        k = k + 0 "),),
+    Mutation("deep-gemm-bf16-rows-in-elements", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "        k = k * 2 ", "        k = k + 0 "),),
         "bf16: rows of a and b addressed as K bytes instead of 2K (and half the K blocks)"),
     # ---- tensorwise FP8 grouped GEMM (FlyDSL)
-    Mutation("grouped-fp8-drop-b-scale", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "return arith.mulf(b.splat_value(b.v4f32, sa), sb)", "return b.splat_value(b.v4f32, sa)"),),
+    Mutation("grouped-fp8-drop-b-scale", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "return arith.mulf(b.splat_value(b.v4f32, sa), sb)", "return b.splat_value(b.v4f32, sa)"),),
         "the scale product is a's scale alone, not sa * sb (tensorwise, row-wise and block scales)"),
-    Mutation("grouped-fp8-bf16-truncate", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "v = llvm.bitcast(raw, arith.truncf(v4e, v))",
+    Mutation("grouped-fp8-bf16-truncate", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "v = llvm.bitcast(raw, arith.truncf(v4e, v))",
          "v = llvm.bitcast(raw, arith.truncf(v4e, llvm.bitcast(b.v4f32, arith.andi(llvm.bitcast(b.v4i32, v), "
          "arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
-    Mutation("grouped-fp8-accumulate-drops-old", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "v = arith.addf(v, old if", "v = arith.addf(v, v if"),),
+    Mutation("grouped-fp8-accumulate-drops-old", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "v = arith.addf(v, old if", "v = arith.addf(v, v if"),),
         "out += result adds the result to itself, not to what out held (fp32 main_grad)"),
-    Mutation("grouped-fp8-accumulate-old-rounded", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "v = arith.addf(v, old if out_t == \"f32\" else arith.extf(b.v4f32, llvm.bitcast(v4e, old)))",
+    Mutation("grouped-fp8-accumulate-old-rounded", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "v = arith.addf(v, old if out_t == \"f32\" else arith.extf(b.v4f32, llvm.bitcast(v4e, old)))",
          "v = arith.addf(v, old) if out_t == \"f32\" else arith.extf(b.v4f32, arith.addf(arith.truncf(v4e, v), "
          "llvm.bitcast(v4e, old)))"),),
         "bf16 accumulation rounds the product to bf16 before the add (two roundings, not one)"),
-    Mutation("grouped-fp8-f32-out-half-stride", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}', 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 2}'),),
+    Mutation("grouped-fp8-f32-out-half-stride", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}', 'OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 2}'),),
         "fp32 output addressed with 2-byte elements"),
-    Mutation("grouped-fp8-mixed-formats-swapped", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0]",
+    Mutation("grouped-fp8-mixed-formats-swapped", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0]",
          "FMT_CODE[fmt_a], FMT_CODE[fmt_b], 0, scales[0]"),),
         "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
-    Mutation("grouped-fp8-scan-tile-count-off-by-one", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
+    Mutation("grouped-fp8-scan-tile-count-off-by-one", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
          "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),
         "group scan counts ceil((len - 1) / BM) row tiles: a last row alone in its tile is never computed"),
-    Mutation("grouped-fp8-padded-tail-unwritten", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "total = arith.addi(_group_scan(b, group_offs, G, bm, n_tiles, bid)[0], tail_tiles)",
+    Mutation("grouped-fp8-padded-tail-unwritten", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "total = arith.addi(_group_scan(b, group_offs, G, bm, n_tiles, bid)[0], tail_tiles)",
          "total = _group_scan(b, group_offs, G, bm, n_tiles, bid)[0]"),),
         "NT / NN leave the out rows of a padded tail (past group_offs[G]) unwritten instead of zero"),
-    Mutation("grouped-fp8-tn-contraction-off-by-one", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "arith.subi(e, s),\n                  out_base, N, sc, sc_tile)",
+    Mutation("grouped-fp8-tn-contraction-off-by-one", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "arith.subi(e, s),\n                  out_base, N, sc, sc_tile)",
          "arith.subi(arith.subi(e, s), b.c(1)),\n                  out_base, N, sc, sc_tile)"),),
         "variable-K wgrad drops each group's last contraction row"),
-    Mutation("grouped-fp8-block-scale-next-k-block", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "sa_off = [v + kb * self.sa_sk for v in sa_off]",
+    Mutation("grouped-fp8-block-scale-next-k-block", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "sa_off = [v + kb * self.sa_sk for v in sa_off]",
          "sa_off = [v + (kb + 1) * self.sa_sk for v in sa_off]"),),
         "block scales: each step reads a's scale of the next 128-wide contraction block (off by one)"),
-    Mutation("grouped-fp8-sb-shift-ignored", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "col = [c >> self.sb_shift for c in col]", "col = [c >> 7 for c in col]"),),
+    Mutation("grouped-fp8-sb-shift-ignored", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "col = [c >> self.sb_shift for c in col]", "col = [c >> 7 for c in col]"),),
         "block scales of b always read per 128 output columns: per-column ((1, 1, 128) recipe) scales ignored"),
-    Mutation("grouped-fp8-block-promotion-skipped", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, 'zero if gran == "block" else acc[t]', "acc[t]"),),
+    Mutation("grouped-fp8-block-promotion-skipped", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, 'zero if gran == "block" else acc[t]', "acc[t]"),),
         "block scales multiply the MFMA's running sum (C = acc), not each block's exact partial from C = 0"),
-    Mutation("grouped-fp8-tn-block-index-per-group", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "arith.divui(s, b.c(kb_len))", "b.c(0)"),),
+    Mutation("grouped-fp8-tn-block-index-per-group", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "arith.divui(s, b.c(kb_len))", "b.c(0)"),),
         "variable-K block scales: the 128-row block index restarts at each group instead of (offs[g] + c) / 128"),
-    Mutation("grouped-mx-scales-swapped", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, 'scales = (sb[j], sa[i]) if gran == "mx"', 'scales = (sa[i], sb[j]) if gran == "mx"'),),
+    Mutation("grouped-mx-scales-swapped", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, 'scales = (sb[j], sa[i]) if gran == "mx"', 'scales = (sa[i], sb[j]) if gran == "mx"'),),
         "mx: a's e8m0 scales fed to the MFMA as b's and b's as a's"),
-    Mutation("grouped-mx-first-block-only", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "kb = kb0 + lane // 16", "kb = kb0 + 0 * lane"),),
+    Mutation("grouped-mx-first-block-only", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "kb = kb0 + lane // 16", "kb = kb0 + 0 * lane"),),
         "mx: every lane feeds the scale of the step's first 32-block, not block lane / 16"),
-    Mutation("grouped-bf16-chunks-out-of-order", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "            for h in range(2):\n", "            for h in (1, 0):\n"),),
+    Mutation("grouped-bf16-chunks-out-of-order", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "            for h in range(2):\n", "            for h in (1, 0):\n"),),
         "bf16: each step's second 32-wide chunk is accumulated before its first (summation order)"),
-    Mutation("grouped-bf16-a-chunk-mismatched", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "srcs = [llvm.bitcast(v8bf16, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]",
+    Mutation("grouped-bf16-a-chunk-mismatched", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "srcs = [llvm.bitcast(v8bf16, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]",
          "srcs = [llvm.bitcast(v8bf16, x[i]) for x, i in ((b_ops[t % nj_n], h), (a_ops[t // nj_n], 1 - h))]"),),
         "bf16: a's 32-wide chunk of the other half of the step multiplies b's"),
-    Mutation("grouped-bf16-element-offsets-as-bytes", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "voff = arith.select(ok, off * self.es, b.c(INVALID_OFFSET))",
+    Mutation("grouped-bf16-element-offsets-as-bytes", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "voff = arith.select(ok, off * self.es, b.c(INVALID_OFFSET))",
          "voff = arith.select(ok, off, b.c(INVALID_OFFSET))"),),
         "operand loads address bf16 elements with 1-byte strides"),
-    Mutation("grouped-bf16-steps-of-128-elements", ("grouped_gemm_fp8",), (
-        (GROUPED_FP8, "steps = b.ceil_div(c_len, A.bke)", "steps = b.ceil_div(c_len, BK)"),),
+    Mutation("grouped-bf16-steps-of-128-elements", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "steps = b.ceil_div(c_len, A.bke)", "steps = b.ceil_div(c_len, BK)"),),
         "the contraction loop counts 128 elements per step: bf16 (64 per step) computes half of K"),
     # ---- MX GEMM (FlyDSL)
     Mutation("mx-gemm-drop-b-scale", ("mx_gemm",), (

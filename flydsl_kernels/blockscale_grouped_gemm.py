@@ -411,7 +411,7 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", 
         buf: fx.Array[fx.Int8, 2 * bm * BLOCK_K, 16]
 
     @flyc.kernel(name=symbol)
-    def deep_gemm_fp8_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
+    def blockscale_grouped_gemm_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                              layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
                              groups: fx.Int32, zero_pad: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32,
                              sfa_sk4: fx.Int32, sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32,
@@ -423,16 +423,16 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", 
               [v.ir_value() for v in (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
-    def deep_gemm_fp8(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
+    def blockscale_grouped_gemm(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,
                       layout: fx.Pointer, rows: fx.Int32, n: fx.Int32, k: fx.Int32, m_max: fx.Int32,
                       groups: fx.Int32, zero_pad: fx.Int32, sfa_sg: fx.Int32, sfa_sm: fx.Int32, sfa_sk4: fx.Int32,
                       sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32, sfb_sk4: fx.Int32, sfb_sk1: fx.Int32,
                       sfb_shift: fx.Int32, m_tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        deep_gemm_fp8_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad, sfa_sg, sfa_sm, sfa_sk4,
-                             sfa_sk1, sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift).launch(
+        blockscale_grouped_gemm_kernel(a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad, sfa_sg, sfa_sm,
+                                       sfa_sk4, sfa_sk1, sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift).launch(
             grid=(n // bn, m_tiles, 1), block=(THREADS, 1, 1), stream=stream)
 
-    return deep_gemm_fp8
+    return blockscale_grouped_gemm
 
 
 def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, PSUM=0, UE8M0=0, A_FMT="e4m3", B_FMT=None,

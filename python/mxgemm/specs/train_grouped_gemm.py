@@ -1,5 +1,5 @@
 """grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k, the autograd op grouped_gemm_fp8 and
-grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k (ops/grouped_fp8.py): FP8 MoE grouped
+grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k (ops/train_grouped_gemm.py): FP8 MoE grouped
 GEMM with tensorwise, row-wise or 128-block scales, and BF16 (FMT=bf16 variants, no scales),
 forward NT, dgrad NN, wgrad TN, TT (a MN-major)."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .base import (
 
 ROWS, WGRAD, AUTOGRAD = "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "grouped_gemm_fp8"
 BF16_ROWS, BF16_WGRAD = "grouped_gemm_bf16_kernel", "grouped_gemm_bf16_variable_k"
-KERNEL = "grouped_gemm_fp8"
+KERNEL = "train_grouped_gemm"
 DTYPES = {**FP8, "bf16": torch.bfloat16}
 
 
@@ -167,7 +167,7 @@ def smoke(device) -> list:
 
 def _variant(layout, m, N):
     """The planner's untuned tile for m rows per group (NT / NN) or m output rows (TN)."""
-    from ..ops.grouped_fp8 import heuristic_config
+    from ..ops.train_grouped_gemm import heuristic_config
     cfg = heuristic_config(layout, 1, m, N)
     return registry.find_variant(registry.get(KERNEL), LAYOUT=layout, FMT="e4m3", FMT_B="e4m3", OUT="bf16",
                                  BM=cfg["BM"], BN=cfg["BN"])
@@ -186,7 +186,7 @@ def preset_deepseek_v3():
 
 
 SPEC = OpSpec(
-    name="grouped_fp8", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD), kernels=(KERNEL,),
+    name="train_grouped_gemm", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD), kernels=(KERNEL,),
     # the bf16 tests first: the mutation harness runs them in order (-x), and they compile fewer variants
     tests=("tests/test_grouped_gemm_bf16.py", "tests/test_grouped_gemm_fp8.py"),
     reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref", "grouped_gemm_bf16_ref",

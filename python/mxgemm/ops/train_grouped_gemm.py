@@ -1,6 +1,6 @@
 """FP8 grouped GEMM for MoE training: forward / dgrad (groups along the rows of a) and
 variable-K wgrad (groups along the contraction), one FlyDSL kernel family
-(flydsl_kernels/grouped_gemm_fp8.py; bit-exact model: mxgemm.reference.grouped_gemm_fp8_ref /
+(flydsl_kernels/train_grouped_gemm.py; bit-exact model: mxgemm.reference.grouped_gemm_fp8_ref /
 grouped_gemm_fp8_variable_k_ref), with fp32 scales of three granularities, told apart by the
 scale tensors' shapes (``granularity=`` names one where shapes alone are ambiguous), or e8m0
 (uint8 / float8_e8m0fnu) MX scales, told apart by their dtype:
@@ -45,7 +45,7 @@ import torch
 from .. import formats, guards, quant, registry, tuned
 from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
-_KERNEL = "grouped_gemm_fp8"
+_KERNEL = "train_grouped_gemm"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _FORMATS = {**_FMT, torch.bfloat16: "bf16"}   # variant FMT of an operand dtype (bf16: the unscaled ops)

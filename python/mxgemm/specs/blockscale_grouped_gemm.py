@@ -1,4 +1,4 @@
-"""deep_gemm_fp8_grouped_gemm (ops/deep_gemm.py; DeepGEMM's names in mxgemm.deep_gemm): grouped FP8
+"""deep_gemm_fp8_grouped_gemm (ops/blockscale_grouped_gemm.py; DeepGEMM's names in mxgemm.deep_gemm): grouped FP8
 (or FP8 x FP4) GEMM, NT, with 1x128 / 128x128 (1x32 for FP4) block scales, or unscaled BF16 (A_FMT
 bf16), contiguous (m_indices or psum) or masked groups."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from .base import BITWISE, OUT_DTYPES, Call, Case, Inputs, OpSpec, Smoke, Work, grid, k_per_iteration, waves
 
 OP = "deep_gemm_fp8_grouped_gemm"
-KERNEL = "deep_gemm_fp8"
+KERNEL = "blockscale_grouped_gemm"
 
 
 def _bf16(inp: Inputs, *shape):
@@ -121,7 +121,8 @@ def preset_published():
 
 
 SPEC = OpSpec(
-    name="deep_gemm", ops=(OP,), kernels=(KERNEL,), tests=("tests/test_deep_gemm.py", "tests/test_deep_gemm_bf16.py"),
+    name="blockscale_grouped_gemm", ops=(OP,), kernels=(KERNEL,),
+    tests=("tests/test_deep_gemm.py", "tests/test_deep_gemm_bf16.py"),
     reference=("m_grouped_fp8_gemm_nt_contiguous_ref", "m_grouped_fp8_gemm_nt_masked_ref",
                "m_grouped_bf16_gemm_nt_contiguous_ref", "m_grouped_bf16_gemm_nt_masked_ref"),
     hardware_script="op_tests/test_deep_gemm.py", contract=BITWISE, call=call, work=work, race=race,

@@ -1,5 +1,5 @@
 """deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 and FP8 x FP4 block-scale grouped GEMMs (NT), and its
-unscaled BF16 grouped GEMMs, contiguous (m_indices or psum), and masked, on the deep_gemm_fp8 FlyDSL
+unscaled BF16 grouped GEMMs, contiguous (m_indices or psum), and masked, on the blockscale_grouped_gemm FlyDSL
 kernel family.
 ``mxgemm.deep_gemm`` exposes it under DeepGEMM's names and argument order."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from .. import guards, registry
 from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
-_KERNEL = registry.get("deep_gemm_fp8")
+_KERNEL = registry.get("blockscale_grouped_gemm")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
 FP4_BLOCK = 32                     # scale block along K of FP4 weights (recipe_b (1, 32))
 M_ALIGN = 128                      # row alignment of each group in the contiguous layouts (kernel's M_ALIGN)

@@ -534,7 +534,7 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
         buf: fx.Array[fx.Int8, lds_bytes, 16]
 
     @flyc.kernel(name=symbol)
-    def grouped_gemm_fp8_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
+    def train_grouped_gemm_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
                                 group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
                                 K: fx.Int32, group_m: fx.Int32, grid: fx.Int32, sa_sg: fx.Int32, sa_si: fx.Int32,
                                 sa_sk: fx.Int32, sb_sg: fx.Int32, sb_sj: fx.Int32, sb_sk: fx.Int32,
@@ -545,16 +545,16 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
               [v.ir_value() for v in (sa_sg, sa_si, sa_sk, sb_sg, sb_sj, sb_sk, sb_shift)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
-    def grouped_gemm_fp8(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
+    def train_grouped_gemm(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer,
                          group_offs: fx.Pointer, out: fx.Pointer, G: fx.Int32, M: fx.Int32, N: fx.Int32,
                          K: fx.Int32, group_m: fx.Int32, grid: fx.Int32, sa_sg: fx.Int32, sa_si: fx.Int32,
                          sa_sk: fx.Int32, sb_sg: fx.Int32, sb_sj: fx.Int32, sb_sk: fx.Int32, sb_shift: fx.Int32,
                          stream: fx.Stream = fx.Stream(None)):
-        grouped_gemm_fp8_kernel(a, a_scale, b, b_scale, group_offs, out, G, M, N, K, group_m, grid, sa_sg, sa_si,
+        train_grouped_gemm_kernel(a, a_scale, b, b_scale, group_offs, out, G, M, N, K, group_m, grid, sa_sg, sa_si,
                                 sa_sk, sb_sg, sb_sj, sb_sk, sb_shift).launch(
             grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
-    return grouped_gemm_fp8
+    return train_grouped_gemm
 
 
 def compile_for_build(arch: str, symbol: str, LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=64,
