@@ -54,14 +54,18 @@ def kernel_at(rev: str, name: str) -> registry.Kernel:
 
 
 def _renamed(c: str, name: str, kernels: dict) -> registry.Kernel:
-    """The kernel at commit ``c`` whose source git follows to today's source of ``name`` (a kernel
-    renamed since keeps its history: its file was moved with it)."""
-    today = registry.get(name).source
-    for line in _git("diff", "--name-status", "-M", c, "HEAD", "--", SOURCES).decode().splitlines():
-        status, *paths = line.split("\t")
-        if status.startswith("R") and paths[1] == today:
-            return next(k for k in kernels.values() if k.source == paths[0])
-    raise KeyError(f"{name} has no kernel at {c[:12]} (nor a source renamed to {today})")
+    """The kernel at commit ``c`` whose source became today's source of ``name``, following the
+    file's renames since ``c`` one commit at a time (a kernel renamed keeps its file's history)."""
+    path = today = registry.get(name).source
+    log = _git("log", "--follow", "--diff-filter=R", "--name-status", "--format=", f"{c}..HEAD", "--", today)
+    for line in log.decode().splitlines():        # newest rename first
+        status, *paths = line.split("\t") if line else ("",)
+        if status.startswith("R") and paths[1] == path:
+            path = paths[0]
+    found = [k for k in kernels.values() if k.source == path]
+    if not found:
+        raise KeyError(f"{name} has no kernel at {c[:12]} (its source {today} was {path} there)")
+    return found[0]
 
 
 def _sources(c: str) -> Path:
