@@ -230,26 +230,32 @@ def blockwise_cast_to_fp8(x: torch.Tensor, block: tuple = (1, 128), fmt: str = "
     return _cast_blocks(x, bm, bk, False, fmt)
 
 
-def _segments(x: torch.Tensor, group_offs: torch.Tensor, block: int):
-    """(xp [P, C], padded_offs int64 [G + 1]): x's row groups copied to segments starting on
-    multiples of ``block`` (zero rows after each), P = R + G (block - 1) rounded up to block (an
-    upper bound known without reading group_offs: no device sync); rows outside every group are
-    dropped."""
+def segments(x: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, block: int):
+    """(xp [P, C], padded_offs int64 [G + 1]): row group g of x (rows starts[g] .. starts[g] +
+    lens[g], groups in order, gaps between them allowed) copied to a segment starting at
+    padded_offs[g], a multiple of ``block``, zero rows after each; P = R + G (block - 1) rounded
+    up to block (an upper bound known without reading the groups: no device sync); rows outside
+    every group are dropped."""
     _check_matrix(x)
     _check_block(block, "block")
-    offs = group_offs.to(device=x.device, dtype=torch.int64)
-    lens = offs[1:] - offs[:-1]
-    padded = torch.cat([offs.new_zeros(1), ((lens + block - 1) // block * block).cumsum(0)])
+    starts, lens = (v.to(device=x.device, dtype=torch.int64) for v in (starts, lens))
+    padded = torch.cat([starts.new_zeros(1), ((lens + block - 1) // block * block).cumsum(0)])
     R, C = x.shape
     G = lens.shape[0]
     P = -(-(R + G * (block - 1)) // block) * block
-    rows = torch.arange(R, device=x.device)
-    g = torch.searchsorted(offs[1:], rows, right=True).clamp(max=max(G - 1, 0))
-    inside = (rows >= offs[0]) & (rows < offs[-1]) if G else torch.zeros_like(rows, dtype=torch.bool)
     xp = x.new_zeros(P, C)
     if G:
-        xp[(rows - offs[g] + padded[g])[inside]] = x[inside]
+        rows = torch.arange(R, device=x.device)
+        g = (torch.searchsorted(starts, rows, right=True) - 1).clamp(min=0)
+        inside = (rows >= starts[g]) & (rows < starts[g] + lens[g])
+        xp[(rows - starts[g] + padded[g])[inside]] = x[inside]
     return xp, padded
+
+
+def _segments(x: torch.Tensor, group_offs: torch.Tensor, block: int):
+    """segments of contiguous groups: group g is rows group_offs[g] .. group_offs[g + 1]."""
+    offs = group_offs.to(device=x.device, dtype=torch.int64)
+    return segments(x, offs[:-1], offs[1:] - offs[:-1], block)
 
 
 def segment_cast_to_fp8(x: torch.Tensor, group_offs: torch.Tensor, block: int = 128, fmt: str = "e4m3"):

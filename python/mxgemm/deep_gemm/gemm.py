@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats as F
-from .. import guards
+from .. import guards, quant
 from ..ops.train_grouped_gemm import (
     grouped_gemm_bf16_kernel,
     grouped_gemm_bf16_variable_k,
@@ -245,22 +245,13 @@ def _check_gaps_zero(gaps, x, w) -> None:
 def _scale_block_segments(x, w, starts, lens, gran_k):
     """The kernel's scale blocks are global (row / gran_k), so groups whose starts are not multiples
     of gran_k (an alignment such as 160 with 128-row scales) are copied into segments that start on
-    multiples of gran_k, zero rows between them (a copy of a and b per call):
-    (x, w, starts, group_offs) of that layout."""
-    new_starts, pos = [], 0
-    for k in lens:
-        new_starts.append(pos)
-        pos = -(-(pos + k) // gran_k) * gran_k
-    src = torch.cat([torch.arange(st, st + k) for st, k in zip(starts, lens)] or [torch.zeros(0, dtype=torch.long)])
-    dst = torch.cat([torch.arange(st, st + k) for st, k in zip(new_starts, lens)] or [torch.zeros(0, dtype=torch.long)])
-    moved = []
-    for t in (x, w):
-        tp = torch.zeros(max(pos, 1), t.shape[1], dtype=t.dtype, device=t.device)
-        tp[dst.to(t.device)] = t[src.to(t.device)]
-        moved.append(tp)
+    multiples of gran_k, zero rows between them (quant.segments: a copy of a and b per call):
+    (x, w, starts, group_offs) of that layout, the last group ending at its last row."""
+    st, ln = torch.tensor(starts, dtype=torch.int64), torch.tensor(lens, dtype=torch.int64)
+    (xp, padded), (wp, _) = (quant.segments(t, st, ln, gran_k) for t in (x, w))
+    new_starts = padded[:-1].tolist()
     ends = new_starts[-1] + lens[-1] if lens else 0
-    offs = torch.tensor(new_starts + [ends], dtype=torch.int64, device=x.device)
-    return moved[0], moved[1], new_starts, offs
+    return xp, wp, new_starts, torch.tensor(new_starts + [ends], dtype=torch.int64, device=x.device)
 
 
 def _global_scale_rows(sf, name, starts, lens, gran_k, rows):
