@@ -90,10 +90,7 @@ def test_report(registry, arch):
 # What still does not run on the synthetic wave (docs/emu_coverage.md, "After", says why); a form
 # that runs today must keep running: the floor is every other form of the data files.
 STILL_UNSUPPORTED = {
-    "gfx950": {"v_mfma_ld_scale_b32"} | {f"v_smfmac_{t}" for t in (
-        "f32_16x16x128_bf8_bf8", "f32_16x16x128_bf8_fp8", "f32_16x16x128_fp8_bf8", "f32_16x16x128_fp8_fp8",
-        "f32_16x16x64_bf16", "f32_16x16x64_f16", "f32_32x32x32_bf16", "f32_32x32x32_f16", "f32_32x32x64_bf8_bf8",
-        "f32_32x32x64_bf8_fp8", "f32_32x32x64_fp8_bf8", "f32_32x32x64_fp8_fp8", "i32_16x16x128_i8", "i32_32x32x64_i8")},
+    "gfx950": {"v_mfma_ld_scale_b32"},
     "gfx1250": {"cluster_load_b128", "cluster_load_b32", "cluster_load_b64", "ds_condxchg32_rtn_b64", "global_load_block", "global_store_addtid_b32", "s_add_pc_i64", "s_barrier_signal",
                 "s_barrier_wait", "s_get_barrier_state", "s_get_shader_cycles_u64", "s_monitor_sleep", "s_rfe_i64",
                 "s_sendmsg_rtn_b32", "s_sendmsg_rtn_b64", "s_set_pc_i64", "s_setpc_b64", "s_swap_pc_i64"},

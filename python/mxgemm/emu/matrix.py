@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 
@@ -38,15 +39,17 @@ BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16, "f16"
 # ---- operand layouts ----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def ab_layout(mn: int, k: int, fmt: str):
+def ab_layout(mn: int, k: int, fmt: str, sparse: bool = False):
     """(row, kidx) arrays [64, items]: lane l's item i of the A (or B) operand is element
-    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: docs/gfx950_isa.md §1.3."""
+    A[row][kidx] (or B[kidx][col]) of an mn x k operand. Tables: docs/gfx950_isa.md §1.3; the
+    sparse forms (v_smfmac_*, sparse=True; A's items before compression) are K-contiguous per
+    lane group whatever the format (§10.2)."""
     lane = np.arange(64)[:, None]
     groups = 64 // mn                     # lane groups along K: 4 for 16x16, 2 for 32x32
     g = lane // mn
     items = k // groups
     i = np.arange(items)[None, :]
-    if fmt in ("e4m3", "e5m2") and items == 32:
+    if fmt in ("e4m3", "e5m2") and items == 32 and not sparse:
         # f8f6f4 with FP8/BF8: two 16-byte halves, the second 64 (16x16) or 32 (32x32) K later
         kidx = 16 * g + i % 16 + (k // 2) * (i // 16)
     else:
@@ -88,10 +91,10 @@ def unpack_items(regs: np.ndarray, bits: int, items: int) -> np.ndarray:
         axis=2, dtype=np.uint32)
 
 
-def operand_matrix(regs, mn: int, k: int, fmt: str, transpose: bool = False):
+def operand_matrix(regs, mn: int, k: int, fmt: str, transpose: bool = False, sparse: bool = False):
     """Decode an A operand into float64 [mn, k] (or a B operand into [k, mn] if transpose),
     plus the matching per-element lsb bounds used by the exactness proof."""
-    row, kidx = ab_layout(mn, k, fmt)
+    row, kidx = ab_layout(mn, k, fmt, sparse)
     codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
     vals = np.empty((mn, k))
     lsb = np.empty((mn, k))
@@ -99,6 +102,29 @@ def operand_matrix(regs, mn: int, k: int, fmt: str, transpose: bool = False):
     lsb[row, kidx] = lsb_table(fmt)[codes]
     if transpose:
         return vals.T, lsb.T
+    return vals, lsb
+
+
+def sparse_positions(sel, mn: int, k: int, fmt: str):
+    """(row, kidx) arrays [64, kept] of a v_smfmac's compressed A (docs/gfx950_isa.md §10.2): lane
+    l's kept value c (its packed item c) lies in group c // 2 of four K of the lane's dense window,
+    at the place bits [2c+1:2c] of the lane's selector `sel` (uint32 [64]) name."""
+    row, kidx = ab_layout(mn, k, fmt, True)
+    kept = kidx.shape[1] // 2
+    c = np.arange(kept)
+    place = 4 * (c // 2)[None, :] + ((np.asarray(sel, np.uint32)[:, None] >> (2 * c).astype(np.uint32)) & 3)
+    lane = np.arange(64)[:, None]
+    return row[lane, place], kidx[lane, place]
+
+
+def sparse_operand_matrix(regs, sel, mn: int, k: int, fmt: str):
+    """The dense float64 [mn, k] A of a v_smfmac and its lsb bounds. Two kept values naming one
+    place add: each multiplies the B element its place selects (the emulator's reading, §10.3)."""
+    row, kidx = sparse_positions(sel, mn, k, fmt)
+    codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
+    vals, lsb = np.zeros((mn, k)), np.full((mn, k), np.inf)
+    np.add.at(vals, (row, kidx), decode_table(fmt)[codes])
+    np.minimum.at(lsb, (row, kidx), lsb_table(fmt)[codes])
     return vals, lsb
 
 
@@ -204,19 +230,24 @@ def round_dyadic_f32(n: int, e: int) -> float:
 # ---- instructions -------------------------------------------------------------------------
 
 SHAPES = {(16, 16, 128), (32, 32, 64), (16, 16, 32), (32, 32, 16)}
+SPARSE_SHAPES = {(16, 16, 64), (32, 32, 32), (16, 16, 128), (32, 32, 64)}     # gfx950's v_smfmac_*
 
 
 def mfma(m: int, n: int, k: int, fmt_a: str, fmt_b: str, a_regs, b_regs, c_f32,
          scale_a_u32=None, opsel_a: int = 0, scale_b_u32=None, opsel_b: int = 0,
-         neg_c: bool = False, abs_c: bool = False) -> np.ndarray:
+         neg_c: bool = False, abs_c: bool = False, a_sel=None) -> np.ndarray:
     """D = A*B + C of one MFMA; returns D as uint32 [m*n/64, 64] fp32 bits.
 
     c_f32: fp32 bit patterns (uint32) [m*n/64, 64]. Scales: VGPR values uint32 [64] (None = the
     unscaled opcode, i.e. scale 1.0, like ABID[0] = 0). Scale blocks are 32 K wide; the dense
-    forms (K = 32 or 16 per instruction) have no scales and one block."""
-    assert m == n and (m, n, k) in SHAPES, (m, n, k)
-    a, la = operand_matrix(a_regs, m, k, fmt_a)
-    b, lb = operand_matrix(b_regs, n, k, fmt_b, transpose=True)
+    forms (K = 32 or 16 per instruction) have no scales and one block. a_sel: uint32 [64], the
+    sparse forms' A selector bits per lane (sparse_positions); None for the dense forms."""
+    assert m == n and (m, n, k) in (SHAPES if a_sel is None else SPARSE_SHAPES), (m, n, k)
+    if a_sel is None:
+        a, la = operand_matrix(a_regs, m, k, fmt_a)
+    else:
+        a, la = sparse_operand_matrix(a_regs, a_sel, m, k, fmt_a)
+    b, lb = operand_matrix(b_regs, n, k, fmt_b, transpose=True, sparse=a_sel is not None)
     block = min(32, k)
     nb = k // block
     sa = np.ones((m, nb)) if scale_a_u32 is None else scale_matrix(scale_a_u32, opsel_a, m, nb)
@@ -253,7 +284,6 @@ def opsel_byte(op_sel, op_sel_hi, src: int) -> int:
 def mnemonic_formats(mnemonic: str):
     """(m, n, k, fmt_a, fmt_b, scaled) of a v_mfma_* mnemonic this module handles, or None.
     f8f6f4 forms return fmt None (they come from cbsz/blgp)."""
-    import re
     mt = re.fullmatch(r"v_mfma_(scale_)?f32_(\d+)x(\d+)x(\d+)_?(\w+)", mnemonic)
     if not mt:
         return None
@@ -340,20 +370,22 @@ handler(*[f"v_mfma_{s}f32_{sh}_f8f6f4" for s in ("", "scale_") for sh in ("16x16
 
 # ---- integer MFMA ---------------------------------------------------------------------------
 
-def _int8_matrix(regs, mn: int, k: int) -> np.ndarray:
-    """int64 [mn, k] of an i8 operand (A, or B as its columns), the dense layout of ab_layout."""
-    row, kidx = ab_layout(mn, k, "i8")
+def _int8_matrix(regs, mn: int, k: int, sel=None, sparse: bool = False) -> np.ndarray:
+    """int64 [mn, k] of an i8 operand (A, or B as its columns), the dense layout of ab_layout;
+    with sel, a v_smfmac's compressed A placed by sparse_positions (kept values on one place add)."""
+    row, kidx = ab_layout(mn, k, "i8", sparse) if sel is None else sparse_positions(sel, mn, k, "i8")
     items = kidx.shape[1]
     vals = np.ascontiguousarray(np.asarray(regs, np.uint32).T).view(np.int8)[:, :items]
     out = np.zeros((mn, k), np.int64)
-    out[row, kidx] = vals
+    np.add.at(out, (row, kidx), vals)
     return out
 
 
-def mfma_i8(m: int, k: int, a_regs, b_regs, c_u32) -> np.ndarray:
-    """v_mfma_i32_{m}x{m}x{k}_i8: D = A*B + C in int32 (wrapping); returns uint32 [m*m/64, 64]
-    in the accumulator layout of the fp32 forms."""
-    d = _int8_matrix(a_regs, m, k) @ _int8_matrix(b_regs, m, k).T
+def mfma_i8(m: int, k: int, a_regs, b_regs, c_u32, a_sel=None) -> np.ndarray:
+    """v_mfma_i32_{m}x{m}x{k}_i8 (a_sel: v_smfmac_i32_*, as mfma): D = A*B + C in int32 (wrapping);
+    returns uint32 [m*m/64, 64] in the accumulator layout of the fp32 forms."""
+    sparse = a_sel is not None
+    d = _int8_matrix(a_regs, m, k, a_sel, sparse) @ _int8_matrix(b_regs, m, k, sparse=sparse).T
     row, col = cd_layout(m)
     c = np.asarray(c_u32, dtype=np.uint32).view(np.int32).astype(np.int64)
     return ((d[row, col] + c) & 0xFFFFFFFF).astype(np.uint32)
@@ -374,3 +406,44 @@ def _build_mfma_i8(ins):
 
 handler("v_mfma_i32_16x16x64_i8", "v_mfma_i32_32x32x32_i8", "v_mfma_i32_16x16x32_i8",
         "v_mfma_i32_32x32x16_i8")(_build_mfma_i8)
+
+
+# ---- sparse MFMA (v_smfmac_*): D = A*B + D with a 4:2 structured-sparse A ---------------------
+
+def smfmac_selector_set(ins, kpl: int) -> int:
+    """Which kpl-bit set of the index VGPR holds A's selectors: ABID when CBSZ is 0, else set 0
+    (docs/gfx950_isa.md §10.2); a set past the register is not a defined encoding."""
+    cbsz, abid = ins.mods.get("cbsz", 0), ins.mods.get("abid", 0)
+    s = 0 if cbsz else abid
+    if s >= 32 // kpl:
+        raise UnsupportedInstruction(f"v_smfmac index set {s} of {32 // kpl} in {ins.where()}")
+    return s
+
+
+def _build_smfmac(ins):
+    dt, m, n, k, ty = re.fullmatch(r"v_smfmac_(f32|i32)_(\d+)x(\d+)x(\d+)_(\w+)", ins.base).groups()
+    m, n, k = int(m), int(n), int(k)
+    names = {"fp8": "e4m3", "bf8": "e5m2"}
+    fa, fb = (ty, ty) if ty in ("f16", "bf16", "i8") else (names[t] for t in ty.split("_"))
+    kpl = k * m // 64                     # K per lane of the dense operand: 16 (16-bit) or 32 (8-bit)
+    shift, mask = np.uint32(kpl * smfmac_selector_set(ins, kpl)), np.uint32((1 << kpl) - 1)
+    ncd = m * n // 64
+    read_a, read_b = _vec_reader(ins, 1, ins.ops[1].count), _vec_reader(ins, 2, ins.ops[2].count)
+    read_c, read_i, write_d = _vec_reader(ins, 0, ncd), _vec_reader(ins, 3, 1), _full_writer(ins, 0)
+
+    def one(a, b, c, sel):
+        if dt == "i32":
+            return mfma_i8(m, k, a, b, c, a_sel=sel)
+        return mfma(m, n, k, fa, fb, a, b, c, a_sel=sel)
+
+    def run(w):
+        a, b, c = read_a(w), read_b(w), read_c(w)
+        sel = (read_i(w)[0] >> shift) & mask
+        write_d(w, np.concatenate([one(a[:, s], b[:, s], c[:, s], sel[s]) for s in _waves(w)], axis=1))
+    return run
+
+
+handler(*[f"v_smfmac_f32_{sh}_{ty}" for sh in ("16x16x64", "32x32x32") for ty in ("f16", "bf16")],
+        *[f"v_smfmac_f32_{sh}_{ty}" for sh in ("16x16x128", "32x32x64")
+          for ty in ("fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")],
+        "v_smfmac_i32_16x16x128_i8", "v_smfmac_i32_32x32x64_i8")(_build_smfmac)
