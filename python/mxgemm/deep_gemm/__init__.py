@@ -38,11 +38,12 @@ The dense GEMMs ``fp8_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (2.6: ``fp8_fp4_gemm_
 K-grouped weight-gradient GEMMs ``k_grouped_fp8_gemm_tn_contiguous`` / ``_nt_contiguous`` run
 mxgemm's grouped FP8 GEMM family with 128-block scales, and their BF16 forms ``bf16_gemm_nt`` /
 ``nn`` / ``tn`` / ``tt`` and ``k_grouped_bf16_gemm_tn_contiguous`` its BF16 variants
-(``gemm.py``: layouts, ``c``, costs).
+(``gemm.py``: layouts, ``c``, costs). ``einsum`` / ``fp8_einsum`` (DeepGEMM's three and two
+hard-coded expressions) and the cuBLASLt baseline GEMMs ``cublaslt_gemm_*`` are in ``einsum.py``.
 
 Not covered: FP4 operands of the dense NN / TN / TT GEMMs (``fp8_fp4_gemm_nt`` takes FP4 b), FP4
-activations (a), 1 x 32 activation scales
-(recipe_a (1, 32)) and the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
+activations (a), 1 x 32 activation scales (recipe_a (1, 32)), fp8_einsum's 'bhd,bhr->hdr' and
+the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
 FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
 other than 128 for the psum layout), K % 16 != 0 (K % 32 != 0 with FP4 b) and N % 32 != 0 (the
 kernel's load-chunk and tile rules: see the op's docstring).
@@ -52,6 +53,7 @@ import torch
 from .. import guards
 from ..ops._op import OPS
 from ..ops.blockscale_grouped_gemm import M_ALIGN, PACKED, deep_gemm_fp8_grouped_gemm
+from .einsum import cublaslt_gemm_nn, cublaslt_gemm_nt, cublaslt_gemm_tn, cublaslt_gemm_tt, einsum, fp8_einsum
 from .gemm import (
     bf16_gemm_nn,
     bf16_gemm_nt,
@@ -309,7 +311,8 @@ def fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, 
 fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 
 __all__ = ["align", "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "bf16_m_grouped_gemm_nt_masked",
-           "ceil_div", "explain", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+           "ceil_div", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn", "cublaslt_gemm_tt", "einsum",
+           "explain", "fp8_einsum", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
            "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "get_k_alignment_for_contiguous_layout",
            "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "get_m_alignment_for_contiguous_layout",
            "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
