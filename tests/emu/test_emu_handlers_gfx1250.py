@@ -72,6 +72,37 @@ def test_ds_inc_dec_u64_wrap(op, rule):
         assert int(now[0]) == 5 and int(now[3]) == 5 and int(now[1]) == 0 and int(now[9]) == 0
 
 
+def test_ds_condxchg32_rtn_b64_writes_each_half_whose_bit_31_is_set():
+    """Per 32-bit half: memory takes data[30:0] when data[31] is set and keeps its value otherwise;
+    the old 64 bits come back (the ISA pseudocode as restated in docs/gfx1250_emulator.md §5)."""
+    rng = np.random.default_rng(9)
+    init = rng.integers(0, 1 << 64, N, dtype=np.uint64)
+    src = rng.integers(0, 1 << 64, N, dtype=np.uint64)
+    src[:4] = [0, 0x8000_0000, 0x8000_0000_0000_0000, M64]       # neither, low only, high only, both
+    old, now = ds64("condxchg32_rtn_b64", init, src)
+    want = []
+    for o, d in zip(init.tolist(), src.tolist()):
+        lo = d & 0x7FFFFFFF if d >> 31 & 1 else o & 0xFFFFFFFF
+        hi = d >> 32 & 0x7FFFFFFF if d >> 63 else o >> 32
+        want.append(hi << 32 | lo)
+    np.testing.assert_array_equal(old, init)
+    np.testing.assert_array_equal(now, np.array(want, np.uint64))
+    assert int(now[1]) == int(init[1]) & 0xFFFFFFFF_00000000 and int(now[3]) == 0x7FFFFFFF_7FFFFFFF
+
+
+def test_ds_condxchg32_address_drops_bits_2_to_0():
+    """An address 4 bytes into the lane's qword still exchanges the whole aligned pair."""
+    body = """ds_store_b64 v3, v[4:5]
+  s_wait_dscnt 0
+  v_add_nc_u32 v9, 4, v3
+  ds_condxchg32_rtn_b64 v[10:11], v9, v[6:7]
+  s_wait_dscnt 0
+  ds_load_b64 v[12:13], v3
+  s_wait_dscnt 0"""
+    out = run(A, body, {3: L * 8, 4: 0x1111, 5: 0x2222, 6: 0x8000_0005, 7: 0x8000_0007}, [10, 11, 12, 13], lds=8 * N)
+    assert [int(out[r][0]) for r in (10, 11, 12, 13)] == [0x1111, 0x2222, 5, 7]
+
+
 def test_ds_cmpstore_b64_stores_data0_when_memory_equals_data1():
     init = (L * np.uint64(0x1_0000_0001)) + np.uint64(7)
     cmp = np.where(L % 3 == 0, init, init + np.uint64(1))          # every third lane matches
@@ -225,6 +256,27 @@ def test_flat_max_num_f32():
     old, now = mem_atomic("flat_atomic_max_num_f32", a.view(np.uint32), b.view(np.uint32), 32)
     np.testing.assert_array_equal(old, a.view(np.uint32))
     np.testing.assert_array_equal(now.view(np.float32), np.array([2.0, -3.0, 7.0, 2.0] * 8, np.float32))
+
+
+# ---- global addtid ---------------------------------------------------------------------------
+
+def test_global_addtid_address_is_saddr_offset_plus_4_lane():
+    """Address = saddr + offset + 4 * lane (LLVM's saddr syntax page for the addtid forms): the store
+    under EXEC 0x55555555 lands one dword past the output row's lane-indexed dwords (offset 132), a plain
+    lane-addressed load (v1 = 4 * lane) of the row sees lane l's value at l + 1, and the addtid load
+    at the same offset gives each lane its own value back where it was stored."""
+    x = np.random.default_rng(5).integers(1, 1 << 32, N, dtype=np.uint64).astype(np.uint32)
+    body = """s_mov_b32 exec_lo, 0x55555555
+  global_store_addtid_b32 v3, s[2:3] offset:132
+  s_mov_b32 exec_lo, -1
+  s_wait_storecnt 0
+  global_load_addtid_b32 v4, s[2:3] offset:132
+  global_load_b32 v5, v1, s[2:3] offset:128
+  s_wait_loadcnt 0"""
+    out = run(A, body, {3: x}, [4, 5])
+    stored = np.where(np.arange(N) % 2 == 0, x, 0).astype(np.uint32)     # the even lanes of EXEC
+    np.testing.assert_array_equal(out[5], np.concatenate([[0], stored[:-1]]).astype(np.uint32))
+    np.testing.assert_array_equal(out[4][:-1], stored[:-1])   # lane 31's dword is past the row
 
 
 # ---- scalar: PC, async wait ---------------------------------------------------------

@@ -60,7 +60,8 @@ _RENAME = {"s_add_co_u32": "s_add_u32", "s_add_co_ci_u32": "s_addc_u32", "s_sub_
            "v_ctz_i32_b32": "v_ffbl_b32", "v_mad_nc_u64_u32": "v_mad_u64_u32", "v_mad_nc_i64_i32": "v_mad_i64_i32",
            "v_bitop2_b32": "v_bitop3_b32", "ds_storexchg_rtn_b32": "ds_wrxchg_rtn_b32",
            "v_dot2acc_f32_f16": "v_dot2c_f32_f16", "s_addk_co_i32": "s_addk_i32",
-           "s_get_pc_i64": "s_getpc_b64", "s_set_pc_i64": "s_setpc_b64", "s_swap_pc_i64": "s_swappc_b64"}
+           "s_get_pc_i64": "s_getpc_b64", "s_set_pc_i64": "s_setpc_b64", "s_swap_pc_i64": "s_swappc_b64",
+           "global_load_addtid_b32": "global_load_dword_addtid", "global_store_addtid_b32": "global_store_dword_addtid"}
 _NOT = {"and_not1": "andn2", "or_not1": "orn2", "and_not0": "andn1", "or_not0": "orn1"}
 
 

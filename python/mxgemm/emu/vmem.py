@@ -121,6 +121,29 @@ def _global_store(ins):
     return run
 
 
+@handler("global_load_dword_addtid", "global_store_dword_addtid")
+def _global_addtid(ins):
+    """A dword per lane at saddr (0 when off) + offset + 4 * the lane's index in its wave: the
+    saddr operand of LLVM's syntax pages for global_{load,store}_addtid (docs/gfx1250_emulator.md §6)."""
+    load = "_load_" in ins.base
+    si = ins.ops[1]
+    base = (lambda w: u64(0)) if si.kind == "off" else R.src(ins, 1, "u64")
+    off = u64(ins.mods.get("offset", 0) & 0xFFFFFFFFFFFFFFFF)     # a negative offset wraps
+    keys = R.reg_keys(ins, 0) if load else ()
+    sink = _load_sink(ins, 0, 4, False, None) if load else None
+    data = None if load else _data_source(ins, 0, 4)
+
+    def run(w):
+        a = base(w) + u64(4) * w.lane.astype(u64) + off
+        if load:
+            sink(w, _gmem_load(w, a, 4))
+            race.track_load(w, ins, "vm", keys)
+        else:
+            w.emu.mem.store(a, w.mask, data(w))
+            race.track_load(w, ins, "vm", (), "store")
+    return run
+
+
 # atomics: name -> (dtype, fn(old, src) -> new)
 _ATOMIC = {
     "add": (u32, lambda o, s: o + s), "sub": (u32, lambda o, s: o - s),
@@ -509,6 +532,17 @@ def _ds_write2(ins):
     return run
 
 
+def _condxchg32(old, data):
+    """DS_CONDXCHG32_RTN_B64, per 32-bit half: data's low 31 bits (bit 31 cleared) when its bit 31
+    is set, else the old half (docs/gfx1250_emulator.md §5)."""
+    old, data = int(old), int(data)
+    new = 0
+    for sh in (0, 32):
+        d = (data >> sh) & 0xFFFFFFFF
+        new |= ((d & 0x7FFFFFFF) if d >> 31 else (old >> sh) & 0xFFFFFFFF) << sh
+    return u64(new)
+
+
 _DS_ATOMIC = {"add_u32": (u32, lambda o, s: o + s), "sub_u32": (u32, lambda o, s: o - s),
               "add_f32": (np.float32, lambda o, s: o + s), "min_i32": (i32, np.minimum),
               "max_i32": (i32, np.maximum), "min_u32": (u32, np.minimum), "max_u32": (u32, np.maximum),
@@ -520,7 +554,8 @@ _DS_ATOMIC = {"add_u32": (u32, lambda o, s: o + s), "sub_u32": (u32, lambda o, s
               "dec_u64": _ATOMIC["dec_x2"],
               # gfx11+ DS_CMPSTORE: DATA0 is the new value, DATA1 the compare value (gfx9's
               # ds_cmpst had them the other way round)
-              "cmpstore_b32": _ATOMIC["cmpswap"], "cmpstore_b64": _ATOMIC["cmpswap_x2"]}
+              "cmpstore_b32": _ATOMIC["cmpswap"], "cmpstore_b64": _ATOMIC["cmpswap_x2"],
+              "condxchg32_b64": (u64, _condxchg32)}
 
 
 @handler(*[f"ds_{k}" for k in _DS_ATOMIC], *[f"ds_{k.replace('_', '_rtn_', 1)}" for k in _DS_ATOMIC], per_wave=True)
@@ -530,6 +565,9 @@ def _ds_atomic(ins):
     dt, fn = _DS_ATOMIC[name]
     first = 1 if ret else 0
     addr = _ds_addr(ins, first)
+    if name == "condxchg32_b64":                  # the pseudocode clears address bits 2:0: a qword pair
+        byte_addr = addr
+        addr = lambda w: byte_addr(w) & ~7  # noqa: E731
     datas = [R.src_vec(ins, i) for i in range(first + 1, len(ins.ops))]   # cmpstore: new, cmp
     put = R.dst_vec(ins, 0) if ret else None
     keys = R.reg_keys(ins, 0) if ret else ()
