@@ -71,3 +71,25 @@ def test_contract_verdicts():
     nan = torch.tensor([float("nan"), 1.0])
     assert specs.Contract().check(nan, nan.clone()).startswith("ok")
     assert specs.Contract().check(nan, torch.tensor([0.0, 1.0])).startswith("MISMATCH")
+
+
+def test_build_v_names_the_deep_gemm_function_each_variant_serves():
+    """The variant DeepGEMM's functions plan to is one its spec says serves them (build -v prints it)."""
+    import mxgemm.deep_gemm as dg
+    spec = specs.spec_of_kernel("blockscale_grouped_gemm")
+    g, m, n, k = 2, 64, 128, 256
+    e4 = lambda *s: torch.zeros(*s, dtype=torch.float8_e4m3fn)  # noqa: E731
+    bf = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
+    masked = torch.tensor([m, 1], dtype=torch.int32)
+    calls = {
+        "m_grouped_fp8_gemm_nt_masked": ((e4(g, m, k), torch.ones(g, m, k // 128)), (e4(g, n, k), torch.ones(g, 1, 2)),
+                                         bf(g, m, n), masked, m),
+        "m_grouped_bf16_gemm_nt_masked": (bf(g, m, k), bf(g, n, k), bf(g, m, n), masked, m),
+        "m_grouped_fp8_gemm_nt_contiguous": ((e4(g * m, k), torch.ones(g * m, k // 128)),
+                                             (e4(g, n, k), torch.ones(g, 1, 2)), bf(g * m, n),
+                                             torch.zeros(g * m, dtype=torch.int32)),
+    }
+    for fn, args in calls.items():
+        plan = dg.explain(getattr(dg, fn), *args)
+        assert fn in spec.served_by(plan.kernel, plan.variant), (fn, plan.variant)
+    assert all(spec.served_by("blockscale_grouped_gemm", v) for v in registry.get("blockscale_grouped_gemm").variants)

@@ -68,8 +68,12 @@ def cmd_build(args) -> int:
         print(f"python -m mxgemm build: error: {e}", file=sys.stderr)
         return 1
     if args.verbose:
+        from . import specs
+        served = {k for s in specs.SPECS for k in s.kernels}
         for a in arts:
             print(artefact_line(a))
+            if a.kernel in served:
+                print(f"{'':30s}   serves: {specs.spec_of_kernel(a.kernel).served_by(a.kernel, a.variant)}")
     n_new = build.build.last_compiled
     print(f"{len(arts)} artefacts of {len({a.kernel for a in arts})} kernels ready: {n_new} compiled, "
           f"{len(arts) - n_new} cached, {time.perf_counter() - t0:.2f} s")

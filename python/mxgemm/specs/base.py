@@ -218,8 +218,9 @@ class OpSpec:
     ``race(kernel, variant)`` -> fresh Calls reaching the variant's code paths (partial tiles,
     loop remainders, empty groups), for the race-deletion sweep and the GPU-path test;
     ``decode(inputs)`` -> {op: Call} at a decode-sized shape (dispatch and host benchmarks);
-    ``smoke(device)`` -> [Smoke] checked under ``contract``. Every race call is checked to run
-    its variant by ``specs.race_calls``."""
+    ``smoke(device)`` -> [Smoke] checked under ``contract``; ``serves(kernel, variant)`` -> the
+    public functions that run the variant, where they are more than the spec's ops. Every race
+    call is checked to run its variant by ``specs.race_calls``."""
     name: str                        # the op file: mxgemm/ops/<name>.py
     ops: tuple                       # public ops (framework ops first)
     kernels: tuple                   # registry kernels they dispatch to
@@ -234,3 +235,8 @@ class OpSpec:
     smoke: Callable
     presets: dict = field(default_factory=dict)
     small: Callable = lambda: []     # the CI preset's cases (quick to model and time)
+    serves: Callable | None = None   # (kernel, variant) -> the public functions that run it
+
+    def served_by(self, kernel: str, variant: dict) -> str:
+        """The public functions that run ``kernel`` ``variant`` (``build -v`` prints it)."""
+        return self.serves(kernel, variant) if self.serves else ", ".join(self.ops)

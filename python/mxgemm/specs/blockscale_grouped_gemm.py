@@ -120,10 +120,24 @@ def preset_published():
                  f"{tf} TFLOPS", _DEEPGEMM_README) for (masked, g, m, N, K), tf in DEEPGEMM_PUBLISHED.items()]
 
 
+def serves(kernel, v) -> str:
+    """DeepGEMM's functions (mxgemm.deep_gemm) that run variant ``v``."""
+    layout = "nt_masked" if v["MASKED"] else "nt_contiguous / nn_contiguous" + (
+        " (use_psum_layout)" if v.get("PSUM") else " (m_indices)")
+    if v.get("A_FMT") == "bf16":
+        return f"m_grouped_bf16_gemm_{layout}" + (", einsum (per head)" if v["MASKED"] else "") + f", {v['OUT']} d"
+    fns = f"m_grouped_fp8{'_fp4' if v.get('B_FMT') == 'e2m1' else ''}_gemm_{layout}"
+    if v.get("B_FMT") == "e2m1":
+        fns += " with FP4 b" + (", fp8_fp4_gemm_nt with FP4 b (one group)" if v["MASKED"] else "")
+    elif v["MASKED"]:
+        fns += ", fp8_einsum"
+    return f"{fns}, {'UE8M0' if v['UE8M0'] else 'fp32'} scales, {v['OUT']} d"
+
+
 SPEC = OpSpec(
     name="blockscale_grouped_gemm", ops=(OP,), kernels=(KERNEL,),
     tests=("tests/test_deep_gemm.py", "tests/test_deep_gemm_bf16.py"),
     reference=("m_grouped_fp8_gemm_nt_contiguous_ref", "m_grouped_fp8_gemm_nt_masked_ref",
                "m_grouped_bf16_gemm_nt_contiguous_ref", "m_grouped_bf16_gemm_nt_masked_ref"),
     hardware_script="op_tests/test_deep_gemm.py", contract=BITWISE, call=call, work=work, race=race,
-    decode=decode, smoke=smoke, presets={"deep_gemm": preset_published})
+    decode=decode, smoke=smoke, presets={"deep_gemm": preset_published}, serves=serves)
