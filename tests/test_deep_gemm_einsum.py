@@ -3,7 +3,7 @@ each head's (or the batch-summed) product bit-exact against the independent chun
 test_deep_gemm_dense, built per head from the original tensors."""
 import pytest
 import torch
-from test_deep_gemm_dense import chunked_bf16
+from test_deep_gemm_dense import chunked_bf16, promoted
 
 import mxgemm.deep_gemm as deep_gemm
 from mxgemm import formats as F
@@ -71,6 +71,24 @@ def test_fp8_einsum_per_head_block_scales(expr):
     assert float(utils.calc_diff(z, torch.einsum(expr, x, y))) < 1e-3
 
 
+def test_fp8_einsum_per_head_wgrad_accumulates_into_c():
+    """'bhd,bhr->hdr' (DeepGEMM's SM100 form, per-channel scales per 128 rows of b): each head's
+    product promoted per 128-row block of the contraction, added to c."""
+    bsz, h, dd, r = 256, 2, 64, 32
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.randn(bsz, h, dd, generator=g), torch.randn(bsz, h, r, generator=g)
+    xq, sfa = utils.per_channel_cast_to_fp8(x.view(bsz, -1), use_ue8m0=True)
+    yq, sfb = utils.per_channel_cast_to_fp8(y.view(bsz, -1), use_ue8m0=True)
+    xq, sfa, yq, sfb = xq.view(bsz, h, dd), sfa.view(-1, h, dd), yq.view(bsz, h, r), sfb.view(-1, h, r)
+    z0 = torch.randn(h, dd, r, generator=g) * 10
+    z = z0.clone()
+    deep_gemm.fp8_einsum("bhd,bhr->hdr", (xq, sfa), (yq, sfb), z, z, recipe=(1, 1, 128))
+    for i in range(h):
+        want = promoted(xq[:, i].t(), sfa[:, i].t(), yq[:, i].t(), sfb[:, i].t()) + z0[i]
+        assert torch.equal(z[i], want), i
+    assert float(utils.calc_diff(z, z0 + torch.einsum("bhd,bhr->hdr", x, y))) < 1e-3
+
+
 def test_cublaslt_gemms_are_the_bf16_dense_gemms():
     m, n, k = 32, 32, 64
     a, b = bf16(m, k, seed=7), bf16(n, k, seed=8)
@@ -88,7 +106,7 @@ def test_cublaslt_gemms_are_the_bf16_dense_gemms():
     (lambda a, b, d: deep_gemm.einsum("bmk,bnk->mn", a, b, d.float()), "c"),
     (lambda a, b, d: deep_gemm.einsum("bmk,bnk->mn", a, b, d, use_cublaslt=True), "use_cublaslt"),
     (lambda a, b, d: deep_gemm.einsum("bmk,bnk->mn", a.float(), b, d), "dtype"),
-    (lambda a, b, d: deep_gemm.fp8_einsum("bhd,bhr->hdr", (a, None), (b, None), d), "expr"),
+    (lambda a, b, d: deep_gemm.fp8_einsum("bhd,hdr->bhd", (a, None), (b, None), d), "expr"),
 ])
 def test_refusals_name_the_rule_and_leave_d_untouched(call, rule):
     a, b = bf16(2, 32, 64, seed=9), bf16(2, 32, 64, seed=10)

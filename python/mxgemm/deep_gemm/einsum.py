@@ -7,8 +7,9 @@ bf16 d, or accumulated into an fp32 d that must be c, as DeepGEMM requires). "bh
 weight whose contraction is not contiguous copied K-major, the result copied into d's [b, h, .]
 layout). ``use_cublaslt`` selects NVIDIA's library inside DeepGEMM; there is none here, so it
 runs the same kernel. ``fp8_einsum`` (1 x 128 activation, 128 x 128 weight scales): "bhr,hdr->bhd"
-and "bhd,hdr->bhr" as the masked M-grouped FP8 GEMM, the same copies; "bhd,bhr->hdr" (DeepGEMM
-serves it on SM100 only) is not covered. ``cublaslt_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` are the
+and "bhd,hdr->bhr" as the masked M-grouped FP8 GEMM, the same copies; "bhd,bhr->hdr" (the
+per-head weight gradient, contracting b; DeepGEMM's SM100 form) as the K-grouped FP8 GEMM with a
+K group per head (a and b copied head-major). ``cublaslt_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` are the
 BF16 dense GEMMs ``bf16_gemm_*`` (DeepGEMM's cuBLASLt baseline: fp32 accumulation).
 The masked functions are imported at call time: the package defines them after importing this module."""
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from .. import guards
-from .gemm import bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, pair
+from .gemm import bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, k_grouped_fp8_gemm_tn_contiguous, pair
 
 EXPRS = ("bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr")
-FP8_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr")
+FP8_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
 
 
 def _check_3d(t, name, dtype):
@@ -77,10 +78,15 @@ def fp8_einsum(expr: str, a, b, d: torch.Tensor, c: torch.Tensor | None = None, 
     """d = einsum(expr, a, b) with block scales, written in place. "bhr,hdr->bhd": a = (e4m3
     [b, h, r], sfa fp32 [b, h, ceil(r/128)]), b = (e4m3 [h, d, r], sfb fp32 [h, ceil(d/128),
     ceil(r/128)]), d bf16 [b, h, d]. "bhd,hdr->bhr": a = (e4m3 [b, h, d], sfa [b, h, ceil(d/128)]),
-    b = (e4m3 [h, d, r], sfb [h, ceil(d/128), ceil(r/128)]), d bf16 [b, h, r]. No c."""
+    b = (e4m3 [h, d, r], sfb [h, ceil(d/128), ceil(r/128)]), d bf16 [b, h, r]. No c for these two.
+    "bhd,bhr->hdr": a = (e4m3 [b, h, d], sfa fp32 [ceil(b/128), h, d]), b = (e4m3 [b, h, r], sfb
+    [ceil(b/128), h, r]) (per-channel scales per 128 rows of b), d fp32 [h, d, r], c fp32 like d
+    (may be d), recipe (1, 1, 128)."""
     if expr not in FP8_EXPRS:
-        guards.fail("expr", f"fp8_einsum expression {expr!r} is not one of {list(FP8_EXPRS)} "
-                            "('bhd,bhr->hdr' is DeepGEMM's SM100-only form, not covered)")
+        guards.fail("expr", f"fp8_einsum expression {expr!r} is not one of {list(FP8_EXPRS)}")
+    if expr == "bhd,bhr->hdr":
+        _per_head_wgrad(a, b, d, c, recipe)
+        return
     if c is not None:
         guards.fail("c", "fp8_einsum here takes no c (the masked FP8 kernel has no accumulating epilogue)")
     (x, sfa), (w, sfb) = pair(a, "a"), pair(b, "b")
@@ -94,6 +100,21 @@ def fp8_einsum(expr: str, a, b, d: torch.Tensor, c: torch.Tensor | None = None, 
     m_grouped_fp8_gemm_nt_masked((xh, sfa.transpose(0, 1).contiguous()), (wk, sfw.contiguous()), out, masked,
                                  xh.shape[1], recipe)
     d.copy_(out.transpose(0, 1))
+
+
+def _per_head_wgrad(a, b, d, c, recipe) -> None:
+    """fp8_einsum 'bhd,bhr->hdr': the K-grouped GEMM, K group h = head h's b rows."""
+    (x, sfa), (y, sfb) = pair(a, "a"), pair(b, "b")
+    _check_3d(x, "a", torch.float8_e4m3fn)
+    _check_3d(y, "b", torch.float8_e4m3fn)
+    bsz, h, _ = x.shape
+    if y.shape[:2] != (bsz, h) or tuple(d.shape) != (h, x.shape[2], y.shape[2]):
+        guards.fail("shape", f"fp8_einsum 'bhd,bhr->hdr': a {list(x.shape)}, b {list(y.shape)} and d "
+                             f"{list(d.shape)} do not agree")
+    heads = lambda t: t.transpose(0, 1).reshape(-1, t.shape[2])  # noqa: E731  (a copy, head-major)
+    ks = [bsz] * h
+    k_grouped_fp8_gemm_tn_contiguous((heads(x), heads(sfa)), (heads(y), heads(sfb)), d, ks,
+                                     torch.tensor(ks, dtype=torch.int32, device=x.device), c=c, recipe=recipe)
 
 
 # DeepGEMM's cuBLASLt baseline GEMMs (fp32 accumulation) are its BF16 dense GEMMs here
