@@ -42,7 +42,7 @@ mxgemm's grouped FP8 GEMM family with 128-block scales, and their BF16 forms ``b
 hard-coded expressions) and the cuBLASLt baseline GEMMs ``cublaslt_gemm_*`` are in ``einsum.py``.
 
 Not covered: FP4 operands of the dense NN / TN / TT GEMMs (``fp8_fp4_gemm_nt`` takes FP4 b), FP4
-activations (a), 1 x 32 activation scales (recipe_a (1, 32)), fp8_einsum's 'bhd,bhr->hdr' and
+activations (a), 1 x 32 activation scales (recipe_a (1, 32)) and
 the attention-logit kernels (no kernel here for them: mxgemm's tensorwise
 FP8 grouped GEMMs are ``mxgemm.grouped_gemm_fp8*``), contiguous-layout alignments below 128 (and
 other than 128 for the psum layout), K % 16 != 0 (K % 32 != 0 with FP4 b) and N % 32 != 0 (the
