@@ -70,7 +70,7 @@ WGRAD_BLK = call(fp8(128, 32, seed=3), fp8(128, 48, seed=1), trans_a=True, trans
 REFUSED = [
     ("rowwise-tensor-scales", {**FWD, "granularity": Granularity.ROWWISE}),
     ("blockwise-tensor-scales", {**FWD, "granularity": Granularity.BLOCKWISE}),
-    ("mx-blockwise", {**FWD, "granularity": Granularity.MX_BLOCKWISE}),
+    ("mx-blockwise-fp32-scales", {**FWD, "granularity": Granularity.MX_BLOCKWISE}),
     ("rowwise-scales", {**FWD, "a_scales": torch.ones(64)}),
     ("rowwise-axis", {**FWD, "granularity": Granularity.ROWWISE, "a_scales": torch.ones(1, 64), "b_scales": ROW_B}),
     ("blockwise-rank", {**FWD, "granularity": Granularity.BLOCKWISE, "a_scales": torch.ones(64), "b_scales": BLK_B}),
@@ -193,3 +193,44 @@ def test_over_allocated_activations():
     metrics.assert_bitwise_equal(Backend.execute(**wgrad), Backend.execute(**WGRAD), "wgrad ignores the tail")
     over = {**FWD, "group_lens": torch.tensor([24, 0, 41]), "group_offs": torch.tensor([0, 24, 24, 65])}
     assert Backend.can_handle(**over) is False      # more rows in the groups than a has
+
+
+def e8m0(*shape, seed):
+    return torch.randint(124, 131, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def test_mx_forward_reads_padded_groups_and_writes_out_offsets():
+    """MX_BLOCKWISE forward as Primus-Turbo calls it: a's groups at padded read offsets (rows
+    between them garbage), out's at group_offs_out; bit-exact with the reference on the compact
+    rows, out's rows past the groups zeros."""
+    a, sa = fp8(64, 128, seed=20), e8m0(64, 4, seed=21)
+    b, sb = fp8(3, 32, 128, seed=22), e8m0(3, 32, 4, seed=23)
+    read = torch.tensor([0, 32, 32, 96])
+    a_pad, sa_pad = fp8(100, 128, seed=24), e8m0(100, 4, seed=25)
+    for g in range(3):
+        a_pad[read[g]:read[g] + LENS[g]], sa_pad[read[g]:read[g] + LENS[g]] = a[OFFS[g]:OFFS[g + 1]], sa[OFFS[g]:OFFS[g + 1]]
+    kw = call(a_pad, b, a_scales=sa_pad, b_scales=sb, granularity=Granularity.MX_BLOCKWISE, group_offs=read,
+              group_offs_out=OFFS.clone())
+    assert Backend.can_handle(**kw) is True
+    out = Backend.execute(**kw)
+    ref = reference.grouped_gemm_fp8_ref(a, sa, b, sb, OFFS, granularity="mx")
+    assert out.shape == (100, 32) and bool((out[64:] == 0).all()) and ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(out[:64], ref, "mx forward")
+    assert Backend.can_handle(**{**kw, "trans_b": False, "b": b.transpose(1, 2).contiguous()}) is False
+
+
+@pytest.mark.parametrize("trans_c", [False, True])
+def test_mx_wgrad_takes_contraction_contiguous_operands(trans_c):
+    """MX_BLOCKWISE wgrad as Primus-Turbo calls it: trans_a=False, lhs [M, sum_k] and rhs [N, sum_k]
+    (contraction-contiguous), e8m0 scales [M, sum_k/32] / [N, sum_k/32], groups on multiples of 32."""
+    lens, offs = torch.tensor([32, 0, 64]), torch.tensor([0, 32, 32, 96])
+    x, sx = fp8(32, 96, seed=26), e8m0(32, 3, seed=27)
+    w, sw = fp8(48, 96, seed=28), e8m0(48, 3, seed=29)
+    (a, sa), (b, sb) = ((w, sw), (x, sx)) if trans_c else ((x, sx), (w, sw))
+    kw = call(a, b, a_scales=sa, b_scales=sb, trans_a=False, trans_b=False, trans_c=trans_c, group_lens=lens,
+              group_offs=offs, granularity=Granularity.MX_BLOCKWISE)
+    assert Backend.can_handle(**kw) is True
+    ref = reference.grouped_gemm_fp8_variable_k_ref(x.t().contiguous(), sx, w.t().contiguous(), sw, offs,
+                                                    granularity="mx")
+    assert ref.float().abs().max() > 0
+    metrics.assert_bitwise_equal(Backend.execute(**kw), ref, "mx wgrad")

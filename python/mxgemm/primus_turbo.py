@@ -10,8 +10,10 @@ methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute
 ``GroupedGemmFP8Backend`` serves both of its grouped GEMM dispatchers:
   * b 3-D (M-grouped, trans_a=False): out[sum_m, N] = a_g @ b[g]^T (trans_b, forward NT) or
     a_g @ b[g] (dgrad NN)            -> mxgemm.grouped_gemm_fp8_kernel
-  * b 2-D (variable K, trans_a=True, trans_b=False): out[g] = lhs_g^T @ rhs_g with (lhs, rhs) =
-    (a, b), or (b, a) when trans_c  -> mxgemm.grouped_gemm_fp8_variable_k
+  * b 2-D (variable K, trans_b=False): out[g] = lhs_g^T @ rhs_g with (lhs, rhs) = (a, b), or
+    (b, a) when trans_c, a [sum_k, M] and b [sum_k, N] (trans_a=True), or contraction-contiguous
+    [M, sum_k] and [N, sum_k] (trans_a=False, Primus-Turbo's MX wgrad; copied per call)
+                                     -> mxgemm.grouped_gemm_fp8_variable_k
 ``out``: written and returned. ``inplace_add_to_out=True`` (Megatron's fused weight-gradient
 accumulation, out = main_grad): out += the wgrad in the kernel's epilogue, in out's dtype (fp32
 or bf16); the forward / dgrad have no accumulation and refuse it.
@@ -25,8 +27,12 @@ quantisers make them (fp32 dequantisation scales, value = fp8 * scale), read in 
   BLOCKWISE    a_scales [ceil(K/128), M] (its row scales stored       [ceil(sum_k/128), M] and [ceil(sum_k/128), N];
                transposed); b_scales per 128x128 block of b's own     groups start on multiples of 128 (its
                layout: [G, N/128, K/128] / NN [G, K/128, N/128]       segment-padded column quantiser)
-
-MX_BLOCKWISE is refused.
+  MX_BLOCKWISE a_scales [M, K/32], b_scales [G, N, K/32]            [M, sum_k/32] and [N, sum_k/32] (e8m0 bytes)
+               (e8m0 bytes; forward and dgrad NT only). a's groups   with lhs [M, sum_k] and rhs [N, sum_k]
+               are read at group_offs (Primus-Turbo pads them),      (contraction-contiguous, as its MX
+               out's are written at group_offs_out (default:         quantiser stores them), copied to the
+               group_offs): a and a_scales are gathered to out's     op's [sum_k, M] / [sum_k, N] per call;
+               rows per call (one copy)                              groups start on multiples of 32
 
 ``GroupedGemmBackend`` serves the BF16 dispatchers the same way (keywords a, b, group_lens,
 group_offs, trans_a, trans_b, num_cu, schedule (+ trans_c, out, inplace_add_to_out)):
@@ -51,7 +57,7 @@ from .ops import (
     grouped_gemm_fp8_variable_k,
 )
 
-_GRANULARITY = {"TENSORWISE": "tensor", "ROWWISE": "row", "BLOCKWISE": "block"}   # Primus-Turbo's -> the ops'
+_GRANULARITY = {"TENSORWISE": "tensor", "ROWWISE": "row", "BLOCKWISE": "block", "MX_BLOCKWISE": "mx"}   # -> the ops'
 
 
 def _squeeze(s, dim, name):
@@ -88,13 +94,48 @@ def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, ou
                                f"{', '.join(_GRANULARITY)} scales")
     if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
         sa, sb = _m_grouped_scales(gran, a_scales, b_scales, trans_b)
-        return grouped_gemm_fp8_kernel, (a, sa, b, sb, group_lens, group_offs), \
+        op, offs = grouped_gemm_fp8_kernel, group_offs
+        if gran == "mx":
+            if not trans_b:
+                guards.fail("backend", "MX_BLOCKWISE with trans_b=False: mxgemm's MX grouped GEMM is NT, as "
+                                       "Primus-Turbo's (its dgrad passes b quantised along N, trans_b=True)")
+            offs = kwargs.get("group_offs_out")
+            op, offs = (op, group_offs) if offs is None else (_ReadAt(group_offs), offs)
+        return op, (a, sa, b, sb, group_lens, offs), \
             dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out, granularity=gran)
     if gran == "row":
         a_scales, b_scales = _squeeze(a_scales, 0, "a_scales"), _squeeze(b_scales, 0, "b_scales")
+    a, b = _contraction_major(a, b, trans_a)
     lhs, rhs = ((b, b_scales), (a, a_scales)) if trans_c else ((a, a_scales), (b, b_scales))
     return grouped_gemm_fp8_variable_k, (*lhs, *rhs, group_lens, group_offs), \
         dict(granularity=gran, **_wgrad_out(out_dtype, out, inplace_add_to_out))
+
+
+class _ReadAt:
+    """grouped_gemm_fp8_kernel with a's groups read at other rows (``read_offs``, Primus-Turbo's
+    padded MX layout) than out's: a and a_scale gathered to out's rows, then the op. The check
+    needs no gather (same shapes)."""
+
+    def __init__(self, read_offs):
+        self.read_offs = read_offs
+
+    @staticmethod
+    def check(*args, **kw):
+        grouped_gemm_fp8_kernel.check(*args, **kw)
+
+    def __call__(self, a, sa, b, sb, group_lens, group_offs_out, **kw):
+        grouped_gemm_fp8_kernel.check(a, sa, b, sb, group_lens, group_offs_out, **kw)
+        src = _source_rows(self.read_offs.to(a.device), group_offs_out.to(a.device), a.shape[0])
+        return grouped_gemm_fp8_kernel(a[src], sa[src], b, sb, group_lens, group_offs_out, **kw)
+
+
+def _source_rows(read_offs, out_offs, rows):
+    """Row r of out's group g comes from a's row read_offs[g] + r - out_offs[g]; rows past the
+    last group (the op ignores them) from themselves. No host sync."""
+    r = torch.arange(rows, device=out_offs.device)
+    g = torch.searchsorted(out_offs[1:], r, right=True).clamp(max=max(out_offs.numel() - 2, 0))
+    inside = r < out_offs[-1]
+    return torch.where(inside, r - out_offs[g] + read_offs[g], r).clamp(max=rows - 1)
 
 
 def _call_bf16(a, b, group_lens, group_offs, trans_a, trans_b, num_cu, trans_c=False, out=None,
@@ -102,9 +143,17 @@ def _call_bf16(a, b, group_lens, group_offs, trans_a, trans_b, num_cu, trans_c=F
     """(op, positional args, keyword args) of the mxgemm BF16 op serving this call."""
     if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
         return grouped_gemm_bf16_kernel, (a, b, group_lens, group_offs), dict(trans_b=trans_b, num_cu=num_cu, out=out)
+    a, b = _contraction_major(a, b, trans_a)
     lhs, rhs = (b, a) if trans_c else (a, b)
     return grouped_gemm_bf16_variable_k, (lhs, rhs, group_lens, group_offs), \
         _wgrad_out(torch.bfloat16, out, inplace_add_to_out)
+
+
+def _contraction_major(a, b, trans_a):
+    """The variable-K operands as the ops take them, [sum_k, M] and [sum_k, N]: as given
+    (trans_a=True), or copied from the contraction-contiguous [M, sum_k] / [N, sum_k] that
+    Primus-Turbo's MX quantiser stores (trans_a=False)."""
+    return (a, b) if trans_a else (a.t().contiguous(), b.t().contiguous())
 
 
 def _m_grouped(b, trans_a, trans_b, inplace_add_to_out) -> bool:
@@ -116,10 +165,10 @@ def _m_grouped(b, trans_a, trans_b, inplace_add_to_out) -> bool:
             guards.fail("backend", "inplace_add_to_out: mxgemm accumulates into out in the variable-K wgrad only "
                                    "(b 2-D, trans_a=True), not in the forward / dgrad")
         return True
-    if b_dim == 2 and trans_a and not trans_b:
+    if b_dim == 2 and not trans_b:
         return False
     guards.fail("backend", f"b.dim() = {b_dim}, trans_a = {trans_a}, trans_b = {trans_b}: mxgemm serves b 3-D with "
-                           "trans_a=False (forward / dgrad) and b 2-D with trans_a=True, trans_b=False (wgrad)")
+                           "trans_a=False (forward / dgrad) and b 2-D with trans_b=False (wgrad)")
 
 
 def _wgrad_out(out_dtype, out, inplace_add_to_out) -> dict:
