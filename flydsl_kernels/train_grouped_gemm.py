@@ -1,5 +1,6 @@
-"""FP8 / BF16 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K),
-TT; FP8 with tensorwise, row-wise or 128-block fp32 scales, or BF16 without scales.
+"""FP8 / MXFP4 / BF16 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K),
+TT; FP8 with tensorwise, row-wise or 128-block fp32 scales or e8m0 1x32 scales, MXFP4 (e2m1, NT and
+the K-contiguous wgrad NTK), or BF16 without scales.
 
 One body computes, per group g, out_g[i, j] = sum_c A_g(i, c) B_g(j, c), scaled, on
 v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), or unscaled on
@@ -12,8 +13,10 @@ dense GEMM D[M, N] = A[M, K] B[N, K]^T: DeepGEMM's fp8_gemm_nt / nn / tt / tn):
   NN      a[offs[g] + i, c]         b[g, c, j]                [sum_m, N]          rows of a / out
   TT      a[c, offs[g] + i]         b[g, j, c]                [sum_m, N]          columns of a / rows of out
   TN      a[offs[g] + c, i]         b[offs[g] + c, j]         [G, M, N]           contraction (variable K)
+  NTK     a[i, offs[g] + c]         b[j, offs[g] + c]         [G, M, N]           contraction (variable K)
 
-  a: NT/NN [sum_m, K], TT [K, sum_m], TN [sum_k, M];  b: NT/TT [G, N, K], NN [G, K, N], TN [sum_k, N];
+  a: NT/NN [sum_m, K], TT [K, sum_m], TN [sum_k, M], NTK [M, sum_k];  b: NT/TT [G, N, K], NN [G, K, N],
+  TN [sum_k, N], NTK [N, sum_k];
   all fp8 bytes (FMT=bf16: bf16 elements; every shape counts elements). group_offs: int64
   [G + 1], non-decreasing (rows before offs[0] belong to no group: never read, never written).
   Rows from offs[G] to M, a padded tail of an over-allocated a: NT/NN/TT write them as zeros
@@ -91,10 +94,23 @@ Kernel arguments (no hidden ones):
   sa_sg, sa_si, sa_sk, sb_sg, sb_sj, sb_sk    int32  scale byte strides (above)
   sb_shift                                    int32  (0 or 7)
 (GRAN=none: a_scale, b_scale and the strides are not read; the op passes null pointers and 0.)
+
+MXFP4 (FMT = FMT_B = e2m1, GRAN=mx, LAYOUT NT or NTK): both operands packed two elements per
+byte, element 2i in the low nibble (OCP MX), rows of K/2 bytes; K counts elements and the kernel
+halves it. The loads, LDS layout and K-major operand reads are the fp8 path's on bytes, so a
+128-byte step holds 256 elements: two MFMAs (cbsz = blgp = 4), the first on each lane's lo 16
+bytes, the second on its hi 16 bytes, each in the low four of the eight operand registers (FP4
+takes 32 elements of row l % 16 at K 32(l/16) per lane, docs/gfx950_isa.md §1.5, as
+blockscale_grouped_gemm's e2m1 b), with the e8m0 bytes of blocks 8 kt + 4h + l/16; both add into
+acc in order, so the model is GRAN=mx's with 128-wide chunks of elements. K % 32 (NT) and every
+group_offs entry a multiple of 32 (NTK): a 16-byte chunk is a whole 32-block, masked whole. NTK:
+TN's tile order and [G, M, N] output on K-major a [M, sum_k/2] and b [N, sum_k/2] (Primus-Turbo's
+column-quantised wgrad operands), the group's first byte offs[g] / 2, its scale block offs[g] / 32.
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
-source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 only), OUT (bf16 / f16 / f32), ACCUM
+source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 only; e2m1 with e2m1, GRAN mx,
+NT / NTK only), OUT (bf16 / f16 / f32), ACCUM
 (0: out = result; 1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the
 epilogue, which tensorwise is with zero strides; block: promoted per contraction step; mx: e8m0
 per 32 on the scaled MFMA; none: no scales, FMT=bf16 only; absent = row for fp8, none for bf16).
@@ -108,10 +124,13 @@ from ir_builder import INVALID_OFFSET, Builder, Int, workgroup_barrier
 THREADS = 256
 BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; bf16: two K-32 MFMAs)
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
-FMT_CODE = {"e4m3": 0, "e5m2": 1}  # MFMA cbsz / blgp
-ESIZE = {"e4m3": 1, "e5m2": 1, "bf16": 2}   # operand element bytes
-LAYOUTS = ("NT", "NN", "TN", "TT")
-K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False), "TT": (False, True)}  # (A, B) K-contiguous
+FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m1": 4}  # MFMA cbsz / blgp
+ESIZE = {"e4m3": 1, "e5m2": 1, "e2m1": 1, "bf16": 2}   # operand bytes per _Operand element (e2m1: a packed pair)
+PER_BYTE = {"e2m1": 2}
+FP8 = ("e4m3", "e5m2")            # contraction elements per byte (1 unless listed)
+LAYOUTS = ("NT", "NN", "TN", "TT", "NTK")
+# (A, B) K-contiguous; NTK: NT's operands with the groups along the contraction (the FP4 wgrad)
+K_MAJOR = {"NT": (True, True), "NN": (True, False), "TN": (False, False), "TT": (False, True), "NTK": (True, True)}
 GRANS = ("row", "block", "mx", "none")  # scales: epilogue / promoted per 128-K step / e8m0 per 32-K on the MFMA / none
 MX_BLOCK = 32                     # contraction elements per e8m0 scale (GRAN=mx)
 
@@ -218,6 +237,9 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     b_r0 = [wn * (bn // 2) + 16 * j for j in range(nj_n)]
     buf_bytes = A.lds_bytes + B.lds_bytes
     steps = b.ceil_div(c_len, A.bke)
+    # e2m1: a step's 128 bytes are 256 elements, two MFMAs of 128 (halves), each lane's operand
+    # its 16 bytes (32 elements) of the half in the low four registers
+    halves = PER_BYTE.get(fmt_a, 1)
 
     def load(kt):
         c_left = arith.subi(c_len, kt * A.bke)
@@ -245,8 +267,9 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         nxt = kt + 1
         if gran == "block":                               # this step's scales, issued before the prefetch
             sa, sb = sc.load(b, lanes, kt)
-        elif gran == "mx":
-            sa, sb = sc.mx_load(b, lanes, kt, c_len, lane)
+        elif gran == "mx":   # per MFMA of the step: its four 32-blocks (block 4 (halves kt + h) + lane / 16)
+            mx = [sc.mx_load(b, lanes, (kt * halves + h) * (BK // MX_BLOCK), Int(c_len) * halves, lane)
+                  for h in range(halves)]
         regs = load(nxt)                                  # prefetch; all-zero past the last step
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
@@ -258,16 +281,20 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                     acc[t] = fx.rocdl.mfma_f32_16x16x32_bf16(b.v4f32, [*srcs, acc[t]])
         else:
             zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
-            for i in range(mi_n):
-                for j in range(nj_n):
-                    t = i * nj_n + j
-                    # mx: the lanes' e8m0 bytes (src0 = B: b's scales); others: unscaled
-                    scales = (sb[j], sa[i]) if gran == "mx" else (zero_scale, zero_scale)
-                    # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
-                    p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                        b.v4f32, [cat(b_ops[j]), cat(a_ops[i]), zero if gran == "block" else acc[t],
-                                  FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
-                    acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) if gran == "block" else p
+            zero4 = arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(0)))
+            for h in range(halves):
+                for i in range(mi_n):
+                    for j in range(nj_n):
+                        t = i * nj_n + j
+                        # mx: the lanes' e8m0 bytes (src0 = B: b's scales); others: unscaled
+                        scales = (mx[h][1][j], mx[h][0][i]) if gran == "mx" else (zero_scale, zero_scale)
+                        srcs = [cat(x) if halves == 1 else cat([x[h], zero4]) for x in (b_ops[j], a_ops[i])]
+                        # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
+                        p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                            b.v4f32, [*srcs, zero if gran == "block" else acc[t],
+                                      FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
+                        acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) \
+                            if gran == "block" else p
         stage(nxt, regs)
         workgroup_barrier()
         scf.YieldOp(acc)
@@ -341,16 +368,17 @@ class _Scales:
         sb = [b.sel(b.cmp("slt", c0 + r, cols), sb0 + (j0 + c0 + r) * self.sb_sj, b.c(INVALID_OFFSET)) for c0 in b_r0]
         return sa, sb
 
-    def mx_load(self, b, lanes, kt, c_len, lane):
-        """(sa per i-tile, sb per j-tile): i32 VGPRs holding in byte 0 the e8m0 scale of step kt's
-        block 4 kt + lane / 16; blocks at or past c_len read 0 (their data is 0, and the next
-        group's or row's byte could be 0xFF: NaN)."""
-        ok = b.cmp("slt", (kt * (BK // MX_BLOCK) + lane // 16) * MX_BLOCK, c_len)
+    def mx_load(self, b, lanes, blk, c_elems, lane):
+        """(sa per i-tile, sb per j-tile) of the MFMA whose first 32-block is blk (from kb0): i32
+        VGPRs holding in byte 0 the e8m0 scale of block blk + lane / 16; blocks at or past c_elems
+        contraction elements read 0 (their data is 0, and the next group's or row's byte could be
+        0xFF: NaN)."""
+        ok = b.cmp("slt", (blk + lane // 16) * MX_BLOCK, c_elems)
         aux = ir.IntegerAttr.get(b.i32, 0)
         out = []
         for rs, offs, sk in ((b.rsrc_rebased(self.a_scale), lanes[0], self.sa_sk),
                              (b.rsrc_rebased(self.b_scale), lanes[1], self.sb_sk)):
-            step = kt * (BK // MX_BLOCK) * sk
+            step = blk * sk
             out.append([arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, rs, b.sel(ok, v + step, b.c(INVALID_OFFSET)),
                                                                      b.c(0), aux=aux)) for v in offs])
         return out
@@ -449,6 +477,8 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
     b = _Ir()
     bm, bn, (fmt, _), out_t, _, gran = cfg
     es = ESIZE[fmt]
+    # contraction in _Operand elements (e2m1: bytes, the packed pairs; K itself counts elements)
+    k_ops = arith.shrui(K, b.c(1)) if fmt in PER_BYTE else K
     ka, kb = K_MAJOR[layout]
     A = _Operand(b, bm, ka, 0, es)
     B = _Operand(b, bn, kb, A.lds_bytes, es)
@@ -458,7 +488,7 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
     group_m = arith.maxui(group_m, b.c(1))
     n_tiles = b.ceil_div(N, bn)
     bid = fx.block_idx.x.ir_value()
-    if layout == "TN":
+    if layout in ("TN", "NTK"):
         m_tiles = b.ceil_div(M, bm)
         total = arith.muli(G, arith.muli(m_tiles, n_tiles))
     else:
@@ -487,24 +517,39 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             sc_tile = _Scales.tile(g, i0, j0, arith.divui(s, b.c(kb_len)), rows, cols)
             _tile(b, cfg, ops, lds, a_base, M, rows, b_base, N, cols, arith.subi(e, s),
                   out_base, N, sc, sc_tile)
+        elif layout == "NTK":   # TN's tile order and output; a [M, K], b [N, K] rows, the group's columns
+            g = arith.remui(tile, G)
+            mt, nt = _swizzle(b, arith.divui(tile, G), m_tiles, n_tiles, group_m)
+            s, e = _group_bounds(b, group_offs, g)
+            i0, j0 = arith.muli(mt, b.c(bm)), arith.muli(nt, b.c(bn))
+            s_ops = arith.shrui(s, b.c(1)) if fmt in PER_BYTE else s   # a multiple of 32 elements: whole bytes
+            a_base = b.gep(a, ebytes(arith.addi(arith.muli(b.u64(i0), b.u64(k_ops)), b.u64(s_ops))))
+            b_base = b.gep(bp, ebytes(arith.addi(arith.muli(b.u64(j0), b.u64(k_ops)), b.u64(s_ops))))
+            out_row = arith.addi(arith.muli(b.u64(g), b.u64(M)), b.u64(i0))
+            out_base = b.gep(out, arith.muli(arith.addi(arith.muli(out_row, b.u64(N)), b.u64(j0)), esize))
+            rows, cols = arith.subi(M, i0), arith.subi(N, j0)
+            # mx scales [M, K/32], [N, K/32]: the group starts on a 32 boundary (the op's guard), block s / 32
+            sc_tile = _Scales.tile(g, i0, j0, arith.divui(s, b.c(MX_BLOCK)), rows, cols)
+            c_ops = arith.shrui(arith.subi(e, s), b.c(1)) if fmt in PER_BYTE else arith.subi(e, s)
+            _tile(b, cfg, ops, lds, a_base, k_ops, rows, b_base, k_ops, cols, c_ops, out_base, N, sc, sc_tile)
         else:
             grouped, g, local, s, e = _group_scan(b, group_offs, G, bm, n_tiles, tile)
             tail = b.cmp("sge", tile, grouped)
             g, local = arith.select(tail, b.c(0), g), arith.select(tail, arith.subi(tile, grouped), local)
             s, e = arith.select(tail, tail_s, s), arith.select(tail, M, e)
-            c_len = arith.select(tail, b.c(0), K)
+            c_len = arith.select(tail, b.c(0), k_ops)
             mt, nt = _swizzle(b, local, b.ceil_div(arith.subi(e, s), bm), n_tiles, group_m)
             row0 = arith.addi(s, arith.muli(mt, b.c(bm)))
             j0 = arith.muli(nt, b.c(bn))
             if layout == "TT":    # a [K, M]: the tile's rows are columns of a
                 a_base, a_ld = b.gep(a, ebytes(b.u64(row0))), M
             else:
-                a_base, a_ld = b.gep(a, ebytes(arith.muli(b.u64(row0), b.u64(K)))), K
-            b_group = arith.muli(b.u64(g), arith.muli(b.u64(N), b.u64(K)))
+                a_base, a_ld = b.gep(a, ebytes(arith.muli(b.u64(row0), b.u64(k_ops)))), k_ops
+            b_group = arith.muli(b.u64(g), arith.muli(b.u64(N), b.u64(k_ops)))
             if layout == "NN":
                 b_base, b_ld = b.gep(bp, ebytes(arith.addi(b_group, b.u64(j0)))), N
             else:
-                b_base, b_ld = b.gep(bp, ebytes(arith.addi(b_group, arith.muli(b.u64(j0), b.u64(K))))), K
+                b_base, b_ld = b.gep(bp, ebytes(arith.addi(b_group, arith.muli(b.u64(j0), b.u64(k_ops))))), k_ops
             out_base = b.gep(out, arith.muli(arith.addi(arith.muli(b.u64(row0), b.u64(N)), b.u64(j0)), esize))
             rows, cols = arith.subi(e, row0), arith.subi(N, j0)
             # the padded tail's rows have no scales: they read 0 (out = 0 * 0, never a stale NaN)
@@ -517,13 +562,15 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
 def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0, gran=None):
     """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
     gran = gran or ("none" if fmt == "bf16" else "row")
-    fp8 = fmt in FMT_CODE and fmt_b in FMT_CODE and gran != "none"
-    if layout not in LAYOUTS or not (fp8 or fmt == fmt_b == "bf16" and gran == "none") or out not in OUT_BYTES \
-            or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1) or gran not in GRANS:
+    fp8 = fmt in FP8 and fmt_b in FP8 and gran != "none" and layout != "NTK"
+    fp4 = fmt == fmt_b == "e2m1" and gran == "mx" and layout in ("NT", "NTK")
+    if layout not in LAYOUTS or not (fp8 or fp4 or fmt == fmt_b == "bf16" and gran == "none" and layout != "NTK") \
+            or out not in OUT_BYTES or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1) \
+            or gran not in GRANS:
         raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum} "
-                         f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {tuple(FMT_CODE)} with GRAN row or "
-                         f"block, or both bf16 with GRAN none; OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), "
-                         f"ACCUM in (0, 1)")
+                         f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {FP8} with GRAN row, block or mx, "
+                         f"both e2m1 with GRAN mx (NT or NTK only), or both bf16 with GRAN none; NTK: e2m1 only; "
+                         f"OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1)")
     ka, kb = K_MAJOR[layout]
     es = ESIZE[fmt]
     lds_bytes = 2 * sum((n if k else BK // es) * ((BK if k else n * es) + PAD) for n, k in ((bm, ka), (bn, kb)))
