@@ -264,6 +264,16 @@ _GROUPED_MX = tuple(dict(v, GRAN="mx") for v in (
     *(dict(LAYOUT=lay, FMT="e5m2", FMT_B="e5m2", OUT="bf16", BM=64, BN=64) for lay in ("NT", "TN")),
     *(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=128, BN=128) for lay in ("NT", "NN"))))
 
+# MXFP4 (FMT=FMT_B=e2m1, packed two per byte, e8m0 scales per 32 on the scaled MFMA; Primus-Turbo's grouped_gemm_fp4):
+# the forward / dgrad NT at 64 x 64 (bf16, f16) and 128 x 128 (bf16); the wgrad NTK (both operands
+# contraction-contiguous, groups along it) at 64 x 64 in bf16 and f16, accumulating into them (main_grad in the
+# weight's dtype) and fp32 (ACCUM 0 / 1).
+_GROUPED_FP4 = tuple(dict(v, FMT="e2m1", FMT_B="e2m1", GRAN="mx") for v in (
+    *(dict(LAYOUT="NT", OUT=o, BM=t, BN=t) for o, t in (("bf16", 64), ("f16", 64), ("bf16", 128))),
+    *(dict(LAYOUT="NTK", OUT=o, BM=64, BN=64, **acc) for o, acc in (
+        ("bf16", {}), ("f16", {}), ("bf16", dict(ACCUM=1)), ("f16", dict(ACCUM=1)), ("f32", dict(ACCUM=0)),
+        ("f32", dict(ACCUM=1))))))
+
 # The training recipes' other formats with block and mx scales (mxgemm.grouped_gemm_fp8's BLOCKWISE and MX_BLOCKWISE
 # in e5m2 and hybrid, bf16 or f16 out) at 64 x 64: the forward / dgrad / wgrad layouts of each format pair.
 _GROUPED_SCALED_RECIPES = tuple(
@@ -293,9 +303,11 @@ register(Kernel(
     + _train_grouped_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
     + _GROUPED_BF16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
-    + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK,
+    + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK
+    + _GROUPED_FP4,
     doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) or "
-        "MX e8m0 1x32 scales, or BF16 without scales, on "
+        "MX e8m0 1x32 scales, MXFP4 (e2m1 x e2m1, mx scales: NT and the K-contiguous variable-K wgrad NTK), or BF16 "
+        "without scales, on "
         "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "
         "scan, 64-bit tile rebasing, bf16/f16/f32 out, out += result (fused main_grad accumulation)"))
 
