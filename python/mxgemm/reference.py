@@ -358,6 +358,43 @@ def grouped_gemm_bf16_variable_k_ref(a, b, group_offs, out_dtype=torch.bfloat16,
     return grouped_gemm_fp8_variable_k_ref(a, None, b, None, group_offs, out_dtype, accumulate_into)
 
 
+def _fp4_dot(a, sa, b, sb) -> torch.Tensor:
+    """e2m1 a [M, R/2] x b [N, R/2]^T (uint8, two per byte, element 2i in the low nibble) with e8m0
+    sa [M, R/32], sb [N, R/32] -> fp32 [M, N] as v_mfma_scale_f32_16x16x128_f8f6f4 sums them
+    (mx_gemm_ref's chunk = 128 model: each 128-wide chunk's products times 2^(ea + eb - 254) of
+    their 32-blocks summed exactly, rounded once to fp32, added in order into fp32 from +0)."""
+    if a.shape[1] == 0:
+        return torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+    return mx_gemm_ref(a.view(torch.uint8), sa.view(torch.uint8), b.view(torch.uint8), sb.view(torch.uint8),
+                       "e2m1", "e2m1", torch.float32, chunk=MX_MMA_K)
+
+
+def grouped_gemm_fp4_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """MXFP4 grouped GEMM (NT), groups along the rows of out: a [sum_m, K/2] and b [G, N, K/2]
+    packed e2m1, a_scale [sum_m, K/32] and b_scale [G, N, K/32] e8m0; for the rows of group g
+    out = rne(_fp4_dot(a_g, b[g])) -> [sum_m, N]; rows past group_offs[G] (a padded tail) are 0."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype)
+    for g, s, e in _groups(group_offs):
+        out[s:e] = _out(_fp4_dot(a[s:e], a_scale[s:e], b[g], b_scale[g]), out_dtype)
+    return out
+
+
+def grouped_gemm_fp4_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtype=torch.bfloat16,
+                                    accumulate_into=None) -> torch.Tensor:
+    """MXFP4 variable-K (wgrad), both operands contraction-contiguous: a [M, sum_k/2], b [N, sum_k/2]
+    packed e2m1, a_scale [M, sum_k/32], b_scale [N, sum_k/32] e8m0 (global 32-blocks: every group
+    offset a multiple of 32) -> [G, M, N], out[g] = _fp4_dot over the group's contraction, its
+    128-wide chunks from the group's first element (empty group: 0); accumulate_into [G, M, N]:
+    rne(fp32(old) + the product), one rounding."""
+    out = torch.zeros(len(group_offs) - 1, a.shape[0], b.shape[0], dtype=out_dtype)
+    for g, s, e in _groups(group_offs):
+        assert s % MX_BLOCK == 0 and e % MX_BLOCK == 0, "mx scales: each group is whole 32-blocks"
+        ks, kx = slice(s // 2, e // 2), slice(s // MX_BLOCK, e // MX_BLOCK)
+        v = _fp4_dot(a[:, ks], a_scale[:, kx], b[:, ks], b_scale[:, kx])
+        out[g] = _out(v if accumulate_into is None else v + accumulate_into[g].float(), out_dtype)
+    return out
+
+
 def _groups(group_offs: torch.Tensor):
     o = group_offs.tolist()
     return [(g, o[g], o[g + 1]) for g in range(len(o) - 1)]

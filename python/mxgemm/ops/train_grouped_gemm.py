@@ -48,7 +48,9 @@ from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_
 _KERNEL = "train_grouped_gemm"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
-_FORMATS = {**_FMT, torch.bfloat16: "bf16"}   # variant FMT of an operand dtype (bf16: the unscaled ops)
+_FP4 = (torch.uint8, torch.float4_e2m1fn_x2)   # packed e2m1: two elements per byte, element 2i in the low nibble
+# variant FMT of an operand dtype (bf16: the unscaled ops; uint8 / float4_e2m1fn_x2: the fp4 ops' packed e2m1)
+_FORMATS = {**_FMT, torch.bfloat16: "bf16", **dict.fromkeys(_FP4, "e2m1")}
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # fp32 out and accumulation (the wgrad; the rows' e4m3 variants)
 GRANULARITIES = ("tensor", "row", "block", "mx")
@@ -78,10 +80,11 @@ def _scaled(x) -> bool:
     return hasattr(x, "a_scale")
 
 
-def _check_operands(x, names_2d, b_dim, outs=_OUT):
-    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales) or a bf16 one."""
+def _check_operands(x, names_2d, b_dim, outs=_OUT, fmt_dtypes=None):
+    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales), a bf16 one
+    or, fmt_dtypes given, one with a and b of those dtypes."""
     scaled = _scaled(x)
-    fmt_dtypes = tuple(_FMT) if scaled else (torch.bfloat16,)
+    fmt_dtypes = fmt_dtypes or (tuple(_FMT) if scaled else (torch.bfloat16,))
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
     for n in ("a_scale", "b_scale") if scaled else ():
@@ -119,24 +122,25 @@ def _scale_strides(x, forms: dict) -> tuple:
     A bf16 call: "none", null scale pointers and zero strides (the kernel reads no scale)."""
     if not _scaled(x):
         return "none", dict(a_scale=None, b_scale=None, **dict.fromkeys(_STRIDES, 0))
-    if x.granularity is not None and x.granularity not in GRANULARITIES:
-        guards.fail("granularity", f"granularity = {x.granularity!r}; expected None (from the scales' shapes) or one "
+    granularity = getattr(x, "granularity", None)   # the fp4 ops have mx scales only
+    if granularity is not None and granularity not in GRANULARITIES:
+        guards.fail("granularity", f"granularity = {granularity!r}; expected None (from the scales' shapes) or one "
                                    f"of {', '.join(map(repr, GRANULARITIES))}")
     sa, sb = x.a_scale, x.b_scale
     mx = sa.dtype in E8M0       # e8m0 scales are mx scales, fp32 ones any other granularity
-    if x.granularity and (x.granularity == "mx") != mx:
-        guards.fail("dtype", f"granularity = {x.granularity!r} with a_scale {sa.dtype}: mx takes e8m0 scales "
+    if granularity and (granularity == "mx") != mx:
+        guards.fail("dtype", f"granularity = {granularity!r} with a_scale {sa.dtype}: mx takes e8m0 scales "
                              f"({' or '.join(map(str, E8M0))}), the others fp32")
     forms = {g: f for g, f in forms.items() if (g == "mx") == mx}
     fit = lambda t, shapes: tuple(t.shape) in shapes  # noqa: E731
     fits = [g for g, (a_shapes, b_shapes, _) in forms.items() if fit(sa, a_shapes) and fit(sb, b_shapes)]
-    want = [x.granularity] if x.granularity else list(forms)
+    want = [granularity] if granularity else list(forms)
     shapes = "; ".join(f"{g}: a_scale {' or '.join(map(str, map(list, f[0])))}, b_scale "
                        f"{' or '.join(map(str, map(list, f[1])))}" for g, f in forms.items() if g in want)
     chosen = [g for g in fits if g in want]
     if not chosen:
         guards.fail("scale-shape", f"a_scale {list(sa.shape)} and b_scale {list(sb.shape)} fit no "
-                                   f"{x.granularity or 'scale'} granularity of this call; expected {shapes}")
+                                   f"{granularity or 'scale'} granularity of this call; expected {shapes}")
     if len(chosen) > 1:
         guards.fail("granularity", f"a_scale {list(sa.shape)} and b_scale {list(sb.shape)} fit both "
                                    f"{' and '.join(chosen)} scales: pass granularity=")
@@ -211,7 +215,7 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     per row), else 128 x 128. GROUP_M = 2: a band of two row tiles re-reads each B column tile
     from L2. Not persistent: one workgroup per possible tile, so no workgroup runs two tiles
     in a row on a GPU with idle CUs."""
-    rows = M if layout == "TN" else M // max(G, 1)
+    rows = M if layout in ("TN", "NTK") else M // max(G, 1)
     if out_dtype == torch.float16 or N < 128 or rows < 128:
         bm, bn = 64, 64
     else:
@@ -247,7 +251,7 @@ def _variant(layout, a_dtype, b_dtype, out_dtype, cfg, accumulate=False, gran="t
 def _call_variant(layout, x, cfg, gran):
     """The registered variant of a config for call ``x`` (its formats, output, accumulation,
     scale granularity), or None."""
-    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg, x.accumulate, gran)
+    return _variant(layout, x.a.dtype, x.b.dtype, x.out_dtype, cfg, getattr(x, "accumulate", False), gran)
 
 
 def parse_config(config) -> dict | None:
@@ -292,8 +296,9 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
                        for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")
                        and (v["FMT"] == "bf16") == (gran == "none")})
+        acc = " accumulating into out" if getattr(x, "accumulate", False) else ""
         guards.fail("dtype", f"no {layout} variant{_BLOCK_NOTE[gran]} for a {x.a.dtype} x b {x.b.dtype} -> "
-                             f"{x.out_dtype}{' accumulating into out' if x.accumulate else ''}; registered for "
+                             f"{x.out_dtype}{acc}; registered for "
                              f"{layout}{_BLOCK_NOTE[gran]}: {', '.join(have) or 'none'}")
     cfg = dict(cfg, BM=fit[-1][0], BN=fit[-1][1])   # mixed formats have fewer tiles: the largest not above the rule's
     return _choice(_call_variant(layout, x, cfg, gran), cfg, "heuristic")
@@ -402,20 +407,10 @@ def _check_groups(x, plan) -> None:
     """group_lens non-negative, summing to at most the grouped dimension (the rest is a padded
     tail); group_offs its prefix sums from 0; TT: groups start on multiples of 16; the wgrad with
     block scales: non-empty groups start on multiples of 128."""
-    lens, offs = x.group_lens.cpu(), x.group_offs.cpu()
     rows_op = plan.op in ("grouped_gemm_fp8_kernel", "grouped_gemm_bf16_kernel")
     rows = x.a.shape[1] if rows_op and x.trans_a else x.a.shape[0]
     what = ("a.shape[1] (sum_m)" if x.trans_a else "a.shape[0] (sum_m)") if rows_op else "a.shape[0] (sum_k)"
-    if lens.numel() and int(lens.min()) < 0:
-        g = int((lens < 0).nonzero()[0])
-        guards.fail("group_lens", f"group_lens[{g}] = {int(lens[g])} is negative")
-    if int(lens.sum()) > rows:
-        guards.fail("group_lens", f"group_lens sums to {int(lens.sum())}, more than {what} = {rows}")
-    want = torch.cat([offs.new_zeros(1), lens.cumsum(0)])
-    if not torch.equal(offs, want):
-        g = int((offs != want).nonzero()[0])
-        guards.fail("group_offs", f"group_offs[{g}] = {int(offs[g])}; expected {int(want[g])} "
-                                  f"(0 then the running sum of group_lens)")
+    lens, offs = _check_lens(x, rows, what)
     layout, align = (plan.variant or {}).get("LAYOUT"), None
     if layout == "TT":
         align, why = 16, "TT reads a's rows in 16-byte chunks along sum_m"
@@ -428,6 +423,23 @@ def _check_groups(x, plan) -> None:
         if len(bad):
             g = int(bad[0])
             guards.fail("group_offs", f"group {g} starts at row {int(offs[g])}, not a multiple of {align}: {why}")
+
+
+def _check_lens(x, rows, what):
+    """(group_lens, group_offs) on the host: lens non-negative, summing to at most ``rows`` (the
+    grouped dimension, named ``what``), offs their prefix sums from 0."""
+    lens, offs = x.group_lens.cpu(), x.group_offs.cpu()
+    if lens.numel() and int(lens.min()) < 0:
+        g = int((lens < 0).nonzero()[0])
+        guards.fail("group_lens", f"group_lens[{g}] = {int(lens[g])} is negative")
+    if int(lens.sum()) > rows:
+        guards.fail("group_lens", f"group_lens sums to {int(lens.sum())}, more than {what} = {rows}")
+    want = torch.cat([offs.new_zeros(1), lens.cumsum(0)])
+    if not torch.equal(offs, want):
+        g = int((offs != want).nonzero()[0])
+        guards.fail("group_offs", f"group_offs[{g}] = {int(offs[g])}; expected {int(want[g])} "
+                                  f"(0 then the running sum of group_lens)")
+    return lens, offs
 
 
 def _rows_out_shape(x):
@@ -571,6 +583,136 @@ def grouped_gemm_bf16_variable_k(a: torch.Tensor, b: torch.Tensor, group_lens: t
     rounding; out required: Megatron's main_grad in fp32, bf16 or fp16). config, validate: as for
     grouped_gemm_fp8_kernel.
     """
+
+def _check_fp4_scales(x):
+    for n in ("a_scale", "b_scale"):
+        guards.check_dtype(getattr(x, n), n, E8M0)
+
+
+def _plan_fp4_rows(x) -> Plan:
+    G, device = _check_operands(x, "[sum_m, K/2] (packed e2m1)", 3, _OUT, _FP4)
+    _check_fp4_scales(x)
+    sum_m, k_bytes = x.a.shape
+    N, K = x.b.shape[1], 2 * k_bytes
+    if x.b.shape[2] != k_bytes:
+        guards.fail("shape", f"b has {x.b.shape[2]} bytes per row (shape {list(x.b.shape)}, [G, N, K/2]) but a has "
+                             f"{k_bytes} (shape {list(x.a.shape)}, [sum_m, K/2])")
+    if x.b.shape[0] != G:
+        guards.fail("shape", f"b holds {x.b.shape[0]} groups (shape {list(x.b.shape)}) but group_lens has {G}")
+    guards.check_multiple(K, "K", MX_BLOCK, f"K%{MX_BLOCK}")   # whole 32-blocks: 16-byte loads, one scale each
+    guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
+    _check_out(x, (sum_m, N))
+    _, strides = _scale_strides(x, {"mx": _rows_forms(sum_m, G, N, K)["mx"]})
+    _check_sizes(sum_m, "sum_m", dict(a=k_bytes, b=k_bytes, out=x.out_dtype.itemsize * N))
+    if x.num_cu is not None and x.num_cu < 1:
+        guards.fail("num_cu", f"num_cu = {x.num_cu}; expected None or >= 1")
+    shape = dict(out_shape=(sum_m, N), out_dtype=x.out_dtype)
+    if sum_m == 0 or N == 0:
+        return empty_plan("grouped_gemm_fp4_kernel", **shape)
+    choice = choose_config(x, "NT", G, sum_m, N, K, gran="mx")
+    variant, cfg = choice.variant, choice.options
+    bm, bn = variant["BM"], variant["BN"]
+    grid, grid_why = _grid(cfg, (-(-sum_m // bm) + G) * -(-N // bn), x.num_cu)
+    why = (f"MXFP4 forward / dgrad (NT), {bm} x {bn} tiles for {sum_m} rows over {G} groups, "
+           f"GROUP_M={cfg['GROUP_M']}, {grid_why}; config: {choice.why}")
+    return kernel_plan("grouped_gemm_fp4_kernel", _KERNEL, variant, device, why, **shape,
+                       grid=grid, G=G, M=sum_m, N=N, K=K, group_m=cfg["GROUP_M"], **strides)
+
+
+def _plan_fp4_variable_k(x) -> Plan:
+    G, device = _check_operands(x, "[M, sum_k/2] (packed e2m1)", 2, _OUT_WGRAD, _FP4)
+    _check_fp4_scales(x)
+    if x.accumulate and x.out is None:
+        guards.fail("accumulate", "accumulate=True adds the product into out: pass out ([G, M, N] of out_dtype)")
+    M, k_bytes = x.a.shape
+    N, sum_k = x.b.shape[0], 2 * k_bytes
+    if x.b.shape[1] != k_bytes:
+        guards.fail("shape", f"b has {x.b.shape[1]} bytes per row (shape {list(x.b.shape)}, [N, sum_k/2]) but a has "
+                             f"{k_bytes} (shape {list(x.a.shape)}, [M, sum_k/2])")
+    guards.check_multiple(M, "M", _FACTS.n_align, f"M%{_FACTS.n_align}")
+    guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
+    guards.check_multiple(sum_k, "sum_k", MX_BLOCK, f"sum_k%{MX_BLOCK}")
+    _check_out(x, (G, M, N))
+    kx = sum_k // MX_BLOCK
+    _, strides = _scale_strides(x, {"mx": (((M, kx),), ((N, kx),), lambda sa, sb: (
+        0, _bytes(sa, 0), _bytes(sa, 1), 0, _bytes(sb, 0), _bytes(sb, 1), 0))})
+    _check_sizes(max(sum_k, M, N), "sum_k, M and N", dict(a=k_bytes, b=k_bytes, out=x.out_dtype.itemsize * N))
+    shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
+    if G * M * N == 0:
+        return empty_plan("grouped_gemm_fp4_variable_k", **shape)
+    choice = choose_config(x, "NTK", G, M, N, sum_k, gran="mx")
+    variant, cfg = choice.variant, choice.options
+    bm, bn = variant["BM"], variant["BN"]
+    grid, grid_why = _grid(cfg, G * -(-M // bm) * -(-N // bn), None)
+    return kernel_plan("grouped_gemm_fp4_variable_k", _KERNEL, variant, device,
+                       f"MXFP4 variable-K wgrad (NTK), {bm} x {bn} tiles (G x tiles of [M, N]), GROUP_M="
+                       f"{cfg['GROUP_M']}, {grid_why}; config: {choice.why}", **shape, grid=grid, G=G, M=M, N=N,
+                       K=sum_k, group_m=cfg["GROUP_M"], **strides)
+
+
+def _check_fp4_groups(x, plan) -> None:
+    """group_lens / group_offs as _check_lens has them; the wgrad's: every group_offs entry a
+    multiple of 32 (its groups are whole 32-blocks of sum_k)."""
+    if plan.op == "grouped_gemm_fp4_kernel":
+        _check_lens(x, x.a.shape[0], "a.shape[0] (sum_m)")
+        return
+    _, offs = _check_lens(x, 2 * x.a.shape[1], "2 * a.shape[1] (sum_k)")
+    bad = (offs % MX_BLOCK != 0).nonzero()
+    if len(bad):
+        g = int(bad[0])
+        guards.fail("group_offs", f"group_offs[{g}] = {int(offs[g])}, not a multiple of {MX_BLOCK}: the FP4 wgrad's "
+                                  f"groups are whole 32-blocks of sum_k (one e8m0 scale and 16 bytes each)")
+
+
+@op(plan=_plan_fp4_rows, alloc=torch.empty, check_data=_check_fp4_groups, fill={"group_offs": group_offsets},
+    convert={"config": CONFIG_GRAMMAR.text}, out_shape=lambda x: ((x.a.shape[0], x.b.shape[1]), x.out_dtype))
+def grouped_gemm_fp4_kernel(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                            group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
+                            out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None, *,
+                            out: torch.Tensor | None = None, config: str = "", validate: bool = True) -> torch.Tensor:
+    """MXFP4 grouped GEMM (NT), groups along the rows of out (MoE forward, and the dgrad on
+    grad_out and the weights quantised along N: Primus-Turbo's grouped_gemm_fp4, MX_BLOCKWISE):
+    for g < G and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
+        out[r, j] = rne(acc), acc += fp32(sum over a 128-chunk of A[r, k] B_g[j, k] 2^(ea + eb - 254))
+    (ea, eb the e8m0 scales of each element's 32-block; the chunks in order from +0, as the scaled
+    16x16x128 MFMA sums them: reference.grouped_gemm_fp4_ref).
+
+    a: [sum_m, K/2], b: [G, N, K/2], packed e2m1 (torch.uint8 or torch.float4_e2m1fn_x2: two
+    elements per byte, element 2i in the low nibble; quant.quantize_mx(x, "e2m1")), contiguous.
+    a_scale: [sum_m, K/32], b_scale: [G, N, K/32], e8m0 (torch.uint8 or float8_e8m0fnu), read
+    through their strides. K % 32 == 0, N % 16 == 0. group_lens: int64 [G] (>= 0, summing to at
+    most sum_m: rows past the sum are a padded tail, never read, their out rows 0); group_offs:
+    int64 [G + 1] = [0, cumsum(group_lens)] (computed when None). out_dtype: torch.bfloat16 or
+    torch.float16; out: optional [sum_m, N] of it. num_cu, config, validate: as for
+    grouped_gemm_fp8_kernel.
+    """
+
+
+@op(plan=_plan_fp4_variable_k, alloc=torch.empty, check_data=_check_fp4_groups, fill={"group_offs": group_offsets},
+    convert={"config": CONFIG_GRAMMAR.text},
+    out_shape=lambda x: ((x.group_lens.shape[0], x.a.shape[0], x.b.shape[0]), x.out_dtype))
+def grouped_gemm_fp4_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                                group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
+                                out_dtype: torch.dtype = torch.bfloat16, *, out: torch.Tensor | None = None,
+                                accumulate: bool = False, config: str = "", validate: bool = True) -> torch.Tensor:
+    """MXFP4 grouped GEMM with the groups along the contraction, both operands contraction-contiguous
+    (the MoE wgrad of Primus-Turbo's grouped_gemm_fp4: grad_out and a quantised column-wise,
+    [N, M/2] and [K, M/2] -> [G, N, K]):
+        out[g] = rne(acc), acc += fp32(sum over a 128-chunk of a_g[i, c] b_g[j, c] 2^(ea + eb - 254))
+    over the group's contraction c in [group_offs[g], group_offs[g + 1]), its chunks from the
+    group's first element (reference.grouped_gemm_fp4_variable_k_ref); an empty group gives zeros.
+
+    a: [M, sum_k/2], b: [N, sum_k/2], packed e2m1 (as grouped_gemm_fp4_kernel), contiguous;
+    a_scale [M, sum_k/32], b_scale [N, sum_k/32] e8m0, per 32 contraction elements (global blocks).
+    Every group_offs entry is a multiple of 32 (whole 32-blocks per group; Primus-Turbo's column
+    quantiser pads each group to a multiple of 512 with zeros); M % 16 == 0, N % 16 == 0. group_lens
+    int64 [G] summing to at most sum_k (the rest: a padded tail, never read); group_offs int64
+    [G + 1] (computed when None). out: optional [G, M, N] of out_dtype (torch.bfloat16,
+    torch.float16 or torch.float32). accumulate: out += the product (fp32 add in the epilogue,
+    one rounding; out required: Megatron's main_grad in the weight's dtype or fp32). config,
+    validate: as for grouped_gemm_fp8_kernel.
+    """
+
 
 FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}  # (a and b, grad_out)
 TRAIN_GRANULARITIES = ("tensorwise", "rowwise", "blockwise", "mx_blockwise")   # Primus-Turbo's names
