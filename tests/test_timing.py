@@ -357,3 +357,16 @@ def test_a_kernel_from_another_revision_runs_with_that_revisions_arguments():
     assert c.startswith(head) and t["cycles"] > 0 and not t["sampled"]
     x, s = call.args[:2]
     assert torch.equal(values["out"], mxgemm.mxfp8_dequantize(x, s))
+
+
+@pytest.mark.parametrize("stage", ["fp8_gemm_vector_loads", "fp8_gemm_direct_to_lds"])
+def test_dma_loads_bring_their_lines_from_memory(stage):
+    """One 64 x 64 workgroup with K = 128 reads A and B once (64 + 64 lines of 128 bytes, all cold)
+    and writes C (64 x 64 bf16: 64 lines): 192 lines reach HBM whether the operands come through
+    registers or by global -> LDS DMA, whose LDS write must not hide the load's lines."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(64, 128, generator=g).to(torch.float8_e4m3fn) for _ in range(2))
+    emu = Emulator(arch="gfx950", race_check=False, timing="mi355x")
+    calibration.launch(emu, emu.load(calibration.assembly()), calibration.STAGES[stage], a, b,
+                       torch.zeros(64, 64, dtype=torch.bfloat16))
+    assert emu.last_timing["breakdown"]["bytes"]["hbm"] == (64 + 64 + 64) * M.line_bytes

@@ -65,9 +65,14 @@ class Tracer:
     def lds(self, addr, mask, nbytes) -> None:
         """An LDS access of the current instruction (addr: per lane, a row per lane where a lane
         has several; mask: the active lanes): the cycles its bank conflicts cost, memoised per
-        address pattern (a loop's waves repeat theirs every iteration)."""
+        address pattern (a loop's waves repeat theirs every iteration). The LDS write of a
+        global -> LDS DMA load keeps the load's record: its lines are what the engine times (its
+        LDS part: the LDS latency, docs/timing_model.md §1)."""
         t = self.cur
         if t is None:
+            return
+        prev = t.mem.get(len(t.pcs) - 1)
+        if prev is not None and prev[0] == "vmem":
             return
         a = np.asarray(addr, np.int64)[mask]
         key = (nbytes, a.tobytes())
@@ -76,7 +81,6 @@ class Tracer:
             if len(self.lds_cycles) >= LDS_MEMO:
                 self.lds_cycles.clear()
             cycles = self.lds_cycles[key] = bank_cycles(a.reshape(-1), nbytes)
-        prev = t.mem.get(len(t.pcs) - 1)
         t.mem[len(t.pcs) - 1] = ("lds", cycles + (prev[1] if prev else 0))
 
 
