@@ -101,6 +101,23 @@ def test_cublaslt_gemms_are_the_bf16_dense_gemms():
         assert torch.equal(d.float(), want.float()), fn.__name__
 
 
+def test_cublaslt_gemm_takes_unscaled_e4m3():
+    """cuBLASLt's FP8 path (DeepGEMM's fp8_fp4 test benchmarks against it): e4m3 a and b, no
+    scales, fp32 d accumulated onto c, each 128-K block's exact sum rounded to fp32 and added."""
+    m, n, k = 32, 48, 256
+    g = torch.Generator().manual_seed(12)
+    a, b = (torch.randn(m, k, generator=g) * 4).to(torch.float8_e4m3fn), \
+        (torch.randn(n, k, generator=g) * 4).to(torch.float8_e4m3fn)
+    c = torch.randn(m, n, generator=g)
+    d = torch.empty(m, n)
+    deep_gemm.cublaslt_gemm_nt(a, b, d, c=c)
+    want = promoted(a, torch.ones(m, k // 128), b, torch.ones(n, k // 128)) + c
+    assert torch.equal(d, want)
+    d2 = torch.empty(m, n)
+    deep_gemm.cublaslt_gemm_tn(a.t().contiguous(), b.t().contiguous(), d2, c=c)
+    assert torch.equal(d2, want)
+
+
 @pytest.mark.parametrize("call,rule", [
     (lambda a, b, d: deep_gemm.einsum("bik,bjk->ij", a, b, d), "expr"),
     (lambda a, b, d: deep_gemm.einsum("bmk,bnk->mn", a, b, d.float()), "c"),

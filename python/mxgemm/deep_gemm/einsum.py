@@ -9,15 +9,16 @@ layout). ``use_cublaslt`` selects NVIDIA's library inside DeepGEMM; there is non
 runs the same kernel. ``fp8_einsum`` (1 x 128 activation, 128 x 128 weight scales): "bhr,hdr->bhd"
 and "bhd,hdr->bhr" as the masked M-grouped FP8 GEMM, the same copies; "bhd,bhr->hdr" (the
 per-head weight gradient, contracting b; DeepGEMM's SM100 form) as the K-grouped FP8 GEMM with a
-K group per head (a and b copied head-major). ``cublaslt_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` are the
-BF16 dense GEMMs ``bf16_gemm_*`` (DeepGEMM's cuBLASLt baseline: fp32 accumulation).
+K group per head (a and b copied head-major). ``cublaslt_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (DeepGEMM's
+cuBLASLt baseline, fp32 accumulation) are the BF16 dense GEMMs, or for e4m3 operands the same
+dense GEMM with tensor scales of 1.
 The masked functions are imported at call time: the package defines them after importing this module."""
 from __future__ import annotations
 
 import torch
 
 from .. import guards
-from .gemm import bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, k_grouped_fp8_gemm_tn_contiguous, pair
+from .gemm import bf16_gemm_nt, k_grouped_fp8_gemm_tn_contiguous, pair, unscaled_fp8_gemm_nt
 
 EXPRS = ("bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr")
 FP8_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
@@ -117,6 +118,25 @@ def _per_head_wgrad(a, b, d, c, recipe) -> None:
                                      torch.tensor(ks, dtype=torch.int32, device=x.device), c=c, recipe=recipe)
 
 
-# DeepGEMM's cuBLASLt baseline GEMMs (fp32 accumulation) are its BF16 dense GEMMs here
-cublaslt_gemm_nt, cublaslt_gemm_nn, cublaslt_gemm_tn, cublaslt_gemm_tt = (bf16_gemm_nt, bf16_gemm_nn, bf16_gemm_tn,
-                                                                          bf16_gemm_tt)
+def cublaslt_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
+    """DeepGEMM's cuBLASLt baseline d[M, N] = a[M, K] . b[N, K]^T (+ c), fp32 accumulation: bf16
+    a and b (bf16_gemm_nt), or e4m3 a and b without scales; d bf16 or fp32, c like d."""
+    if isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn:
+        unscaled_fp8_gemm_nt(a, b, d, c)
+    else:
+        bf16_gemm_nt(a, b, d, c)
+
+
+def cublaslt_gemm_nn(a, b, d, c=None) -> None:
+    """cublaslt_gemm_nt with b [K, N]."""
+    cublaslt_gemm_nt(a, b.t(), d, c)
+
+
+def cublaslt_gemm_tn(a, b, d, c=None) -> None:
+    """cublaslt_gemm_nt with a [K, M] and b [K, N]."""
+    cublaslt_gemm_nt(a.t(), b.t(), d, c)
+
+
+def cublaslt_gemm_tt(a, b, d, c=None) -> None:
+    """cublaslt_gemm_nt with a [K, M]."""
+    cublaslt_gemm_nt(a.t(), b, d, c)

@@ -116,9 +116,16 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     _dense(a, b, d, c, None)
 
 
-def _dense(x, w, d, c, scales) -> None:
+def unscaled_fp8_gemm_nt(a, b, d, c=None) -> None:
+    """d[M, N] = a[M, K] . b[N, K]^T (+ c) of e4m3 a and b without scales (tensor scales of 1),
+    each K-major or MN-major; d bf16 or fp32, c like d."""
+    one = torch.ones((), device=a.device)
+    _dense(a, b, d, c, (one, one), gran="tensor")
+
+
+def _dense(x, w, d, c, scales, gran="block") -> None:
     """d = x w^T (+ c) on the grouped family with G = 1, the layout picked by majorness (module
-    docstring); scales: (sfa, sfb) fp32 block scales (FP8), or None (BF16)."""
+    docstring); scales: (sfa, sfb) fp32 scales of granularity ``gran`` (FP8), or None (BF16)."""
     a_k, b_k = _k_major(x, "a"), _k_major(w, "b")
     m, k = x.shape
     n = w.shape[0]
@@ -146,7 +153,7 @@ def _dense(x, w, d, c, scales) -> None:
         xa, wb = x if a_k else x.t(), (w if b_k else w.t()).unsqueeze(0)
         args = (xa, sfa, wb, sfb.unsqueeze(0), lens) if fp8 else (xa, wb, lens)
         kw = dict(out=d, trans_b=b_k, trans_a=not a_k, num_cu=get_num_sms())
-    kw.update(out_dtype=d.dtype, accumulate=accumulate, **(dict(granularity="block") if fp8 else {}))
+    kw.update(out_dtype=d.dtype, accumulate=accumulate, **(dict(granularity=gran) if fp8 else {}))
     _run_after_copy(op, args, kw, d, c)
 
 
