@@ -196,6 +196,7 @@ def _ints(g, lo, hi, *shape, dtype=torch.float32):
 def cases() -> dict:
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(20, 100, generator=g), torch.randn(20, 100, generator=g)
+    wide = [torch.randn(20, 128, generator=g)[:, :100] for _ in range(2)] + [torch.zeros(20, 128)[:, :100]]
     copy_src = torch.arange(24 * 120, dtype=torch.float32).reshape(24, 120)
     ma, mb = _ints(g, -8, 9, 64, 8), _ints(g, -8, 9, 64, 8)
     M, N, K = 128, 128, 256
@@ -212,6 +213,9 @@ def cases() -> dict:
         # 8 x 64 tiles (threads 8 x 16, 4 floats each); 20 x 100 leaves partial tiles in both dims
         "vectorAdd": Case("01-vectorAdd.py", "vector_add", "vector_add_kernel_0", [a, b, torch.zeros(20, 100)],
                           (3, 2, 1), {2: a + b}),
+        # the same kernel on row stride 128 views: the layout slot's stride is read, not assumed
+        "vectorAdd_strided": Case("01-vectorAdd.py", "vector_add", "vector_add_kernel_0", wide, (3, 2, 1),
+                                  {2: wide[0] + wide[1]}),
         "tiledCopy": Case("02-tiledCopy.py", "tiledCopy", "copy_kernel_0", [copy_src, torch.zeros(24, 120)],
                           (15, 1, 1), {1: copy_src}),
         "tiledMma": Case("03-tiledMma.py", "tiledMma", "gemm_kernel_0", [ma, mb, torch.zeros(64, 64)], (1, 1, 1),
