@@ -12,9 +12,11 @@ from mxgemm.emu import UnsupportedInstruction
 
 PAIRS = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]      # the two kept places of four, ascending
 FMT = {"f16": "f16", "bf16": "bf16", "fp8": "e4m3", "bf8": "e5m2", "i8": "i8"}
-FORMS = ([(f"f32_{sh}_{t}", t, t) for sh in ("16x16x64", "32x32x32") for t in ("f16", "bf16")]
-         + [(f"f32_{sh}_{a}_{b}", a, b) for sh in ("16x16x128", "32x32x64") for a in ("fp8", "bf8") for b in ("fp8", "bf8")]
-         + [(f"i32_{sh}_i8", "i8", "i8") for sh in ("16x16x128", "32x32x64")])
+# gfx950's forms, then the CDNA3 ones it keeps (half the K: the calculator's own tables)
+FORMS = [(f"f32_{sh}_{t}", t, t) for sh in ("16x16x64", "32x32x32", "16x16x32", "32x32x16") for t in ("f16", "bf16")]
+FORMS += [(f"f32_{sh}_{a}_{b}", a, b) for sh in ("16x16x128", "32x32x64", "16x16x64", "32x32x32")
+          for a in ("fp8", "bf8") for b in ("fp8", "bf8")]
+FORMS += [(f"i32_{sh}_i8", "i8", "i8") for sh in ("16x16x128", "32x32x64", "16x16x64", "32x32x32")]
 
 
 def codes(rng, ty, shape):
@@ -53,7 +55,7 @@ def problem(form, ta, tb, index_set, seed):
     rng = np.random.default_rng(seed)
     m, _, k = map(int, form.split("_")[1].split("x"))
     bits = 16 if ta in ("f16", "bf16") else 8
-    kpl = k * m // 64                                    # K per lane: 16 or 32
+    kpl = k * m // 64                                    # K per lane: 8, 16 or 32
     a_codes, b_codes = codes(rng, ta, (m, k)), codes(rng, tb, (k, m))
     pairs = rng.integers(0, 6, (m, k // 4))
     a = np.zeros((m, k))
@@ -70,9 +72,8 @@ def problem(form, ta, tb, index_set, seed):
     b_items = np.stack([b_codes[kpl * (lane // m) + np.arange(kpl), lane % m] for lane in range(64)])
     b = value(tb, b_codes)
     junk = rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32)
-    index = sel << np.uint32(kpl * index_set) if kpl < 32 else sel
-    if kpl < 32:                                         # the other set holds junk the form must ignore
-        index |= junk & np.uint32(((1 << kpl) - 1) << (kpl * (1 - index_set)))
+    used = ((1 << kpl) - 1) << (kpl * index_set)
+    index = (sel << np.uint32(kpl * index_set)) | (junk & np.uint32(~used & 0xFFFFFFFF))   # junk in the other sets
     nd = m * m // 64
     if ta == "i8":
         c = rng.integers(-2 ** 31, 2 ** 31, (nd, 64)).astype(np.int64)
@@ -89,25 +90,46 @@ def problem(form, ta, tb, index_set, seed):
             else:
                 want[r, off + j] = (p[i, j] + c[r, off + j]).astype(np.float32).view(np.uint32)
     c_bits = (c & 0xFFFFFFFF).astype(np.uint32) if ta == "i8" else c.view(np.uint32)
+    a_regs, b_regs = pack(a_items, bits), pack(b_items, bits)
     regs = {3: index}
-    regs |= {4 + r: v for r, v in enumerate(pack(a_items, bits))}           # A: v[4:7]
-    regs |= {8 + r: v for r, v in enumerate(pack(b_items, bits))}           # B: v[8:15]
-    regs |= {16 + r: c_bits[r] for r in range(nd)}                          # C = D: v[16:...]
-    return regs, list(range(16, 16 + nd)), want
+    regs |= {4 + r: v for r, v in enumerate(a_regs)}                        # A: from v4 (2 or 4 VGPRs)
+    regs |= {8 + r: v for r, v in enumerate(b_regs)}                        # B: from v8 (4 or 8 VGPRs)
+    regs |= {16 + r: c_bits[r] for r in range(nd)}                          # C = D: from v16
+    body = f"v[16:{15 + nd}], v[4:{3 + len(a_regs)}], v[8:{7 + len(b_regs)}], v3"
+    return regs, body, list(range(16, 16 + nd)), want
 
 
-def mods_of(ta):
-    """(cbsz, abid, index set read): LLVM's form first; 16-bit forms also select set 1 by ABID."""
-    return [(3, 1, 0), (0, 0, 0)] + ([(0, 1, 1)] if ta in ("f16", "bf16") else [])
+def mods_of(form):
+    """(cbsz, abid, index set read): LLVM's form first (CBSZ set: set 0 whatever ABID says), then
+    ABID selecting the first and the last of the 32 / kpl sets."""
+    m, _, k = map(int, form.split("_")[1].split("x"))
+    last = 32 // (k * m // 64) - 1
+    return [(3, 1, 0), (0, 0, 0)] + ([(0, last, last)] if last else [])
 
 
 @pytest.mark.parametrize("form,ta,tb", FORMS, ids=[f[0] for f in FORMS])
 def test_smfmac_matches_dense_model(form, ta, tb):
-    for n, (cbsz, abid, index_set) in enumerate(mods_of(ta)):
-        regs, outs, want = problem(form, ta, tb, index_set, seed=n + 7 * len(form))
-        d = f"v[{outs[0]}:{outs[-1]}]"
-        got = run("gfx950", f"v_smfmac_{form} {d}, v[4:7], v[8:15], v3 cbsz:{cbsz} abid:{abid}", regs, outs)
+    for n, (cbsz, abid, index_set) in enumerate(mods_of(form)):
+        regs, operands, outs, want = problem(form, ta, tb, index_set, seed=n + 7 * len(form))
+        got = run("gfx950", f"v_smfmac_{form} {operands} cbsz:{cbsz} abid:{abid}", regs, outs)
         np.testing.assert_array_equal(np.stack([got[r] for r in outs]), want, err_msg=f"cbsz:{cbsz} abid:{abid}")
+
+
+def test_smfmac_calculator_example():
+    """AMD's calculator, CDNA3 16x16x32 f16: K[2][31] is in v0{50}.[7:4] (ABID 0) and v0{50}.[31:28]
+    (CBSZ 0, ABID 3). Row 2 keeps 1.0 at K 29 and 2.0 at K 31 (places 1 and 3 of group 1); B is 1.0
+    at K 29 only, so D[2][j] = 1.0 exactly when those bits put the first kept value at place 1."""
+    for abid, shift in ((0, 4), (3, 28)):
+        sel = np.zeros(64, np.uint32)
+        sel[50] = np.uint32(0b1101 << shift)                      # first kept value: place 1, second: place 3
+        a = np.zeros((2, 64), np.uint32)
+        a[1, 50] = 0x4000_3C00                                    # lane 50's kept values 2, 3 (group 1): 1.0, 2.0
+        b = np.zeros((4, 64), np.uint32)
+        b[2, 48:64] = np.uint32(0x3C00 << 16)                     # K 29: lanes 48-63, item 5 = high half of VGPR 2
+        regs = {3: sel} | {4 + r: a[r] for r in range(2)} | {8 + r: b[r] for r in range(4)} | {16 + r: 0 for r in range(4)}
+        got = run("gfx950", f"v_smfmac_f32_16x16x32_f16 v[16:19], v[4:5], v[8:11], v3 abid:{abid}", regs, [16, 17, 18, 19])
+        d = np.stack([got[r] for r in (16, 17, 18, 19)]).view(np.float32)
+        assert (d[2, :16] == 1.0).all() and np.count_nonzero(d) == 16, abid   # row 2: VGPR 2, lanes 0-15
 
 
 @pytest.mark.parametrize("form,abid", [("f32_16x16x64_f16", 2), ("i32_16x16x128_i8", 1)])

@@ -230,7 +230,7 @@ def round_dyadic_f32(n: int, e: int) -> float:
 # ---- instructions -------------------------------------------------------------------------
 
 SHAPES = {(16, 16, 128), (32, 32, 64), (16, 16, 32), (32, 32, 16)}
-SPARSE_SHAPES = {(16, 16, 64), (32, 32, 32), (16, 16, 128), (32, 32, 64)}     # gfx950's v_smfmac_*
+SPARSE_SHAPES = {(16, 16, 32), (32, 32, 16), (16, 16, 64), (32, 32, 32), (16, 16, 128), (32, 32, 64)}   # v_smfmac_*
 
 
 def mfma(m: int, n: int, k: int, fmt_a: str, fmt_b: str, a_regs, b_regs, c_f32,
@@ -425,7 +425,7 @@ def _build_smfmac(ins):
     m, n, k = int(m), int(n), int(k)
     names = {"fp8": "e4m3", "bf8": "e5m2"}
     fa, fb = (ty, ty) if ty in ("f16", "bf16", "i8") else (names[t] for t in ty.split("_"))
-    kpl = k * m // 64                     # K per lane of the dense operand: 16 (16-bit) or 32 (8-bit)
+    kpl = k * m // 64                     # K per lane of the dense operand: 8, 16 or 32
     shift, mask = np.uint32(kpl * smfmac_selector_set(ins, kpl)), np.uint32((1 << kpl) - 1)
     ncd = m * n // 64
     read_a, read_b = _vec_reader(ins, 1, ins.ops[1].count), _vec_reader(ins, 2, ins.ops[2].count)
@@ -443,7 +443,9 @@ def _build_smfmac(ins):
     return run
 
 
-handler(*[f"v_smfmac_f32_{sh}_{ty}" for sh in ("16x16x64", "32x32x32") for ty in ("f16", "bf16")],
-        *[f"v_smfmac_f32_{sh}_{ty}" for sh in ("16x16x128", "32x32x64")
+# gfx950's forms and the CDNA3 ones it keeps (half the K; the assembler takes them for gfx950)
+handler(*[f"v_smfmac_f32_{sh}_{ty}" for sh in ("16x16x64", "32x32x32", "16x16x32", "32x32x16")
+          for ty in ("f16", "bf16")],
+        *[f"v_smfmac_f32_{sh}_{ty}" for sh in ("16x16x128", "32x32x64", "16x16x64", "32x32x32")
           for ty in ("fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")],
-        "v_smfmac_i32_16x16x128_i8", "v_smfmac_i32_32x32x64_i8")(_build_smfmac)
+        *[f"v_smfmac_i32_{sh}_i8" for sh in ("16x16x128", "32x32x64", "16x16x64", "32x32x32")])(_build_smfmac)
