@@ -90,6 +90,7 @@ class Case:
     overrides: dict = field(default_factory=dict)       # module constants set before tracing
     atol: float = 0.0
     rtol: float = 0.0
+    race: str | None = None     # a race in the peer itself: the RaceError message (regex) race mode must raise
 
     def variant(self) -> dict:
         def spec(i, a):
@@ -193,6 +194,16 @@ def _ints(g, lo, hi, *shape, dtype=torch.float32):
     return torch.randint(lo, hi, shape, generator=g).to(dtype)
 
 
+# FlyDSL's softmax reuses one LDS slot array for its max and its sum reductions; block_reduce ends
+# with a barrier, then every wave reads the result from slot 0 and moves on, with no barrier before
+# the next reduction's lane 0 of wave 0 stores its partial sum into slot 0. A wave still to read the
+# max can read the partial sum instead (a write-after-read race on byte 0). One more barrier after
+# the read makes it race-free and within 2e-6 of torch (checked by hand with the missing
+# instruction modelled; not part of the test). Without race checking, the emulator's wave order
+# makes it bite: outputs off by up to 100%.
+SOFTMAX_RACE = r"LDS race at byte 0x0 \(workgroup \(0, 0, 0\), wave \d+\): read here while wave 0 accesses it"
+
+
 def cases() -> dict:
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(20, 100, generator=g), torch.randn(20, 100, generator=g)
@@ -231,12 +242,11 @@ def cases() -> dict:
         # kernels/norm: one 256-thread block per row; N = 1024 takes the 128-bit buffer-load path,
         # N = 300 the masked scalar path
         "softmax_f32": Case("kernels/norm/softmax_kernel.py", "build_softmax_module", "softmax_kernel_0",
-                            [sm_f32, torch.zeros(3, 1024), 3], (3, 1, 1), {1: torch.softmax(sm_f32, 1)},
-                            build={"M": 3, "N": 1024, "dtype_str": "f32"}, launch=(0, 1, 1, 1), atol=1e-7, rtol=1e-6),
+                            [sm_f32, torch.zeros(3, 1024), 3], (3, 1, 1), {}, build={"M": 3, "N": 1024, "dtype_str": "f32"},
+                            launch=(0, 1, 1, 1), race=SOFTMAX_RACE),
         "softmax_bf16": Case("kernels/norm/softmax_kernel.py", "build_softmax_module", "softmax_kernel_0",
-                             [sm_bf16, torch.zeros(3, 300, dtype=torch.bfloat16), 3], (3, 1, 1),
-                             {1: torch.softmax(sm_bf16.float(), 1)}, build={"M": 3, "N": 300, "dtype_str": "bf16"},
-                             launch=(0, 1, 1, 1), atol=0, rtol=2 ** -8),
+                             [sm_bf16, torch.zeros(3, 300, dtype=torch.bfloat16), 3], (3, 1, 1), {},
+                             build={"M": 3, "N": 300, "dtype_str": "bf16"}, launch=(0, 1, 1, 1), race=SOFTMAX_RACE),
         "layernorm_f32": Case("kernels/norm/layernorm_kernel.py", "build_layernorm_module", "layernorm_kernel_0",
                               [Ptr(ln_x), Ptr(ln_w), Ptr(ln_b), Ptr(torch.zeros(3, 512)), 3], (3, 1, 1),
                               {3: torch.nn.functional.layer_norm(ln_x, (512,), ln_w, ln_b, 1e-5)},
