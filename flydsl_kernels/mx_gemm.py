@@ -1,9 +1,12 @@
 """MX GEMM for prefill: out[m, n] = sum_k A[m, k] B[n, k] with 1x32 e8m0 K-block scales (MXFP8,
-MXFP4, A8W4), one body for every target.
+MXFP6, MXFP4, A8W4), one body for every target.
 
-Operands: a [M, K] (fp8 bytes, or e2m1 packed two per byte: [M, K/2], even k in the low
-nibble), b [N, K] likewise, a_scale [M, K/32] and b_scale [N, K/32] e8m0 bytes; out [M, N]
-bf16 / f16 / f32. A_FMT, B_FMT in {e4m3, e5m2, e2m1}.
+Operands: a [M, K] (fp8 bytes), [M, 3K/4] (e2m3 / e3m2: a little-endian 6-bit string, four
+codes in three bytes) or [M, K/2] (e2m1 packed two per byte, even k in the low nibble), b [N, K]
+likewise, a_scale [M, K/32] and b_scale [N, K/32] e8m0 bytes; out [M, N] bf16 / f16 / f32.
+A_FMT, B_FMT in {e4m3, e5m2, e2m3, e3m2, e2m1} (gfx1250: no FP6). The element width (8 / 6 / 4
+bits) is a parameter of the one body: a row's K step is 128 / 96 / 64 bytes (8 / 6 / 4 chunks of
+16 bytes).
 
 The seam. The body (`_body`) owns everything that does not depend on the target: the tiling
 (a BM x BN output tile per workgroup, 4 waves as 2 x 2, each wave (BM/2) x (BN/2) in 16 x 16
@@ -18,7 +21,10 @@ rest, chosen by `compile_for_build(arch, ...)` from TARGETS:
   scale_voffsets / mma     the scaled 16x16x128 MMA atom and where its scale bytes come from
   acc_coords(lane)         (row, first column) of a lane's accumulator elements (consecutive)
 gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds memory chunk
-c ^ (r % chunks_per_row)), scale bytes by buffer loads into VGPRs one step ahead,
+c ^ (r % chunks_per_row) for 8 or 4 chunks; FP6's 6 chunks stay in place), a wave-uniform
+branch skipping the waves past the tile in a last partial DMA issue (FP6 64-row tiles: 6 KiB),
+FP6 fragments as three 8-byte LDS reads (24 bytes per lane, 6 VGPRs of the 8 the MFMA
+operand is given; docs/gfx950_isa.md §1.3), scale bytes by buffer loads into VGPRs one step ahead,
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
 out[m = l % 16][n = 4 (l / 16) + i], i < 4.
 gfx1250 (`Gfx1250`; run on the gfx1250 emulator, docs/gfx1250_isa.md): wave32 (128
@@ -49,6 +55,7 @@ Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK 
 OUT=f32), NUM_BUFFERS (2; gfx1250 2..4); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M,
 CLUSTER_N, F4_WIDE.
 """
+import contextlib
 from types import SimpleNamespace
 
 import flydsl.compiler as flyc
@@ -59,7 +66,8 @@ from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, Int
 
 BK = 128                           # K per step = the MMA's K
 SCALE_BLOCK = 32
-FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m1": 4}   # MMA cbsz / blgp
+FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m3": 2, "e3m2": 3, "e2m1": 4}   # MMA cbsz / blgp (docs/gfx950_isa.md §1.2)
+BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}        # element bits
 TILES = (64, 128, 256)
 OUTS = ("bf16", "f16", "f32")
 WAVES = 4                          # 2 x 2 per workgroup
@@ -77,10 +85,18 @@ class Operand:
 
     def __init__(self, rows, fmt, lds_off, pad=0):
         self.rows, self.fmt, self.lds_off = rows, fmt, lds_off
-        self.step_bytes = BK // 2 if fmt == "e2m1" else BK       # bytes of one row per K step
+        self.bits = BITS[fmt]
+        self.step_bytes = BK * self.bits // 8                     # bytes of one row per K step
         self.chunks = self.step_bytes // 16                       # 16-byte chunks per row
+        self.frag_bytes = 32 * self.bits // 8                     # one lane's 32 values of a row
         self.row_stride = self.step_bytes + pad                   # LDS bytes from row to row
         self.lds_bytes = rows * self.row_stride
+
+    def swizzle(self, byte, row):
+        """Where chunk-aligned byte `byte` of row `row`'s step sits in LDS (an involution): chunk
+        c ^ (row % chunks) for a power-of-two chunk count, spreading a column of rows over LDS
+        banks; FP6 rows (6 chunks, whose 24-byte fragments straddle chunks) are not swizzled."""
+        return byte ^ Int(row) % self.chunks * 16 if self.chunks & (self.chunks - 1) == 0 else byte
 
 
 class Gfx950:
@@ -101,23 +117,30 @@ class Gfx950:
         return WAVES * self.wave
 
     def dma_plan(self, op, tid, rows_left, row_bytes, base):
-        """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk).
-        Slot s = 4096 j + 16 tid: row s / row_step, LDS chunk c holds memory chunk c ^ (row % chunks)."""
-        b, t = self.b, self.threads()
+        """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk, None
+        or the wave-uniform condition of a last partial issue). Slot s = 4096 j + 16 tid: row s /
+        chunks, LDS chunk s % chunks holds memory chunk `op.swizzle` of it."""
+        b, t, wave_bytes = self.b, self.threads(), 16 * self.wave
         plan, wave = [], wave_index(b, self.wave)
-        for j in range(op.lds_bytes // (16 * t)):
+        for j in range(-(-op.lds_bytes // (16 * t))):
             s = j * t + Int(tid)
             row = s // op.chunks
-            chunk = s % op.chunks ^ row % op.chunks
-            voff = b.sel(b.cmp("slt", row, rows_left), row * row_bytes + chunk * 16, b.c(INVALID_OFFSET))
-            plan.append((op.lds_off + j * t * 16 + wave * (16 * self.wave), voff))
+            voff = b.sel(b.cmp("slt", row, rows_left), row * row_bytes + op.swizzle(s % op.chunks * 16, row),
+                         b.c(INVALID_OFFSET))
+            waves = (op.lds_bytes - j * t * 16) // wave_bytes        # waves with a slice of the tile left
+            live = None if waves >= WAVES else b.cmp("slt", wave, b.c(waves))
+            plan.append((op.lds_off + j * t * 16 + wave * wave_bytes, voff, live))
         return plan
 
     def stage_loads(self, rsrc, plan, buf, kt, op):
         b = self.b
-        for dst, voff in plan:
-            rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, Int(kt) * op.step_bytes,
-                                          b.c(0), aux=b.c_attr(0))
+        for dst, voff, live in plan:
+            branch = None if live is None else scf.IfOp(live, [], has_else=False)
+            with ir.InsertionPoint(branch.then_block) if branch else contextlib.nullcontext():
+                rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, Int(kt) * op.step_bytes,
+                                              b.c(0), aux=b.c_attr(0))
+                if branch:
+                    scf.YieldOp([])
 
     def stage_wait(self, depth):
         loads_done_barrier()
@@ -146,17 +169,25 @@ class Gfx950:
                 for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:])) for v in voffs]
 
     def fragment(self, op, buf, row):
-        """v8i32 MMA operand of LDS row `row` (this lane's): fp8 chunks g and g + 4 (bytes
-        16g.. and 64 + 16g..), fp4 chunk g (nibbles 32g..) in the low half, zeros above."""
+        """v8i32 MMA operand of LDS row `row` (this lane's, lane group g): fp8 chunks g and g + 4
+        (bytes 16g.. and 64 + 16g..); fp4 / fp6 the 16 / 24 bytes of K 32g .. 32g + 31 (K-contiguous,
+        docs/gfx950_isa.md §1.3; fp6 in three 8-byte reads, as its fragments straddle chunks) in the
+        low dwords, zeros above (the MFMA reads 4 / 6 of the 8 VGPRs)."""
         b = self.b
         g = Int(fx.thread_idx.x.ir_value()) % self.wave // 16
-        base = op.lds_off + Int(row) * op.step_bytes
-        halves = range(2) if op.chunks == 8 else range(1)
-        parts = [llvm.load(b.v4i32, b.gep(buf, base + ((g + 4 * h) ^ Int(row) % op.chunks) * 16), alignment=16)
-                 for h in halves]
-        if len(parts) == 1:
-            parts.append(arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, 0))))
-        return llvm.shufflevector(b.v8i32, parts[0], parts[1], list(range(8)))
+        size = 8 if op.frag_bytes % 16 else 16
+        starts = ([16 * (g + 4 * h) for h in range(2)] if op.bits == 8 else
+                  [g * op.frag_bytes + size * p for p in range(op.frag_bytes // size)])
+        vt = ir.VectorType.get([size // 4], b.i32)
+        base = op.lds_off + Int(row) * op.row_stride
+        parts = [llvm.load(vt, b.gep(buf, base + op.swizzle(s, row)), alignment=size) for s in starts]
+        zero = arith.constant(vt, ir.DenseElementsAttr.get_splat(vt, ir.IntegerAttr.get(b.i32, 0)))
+        parts += [zero] * (32 // size - len(parts))
+        while len(parts) > 1:             # pairwise concatenation up to v8i32
+            n = 2 * ir.VectorType(parts[0].type).shape[0]
+            parts = [llvm.shufflevector(ir.VectorType.get([n], b.i32), parts[i], parts[i + 1], list(range(n)))
+                     for i in range(0, len(parts), 2)]
+        return parts[0]
 
     def lane_rows(self):
         """(row of the 16-row tile this lane feeds, K block of the 128-wide step whose scale it holds)."""
@@ -374,6 +405,7 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, sc
     ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
           and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1))
     if arch == "gfx1250":
+        ok = ok and BITS[a_fmt] != 6 and BITS[b_fmt] != 6         # its fragment reads know fp8 / fp4 rows
         # buffer scale paths: every thread stages (BM + BN) / 128 scale words
         ok = ok and 2 <= num_buffers <= 4 and scale_path in SCALE_PATHS and cluster_m * cluster_n <= 16 and (
             scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
@@ -386,7 +418,7 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, sc
             f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
             f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} SCALE_PATH={scale_path} CLUSTER_M={cluster_m} "
             f"CLUSTER_N={cluster_n} F4_WIDE={f4_wide}: formats in {tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
-            f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no gfx1250 option; gfx1250: "
+            f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no gfx1250 option; gfx1250: no FP6, "
             f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 

@@ -1,4 +1,4 @@
-"""mx_gemm (FlyDSL family mx_gemm): MXFP8 / MXFP4 / A8W4 GEMM on the gfx950 emulator.
+"""mx_gemm (FlyDSL family mx_gemm): MXFP8 / MXFP6 / MXFP4 / A8W4 GEMM on the gfx950 emulator.
 
 Contract: bitwise. Every registered gfx950 variant runs through the public op on the emulator in
 race mode and must equal mxgemm.reference.mx_gemm_ref(chunk=128, splits=...) bit for bit: the
@@ -14,25 +14,28 @@ split order, as the reference adds them).
 Shapes are kept small (one or two workgroups, two or three K steps) so the whole file stays a
 few tens of CPU seconds; they cover M, N, K at and off tile multiples and empty K splits.
 """
+import re
+
 import pytest
 import torch
 
 import mxgemm
-from mxgemm import asm_facts, build, formats, guards, reference, registry
+from mxgemm import asm_facts, build, formats, guards, launcher, reference, registry
 from mxgemm.launcher import emulator_settings
 from mxgemm.ops import dense_mx
 
 KERNEL = registry.get("mx_gemm")
 OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}
+CODE = {"e4m3": 0, "e5m2": 1, "e2m3": 2, "e3m2": 3, "e2m1": 4}   # cbsz / blgp, docs/gfx950_isa.md §1.2
 SENTINEL = -3.0
 
 
 def operand(rows, k, fmt, g, lo=117, hi=137):
-    """Random finite codes (fp8: N(0,1) x 2^[-4, 4] rounded to the format; fp4: every code,
+    """Random finite codes (fp8: N(0,1) x 2^[-4, 4] rounded to the format; fp4 / fp6: every code,
     packed) and e8m0 scales in [lo, hi)."""
-    if fmt == "e2m1":
-        c = torch.randint(0, 16, (rows, k), generator=g, dtype=torch.uint8)
-        x = formats.pack_fp4(c)
+    if fmt in formats.PACKED:
+        x = formats.PACKED[fmt][2](torch.randint(0, 1 << BITS[fmt], (rows, k), generator=g, dtype=torch.uint8))
     else:
         v = torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-4, 5, (rows, k), generator=g).float())
         x = formats.to_torch_fp8(formats.encode(v, fmt), fmt)
@@ -57,6 +60,16 @@ def vid(v):
 
 
 # ---- every variant vs the reference ----
+@pytest.mark.parametrize("fmts", [("e2m3", "e3m2"), ("e3m2", "e4m3")])
+def test_fp6_tails_multi_tile(fmts):
+    """FP6 rows (96 bytes per K step, fragments straddling 16-byte chunks): 2 x 2 tiles with a row
+    tail, 3 K steps (odd: the unrolled loop's remainder). First in the file: the mutation harness
+    (pytest -x) reaches an FP6 variant before rebuilding every other one."""
+    v = dict(A_FMT=fmts[0], B_FMT=fmts[1], BM=64, BN=64, OUT="bf16", SPLITK=0, NUM_BUFFERS=2)
+    got, ref = run(v, 67, 96, 384, seed=9)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
 def test_variant_bitwise(v):
     # a partial row tile and a partial column tile; 2 K steps (both LDS stages), or 3 steps
@@ -139,8 +152,14 @@ def _call(**over):
 
 
 @pytest.mark.parametrize("over,rule", [
-    (dict(a_format="e3m2"), "format"),
-    (dict(b_format="e2m3"), "format"),
+    (dict(a_format="e3m3"), "format"),
+    (dict(b_format="fp6"), "format"),
+    (dict(a_format="e3m2"), "dtype"),                # an fp8 tensor is not an FP6 payload
+    (dict(a_format="e2m3", a=torch.zeros(8, 190, dtype=torch.uint8)), "fp6-bytes"),
+    (dict(a_format="e2m3", a=torch.zeros(8, 120, dtype=torch.uint8), a_scale=torch.zeros(8, 5, dtype=torch.uint8),
+          b=torch.zeros(64, 160, dtype=torch.uint8), b_scale=torch.zeros(64, 5, dtype=torch.uint8)), "K%128"),
+    (dict(b_format="e3m2", b=torch.zeros(64, 255, dtype=torch.uint8)), "shape"),   # K 340, a's 256
+    (dict(b_format="e3m2", b=torch.zeros(64, 192, dtype=torch.uint8), config={"BM": 128, "BN": 128}), "config"),
     (dict(a=torch.zeros(8, 256, dtype=torch.float8_e5m2)), "dtype"),
     (dict(a_scale=torch.zeros(8, 8, dtype=torch.int32)), "dtype"),
     (dict(a=torch.zeros(8, 160, dtype=torch.uint8), a_scale=torch.zeros(8, 5, dtype=torch.uint8)), "K%128"),
@@ -172,6 +191,15 @@ def test_guard_arch_non_gfx950_device():
         mxgemm.mx_gemm(*args)
 
 
+def test_guard_fp6_has_no_gfx1250_variant(monkeypatch):
+    monkeypatch.setattr(launcher, "EMU_ARCH", "gfx1250")     # MXGEMM_EMU_ARCH=gfx1250, read at import
+    g = torch.Generator().manual_seed(10)
+    a, sa = operand(16, 256, "e2m3", g)
+    b, sb = operand(32, 256, "e4m3", g)
+    with pytest.raises(guards.GuardError, match=r"\[arch\].*gfx1250.*e2m3 x e4m3"):
+        mxgemm.explain("mx_gemm", a, sa, b, sb, a_format="e2m3")
+
+
 def test_guard_tile_voffset():
     # a 64-row tile of a K = 2^25 operand spans 2^31 bytes: the kernel's 32-bit tile offsets overflow
     K = 2 ** 25
@@ -189,14 +217,27 @@ def test_isa(v):
     info = art.isa()
     print(f"\nmx_gemm [{vid(v)}]: {info.summary(256)}")
     assert info.spills == 0 and info.scratch_bytes == 0
-    step = {fmt: 64 if fmt == "e2m1" else 128 for fmt in ("e4m3", "e5m2", "e2m1")}
-    assert info.lds_bytes == 2 * (v["BM"] * step[v["A_FMT"]] + v["BN"] * step[v["B_FMT"]]) <= 160 * 1024
+    a_tile, b_tile = (rows * 128 * BITS[v[f]] // 8 for rows, f in ((v["BM"], "A_FMT"), (v["BN"], "B_FMT")))
+    assert info.lds_bytes == 2 * (a_tile + b_tile) <= 160 * 1024
     assert info.occupancy(256) >= 1
-    loop = " ".join(" ".join(body) for body in asm_facts.loop_bodies(art.asm, art.symbol))
+    lines = asm_facts.hot_loop(art.asm, art.symbol)    # FP6's partial DMA branches: the widest back-edge
+    loop = " ".join(lines)
     # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave, one
-    # 16-byte buffer -> LDS DMA per 4 KiB of the stage, one scale byte per tile row of A and B
-    steps = loop.count("v_mfma_scale_f32_16x16x128_f8f6f4") // ((v["BM"] // 32) * (v["BN"] // 32))
-    assert steps >= 1 and loop.count("v_mfma_scale_f32_16x16x128_f8f6f4") == steps * (v["BM"] // 32) * (v["BN"] // 32)
-    assert loop.count("offen lds") == steps * (v["BM"] * step[v["A_FMT"]] + v["BN"] * step[v["B_FMT"]]) // 4096
+    # 16-byte buffer -> LDS DMA per 4 KiB of the stage (a last partial one, FP6: 6 KiB tiles),
+    # one scale byte per tile row of A and B
+    mfmas = [ln for ln in lines if ln.startswith("v_mfma_scale_f32_16x16x128_f8f6f4")]
+    steps = len(mfmas) // ((v["BM"] // 32) * (v["BN"] // 32))
+    assert steps >= 1 and len(mfmas) == steps * (v["BM"] // 32) * (v["BN"] // 32)
+    assert loop.count("offen lds") == steps * (-(-a_tile // 4096) - (-b_tile // 4096))
     assert loop.count("buffer_load_ubyte") == steps * (v["BM"] + v["BN"]) // 32
     assert ("buffer_atomic_add_f32" in art.asm) == bool(v["SPLITK"])
+    # src0 = B rows, src1 = A rows: cbsz is B's format code, blgp A's (0 is not printed); an
+    # operand of b-bit elements spans 32 b / 32 VGPRs (FP6: 6)
+    regs = {CODE[v["B_FMT"]]: BITS[v["B_FMT"]], CODE[v["A_FMT"]]: BITS[v["A_FMT"]]}
+    for ln in mfmas:
+        ops = ln.split()
+        codes = dict(re.findall(r"(cbsz|blgp):(\d)", ln))
+        assert (int(codes.get("cbsz", 0)), int(codes.get("blgp", 0))) == (CODE[v["B_FMT"]], CODE[v["A_FMT"]]), ln
+        for src, code in ((ops[2], CODE[v["B_FMT"]]), (ops[3], CODE[v["A_FMT"]])):
+            lo, hi = map(int, re.match(r"v\[(\d+):(\d+)\]", src).groups())
+            assert hi - lo + 1 == regs[code], ln

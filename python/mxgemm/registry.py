@@ -311,13 +311,16 @@ register(Kernel(
         "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "
         "scan, 64-bit tile rebasing, bf16/f16/f32 out, out += result (fused main_grad accumulation)"))
 
-# --- MX GEMM for prefill (MXFP8 / MXFP4 / A8W4, every pair of e4m3, e5m2, e2m1) ---
+# --- MX GEMM for prefill (MXFP8 / MXFP6 / MXFP4 / A8W4, every pair of e4m3, e5m2, e2m3, e3m2, e2m1) ---
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
 # Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
 # f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
 # partials of grid-z K ranges with atomics (OUT=f32).
 _MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3"),
              ("e5m2", "e2m1"), ("e2m1", "e4m3"), ("e2m1", "e5m2"))
+# FP6 (e2m3, e3m2) with every format: 64 x 64 bf16 only (one build and emulator run per pair).
+_MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
+                      for fb in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1") if "e2m3" in (fa, fb) or "e3m2" in (fa, fb))
 
 
 def _mx_variants(pairs, tiles, outs, splitk):
@@ -335,7 +338,8 @@ register(Kernel(
     + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
     + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
     + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
-    + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0),
+    + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0)
+    + _mx_variants(_MX_FP6_PAIRS, ((64, 64),), ("bf16",), 0),
     # gfx1250: one variant per option value, kept small so the build, ISA and emulator tests stay
     # quick; every variant also names the target options.
     arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=out, SPLITK=sk, NUM_BUFFERS=nb,
@@ -350,5 +354,6 @@ register(Kernel(
         ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 2, 2, 0),
         ("e4m3", "e2m1", 128, 128, "f16", 0, 3, 0, "buffer_lds_stage_ab_split", 1, 4, 0),
         ("e4m3", "e4m3", 64, 64, "f32", 1, 2, 0, "tdm", 1, 1, 0)))},
-    doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP4, A8W4) with 1x32 e8m0 scales on the scaled 16x16x128 MMA; "
+    doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP6 e2m3/e3m2 (gfx950), MXFP4, A8W4 and the mixes) with 1x32 e8m0 scales on "
+        "the scaled 16x16x128 MMA; "
         "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))

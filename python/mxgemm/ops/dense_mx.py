@@ -1,4 +1,4 @@
-"""mx_gemm: dense MX GEMM for prefill (MXFP8, MXFP4, A8W4) on the mx_gemm FlyDSL family.
+"""mx_gemm: dense MX GEMM for prefill (MXFP8, MXFP6, MXFP4, A8W4) on the mx_gemm FlyDSL family.
 
 Kernel choice (``mxgemm.explain`` prints it): among the variants registered for the arch the
 call runs on (gfx950, or gfx1250: a GPU of that arch, or MXGEMM_EMU_ARCH on the emulator), a
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import guards, launcher, registry
+from .. import formats, guards, launcher, registry
 from ..quant import MX_BLOCK
 from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 KERNEL = registry.get("mx_gemm")
 MAX_SPLITS = 8
 PAYLOAD = {"e4m3": (torch.float8_e4m3fn, torch.uint8), "e5m2": (torch.float8_e5m2, torch.uint8),
-           "e2m1": (torch.float4_e2m1fn_x2, torch.uint8)}
+           "e2m3": (torch.uint8,), "e3m2": (torch.uint8,), "e2m1": (torch.float4_e2m1fn_x2, torch.uint8)}
 OUT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for a in KERNEL.archs for v in KERNEL.variants_for(a)}))
 
@@ -76,8 +76,9 @@ def _operand(x, x_scale, fmt, name, K=None) -> int:
     guards.check_dtype(x, name, PAYLOAD[fmt])
     guards.check_dtype(x_scale, f"{name}_scale", E8M0)
     guards.check_shape(x, name, (None, None))
-    per_byte = 2 if fmt == "e2m1" else 1
-    k = x.shape[1] * per_byte
+    if fmt in ("e2m3", "e3m2") and x.shape[1] % 3:
+        guards.fail("fp6-bytes", f"{name} has {x.shape[1]} bytes per row; {fmt} packs four codes in three bytes")
+    k = formats.element_count(x.shape[1], fmt)
     if K is not None and k != K:
         guards.fail("shape", f"{name} has shape {list(x.shape)}: K = {k} ({fmt}), but a has K = {K}")
     guards.check_multiple(k, "K", KERNEL.k_align, f"K%{KERNEL.k_align}")
@@ -138,12 +139,14 @@ def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: to
             out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
     """MX GEMM: out[m, n] = sum_k A[m, k] * B[n, k] * 2^(a_scale[m, k/32] - 127) * 2^(b_scale[n, k/32] - 127).
 
-    a: [M, K] (a_format e4m3 / e5m2: that torch float8 dtype or uint8 codes) or [M, K/2]
-       (e2m1: packed two per byte, even k in the low nibble; uint8 or float4_e2m1fn_x2).
-    b: [N, K] / [N, K/2] likewise (weights, K contiguous, natural layout).
+    a: [M, K] (a_format e4m3 / e5m2: that torch float8 dtype or uint8 codes), [M, 3K/4] (e2m3 /
+       e3m2: uint8, four codes in three bytes as a little-endian 6-bit string, formats.pack_fp6)
+       or [M, K/2] (e2m1: packed two per byte, even k in the low nibble; uint8 or float4_e2m1fn_x2).
+    b: [N, K] / [N, 3K/4] / [N, K/2] likewise (weights, K contiguous, natural layout).
     a_scale [M, K/32], b_scale [N, K/32]: e8m0 (uint8 or float8_e8m0fnu).
-    Format pairs on gfx950: every a_format x b_format of e4m3, e5m2 (MXFP8) and e2m1 (MXFP4), mixes
-    included (e4m3 x e2m1: A8W4); on gfx1250 e4m3 x e4m3, e2m1 x e2m1 and e4m3 x e2m1.
+    Format pairs on gfx950: every a_format x b_format of e4m3, e5m2 (MXFP8), e2m3, e3m2 (MXFP6) and
+    e2m1 (MXFP4), mixes included (e4m3 x e2m1: A8W4); pairs with FP6 only at the 64 x 64 tile; on
+    gfx1250 e4m3 x e4m3, e2m1 x e2m1 and e4m3 x e2m1.
     out_dtype bf16 / f16 (RNE of the fp32 accumulator) or f32; out: optional [M, N] of it.
     Any M >= 1, N % 32 == 0, K % 128 == 0 (rows and columns past the tile edges are masked).
     Numerics: each 128-wide K step is summed exactly and rounded once to fp32, then added to

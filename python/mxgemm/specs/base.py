@@ -39,9 +39,9 @@ class Call:
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 OUT_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-MX_BITS = {"e4m3": 8, "e5m2": 8, "e2m1": 4}
+MX_BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}
 # "bytes" fill: the largest finite non-negative byte of each payload format, and e8m0 scales near 1
-_FINITE_MAX = {"e4m3": 0x7F, "e5m2": 0x7C, "e2m1": 0x100}
+_FINITE_MAX = {"e4m3": 0x7F, "e5m2": 0x7C, "e2m3": 0x100, "e3m2": 0x100, "e2m1": 0x100}
 _SCALE_BYTES = (120, 134)
 
 
@@ -63,14 +63,15 @@ class Inputs:
         return torch.randint(lo, hi, shape, dtype=torch.uint8, generator=self.gen).to(self.device).view(dtype)
 
     def mx(self, *shape, fmt: str = "e4m3"):
-        """(payload, e8m0 scales) of an MX operand of logical shape [..., K]; e2m1 packs two a byte."""
+        """(payload, e8m0 scales) of an MX operand of logical shape [..., K]; e2m1 packs two a byte,
+        e2m3 / e3m2 four in three bytes."""
         *rows, k = shape
         if self.fill == "data":
             from ..quant import quantize_mx
             x, s = quantize_mx(torch.randn(*shape, generator=self.gen), fmt)
             return x.to(self.device), s.to(self.device)
         dtype = FP8.get(fmt, torch.uint8)
-        x = self._bytes((*rows, k // 2 if fmt == "e2m1" else k), dtype, 0, _FINITE_MAX[fmt])
+        x = self._bytes((*rows, k * MX_BITS[fmt] // 8), dtype, 0, _FINITE_MAX[fmt])
         return x, self.scale(*rows, k // 32)
 
     def fp8(self, *shape, fmt: str = "e4m3"):

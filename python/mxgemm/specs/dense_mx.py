@@ -1,4 +1,4 @@
-"""mx_gemm (ops/dense_mx.py): prefill MX GEMM, MXFP8 / MXFP4 / A8W4, gfx950 and gfx1250."""
+"""mx_gemm (ops/dense_mx.py): prefill MX GEMM, MXFP8 / MXFP6 / MXFP4 / A8W4, gfx950 and gfx1250."""
 from __future__ import annotations
 
 import torch
@@ -20,6 +20,9 @@ from .base import (
 )
 
 OP = KERNEL = "mx_gemm"
+# the MFMA's rate per operand format (asm_facts: cbsz / blgp), slowest first: the slower operand sets it
+RATE = {"e4m3": "fp8", "e5m2": "fp8", "e2m3": "mxfp6", "e3m2": "mxfp6", "e2m1": "mxfp4"}
+RATES = ("fp8", "mxfp6", "mxfp4")
 
 
 def _call(inp: Inputs, v, M, N, K, splits) -> Call:
@@ -38,7 +41,7 @@ def work(kernel, v, M, N, K, splits=1) -> Work:
     wgs = g[0] * g[1] * g[2]
     iters = -(-K // splits // k_per_iteration(kernel, v, v["BM"], v["BN"]))
     out_bytes = {"bf16": 2, "f16": 2, "f32": 4}[v["OUT"]] * (2 if splits > 1 else 1)
-    rate = "mxfp4" if v["A_FMT"] == v["B_FMT"] == "e2m1" else "fp8"    # the slower operand sets the rate
+    rate = min(RATE[v["A_FMT"]], RATE[v["B_FMT"]], key=RATES.index)
     return Work(2.0 * M * N * K, mx_bytes(M, K, MX_BITS[v["A_FMT"]]) + mx_bytes(N, K, MX_BITS[v["B_FMT"]])
                 + out_bytes * M * N, rate, g, wgs, wgs * waves(kernel) * iters, iters)
 

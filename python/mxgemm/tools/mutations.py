@@ -258,7 +258,7 @@ CATALOGUE = (
          "ir.IntegerAttr.get(b.i32, -65536)))))))"),),
         "output conversion drops the low 16 fp32 bits first: bf16 truncates instead of RNE"),
     Mutation("mx-gemm-no-lds-swizzle-on-read", ("mx_gemm",), (
-        (MX_GEMM, "((g + 4 * h) ^ Int(row) % op.chunks) * 16", "(g + 4 * h) * 16"),),
+        (MX_GEMM, "b.gep(buf, base + op.swizzle(s, row))", "b.gep(buf, base + s)"),),
         "fragments read LDS chunk g unswizzled: the DMA stored it at g ^ (row % chunks)"),
     Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
         (MX_GEMM, "b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)", "b.gep(lds, b.c(0))"),),
