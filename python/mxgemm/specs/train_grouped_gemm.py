@@ -1,7 +1,8 @@
-"""grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k, the autograd op grouped_gemm_fp8 and
-grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k (ops/train_grouped_gemm.py): FP8 MoE grouped
-GEMM with tensorwise, row-wise or 128-block scales, and BF16 (FMT=bf16 variants, no scales),
-forward NT, dgrad NN, wgrad TN, TT (a MN-major)."""
+"""grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k, the autograd op grouped_gemm_fp8,
+grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k and grouped_gemm_fp4_kernel /
+grouped_gemm_fp4_variable_k (ops/train_grouped_gemm.py): FP8 MoE grouped GEMM with tensorwise,
+row-wise, 128-block or mx scales, BF16 (FMT=bf16 variants, no scales), forward NT, dgrad NN, wgrad
+TN, TT (a MN-major); MXFP4 (FMT=e2m1 variants) forward / dgrad NT and the K-contiguous wgrad NTK."""
 from __future__ import annotations
 
 import torch
@@ -25,6 +26,7 @@ from .base import (
 
 ROWS, WGRAD, AUTOGRAD = "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "grouped_gemm_fp8"
 BF16_ROWS, BF16_WGRAD = "grouped_gemm_bf16_kernel", "grouped_gemm_bf16_variable_k"
+FP4_ROWS, FP4_WGRAD = "grouped_gemm_fp4_kernel", "grouped_gemm_fp4_variable_k"
 KERNEL = "train_grouped_gemm"
 DTYPES = {**FP8, "bf16": torch.bfloat16}
 
@@ -43,10 +45,25 @@ def _call(v, rows: bool, a, sa, b, sb, lens, **out) -> Call:
     return Call(ROWS if rows else WGRAD, (a, sa, b, sb, lens), **out)
 
 
+def _fp4_call(v, inp: Inputs, rows, N, K, lens, **opts) -> Call:
+    """MXFP4 over `rows` grouped rows (lens): NT a [rows, K/2], b [G, N, K/2] (opts: the op's
+    keywords); NTK (the wgrad, out [G, N, K]) a [N, rows/2], b [K, rows/2]."""
+    G = len(lens)
+    if v["LAYOUT"] == "NTK":
+        (a, sa), (b, sb) = inp.mx(N, rows, fmt="e2m1"), inp.mx(K, rows, fmt="e2m1")
+        return Call(FP4_WGRAD, (a, sa, b, sb, lens), **_out_kw(v, (G, N, K)))
+    (a, sa), (b, sb) = inp.mx(rows, K, fmt="e2m1"), inp.mx(G, N, K, fmt="e2m1")
+    out = _out_kw(v, (rows, N))
+    out["kw"].update(opts)
+    return Call(FP4_ROWS, (a, sa, b, sb, lens), **out)
+
+
 def call(kernel, v, shape, inp: Inputs) -> Call:
-    """Groups of m rows (NT / NN / TT) or m contraction rows (TN: out [G, N, K])."""
+    """Groups of m rows (NT / NN / TT) or m contraction rows (TN, NTK: out [G, N, K])."""
     G, m, N, K = shape["groups"], shape["m"], shape["N"], shape["K"]
     lens = torch.full((G,), m, dtype=torch.int64, device=inp.device)
+    if v["FMT"] == "e2m1":
+        return _fp4_call(v, inp, G * m, N, K, lens)
     operand = (lambda *s: _bf16(inp, *s)) if v["FMT"] == "bf16" else inp.fp8
     if v["LAYOUT"] == "TN":
         sa, sb = _scales(v, inp, (-(-G * m // 128), N), (-(-G * m // 128), -(-K // 128)),
@@ -90,7 +107,7 @@ def _one(inp: Inputs):
 def work(kernel, v, groups, m, N, K) -> Work:
     """Forward NT / dgrad NN: groups of m rows; wgrad TN: groups of m contraction rows, out [G, N, K]
     read as [G, M=N, N=K] by the op (the preset passes the wgrad's own M, N)."""
-    tn = v["LAYOUT"] == "TN"
+    tn = v["LAYOUT"] in ("TN", "NTK")
     tiles = groups * -(-N // v["BM"]) * -(-K // v["BN"]) if tn else groups * -(-m // v["BM"]) * -(-N // v["BN"])
     bound = tiles if tn else (-(-groups * m // v["BM"]) + groups) * -(-N // v["BN"])
     k_iter = k_per_iteration(kernel, v, v["BM"], v["BN"])
@@ -101,8 +118,11 @@ def work(kernel, v, groups, m, N, K) -> Work:
         nbytes, iters = groups * m * K + groups * N * K + 2 * groups * m * N, -(-K // k_iter)
     if v["FMT"] == "bf16":
         nbytes += groups * m * (N + K) if tn else groups * m * K + groups * N * K   # 2-byte operands
-    return Work(flops, nbytes, "bf16" if v["FMT"] == "bf16" else "fp8", grid(kernel, v, grid=bound), tiles,
-                tiles * waves(kernel) * iters, iters)
+    if v["FMT"] == "e2m1":   # half-byte operands and an e8m0 byte per 32 of them
+        operands = groups * m * (N + K) if tn else groups * m * K + groups * N * K
+        nbytes -= operands // 2 - operands // 32
+    rate = {"bf16": "bf16", "e2m1": "mxfp4"}.get(v["FMT"], "fp8")
+    return Work(flops, nbytes, rate, grid(kernel, v, grid=bound), tiles, tiles * waves(kernel) * iters, iters)
 
 
 def race(kernel, v) -> list:
@@ -113,9 +133,11 @@ def race(kernel, v) -> list:
     d = 2, TT 16: its groups start on multiples of 16); K = three steps, so the K loop runs its
     2-unrolled body and its remainder step. Then G = 0 (every row a padded tail): the tail's
     tile count waits on its own for the load of group_offs[G], which any group's scan retires."""
+    bm, bn = v["BM"], v["BN"]
+    if v["FMT"] == "e2m1":
+        return _fp4_race(v, bm, bn)
     qa, qb = (lambda *s, f=f: torch.randn(*s, generator=torch.Generator().manual_seed(7)).to(DTYPES[v[f]])
               for f in ("FMT", "FMT_B"))
-    bm, bn = v["BM"], v["BN"]
     inp = Inputs("data")
     if v["LAYOUT"] == "TN":
         lens = torch.tensor([128, 5] if v.get("GRAN") in ("block", "mx") else [130, 3])
@@ -135,13 +157,28 @@ def race(kernel, v) -> list:
     return [_call(v, True, a, sa, b, sb, lens, **out), _call(v, True, a, sa0, b[:0], sb0, lens[:0], **tail_out)]
 
 
+def _fp4_race(v, bm, bn) -> list:
+    """MXFP4 NT: race()'s nine groups (bm + 2, 0 x 7, bm - 2 rows), K = 640 (two steps and a half:
+    the second MFMA of the last step on zeros), persistent grid of 1, then G = 0 (all tail).
+    NTK: groups of 32, 0 and 544 (two steps and an eighth) over an M and N of 1.5 tiles; with
+    ACCUM, into an out holding values."""
+    inp = Inputs("data", seed=7)
+    if v["LAYOUT"] == "NTK":
+        return [_fp4_call(v, inp, 576, bm + bm // 2, bn + bn // 2, torch.tensor([32, 0, 544]))]
+    kw = dict(num_cu=1, config=dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0))
+    return [_fp4_call(v, inp, 2 * bm, bn, 640, lens, **kw)
+            for lens in (torch.tensor([bm + 2] + [0] * 7 + [bm - 2]), torch.tensor([], dtype=torch.int64))]
+
+
 def decode(inp: Inputs) -> dict:
     """A training step's MoE layer: 8 experts, 4096 routed rows (fp8 and bf16)."""
     lens = torch.full((8,), 512, dtype=torch.int64)
     return {ROWS: Call(ROWS, (inp.fp8(4096, 2048), _one(inp), inp.fp8(8, 1024, 2048), _one(inp), lens)),
             WGRAD: Call(WGRAD, (inp.fp8(4096, 1024), _one(inp), inp.fp8(4096, 2048), _one(inp), lens)),
             BF16_ROWS: Call(BF16_ROWS, (_bf16(inp, 4096, 2048), _bf16(inp, 8, 1024, 2048), lens)),
-            BF16_WGRAD: Call(BF16_WGRAD, (_bf16(inp, 4096, 1024), _bf16(inp, 4096, 2048), lens))}
+            BF16_WGRAD: Call(BF16_WGRAD, (_bf16(inp, 4096, 1024), _bf16(inp, 4096, 2048), lens)),
+            FP4_ROWS: Call(FP4_ROWS, (*inp.mx(4096, 2048, fmt="e2m1"), *inp.mx(8, 1024, 2048, fmt="e2m1"), lens)),
+            FP4_WGRAD: Call(FP4_WGRAD, (*inp.mx(1024, 4096, fmt="e2m1"), *inp.mx(2048, 4096, fmt="e2m1"), lens))}
 
 
 def smoke(device) -> list:
@@ -186,11 +223,13 @@ def preset_deepseek_v3():
 
 
 SPEC = OpSpec(
-    name="train_grouped_gemm", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD), kernels=(KERNEL,),
-    # the bf16 tests first: the mutation harness runs them in order (-x), and they compile fewer variants
-    tests=("tests/test_grouped_gemm_bf16.py", "tests/test_grouped_gemm_fp8.py"),
+    name="train_grouped_gemm", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD, FP4_ROWS, FP4_WGRAD),
+    kernels=(KERNEL,),
+    # the mutation harness runs them in order (-x), every variant rebuilt for a mutated source: the fp4 and bf16
+    # tests first, they compile fewer variants (an FP4-path mutation is caught before the 100+ fp8 variants build)
+    tests=("tests/test_grouped_gemm_fp4.py", "tests/test_grouped_gemm_bf16.py", "tests/test_grouped_gemm_fp8.py"),
     reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref", "grouped_gemm_bf16_ref",
-               "grouped_gemm_bf16_variable_k_ref"),
+               "grouped_gemm_bf16_variable_k_ref", "grouped_gemm_fp4_ref", "grouped_gemm_fp4_variable_k_ref"),
     hardware_script="op_tests/test_grouped_gemm_fp8.py",
     contract=BITWISE, call=call, work=work, race=race, decode=decode, smoke=smoke,
     presets={"grouped_fp8": preset_deepseek_v3})
