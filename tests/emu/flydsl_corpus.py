@@ -1,8 +1,10 @@
-"""Peer kernels for the emulator: FlyDSL's own example kernels (tests/emu/peer_flydsl/, vendored
-from the FlyDSL repository, Apache-2.0) compiled for gfx950 by the pinned FlyDSL wheel and run on
-mxgemm.emu against torch. FlyDSL's layout algebra emits code mxgemm's kernels never do (its
-``fx.Tensor`` memref ABI, predicated 128-bit copies, buffer-tensor copies with soffset,
-swizzled dynamic LDS, gathers and scatters through offset tensors).
+"""Peer kernels for the emulator: FlyDSL's own kernels (tests/emu/peer_flydsl/, vendored from the
+FlyDSL repository, Apache-2.0: its five examples, the softmax and layernorm of kernels/norm and the
+8-wave fp8 GEMM of kernels/gemm) compiled for gfx950 by the pinned FlyDSL wheel and run on
+mxgemm.emu against torch. FlyDSL emits code mxgemm's kernels never do (its ``fx.Tensor`` memref
+ABI, predicated 128-bit copies, buffer-tensor copies with soffset, swizzled dynamic LDS, gathers
+and scatters through offset tensors, permlane / swizzle reductions, a ping-pong 8-wave GEMM on
+LDS DMA).
 
 This module is also the compile adapter: ``mxgemm.flydsl_build.compile_flydsl`` loads it in its
 subprocess and calls ``compile_for_build``, which imports a vendored example and compiles one
@@ -43,18 +45,24 @@ def _example(file: str, overrides: dict):
 
 
 def _jit_arg(spec):
-    """A compile-time argument as FlyDSL's launcher sees it: ["tensor", dtype, shape, divisibility]
-    a CPU tensor (layout-dynamic; with a divisibility: from_dlpack with the leading dimension
-    marked, as 04's driver does), ["ptr", fx type] a null fx.Pointer, ["int", value] an Int32."""
+    """A compile-time argument as FlyDSL's launcher sees it: ["tensor", dtype, shape, wrap] a CPU
+    tensor (layout-dynamic; wrap "static": from_torch_tensor's static layout, as fp8_gemm_8wave's
+    test passes its weights and scales; wrap d: from_dlpack with the leading dimension marked and
+    stride divisibility d, as 04's driver does), ["ptr", fx type] a null fx.Pointer, ["int", value]
+    an Int32, ["stream"] the default stream."""
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     if spec[0] == "ptr":
         return flyc.from_c_void_p(getattr(fx, spec[1]), 0)
     if spec[0] == "int":
         return spec[1]
-    _, dtype, shape, div = spec
+    if spec[0] == "stream":
+        return fx.Stream(None)
+    _, dtype, shape, wrap = spec
     t = torch.zeros(*shape, dtype=getattr(torch, dtype))
-    return t if div is None else flyc.from_dlpack(t).mark_layout_dynamic(leading_dim=len(shape) - 1, divisibility=div)
+    if wrap == "static":
+        return flyc.from_torch_tensor(t)
+    return t if wrap is None else flyc.from_dlpack(t).mark_layout_dynamic(leading_dim=len(shape) - 1, divisibility=wrap)
 
 
 def compile_for_build(arch: str, symbol: str, FILE: str, FN: str, BUILD, ARGS: list, GLOBALS: dict):
@@ -86,11 +94,14 @@ class Case:
     build: dict | None = None   # the builder's keyword arguments
     launch: tuple | None = None  # indices into args of the kernel's tensors (default: every tensor, in order)
     dynamic_lds: int = 0        # the launcher's smem=
-    divisibility: dict = field(default_factory=dict)   # index -> stride divisibility (from_dlpack args)
+    wrap: dict = field(default_factory=dict)   # index -> _jit_arg's wrap ("static" or a stride divisibility)
+    stream: bool = False        # the launcher takes a stream argument with no default (passed last)
+    static: tuple = ()          # indices of tensors the launcher gives a static layout (a view of constants)
     overrides: dict = field(default_factory=dict)       # module constants set before tracing
     atol: float = 0.0
     rtol: float = 0.0
-    race: str | None = None     # a race in the peer itself: the RaceError message (regex) race mode must raise
+    race: str | None = None     # a race in the peer itself: the RaceError (regex) race mode must raise; ``want``
+                                # is then checked on a second run without race checking
 
     def variant(self) -> dict:
         def spec(i, a):
@@ -98,14 +109,15 @@ class Case:
                 return ["ptr", _FX[a.t.dtype]]
             if isinstance(a, int):
                 return ["int", a]
-            return ["tensor", str(a.dtype).removeprefix("torch."), list(a.shape), self.divisibility.get(i)]
-        return {"FILE": self.file, "FN": self.fn, "BUILD": self.build, "ARGS": [spec(i, a) for i, a in enumerate(self.args)],
-                "GLOBALS": self.overrides}
+            return ["tensor", str(a.dtype).removeprefix("torch."), list(a.shape), self.wrap.get(i)]
+        args = [spec(i, a) for i, a in enumerate(self.args)] + [["stream"]] * self.stream
+        return {"FILE": self.file, "FN": self.fn, "BUILD": self.build, "ARGS": args, "GLOBALS": self.overrides}
 
-    def kernel_tensors(self) -> list:
-        picked = self.launch if self.launch is not None else \
-            [i for i, a in enumerate(self.args) if not isinstance(a, int)]
-        return [self.args[i] for i in picked]
+    def kernel_params(self) -> list:
+        """(argument, has a layout slot) per kernel parameter."""
+        return [(self.args[i], isinstance(self.args[i], torch.Tensor) and i not in self.static
+                 and self.wrap.get(i) != "static")
+                for i in (self.launch if self.launch is not None else range(len(self.args)))]
 
     def output(self, i) -> torch.Tensor:
         return self.args[i].t if isinstance(self.args[i], Ptr) else self.args[i]
@@ -124,26 +136,24 @@ def layout_struct(t: torch.Tensor) -> int:
 
 
 def kernel_args(params: list, info) -> list:
-    """Launch arguments read off the kernel's metadata for ``params`` (tensors of fx.Tensor
-    parameters, Ptr of fx.Pointer ones): each one's pointer slot, then for a tensor its layout
-    slot when the next slot is by-value (a tensor with a static layout has none), the slot's
-    size checked against the tensor's rank."""
+    """Launch arguments for ``params`` ((argument, has a layout slot) per kernel parameter: tensors
+    of fx.Tensor parameters, Ptr of fx.Pointer ones, ints of fx.Int32 ones), checked against the
+    kernel's metadata: a pointer slot per tensor or Ptr, then a tensor's layout slot of its rank's
+    size; a 4-byte by-value slot per int."""
     slots = [a for a in info.args if not a[".value_kind"].startswith("hidden_")]
-    out, i = [], 0
-    for p in params:
-        if i >= len(slots) or slots[i][".value_kind"] != "global_buffer":
-            raise ValueError(f"{info.name}: slot {i} is not parameter {len(out)}'s pointer: {slots[i:i + 1]}")
+    want = []
+    for p, layout in params:
+        if isinstance(p, int):
+            want.append((p, "by_value", 4))
+            continue
         t = p.t if isinstance(p, Ptr) else p
-        out.append(t)
-        i += 1
-        if not isinstance(p, Ptr) and i < len(slots) and slots[i][".value_kind"] == "by_value":
-            if slots[i][".size"] != 4 * t.dim() + 8 * (t.dim() - 1):
-                raise ValueError(f"{info.name}: layout slot {i} of {slots[i]['.size']} bytes for a rank-{t.dim()} tensor")
-            out.append(layout_struct(t))
-            i += 1
-    if i != len(slots):
-        raise ValueError(f"{info.name}: {len(slots)} kernarg slots, {i} used by {len(params)} parameters")
-    return out
+        want.append((t, "global_buffer", 8))
+        if layout:
+            want.append((layout_struct(t), "by_value", 4 * t.dim() + 8 * (t.dim() - 1)))
+    got = [(a[".value_kind"], a[".size"]) for a in slots]
+    if got != [(k, n) for _, k, n in want]:
+        raise ValueError(f"{info.name}: kernarg slots {got}, parameters need {[(k, n) for _, k, n in want]}")
+    return [v for v, _, _ in want]
 
 
 def artefact(case: Case) -> tuple:
@@ -172,7 +182,7 @@ def run(case: Case, emu) -> tuple:
     asm, compile_s = artefact(case)
     info = asm_facts.kernel_info(asm, case.kernel)
     emu.launch(emu.load(asm), case.kernel, grid=case.grid, block=(info.workgroup_size, 1, 1),
-               args=kernel_args(case.kernel_tensors(), info), dynamic_lds=case.dynamic_lds)
+               args=kernel_args(case.kernel_params(), info), dynamic_lds=case.dynamic_lds)
     return info, compile_s
 
 
@@ -204,6 +214,15 @@ def _ints(g, lo, hi, *shape, dtype=torch.float32):
 SOFTMAX_RACE = r"LDS race at byte 0x0 \(workgroup \(0, 0, 0\), wave \d+\): read here while wave 0 accesses it"
 
 
+# FlyDSL's fp8_gemm_8wave: the step before last reads the last K tile's B0 from LDS (b_next0) with
+# no s_waitcnt vmcnt since the DMA writing it (buffer_load ... lds): the last wait before it,
+# vmcnt(2 N_A + N_B) in the main loop (or the prologue's when K = 2 * 128), lets the newest
+# 2 N_A + N_B loads stay in flight, which include b_next0's (all of them at the 256 x 256 default,
+# the second of its two at 128 x 256). Race mode names the first read of that buffer (LDS byte
+# 0x8000 in this allocation); the DMA being issued long before, a GPU would rarely see it.
+FP8_GEMM_RACE = r"LDS race at byte 0x8000 .*: direct-to-LDS data not yet retired by its counter wait"
+
+
 def cases() -> dict:
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(20, 100, generator=g), torch.randn(20, 100, generator=g)
@@ -220,6 +239,9 @@ def cases() -> dict:
     ln_x, ln_w, ln_b = torch.randn(3, 512, generator=g), torch.rand(512, generator=g), torch.rand(512, generator=g)
     ln_xh, ln_wh, ln_bh = (t.bfloat16() for t in (torch.randn(3, 200, generator=g), torch.rand(200, generator=g),
                                                   torch.rand(200, generator=g)))
+    fm, fn_, fk = 128, 256, 256
+    fa, fb = _ints(g, -8, 9, fm, fk).to(torch.float8_e4m3fn), _ints(g, -8, 9, fn_, fk).to(torch.float8_e4m3fn)
+    fsa, fsb = 2.0 ** torch.randint(-3, 4, (fm,), generator=g), 2.0 ** torch.randint(-3, 4, (fn_,), generator=g)
     return {
         # 8 x 64 tiles (threads 8 x 16, 4 floats each); 20 x 100 leaves partial tiles in both dims
         "vectorAdd": Case("01-vectorAdd.py", "vector_add", "vector_add_kernel_0", [a, b, torch.zeros(20, 100)],
@@ -234,11 +256,21 @@ def cases() -> dict:
         "preshuffle_gemm": Case("04-preshuffle_gemm.py", "preshuffle_gemm", "gemm_kernel_0",
                                 [pa, preshuffle(pb), torch.zeros(M, N, dtype=torch.float16)], (M // 128, N // 128, 1),
                                 {2: (pa.float() @ pb.float().T).half()}, dynamic_lds=32768,
-                                divisibility={0: 16, 2: 16}, overrides={"M": M, "N": N, "K": K}),
+                                wrap={0: 16, 2: 16}, static=(1,), overrides={"M": M, "N": N, "K": K}),
         "gather": Case("05-gather_scatter.py", "gather_jit", "gather_kernel_0", [src, torch.zeros(16, 64), rows],
                        (16 // 8, 64 // 32, 1), {1: src[rows.long()]}),
         "scatter": Case("05-gather_scatter.py", "scatter_jit", "scatter_kernel_0", [src2, torch.zeros(40, 64), rows2],
                         (16 // 8, 64 // 32, 1), {1: scattered}),
+        # kernels/gemm: 8 waves, one 128 x 256 tile, LDS DMA (buffer_load ... lds) double-buffered, the
+        # scaled 16x16x128 fp8 MFMA; flat operands as its test passes them (weights and scales with
+        # static layouts). Integer-valued fp8 and power-of-two row scales: exact up to the one bf16
+        # rounding, so bit-exact
+        "fp8_gemm_8wave": Case("kernels/gemm/fp8_gemm_8wave.py", "compile_fp8_gemm_8w", "kernel_gemm_0",
+                               [fa.view(torch.int8).flatten(), fb.view(torch.int8).flatten(),
+                                torch.zeros(fm * fn_, dtype=torch.bfloat16), fsa, fsb, fm, fn_], (1, 1, 1),
+                               {2: ((fa.float() * fsa[:, None]) @ (fb.float() * fsb[:, None]).T).bfloat16().flatten()},
+                               build={"K": fk, "BLOCK_M": 128, "BLOCK_N": 256}, wrap={1: "static", 3: "static", 4: "static"},
+                               stream=True, race=FP8_GEMM_RACE),
         # kernels/norm: one 256-thread block per row; N = 1024 takes the 128-bit buffer-load path,
         # N = 300 the masked scalar path
         "softmax_f32": Case("kernels/norm/softmax_kernel.py", "build_softmax_module", "softmax_kernel_0",
