@@ -116,6 +116,10 @@ def test_cublaslt_gemm_takes_unscaled_e4m3():
     d2 = torch.empty(m, n)
     deep_gemm.cublaslt_gemm_tn(a.t().contiguous(), b.t().contiguous(), d2, c=c)
     assert torch.equal(d2, want)
+    d3, c3 = torch.empty(m, n, dtype=torch.bfloat16), c.bfloat16()
+    deep_gemm.cublaslt_gemm_nt(a, b, d3, c=c3)
+    want3 = promoted(a, torch.ones(m, k // 128), b, torch.ones(n, k // 128)) + c3.float()
+    assert torch.equal(d3.view(torch.int16), F.bf16_rne(want3).view(torch.int16))
 
 
 @pytest.mark.parametrize("call,rule", [

@@ -118,9 +118,17 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
 
 def unscaled_fp8_gemm_nt(a, b, d, c=None) -> None:
     """d[M, N] = a[M, K] . b[N, K]^T (+ c) of e4m3 a and b without scales (tensor scales of 1),
-    each K-major or MN-major; d bf16 or fp32, c like d."""
+    each K-major or MN-major; d bf16 or fp32, c like d. A bf16 d with c: the fp32 product, then
+    + c in fp32 and one rounding, as an accumulating epilogue would (the kernel accumulates in
+    fp32 only)."""
     one = torch.ones((), device=a.device)
-    _dense(a, b, d, c, (one, one), gran="tensor")
+    if c is None or d.dtype == torch.float32:
+        _dense(a, b, d, c, (one, one), gran="tensor")
+        return
+    guards.check_dtype(c, "c", d.dtype)
+    acc = torch.empty(d.shape, dtype=torch.float32, device=d.device)
+    _dense(a, b, acc, None, (one, one), gran="tensor")
+    d.copy_(acc + c.float())
 
 
 def _dense(x, w, d, c, scales, gran="block") -> None:
