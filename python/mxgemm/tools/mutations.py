@@ -260,6 +260,16 @@ CATALOGUE = (
     Mutation("mx-gemm-no-lds-swizzle-on-read", ("mx_gemm",), (
         (MX_GEMM, "b.gep(buf, base + op.swizzle(s, row))", "b.gep(buf, base + s)"),),
         "fragments read LDS chunk g unswizzled: the DMA stored it at g ^ (row % chunks)"),
+    Mutation("mx-gemm-fp6-codes-swapped", ("mx_gemm",), (
+        (MX_GEMM, '"e2m3": 2, "e3m2": 3,', '"e2m3": 3, "e3m2": 2,'),),
+        "cbsz / blgp of the FP6 formats swapped: e2m3 payloads decoded as e3m2 and back"),
+    Mutation("mx-gemm-fp6-fragment-stride-32", ("mx_gemm",), (
+        (MX_GEMM, "[g * op.frag_bytes + size * p", "[g * (op.frag_bytes + 8 * (op.bits == 6)) + size * p"),),
+        "an FP6 lane group reads its 24-byte fragment at a 32-byte stride (as if FP8 halves)"),
+    Mutation("mx-gemm-fp6-partial-dma-every-wave", ("mx_gemm",), (
+        (MX_GEMM, 'live = None if waves >= WAVES else b.cmp("slt", wave, b.c(waves))', "live = None"),),
+        "every wave issues an FP6 64-row tile's last partial DMA: waves past the tile write into the next "
+        "operand's or stage's LDS"),
     Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
         (MX_GEMM, "b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)", "b.gep(lds, b.c(0))"),),
         "one LDS stage: step kt+1's DMA overwrites the tile other waves are still reading"),
