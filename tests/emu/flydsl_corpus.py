@@ -239,6 +239,11 @@ def cases() -> dict:
     ln_x, ln_w, ln_b = torch.randn(3, 512, generator=g), torch.rand(512, generator=g), torch.rand(512, generator=g)
     ln_xh, ln_wh, ln_bh = (t.bfloat16() for t in (torch.randn(3, 200, generator=g), torch.rand(200, generator=g),
                                                   torch.rand(200, generator=g)))
+    wa = torch.randn(32, generator=g)
+    keep = (wa > 0).int()
+    sa_ = torch.randint(-8, 8, (1024,), generator=g, dtype=torch.int32)
+    compacted = torch.zeros(1024, dtype=torch.int32)
+    compacted[:int((sa_ > 0).sum())] = sa_[sa_ > 0]
     fm, fn_, fk = 128, 256, 256
     fa, fb = _ints(g, -8, 9, fm, fk).to(torch.float8_e4m3fn), _ints(g, -8, 9, fn_, fk).to(torch.float8_e4m3fn)
     fsa, fsb = 2.0 ** torch.randint(-3, 4, (fm,), generator=g), 2.0 ** torch.randint(-3, 4, (fn_,), generator=g)
@@ -261,6 +266,14 @@ def cases() -> dict:
                        (16 // 8, 64 // 32, 1), {1: src[rows.long()]}),
         "scatter": Case("05-gather_scatter.py", "scatter_jit", "scatter_kernel_0", [src2, torch.zeros(40, 64), rows2],
                         (16 // 8, 64 // 32, 1), {1: scattered}),
+        # examples/extension/coop: a 32-lane block on wave64 (half the wave idle) scanning and
+        # reducing through lanes, and a 256-thread block scan through LDS compacting 1024 ints
+        "warp_collectives": Case("extension/coop/01-warp_collectives.py", "warp_compaction",
+                                 "warp_compaction_index_0", [wa, torch.zeros(32, dtype=torch.int32),
+                                                             torch.zeros(32, dtype=torch.int32)], (1, 1, 1),
+                                 {1: keep.cumsum(0).int() - keep, 2: keep.sum().int().expand(32)}),
+        "block_scan": Case("extension/coop/02-block_scan.py", "compact", "compact_positive_0",
+                           [Ptr(sa_), torch.zeros(1024, dtype=torch.int32)], (1, 1, 1), {1: compacted}),
         # kernels/gemm: 8 waves, one 128 x 256 tile, LDS DMA (buffer_load ... lds) double-buffered, the
         # scaled 16x16x128 fp8 MFMA; flat operands as its test passes them (weights and scales with
         # static layouts). Integer-valued fp8 and power-of-two row scales: exact up to the one bf16
