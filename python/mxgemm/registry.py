@@ -353,7 +353,11 @@ register(Kernel(
         ("e2m1", "e2m1", 256, 128, "bf16", 0, 2, 1, "tdm", 1, 1, 0),
         ("e4m3", "e4m3", 128, 128, "bf16", 0, 2, 0, "tdm", 2, 2, 0),
         ("e4m3", "e2m1", 128, 128, "f16", 0, 3, 0, "buffer_lds_stage_ab_split", 1, 4, 0),
-        ("e4m3", "e4m3", 64, 64, "f32", 1, 2, 0, "tdm", 1, 1, 0)))},
+        ("e4m3", "e4m3", 64, 64, "f32", 1, 2, 0, "tdm", 1, 1, 0),
+        # the other format pairs of e4m3, e5m2, e2m1 (the scaled WMMA takes any of its five formats for A and B)
+        *((fa, fb, 128, 128, "bf16", 0, 2, 0, "tdm", 1, 1, 0) for fa, fb in (
+            ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e2m1", "e4m3"), ("e5m2", "e2m1"),
+            ("e2m1", "e5m2")))))},
     doc="MX GEMM (MXFP8 e4m3/e5m2, MXFP6 e2m3/e3m2 (gfx950), MXFP4, A8W4 and the mixes) with 1x32 e8m0 scales on "
         "the scaled 16x16x128 MMA; "
         "BM x BN tiles, A and B staged in LDS, any M, N % 32, K % 128; bf16/f16/f32 out, fp32-atomic split-K"))

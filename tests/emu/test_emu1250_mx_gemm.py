@@ -124,6 +124,6 @@ def test_op_plans_and_runs_gfx1250_variants(monkeypatch, a_fmt, b_fmt, out):
     mxgemm.mx_gemm.clear_plans()
     if out == "bf16" and a_fmt == b_fmt == "e4m3":
         from mxgemm.guards import GuardError
-        (c, sc), (d, sd) = operand(M, K, "e5m2", g), operand(N, K, "e5m2", g)
-        with pytest.raises(GuardError, match=r"\[arch\] no gfx1250 mx_gemm variant for e5m2 x e5m2 -> bf16"):
-            mxgemm.mx_gemm(c, sc, d, sd, a_format="e5m2", b_format="e5m2")
+        (c, sc), (d, sd) = operand(M, K, "e2m3", g), operand(N, K, "e2m3", g)
+        with pytest.raises(GuardError, match=r"\[arch\] no gfx1250 mx_gemm variant for e2m3 x e2m3 -> bf16"):
+            mxgemm.mx_gemm(c, sc, d, sd, a_format="e2m3", b_format="e2m3")

@@ -146,7 +146,7 @@ def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: to
     a_scale [M, K/32], b_scale [N, K/32]: e8m0 (uint8 or float8_e8m0fnu).
     Format pairs on gfx950: every a_format x b_format of e4m3, e5m2 (MXFP8), e2m3, e3m2 (MXFP6) and
     e2m1 (MXFP4), mixes included (e4m3 x e2m1: A8W4); pairs with FP6 only at the 64 x 64 tile; on
-    gfx1250 e4m3 x e4m3, e2m1 x e2m1 and e4m3 x e2m1.
+    gfx1250 every pair of e4m3, e5m2 and e2m1 (no FP6).
     out_dtype bf16 / f16 (RNE of the fp32 accumulator) or f32; out: optional [M, N] of it.
     Any M >= 1, N % 32 == 0, K % 128 == 0 (rows and columns past the tile edges are masked).
     Numerics: each 128-wide K step is summed exactly and rounded once to fp32, then added to
