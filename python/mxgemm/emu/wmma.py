@@ -18,7 +18,9 @@ The 16x16 fp32 accumulator: lane l holds column l % 16, VGPR r row r + 8 (l // 1
 one stacks two of them (VGPRs 8-15: rows 16-31). Scales: one 32-bit VGPR per lane, byte j = K block j (32 wide) of row
 (or column) l % 16, read from lanes 0-15 (MATRIX_SCALE_ROW0) or 16-31 (ROW1), except the
 32-row A of the 32x16 form: row m from lane m; the scale16 forms take a 64-bit pair, byte j =
-K block j of 16."""
+K block j of 16. Scale formats (§3.3): E8M0 for every operand format; FP4 operands also take the
+unsigned E5M3 (bias 15) and E4M3 (bias 7, bit 7 unused) scales, both with subnormals and one NaN
+code; an E4M3 byte with bit 7 set raises (what the hardware does with it is not public)."""
 from __future__ import annotations
 
 import functools
@@ -78,23 +80,58 @@ def operand(regs, rows, k, fmt, neg=False):
     return (-vals if neg else vals), lsb
 
 
-def scales(scale_regs, rows, nblocks, sel):
-    """float64 [rows, nblocks] e8m0 factors: byte j of lane m (+ 16 sel) for a 16-row operand,
-    of lane m for the 32-row A; scale_regs uint32 [nregs, 32] (nregs 2: scale16, 8 bytes)."""
+def scale_bytes(scale_regs, rows, nblocks, sel):
+    """uint32 [rows, nblocks] scale bytes: byte j of lane m (+ 16 sel) for a 16-row operand, of
+    lane m for the 32-row A; scale_regs uint32 [nregs, 32] (nregs 2: scale16, 8 bytes)."""
     by = np.ascontiguousarray(np.asarray(scale_regs, np.uint32).T).view(np.uint8)   # [32, 4 nregs]
     lanes = np.arange(rows) + (16 * sel if rows == 16 else 0)
-    return e8m0_value(by[lanes, :nblocks].astype(np.uint32))
+    return by[lanes, :nblocks].astype(np.uint32)
 
 
-def wmma(m, k, fa, fb, a, b, c, sa=None, sb=None, sel_a=0, sel_b=0, block=32, neg=(0, 0, 0), abs_c=False):
+# matrix_{a,b}_scale_fmt: LLVM's MATRIX_SCALE_FMT_* names, or the raw field
+SCALE_FMT = {0: "e8m0", 1: "e5m3", 2: "e4m3", "MATRIX_SCALE_FMT_E8": "e8m0", "MATRIX_SCALE_FMT_E5M3": "e5m3",
+             "MATRIX_SCALE_FMT_E4M3": "e4m3"}
+_SCALE_BITS = {"e5m3": (5, 15, 0xFF), "e4m3": (4, 7, 0x7F)}     # exponent bits, bias, NaN code
+
+
+@functools.lru_cache(maxsize=None)
+def scale_table(fmt: str):
+    """(n, f) float64 [256]: an E5M3 / E4M3 scale byte's value as n * f, n an integer (<= 15;
+    NaN for the NaN code), f a power of two (docs/gfx1250_emulator.md §3.3)."""
+    ebits, bias, nan = _SCALE_BITS[fmt]
+    code = np.arange(256)
+    e, m = code >> 3 & ((1 << ebits) - 1), code & 7
+    n = np.where(e > 0, 8 + m, m).astype(np.float64)
+    n[nan] = np.nan
+    return n, np.ldexp(1.0, np.maximum(e, 1) - bias - 3)
+
+
+def scaled(vals, scale_regs, rows, block, sel, fmt, where=""):
+    """Operand values and power-of-two block factors [rows, k / block]. An E5M3 / E4M3 scale
+    n * f multiplies the values by n (exact in float64), so the factors stay powers of two, as
+    _dot_scaled's exactness bound assumes."""
+    nb = vals.shape[1] // block
+    if scale_regs is None:
+        return vals, np.ones((rows, nb))
+    by = scale_bytes(scale_regs, rows, nb, sel)
+    if fmt == "e8m0":
+        return vals, e8m0_value(by)
+    if fmt == "e4m3" and (by & 0x80).any():
+        raise UnsupportedInstruction(f"E4M3 scale byte with bit 7 set (not defined publicly): {where}")
+    n, f = scale_table(fmt)
+    return vals * np.repeat(n[by], block, axis=1), f[by]
+
+
+def wmma(m, k, fa, fb, a, b, c, sa=None, sb=None, sel_a=0, sel_b=0, block=32, neg=(0, 0, 0), abs_c=False,
+         sfmt=("e8m0", "e8m0"), where=""):
     """D (uint32 fp32 bits [m / 2, 32]) of one wave's WMMA D = A*B + C; a, b, c, sa, sb: uint32
-    register arrays [nregs, 32]; fa / fb: element formats; sa / sb None: unscaled."""
+    register arrays [nregs, 32]; fa / fb: element formats; sa / sb None: unscaled; sfmt: the
+    A and B scale formats; where: the instruction, for errors."""
     va, la = operand(a, m, k, fa, neg[0])
     vb, lb = operand(b, 16, k, fb, neg[1])
     block = min(block, k)
-    nb = k // block
-    fa_ = np.ones((m, nb)) if sa is None else scales(sa, m, nb, sel_a)
-    fb_ = np.ones((16, nb)) if sb is None else scales(sb, 16, nb, sel_b)
+    va, fa_ = scaled(va, sa, m, block, sel_a, sfmt[0], where)
+    vb, fb_ = scaled(vb, sb, 16, block, sel_b, sfmt[1], where)
     p = _dot_scaled(va, la, vb.T, lb.T, fa_, fb_, block)
     row, col = cd_layout(m)
     cf = np.asarray(c, np.uint32).view(np.float32)
@@ -155,9 +192,12 @@ def _build(ins):
         put_d = write_d
         write_d = lambda w, d: put_d(w, pack16(d))  # noqa: E731
     if scaled:
-        for key in ("matrix_a_scale_fmt", "matrix_b_scale_fmt"):
-            if key in mods and not str(mods[key]).endswith("E8"):
-                raise UnsupportedInstruction(f"scale format {mods[key]} (only E8M0 is modelled): {ins.where()}")
+        sfmt = tuple(SCALE_FMT.get(mods.get(key, 0)) for key in ("matrix_a_scale_fmt", "matrix_b_scale_fmt"))
+        # E5M3 / E4M3 scale only FP4, and two FP4 operands share the scale format (§3.3)
+        if (None in sfmt or any(s != "e8m0" and f != "e2m1" for s, f in zip(sfmt, (fa, fb)))
+                or (fa == fb == "e2m1" and sfmt[0] != sfmt[1])):
+            raise UnsupportedInstruction(f"scale formats {sfmt} with operands {fa}, {fb}: {ins.where()}")
+        where = ins.where()
         nsr = 2 if scaled == "scale16_" else 1
         read_sa, read_sb = _vec_reader(ins, 4, nsr), _vec_reader(ins, 5, nsr)
         sel_a, sel_b = (int(str(mods.get(key, "ROW0"))[-1]) for key in ("matrix_a_scale", "matrix_b_scale"))
@@ -166,7 +206,7 @@ def _build(ins):
         def run(w):
             a, b, c, sa, sb = read_a(w), read_b(w), read_c(w), read_sa(w), read_sb(w)
             write_d(w, np.concatenate([wmma(m, k, fa, fb, a[:, s], b[:, s], c[:, s], sa[:, s], sb[:, s], sel_a, sel_b,
-                                            block, neg, abs_c) for s in _waves(w)], axis=1))
+                                            block, neg, abs_c, sfmt, where) for s in _waves(w)], axis=1))
     else:
         def run(w):
             a, b, c = read_a(w), read_b(w), read_c(w)
