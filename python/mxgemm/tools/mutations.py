@@ -220,11 +220,38 @@ CATALOGUE = (
         (TRAIN_GROUPED, "arith.divui(s, b.c(kb_len))", "b.c(0)"),),
         "variable-K block scales: the 128-row block index restarts at each group instead of (offs[g] + c) / 128"),
     Mutation("grouped-mx-scales-swapped", ("train_grouped_gemm",), (
-        (TRAIN_GROUPED, 'scales = (sb[j], sa[i]) if gran == "mx"', 'scales = (sa[i], sb[j]) if gran == "mx"'),),
+        (TRAIN_GROUPED, 'scales = (mx[h][1][j], mx[h][0][i]) if gran == "mx"',
+         'scales = (mx[h][0][i], mx[h][1][j]) if gran == "mx"'),),
         "mx: a's e8m0 scales fed to the MFMA as b's and b's as a's"),
     Mutation("grouped-mx-first-block-only", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "kb = kb0 + lane // 16", "kb = kb0 + 0 * lane"),),
         "mx: every lane feeds the scale of the step's first 32-block, not block lane / 16"),
+    Mutation("grouped-fp4-halves-swapped", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "cat([x[h], zero4])", "cat([x[1 - h], zero4])"),),
+        "e2m1: each MFMA of a step takes the other 128-element half (nibble pairs fed under the wrong 32-blocks' "
+        "scales)"),
+    Mutation("grouped-fp4-a-nibbles-swapped", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "for x in (b_ops[j], a_ops[i])]",
+         "for x in (b_ops[j], a_ops[i])]\n" + " " * 24
+         + "srcs[1] = srcs[1] if halves == 1 else cat([arith.ori(arith.shli(arith.andi(a_ops[i][h], LOW), FOUR), "
+         "arith.andi(arith.shrui(a_ops[i][h], FOUR), LOW)), zero4])"
+         .replace("LOW", "arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(0x0F0F0F0F)))")
+         .replace("FOUR", "arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(4)))")),),
+        "e2m1: the two nibbles of every byte of a swapped (a's element 2i read from the high nibble; swapping "
+        "both operands' would be the same sum)"),
+    Mutation("grouped-fp4-scales-of-first-half", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "(kt * halves + h) * (BK // MX_BLOCK)", "kt * halves * (BK // MX_BLOCK)"),),
+        "e2m1: a step's second MFMA applies the e8m0 scales of its first 128 elements' 32-blocks"),
+    Mutation("grouped-fp4-ntk-scale-block-off-by-one", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "arith.divui(s, b.c(MX_BLOCK))", "arith.addi(arith.divui(s, b.c(MX_BLOCK)), b.c(1))"),),
+        "NTK: a group's first scale block is the one after its start (group start off by one 32-block)"),
+    Mutation("grouped-fp4-ntk-group-start-off-by-one", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "s_ops = arith.shrui(s, b.c(1)) if fmt in PER_BYTE else s",
+         "s_ops = arith.addi(arith.shrui(s, b.c(1)), b.c(1)) if fmt in PER_BYTE else s"),),
+        "NTK: operands read from one byte (two elements) past the group's start"),
+    Mutation("grouped-fp4-row-stride-in-elements", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "k_ops = arith.shrui(K, b.c(1)) if fmt in PER_BYTE else K", "k_ops = K"),),
+        "e2m1: rows and the contraction counted in elements where the packed operands have K / 2 bytes"),
     Mutation("grouped-bf16-chunks-out-of-order", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "            for h in range(2):\n", "            for h in (1, 0):\n"),),
         "bf16: each step's second 32-wide chunk is accumulated before its first (summation order)"),
