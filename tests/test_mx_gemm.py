@@ -239,5 +239,5 @@ def test_isa(v):
         codes = dict(re.findall(r"(cbsz|blgp):(\d)", ln))
         assert (int(codes.get("cbsz", 0)), int(codes.get("blgp", 0))) == (CODE[v["B_FMT"]], CODE[v["A_FMT"]]), ln
         for src, code in ((ops[2], CODE[v["B_FMT"]]), (ops[3], CODE[v["A_FMT"]])):
-            lo, hi = map(int, re.match(r"v\[(\d+):(\d+)\]", src).groups())
+            lo, hi = map(int, re.match(r"[va]\[(\d+):(\d+)\]", src).groups())   # VGPRs or AGPRs
             assert hi - lo + 1 == regs[code], ln
