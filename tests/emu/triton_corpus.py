@@ -201,6 +201,7 @@ class Case:
     atol: float = 0.0
     rtol: float = 0.0
     names: tuple = field(default=())
+    spills: bool = False        # compiled so that it spills VGPRs to scratch (checked by the test)
 
     def signature(self):
         params = [p for p in self.fn.arg_names if p not in self.constexprs]
@@ -239,6 +240,7 @@ def cases() -> dict:
     ids, table = torch.randint(0, 30, (9,), generator=g, dtype=torch.int64), torch.randn(30, 40, generator=g)
     hist = torch.randint(0, 16, (777,), generator=g, dtype=torch.int32)
     q, k, v = (torch.randn(64, 32, generator=g).half() for _ in range(3))
+    a32, b32 = torch.randn(100, 64, generator=g), torch.randn(64, 120, generator=g)
     f32 = lambda *s: torch.zeros(*s)  # noqa: E731
     mm_ref = lambda p, r, dt: (p.float() @ r.float()).to(dt)  # noqa: E731
     c = {
@@ -261,6 +263,11 @@ def cases() -> dict:
         "matmul_fp8": Case(matmul, [a8, b8, torch.zeros(40, 64, dtype=torch.float32), 40, 64, 96],
                            {"BM": 32, "BN": 32, "BK": 64, "ACC_INT": 0}, (2, 2), mm_ref(a8, b8, torch.float32), (2,),
                            atol=1e-3, rtol=1e-5),
+        # one warp holding a 128 x 128 fp32 accumulator (256 values a lane): Triton 3.9 spills
+        # ~1100 VGPRs to scratch; a partial tile (100 x 120) keeps the masks in play
+        "matmul_f32_spill": Case(matmul, [a32, b32, f32(100, 120), 100, 120, 64],
+                                 {"BM": 128, "BN": 128, "BK": 32, "ACC_INT": 0}, (1, 1), a32 @ b32, (2,), warps=1,
+                                 atol=1e-4, rtol=1e-5, spills=True),
         "matmul_int8": Case(matmul, [ai, bi, torch.zeros(40, 64, dtype=torch.int32), 40, 64, 96],
                             {"BM": 32, "BN": 32, "BK": 64, "ACC_INT": 1}, (2, 2), ai.int() @ bi.int(), (2,)),
         "matmul_int8_16x16": Case(matmul, [ai, bi, torch.zeros(40, 64, dtype=torch.int32), 40, 64, 96],
@@ -296,8 +303,13 @@ def cases() -> dict:
     return c
 
 
+def assembly(case: Case) -> tuple:
+    """(assembly, dynamic LDS bytes) of ``case`` compiled for gfx950 by Triton (cached by Triton)."""
+    return triton_gfx950(case.fn, case.signature(), tuple(sorted(case.constexprs.items())), case.warps)
+
+
 def run(case: Case, emu) -> list:
     """Compile ``case`` for gfx950 with Triton and run it on ``emu``; the written tensors."""
-    asm, lds = triton_gfx950(case.fn, case.signature(), tuple(sorted(case.constexprs.items())), case.warps)
+    asm, lds = assembly(case)
     launch_triton(emu, asm, case.fn.__name__, case.args, case.grid, case.warps, lds)
     return [case.args[i] for i in case.outputs]
