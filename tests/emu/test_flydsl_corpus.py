@@ -7,25 +7,11 @@ import pytest
 import torch
 
 from mxgemm.emu import Emulator
-from mxgemm.emu.isa import RaceError, UnsupportedInstruction
+from mxgemm.emu.isa import RaceError
 
 CASES = flydsl_corpus.cases()
 
-# Emulator gaps these peers found: each case fails at its first unsupported instruction. Strict, and
-# only for that exception, so a case passes the day its instruction lands and fails on anything else.
-GAPS = {
-    "tiledMma": "v_mfma_f32_16x16x4_f32 (CDNA3 fp32 MFMA, still on gfx950) is not emulated",
-    "preshuffle_gemm": "v_mfma_f32_16x16x16_f16 (CDNA3 f16 MFMA, still on gfx950) is not emulated",
-    "softmax_f32": "v_maximum3_f32 (gfx950's NaN-propagating three-way maximum) is not emulated; past it race "
-                   "mode must report the peer's LDS race",
-    "softmax_bf16": "v_maximum3_f32 (gfx950's NaN-propagating three-way maximum) is not emulated; past it race "
-                    "mode must report the peer's LDS race",
-}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=UnsupportedInstruction,
-                                                                          reason=GAPS[n])) if n in GAPS else n
-                                  for n in sorted(CASES)])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_flydsl_kernel_matches_torch(name):
     case = CASES[name]
     if case.race:

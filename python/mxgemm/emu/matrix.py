@@ -33,7 +33,7 @@ from .isa import UnsupportedInstruction, handler
 from .mxcvt import MFMA_FORMAT_CODES, decode_table, e8m0_value, lsb_table
 
 F8F6F4 = frozenset(("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"))
-BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16, "f16": 16}
+BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4, "bf16": 16, "f16": 16, "f32": 32}
 
 
 # ---- operand layouts ----------------------------------------------------------------------
@@ -83,6 +83,8 @@ def unpack_items(regs: np.ndarray, bits: int, items: int) -> np.ndarray:
         return by[:, :items].astype(np.uint32)
     if bits == 16:
         return regs.view(np.uint16)[:, :items].astype(np.uint32)
+    if bits == 32:
+        return regs[:, :items]
     if bits == 4:
         nib = np.stack([by & 0xF, by >> 4], axis=-1).reshape(lanes, -1)
         return nib[:, :items].astype(np.uint32)
@@ -98,11 +100,21 @@ def operand_matrix(regs, mn: int, k: int, fmt: str, transpose: bool = False, spa
     codes = unpack_items(regs, BITS[fmt], kidx.shape[1])
     vals = np.empty((mn, k))
     lsb = np.empty((mn, k))
-    vals[row, kidx] = decode_table(fmt)[codes]
-    lsb[row, kidx] = lsb_table(fmt)[codes]
+    vals[row, kidx], lsb[row, kidx] = _f32_values(codes) if fmt == "f32" else (decode_table(fmt)[codes],
+                                                                                 lsb_table(fmt)[codes])
     if transpose:
         return vals.T, lsb.T
     return vals, lsb
+
+
+def _f32_values(codes):
+    """(float64 values, lsb bounds) of fp32 bit patterns: a 24-bit significand's spacing (inf for
+    0 / NaN / Inf), as lsb_table gives for the small formats."""
+    v = np.ascontiguousarray(codes, np.uint32).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(v) & (v != 0)
+    _, e = np.frexp(np.where(ok, v, 1.0))
+    return v, np.where(ok, np.ldexp(1.0, np.maximum(e - 24, -149)), np.inf)
 
 
 def sparse_positions(sel, mn: int, k: int, fmt: str):
@@ -229,7 +241,9 @@ def round_dyadic_f32(n: int, e: int) -> float:
 
 # ---- instructions -------------------------------------------------------------------------
 
-SHAPES = {(16, 16, 128), (32, 32, 64), (16, 16, 32), (32, 32, 16)}
+# the f8f6f4 forms, gfx950's 16x16x32 / 32x32x16 and the CDNA3 single-block ones it keeps
+# (16x16x16 / 32x32x8 f16 and bf16, 16x16x4 / 32x32x2 f32: K-contiguous per lane group)
+SHAPES = {(16, 16, 128), (32, 32, 64), (16, 16, 32), (32, 32, 16), (16, 16, 16), (32, 32, 8), (16, 16, 4), (32, 32, 2)}
 SPARSE_SHAPES = {(16, 16, 32), (32, 32, 16), (16, 16, 64), (32, 32, 32), (16, 16, 128), (32, 32, 64)}   # v_smfmac_*
 
 
@@ -293,7 +307,7 @@ def mnemonic_formats(mnemonic: str):
     names = {"fp8": "e4m3", "bf8": "e5m2"}
     if ty == "f8f6f4":
         return m, n, k, None, None, scaled
-    if ty in ("bf16", "f16"):
+    if ty in ("bf16", "f16", "f32"):
         return m, n, k, ty, ty, False
     parts = ty.split("_")
     if len(parts) == 2 and all(p in names for p in parts):
@@ -365,7 +379,9 @@ def _waves(w):
 
 handler(*[f"v_mfma_{s}f32_{sh}_f8f6f4" for s in ("", "scale_") for sh in ("16x16x128", "32x32x64")],
         *[f"v_mfma_f32_{sh}_{ty}" for sh in ("16x16x32", "32x32x16")
-          for ty in ("bf16", "f16", "fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")])(_build_mfma)
+          for ty in ("bf16", "f16", "fp8_fp8", "fp8_bf8", "bf8_fp8", "bf8_bf8")],
+        *[f"v_mfma_f32_{sh}_{ty}" for sh in ("16x16x16", "32x32x8") for ty in ("bf16", "f16")],
+        "v_mfma_f32_16x16x4_f32", "v_mfma_f32_32x32x2_f32")(_build_mfma)
 
 
 # ---- integer MFMA ---------------------------------------------------------------------------

@@ -95,6 +95,15 @@ def _med3(a, b, c):
     return np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
 
 
+def _ieee_extreme(a, b, sign):
+    """IEEE 754-2019 maximum (sign 1) / minimum (-1), gfx950's v_maximum3 / v_minimum3: a NaN
+    operand gives a NaN (its payload is numpy's choice: untested), -0 < +0."""
+    m = np.maximum(a, b) if sign > 0 else np.minimum(a, b)
+    zeros = (a == 0) & (b == 0)
+    neg = (np.signbit(a) & np.signbit(b)) if sign > 0 else (np.signbit(a) | np.signbit(b))
+    return np.where(zeros, np.where(neg, a.dtype.type(-0.0), a.dtype.type(0.0)), m)
+
+
 def _fmed3(a, b, c):
     return np.fmax(np.fmin(a, b), np.fmin(np.fmax(a, b), c))
 
@@ -179,6 +188,8 @@ _OPS = {
     "v_madak_f32": ("f32", "f32 f32 f32", lambda a, b, k: a * b + k),
     "v_min3_f32": ("f32", "f32 f32 f32", lambda a, b, c: np.fmin(np.fmin(a, b), c)),
     "v_max3_f32": ("f32", "f32 f32 f32", lambda a, b, c: np.fmax(np.fmax(a, b), c)),
+    "v_maximum3_f32": ("f32", "f32 f32 f32", lambda a, b, c: _ieee_extreme(_ieee_extreme(a, b, 1), c, 1)),
+    "v_minimum3_f32": ("f32", "f32 f32 f32", lambda a, b, c: _ieee_extreme(_ieee_extreme(a, b, -1), c, -1)),
     "v_med3_f32": ("f32", "f32 f32 f32", _fmed3),
     "v_rcp_f32": ("f32", "f32", _rcp), "v_rcp_iflag_f32": ("f32", "f32", _rcp),
     "v_rsq_f32": ("f32", "f32", lambda a: f32(1) / np.sqrt(a)),
