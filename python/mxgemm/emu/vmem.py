@@ -124,7 +124,7 @@ def _global_store(ins):
 @handler("global_load_dword_addtid", "global_store_dword_addtid")
 def _global_addtid(ins):
     """A dword per lane at saddr (0 when off) + offset + 4 * the lane's index in its wave: the
-    saddr operand of LLVM's syntax pages for global_{load,store}_addtid (docs/gfx1250_emulator.md §6)."""
+    saddr operand of LLVM's syntax pages for global_{load,store}_addtid (docs/gfx1250_emulator.md §5)."""
     load = "_load_" in ins.base
     si = ins.ops[1]
     base = (lambda w: u64(0)) if si.kind == "off" else R.src(ins, 1, "u64")
