@@ -69,7 +69,7 @@ def cmd_build(args) -> int:
         return 1
     if args.verbose:
         from . import specs
-        served = {k for s in specs.SPECS for k in s.kernels}
+        served = {k for s in specs.SPECS if s.serves for k in s.kernels}   # specs naming more than their ops
         for a in arts:
             print(artefact_line(a))
             if a.kernel in served:

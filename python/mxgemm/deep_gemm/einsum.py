@@ -11,14 +11,14 @@ and "bhd,hdr->bhr" as the masked M-grouped FP8 GEMM, the same copies; "bhd,bhr->
 per-head weight gradient, contracting b; DeepGEMM's SM100 form) as the K-grouped FP8 GEMM with a
 K group per head (a and b copied head-major). ``cublaslt_gemm_nt`` / ``nn`` / ``tn`` / ``tt`` (DeepGEMM's
 cuBLASLt baseline, fp32 accumulation) are the BF16 dense GEMMs, or for e4m3 operands the same
-dense GEMM with tensor scales of 1.
-The masked functions are imported at call time: the package defines them after importing this module."""
+dense GEMM with tensor scales of 1."""
 from __future__ import annotations
 
 import torch
 
 from .. import guards
 from .gemm import bf16_gemm_nt, k_grouped_fp8_gemm_tn_contiguous, pair, unscaled_fp8_gemm_nt
+from .grouped import m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_masked
 
 EXPRS = ("bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr")
 FP8_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
@@ -69,7 +69,6 @@ def einsum(expr: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torc
         guards.fail("c", f"einsum {expr!r} takes no c (as in DeepGEMM)")
     guards.check_dtype(d, "d", torch.bfloat16)
     x, w, out = _per_head(expr, a, b, d)
-    from . import m_grouped_bf16_gemm_nt_masked  # defined after this module is imported
     masked = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32, device=x.device)
     m_grouped_bf16_gemm_nt_masked(x, w, out, masked, x.shape[1])
     d.copy_(out.transpose(0, 1))
@@ -96,7 +95,6 @@ def fp8_einsum(expr: str, a, b, d: torch.Tensor, c: torch.Tensor | None = None, 
     guards.check_dtype(d, "d", torch.bfloat16)
     xh, wk, out = _per_head(expr, x, w, d)
     sfw = sfb.transpose(1, 2) if expr == "bhd,hdr->bhr" else sfb
-    from . import m_grouped_fp8_gemm_nt_masked  # defined after this module is imported
     masked = torch.full((xh.shape[0],), xh.shape[1], dtype=torch.int32, device=x.device)
     m_grouped_fp8_gemm_nt_masked((xh, sfa.transpose(0, 1).contiguous()), (wk, sfw.contiguous()), out, masked,
                                  xh.shape[1], recipe)
