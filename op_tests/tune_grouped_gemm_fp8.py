@@ -1,5 +1,5 @@
 """Tune the tensorwise FP8 grouped GEMM configs and (re)write
-python/mxgemm/configs/grouped_gemm_fp8_gfx950.csv, keyed by (layout, G, M, N, K) (see
+python/mxgemm/configs/train_grouped_gemm_gfx950.csv, keyed by (layout, G, M, N, K) (see
 mxgemm.ops.train_grouped_gemm.problem_key).
 
 On an MI355X (gfx950 GPU, ROCm torch) the default mode times every candidate config (each

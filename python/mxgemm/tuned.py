@@ -1,7 +1,8 @@
-"""Tuned-config tables: python/mxgemm/configs/<op>_<arch>.csv, one row per tuned problem with the
-config a planner should use, its time (us) and its source: "measured" (an op_tests/tune_*.py
-script timed every candidate on the GPU) or "heuristic" (the planner's own rule, written without
-a GPU). Planners read them (exact or nearest problem, their rule otherwise); tuners write them."""
+"""Tuned-config tables: python/mxgemm/configs/<op file>_<arch>.csv (the op file's name in ops/),
+one row per tuned problem with the config a planner should use, its time (us) and its source:
+"measured" (an op_tests/tune_*.py script timed every candidate on the GPU) or "heuristic" (the
+planner's own rule, written without a GPU). Planners read them (exact or nearest problem, their
+rule otherwise); tuners write them."""
 from __future__ import annotations
 
 import csv
