@@ -633,9 +633,7 @@ def _plan_fp4_variable_k(x) -> Plan:
     guards.check_multiple(N, "N", _FACTS.n_align, f"N%{_FACTS.n_align}")
     guards.check_multiple(sum_k, "sum_k", MX_BLOCK, f"sum_k%{MX_BLOCK}")
     _check_out(x, (G, M, N))
-    kx = sum_k // MX_BLOCK
-    _, strides = _scale_strides(x, {"mx": (((M, kx),), ((N, kx),), lambda sa, sb: (
-        0, _bytes(sa, 0), _bytes(sa, 1), 0, _bytes(sb, 0), _bytes(sb, 1), 0))})
+    _, strides = _scale_strides(x, {"mx": _variable_k_forms(G, M, N, sum_k)["mx"]})
     _check_sizes(max(sum_k, M, N), "sum_k, M and N", dict(a=k_bytes, b=k_bytes, out=x.out_dtype.itemsize * N))
     shape = dict(out_shape=(G, M, N), out_dtype=x.out_dtype)
     if G * M * N == 0:
