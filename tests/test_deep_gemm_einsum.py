@@ -120,6 +120,10 @@ def test_cublaslt_gemm_takes_unscaled_e4m3():
     deep_gemm.cublaslt_gemm_nt(a, b, d3, c=c3)
     want3 = promoted(a, torch.ones(m, k // 128), b, torch.ones(n, k // 128)) + c3.float()
     assert torch.equal(d3.view(torch.int16), F.bf16_rne(want3).view(torch.int16))
+    before = d3.clone()
+    with pytest.raises(GuardError, match=r"\[shape\]"):     # a c that would broadcast is refused, d untouched
+        deep_gemm.cublaslt_gemm_nt(a, b, d3, c=c3[:1])
+    assert torch.equal(d3, before)
 
 
 @pytest.mark.parametrize("call,rule", [

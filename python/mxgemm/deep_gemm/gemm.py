@@ -126,6 +126,7 @@ def unscaled_fp8_gemm_nt(a, b, d, c=None) -> None:
         _dense(a, b, d, c, (one, one), gran="tensor")
         return
     guards.check_dtype(c, "c", d.dtype)
+    guards.check_shape(c, "c", tuple(d.shape))
     acc = torch.empty(d.shape, dtype=torch.float32, device=d.device)
     _dense(a, b, acc, None, (one, one), gran="tensor")
     d.copy_(acc + c.float())
