@@ -32,16 +32,17 @@ MXGEMM_KERNEL(fp8_gemm_naive)(const uint8_t* A, const uint8_t* B, uint16_t* C, i
 }
 
 // Stage 2: 16 x 16 tiles of A and B staged in LDS as fp32 and reused by the block. Block 16 x 16.
+// The indexing is the one the blog prints for this stage: a thread stages B at its own output
+// column, so the 16 lanes of a row read 16 B rows K bytes apart (4 bytes of each line a wave).
 MXGEMM_KERNEL(fp8_gemm_lds_tiled)(const uint8_t* A, const uint8_t* B, uint16_t* C, int M, int N, int K)
     __attribute__((amdgpu_flat_work_group_size(256, 256))) {
   __shared__ float as[16][16], bs[16][16];
   const int ty = thread_y(), tx = thread_x();
   const int row = block_y() * 16 + ty, col = block_x() * 16 + tx;
-  const int brow = block_x() * 16 + ty;   // the B row this thread stages
   float acc = 0.0f;
   for (int k0 = 0; k0 < K; k0 += 16) {
     as[ty][tx] = e4m3(A[row * K + k0 + tx]);
-    bs[tx][ty] = e4m3(B[brow * K + k0 + tx]);
+    bs[ty][tx] = e4m3(B[col * K + k0 + ty]);
     syncthreads();
     for (int k = 0; k < 16; ++k) acc += as[ty][k] * bs[k][tx];
     syncthreads();
