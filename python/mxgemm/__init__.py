@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 OP_NAMES = ("deep_gemm_fp8_grouped_gemm", "explain", "grouped_gemm", "grouped_gemm_bf16_kernel",
             "grouped_gemm_bf16_variable_k", "grouped_gemm_fp4_kernel", "grouped_gemm_fp4_variable_k",
-            "grouped_gemm_fp8", "grouped_gemm_fp8_kernel",
+            "grouped_gemm_fp4", "grouped_gemm_fp8", "grouped_gemm_fp8_kernel",
             "grouped_gemm_fp8_variable_k", "moe_gemm2_a4w4", "moe_mxfp8_grouped_gemm", "mx_gemm", "mxfp8_dequantize",
             "smallm_mxfp8_gemm")
 __all__ = list(OP_NAMES)

@@ -301,3 +301,68 @@ def dequantize_fp8_blocks(q: torch.Tensor, sf: torch.Tensor, bm: int, bk: int) -
 # Kernel-specific weight layouts (e.g. MFMA-tile-interleaved B for the MoE kernels) get one
 # function each here: `shuffle_<kernel>(w, scales) -> (w_shuffled, scales_shuffled)` plus its
 # inverse for tests, so reference ops keep consuming the plain row-major layouts above.
+
+
+# ---- MXFP4 training operands (Primus-Turbo's grouped_gemm_fp4 recipe, docs/primus_turbo_fp4.md) ----
+HADAMARD = 16   # the wgrad operands' Hadamard transform is over 16 consecutive contraction elements
+
+
+def _h4(v0, v1, v2, v3):
+    """One 4-point Hadamard butterfly (Sylvester order), the additions in Primus-Turbo's order."""
+    a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
+    return a0 + a2, a1 + a3, a0 - a2, a1 - a3
+
+
+def hadamard16(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (K % 16 == 0) -> fp32 [..., K]: every 16 consecutive elements times H16 / 4, H16
+    the Sylvester-ordered Walsh-Hadamard matrix (symmetric; H16 / 4 is orthogonal and its own
+    inverse), evaluated in fp32 as Primus-Turbo's MXFP4 quantiser does: a 4-point butterfly over
+    each 4 consecutive elements, then one across the four groups of 4, then * 0.25. A fixed
+    transform: no random signs (docs/primus_turbo_fp4.md)."""
+    _check_tensor(x, "x", floating=True)
+    if x.dim() == 0:
+        guards.fail("shape", "x must have at least 1 dimension; got a 0-d tensor")
+    guards.check_multiple(x.shape[-1], "K of x (its last dimension)", HADAMARD, f"Hadamard: K % {HADAMARD} == 0")
+    v = x.float().reshape(*x.shape[:-1], -1, 4, 4)    # [..., chunk, group of 4, element in the group]
+    v = torch.stack(_h4(*v.unbind(-1)), -1)
+    v = torch.stack(_h4(*v.unbind(-2)), -2) * 0.25
+    return v.reshape(x.shape)
+
+
+def quantize_mx_2d(x: torch.Tensor, fmt: str = "e2m1", mode: str = "floor"):
+    """x [..., R, C] (R, C multiples of 32) quantised in 32 x 32 tiles, one e8m0 scale per tile
+    (Primus-Turbo's 2-D block recipe for weights), so the elements are the same read along either
+    axis -> (payload along C [..., R, C'], scales [..., R, C/32], payload of x^T along R
+    [..., C, R'], scales [..., C, R/32]); C', R' as quantize_mx packs fmt (e2m1: half)."""
+    _check_tensor(x, "x", floating=True)
+    if x.dim() < 2:
+        guards.fail("shape", f"x must have at least 2 dimensions [..., R, C]; got shape {list(x.shape)}")
+    _check_fmt(fmt, F.SPECS)
+    _check_mode(mode)
+    R, C = x.shape[-2:]
+    guards.check_multiple(R, "R of x (dimension -2)", MX_BLOCK, f"MX 2-D block: R % {MX_BLOCK} == 0")
+    guards.check_multiple(C, "C of x (its last dimension)", MX_BLOCK, f"MX 2-D block: C % {MX_BLOCK} == 0")
+    xb = x.float().reshape(*x.shape[:-2], R // MX_BLOCK, MX_BLOCK, C // MX_BLOCK, MX_BLOCK)
+    scale = mx_scale_e8m0(xb.abs().amax((-3, -1)), fmt, mode)                        # [..., R/32, C/32]
+    codes = F.encode(xb / F.decode_e8m0(scale)[..., :, None, :, None], fmt, saturate=True).reshape(x.shape)
+
+    def payload(c):
+        if fmt in F.TORCH_DTYPES:
+            return F.to_torch_fp8(c, fmt)
+        return F.PACKED[fmt][2](c) if fmt in F.PACKED else c
+    return (payload(codes), scale.repeat_interleave(MX_BLOCK, -2),
+            payload(codes.mT.contiguous()), scale.mT.repeat_interleave(MX_BLOCK, -2))
+
+
+def segment_quantize_fp4(x: torch.Tensor, group_offs: torch.Tensor, rht: bool = True, mode: str = "even"):
+    """MXFP4 along the rows of each row group, stored contraction-contiguous: x [R, C] -> (payload
+    uint8 [C, P/2], e8m0 scales [C, P/32], padded_offs int64 [G + 1]): the 32-row aligned
+    zero-padded segments of _segments, transposed, each 16 rows of a segment first multiplied by
+    H16 / 4 (rht, hadamard16; segments start on multiples of 32, so no chunk spans two groups),
+    then quantize_mx(e2m1, mode) per 32 rows. The wgrad operand of grouped_gemm_fp4_variable_k
+    (Primus-Turbo's column-wise quantiser pads to 256 rows; the values are the same)."""
+    _check_mode(mode)
+    xp, padded = _segments(x, group_offs, MX_BLOCK)
+    xt = hadamard16(xp.t()) if rht else xp.t()
+    q, sc = quantize_mx(xt, "e2m1", mode)
+    return q, sc, padded

@@ -10,6 +10,7 @@ from .smallm_mxfp8 import smallm_mxfp8_gemm  # noqa: F401
 from .train_grouped_gemm import (  # noqa: F401
     grouped_gemm_bf16_kernel,
     grouped_gemm_bf16_variable_k,
+    grouped_gemm_fp4,
     grouped_gemm_fp4_kernel,
     grouped_gemm_fp4_variable_k,
     grouped_gemm_fp8,

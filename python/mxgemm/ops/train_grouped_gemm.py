@@ -28,6 +28,8 @@ exact sum; the wgrad's non-empty groups start on multiples of 32 (global block i
 BF16: grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k are the same two ops with bf16 a
 and b and no scales (the kernel's FMT=bf16 variants; model: mxgemm.reference.grouped_gemm_bf16_ref
 / grouped_gemm_bf16_variable_k_ref); they share this module's planners, guards and group checks.
+They run fp16 a and b too (both one dtype; the FMT=f16 variants, v_mfma_f32_16x16x32_f16, 64 x 64:
+NT, NN and TN in fp16, TN accumulating into fp32), out in the operands' dtype by default.
 
 Config space (every config gives the same bits; they differ in speed only): the tile BM x BN (a
 registered variant), GROUP_M (row tiles per band of the tile order sharing a B column tile) and
@@ -49,8 +51,9 @@ _KERNEL = "train_grouped_gemm"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _FP4 = (torch.uint8, torch.float4_e2m1fn_x2)   # packed e2m1: two elements per byte, element 2i in the low nibble
-# variant FMT of an operand dtype (bf16: the unscaled ops; uint8 / float4_e2m1fn_x2: the fp4 ops' packed e2m1)
-_FORMATS = {**_FMT, torch.bfloat16: "bf16", **dict.fromkeys(_FP4, "e2m1")}
+_HALF = {torch.bfloat16: "bf16", torch.float16: "f16"}   # the unscaled ops' operands (one dtype for a and b)
+# variant FMT of an operand dtype (bf16 / fp16: the unscaled ops; uint8 / float4_e2m1fn_x2: the fp4 ops' packed e2m1)
+_FORMATS = {**_FMT, **_HALF, **dict.fromkeys(_FP4, "e2m1")}
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # fp32 out and accumulation (the wgrad; the rows' e4m3 variants)
 GRANULARITIES = ("tensor", "row", "block", "mx")
@@ -81,12 +84,15 @@ def _scaled(x) -> bool:
 
 
 def _check_operands(x, names_2d, b_dim, outs=_OUT, fmt_dtypes=None):
-    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales), a bf16 one
-    or, fmt_dtypes given, one with a and b of those dtypes."""
+    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales), a bf16 /
+    fp16 one (a and b of one dtype) or, fmt_dtypes given, one with a and b of those dtypes."""
     scaled = _scaled(x)
-    fmt_dtypes = fmt_dtypes or (tuple(_FMT) if scaled else (torch.bfloat16,))
+    fmt_dtypes = fmt_dtypes or (tuple(_FMT) if scaled else tuple(_HALF))
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
+    if x.a.dtype in _HALF and x.a.dtype != x.b.dtype:
+        guards.fail("dtype", f"a is {x.a.dtype} and b {x.b.dtype}: the unscaled ops take both operands in one dtype, "
+                             f"{' or '.join(map(str, _HALF))}")
     for n in ("a_scale", "b_scale") if scaled else ():
         guards.check_dtype(getattr(x, n), n, (torch.float32, *E8M0))
     if scaled and (x.a_scale.dtype in E8M0) != (x.b_scale.dtype in E8M0):
@@ -295,7 +301,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
         block = dict(GRAN=gran) if gran in ("block", "mx") else {}
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
                        for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")
-                       and (v["FMT"] == "bf16") == (gran == "none")})
+                       and (v["FMT"] in _HALF.values()) == (gran == "none")})
         acc = " accumulating into out" if getattr(x, "accumulate", False) else ""
         guards.fail("dtype", f"no {layout} variant{_BLOCK_NOTE[gran]} for a {x.a.dtype} x b {x.b.dtype} -> "
                              f"{x.out_dtype}{acc}; registered for "
@@ -533,55 +539,64 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
 
 
 
-@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text}, out_shape=_rows_out_shape)
+def _operand_dtype(a):
+    """The unscaled ops' default out_dtype: a's dtype (a non-tensor a meets its type guard)."""
+    return getattr(a, "dtype", None)
+
+
+@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups,
+    fill={"group_offs": group_offsets, "out_dtype": _operand_dtype}, convert={"config": CONFIG_GRAMMAR.text},
+    out_shape=_rows_out_shape)
 def grouped_gemm_bf16_kernel(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
                              group_offs: torch.Tensor | None = None, *, trans_a: bool = False, trans_b: bool = True,
-                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None,
+                             out_dtype: torch.dtype | None = None, num_cu: int | None = None,
                              out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
                              validate: bool = True) -> torch.Tensor:
-    """Grouped GEMM with BF16 operands, groups along the rows of out (MoE forward and dgrad;
-    Primus-Turbo's BF16 grouped_gemm, DeepGEMM's bf16_gemm_nt / nn / tt with G = 1): for g < G
+    """Grouped GEMM with BF16 (or FP16) operands, groups along the rows of out (MoE forward and
+    dgrad; Primus-Turbo's grouped_gemm, DeepGEMM's bf16_gemm_nt / nn / tt with G = 1): for g < G
     and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
         out[r, j] = rne(sum_k A[r, k] B_g[j, k])
-    on v_mfma_f32_16x16x32_bf16: fp32 accumulation over the whole contraction (each 32-wide
-    chunk as the MFMA sums it, the chunks in order: reference.grouped_gemm_bf16_ref), and with
-    accumulate=True rne(that + fp32(out[r, j])) (one rounding):
+    on v_mfma_f32_16x16x32_bf16 (fp16: _f16): fp32 accumulation over the whole contraction (each
+    32-wide chunk as the MFMA sums it, the chunks in order: reference.grouped_gemm_bf16_ref), and
+    with accumulate=True rne(that + fp32(out[r, j])) (one rounding; fp16 out: past 65504 it is inf,
+    as a hardware fp16 store):
       trans_a  trans_b  layout  A                       B_g
       False    True     NT      a [sum_m, K]            b [G, N, K]  (forward)
       False    False    NN      a [sum_m, K]            b [G, K, N]  (dgrad)
       True     True     TT      a [K, sum_m] (A = a^T)  b [G, N, K]
     (TN, both operands MN-major, is grouped_gemm_bf16_variable_k.)
 
-    a, b: torch.bfloat16, contiguous in the shapes above. group_lens: int64 [G] (>= 0, summing
+    a, b: torch.bfloat16, or both torch.float16 (NT and NN, 64 x 64 tiles), contiguous in the
+    shapes above. group_lens: int64 [G] (>= 0, summing
     to at most sum_m: rows past the sum are a padded tail, never read, their out rows 0
     (accumulate: out's value + 0)); group_offs: int64 [G + 1] = [0, cumsum(group_lens)]
     (computed when None). K % 16 == 0, N % 16 == 0; TT: sum_m % 16 == 0 and every group_offs
-    entry a multiple of 16. out_dtype: torch.bfloat16, torch.float16 or torch.float32; out:
-    optional [sum_m, N] of that dtype, required by accumulate=True (bf16 or fp32 out). num_cu,
-    config, validate: as for grouped_gemm_fp8_kernel.
+    entry a multiple of 16. out_dtype: None (a's dtype), torch.bfloat16, torch.float16 or
+    torch.float32 (fp16 operands: torch.float16); out: optional [sum_m, N] of that dtype, required
+    by accumulate=True (bf16 or fp32 out). num_cu, config, validate: as for grouped_gemm_fp8_kernel.
     """
 
 
-@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text},
+@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups,
+    fill={"group_offs": group_offsets, "out_dtype": _operand_dtype}, convert={"config": CONFIG_GRAMMAR.text},
     out_shape=lambda x: ((x.group_lens.shape[0], x.a.shape[1], x.b.shape[1]), x.out_dtype))
 def grouped_gemm_bf16_variable_k(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
-                                 group_offs: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16,
+                                 group_offs: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
                                  out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
                                  validate: bool = True) -> torch.Tensor:
-    """Grouped GEMM with BF16 operands, groups along the contraction (MoE wgrad; DeepGEMM's
+    """Grouped GEMM with BF16 (or FP16) operands, groups along the contraction (MoE wgrad; DeepGEMM's
     k_grouped_bf16 wgrad, bf16_gemm_tn with one group, out [1, M, N]):
         out[g] = rne(a_g^T b_g),
     a_g / b_g the rows of group g, fp32 accumulation in 32-row chunks from the group's first row
     (reference.grouped_gemm_bf16_variable_k_ref); an empty group gives zeros (accumulate: out[g] + 0).
 
-    a: [sum_k, M], b: [sum_k, N], torch.bfloat16, contiguous. group_lens int64 [G] summing to at
-    most sum_k (rows past the sum: a padded tail, never read); group_offs int64 [G + 1] (computed
-    when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype (torch.bfloat16,
-    torch.float16 or torch.float32). accumulate: out += the product (fp32 add in the epilogue, one
-    rounding; out required: Megatron's main_grad in fp32, bf16 or fp16). config, validate: as for
-    grouped_gemm_fp8_kernel.
+    a: [sum_k, M], b: [sum_k, N], torch.bfloat16 or both torch.float16 (64 x 64 tiles), contiguous.
+    group_lens int64 [G] summing to at most sum_k (rows past the sum: a padded tail, never read);
+    group_offs int64 [G + 1] (computed when None). M % 16 == 0, N % 16 == 0. out: optional
+    [G, M, N] of out_dtype (None: a's dtype; torch.bfloat16, torch.float16 or torch.float32; fp16
+    operands: torch.float16, or torch.float32 with accumulate). accumulate: out += the product
+    (fp32 add in the epilogue, one rounding; out required: Megatron's main_grad in fp32, bf16 or
+    fp16 for bf16 operands, fp32 for fp16 ones). config, validate: as for grouped_gemm_fp8_kernel.
     """
 
 def _check_fp4_scales(x):
@@ -821,14 +836,23 @@ class _Fp8GroupedGemm(torch.autograd.Function):
         grad_a = grouped_gemm_fp8_kernel(gq, sg, bq, sb, lens, offs, not ctx.trans_b, ctx.out_dtype, ctx.num_cu,
                                          granularity=kernel_gran, validate=False)
         lhs, rhs = ((gq_w, sg_w), (aq, sa)) if ctx.trans_b else ((aq, sa), (gq_w, sg_w))
-        if ctx.main_grad is None:
-            grad_b = grouped_gemm_fp8_variable_k(*lhs, *rhs, w_lens, w_offs, ctx.out_dtype, granularity=kernel_gran,
-                                                 validate=False).to(ctx.dtypes[1])
-        else:   # main_grad += the wgrad in the kernel's epilogue; b's gradient is a zero stand-in (no allocation)
-            grouped_gemm_fp8_variable_k(*lhs, *rhs, w_lens, w_offs, ctx.main_grad.dtype, out=ctx.main_grad,
-                                        accumulate=True, granularity=kernel_gran, validate=False)
-            grad_b = torch.zeros((), dtype=ctx.dtypes[1], device=grad_out.device).expand(ctx.main_grad.shape)
+        grad_b = _wgrad(ctx, grouped_gemm_fp8_variable_k, (*lhs, *rhs, w_lens, w_offs), granularity=kernel_gran)
         return grad_a.to(ctx.dtypes[0]), grad_b, *(None,) * 9
+
+
+def _wgrad(ctx, op, args, **kw):
+    """b's gradient from the variable-K op: its product in ctx.out_dtype returned in b's dtype, or
+    (ctx.main_grad set: Megatron's fusion) main_grad += the product in the kernel's epilogue and a
+    zero stand-in (no allocation) returned. The groups were checked (or vouched for) by the forward."""
+    if ctx.main_grad is None:
+        return op(*args, ctx.out_dtype, validate=False, **kw).to(ctx.dtypes[1])
+    op(*args, ctx.main_grad.dtype, out=ctx.main_grad, accumulate=True, validate=False, **kw)
+    return torch.zeros((), dtype=ctx.dtypes[1], device=ctx.main_grad.device).expand(ctx.main_grad.shape)
+
+
+def _enum_name(v) -> str:
+    """An enum member's name (or a string), lower case: Primus-Turbo's config fields read by name."""
+    return str(getattr(v, "name", v)).lower()
 
 
 def _quant_config(config, format):
@@ -837,12 +861,11 @@ def _quant_config(config, format):
     with tensorwise scales; GuardError for a recipe the op does not do."""
     if config is None:
         return format or "e4m3", "tensorwise"
-    name = lambda v: str(getattr(v, "name", v)).lower()  # noqa: E731   an enum member or its name
-    fmt = name(getattr(config, "format", getattr(config, "dtype", "e4m3")))
+    fmt = _enum_name(getattr(config, "format", getattr(config, "dtype", "e4m3")))
     if fmt not in FORMATS or (format is not None and format != fmt):
         guards.fail("format", f"config.format = {fmt!r}{f' and format = {format!r}' if format else ''}: expected one "
                               f"of {', '.join(map(repr, FORMATS))}, given once")
-    granularity = name(getattr(config, "granularity", "tensorwise"))
+    granularity = _enum_name(getattr(config, "granularity", "tensorwise"))
     if granularity not in TRAIN_GRANULARITIES:
         guards.fail("granularity", f"config.granularity = {granularity.upper()}: grouped_gemm_fp8 quantises "
                                    f"{', '.join(g.upper() for g in TRAIN_GRANULARITIES)}")
@@ -852,7 +875,7 @@ def _quant_config(config, format):
     if block != want_block:
         guards.fail("block_size", f"config.block_size = {block!r}: {granularity.upper()} scales are "
                                   f"{want_block}-wide here")
-    scale_dtype = name(getattr(config, "scale_dtype", scale_dtypes[0]))
+    scale_dtype = _enum_name(getattr(config, "scale_dtype", scale_dtypes[0]))
     if scale_dtype not in scale_dtypes:
         guards.fail("scale_dtype", f"config.scale_dtype = {scale_dtype.upper()}: {granularity.upper()} scales here "
                                    f"are {scale_dtypes[0].upper()}")
@@ -889,6 +912,12 @@ def _check_operand(t, name: str, fmt: str, granularity: str, block, axis) -> Non
             guards.fail("axis", f"{name} is quantised along axis {getattr(t, 'quantized_axis', None)}; this call "
                                 f"needs its scales along axis {axis % t.qdata.dim()} (the contraction)")
         return
+    _refuse_wrapper(t, name)
+
+
+def _refuse_wrapper(t, name: str) -> None:
+    """A wrapper other than a pre-quantised QuantizedTensor is refused by name rather than read as a
+    tensor of its outer shape."""
     wrapper = next((c.__name__ for c in type(t).__mro__ if "Quantized" in c.__name__ or c.__name__ == "Float8Tensor"),
                    None)
     if not isinstance(t, torch.Tensor) or wrapper:
@@ -927,13 +956,7 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     block = getattr(config, "block_size", None)
     _check_operand(a, "a", format, granularity, block, -1)
     _check_operand(b, "b", format, granularity, block, -1 if trans_b else -2)
-    if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
-        guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
-                             f"got a {a.dtype}, b {b.dtype}")
-    out_dtype = out_dtype or a.dtype
-    if out_dtype not in _OUT:
-        guards.fail("dtype", f"out_dtype is {out_dtype} (a's dtype when None); expected torch.bfloat16 or "
-                             "torch.float16")
+    out_dtype = _out_dtype(a, b, out_dtype)
     if format not in FORMATS:
         guards.fail("format", f"format = {format!r}; expected one of {', '.join(map(repr, FORMATS))}")
     if group_offs is None:
@@ -943,8 +966,27 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
     wgrad_fmts = (grad_fmt, fwd_fmt) if trans_b else (fwd_fmt, grad_fmt)    # the wgrad's (lhs, rhs)
     _check_recipe_kernels(fwd_fmt, grad_fmt, wgrad_fmts, gran, trans_b, out_dtype, format, granularity)
     main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, *wgrad_fmts, gran)
-    out = _Fp8GroupedGemm.apply(a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, format, granularity,
-                                validate, main_grad)
+    return _apply_fused(_Fp8GroupedGemm, b, main_grad, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu,
+                        format, granularity, validate)
+
+
+def _out_dtype(a, b, out_dtype):
+    """The autograd ops' operand dtypes (one of bf16, fp16, fp32, shared) and out_dtype (bf16 or
+    fp16; a's dtype when None), checked."""
+    if a.dtype not in (*_OUT, torch.float32) or b.dtype != a.dtype:
+        guards.fail("dtype", f"a and b must share one dtype, torch.bfloat16, torch.float16 or torch.float32; "
+                             f"got a {a.dtype}, b {b.dtype}")
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in _OUT:
+        guards.fail("dtype", f"out_dtype is {out_dtype} (a's dtype when None); expected torch.bfloat16 or "
+                             "torch.float16")
+    return out_dtype
+
+
+def _apply_fused(fn, b, main_grad, *args):
+    """fn.apply(*args, main_grad); with Megatron's fusion b.grad_added_to_main_grad is set by the
+    forward, so Megatron's hook does not add b's (stand-in) gradient again."""
+    out = fn.apply(*args, main_grad)
     if main_grad is not None:
         b.grad_added_to_main_grad = True
     return out
@@ -973,10 +1015,10 @@ def _check_recipe_kernels(fwd_fmt, grad_fmt, wgrad_fmts, gran, trans_b, out_dtyp
                                   f"{name} kernel ({layout}, {fa} x {fb} -> {out}{scales}) is registered")
 
 
-def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran="none"):
+def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran="none", layout="TN"):
     """b.main_grad for fuse_bgrad_accum_pattern (checked here, before any launch), or None; the
-    wgrad accumulating into it is the TN variant of formats lhs_fmt x rhs_fmt and the kernel's
-    scale granularity gran."""
+    wgrad accumulating into it is the ``layout`` variant (TN; the FP4 wgrad NTK) of formats
+    lhs_fmt x rhs_fmt and the kernel's scale granularity gran."""
     if pattern is None:
         return None
     if pattern != "megatron":
@@ -988,11 +1030,137 @@ def fused_main_grad(b, pattern, lhs_fmt, rhs_fmt, gran="none"):
                                                 "and b.grad_added_to_main_grad set up before the backward")
     guards.check_shape(main_grad, "b.main_grad", tuple(b.shape))
     out = _OUT_WGRAD.get(main_grad.dtype)
-    if not _has_variant("TN", lhs_fmt, rhs_fmt, out, gran, accumulate=True):
+    if not _has_variant(layout, lhs_fmt, rhs_fmt, out, gran, accumulate=True):
         scaled = f" {gran}-scaled" if gran in ("block", "mx") else ""
         guards.fail("dtype", f"b.main_grad is {main_grad.dtype}: no wgrad kernel accumulates {lhs_fmt} x {rhs_fmt}"
-                             f"{scaled} products into it (see the registry's TN ACCUM variants)")
+                             f"{scaled} products into it (see the registry's {layout} ACCUM variants)")
     if not main_grad.is_contiguous() or main_grad.device != b.device:
         guards.fail("layout", f"b.main_grad must be contiguous and on b's device ({b.device}); got "
                               f"{main_grad.device}, strides {main_grad.stride()}")
     return main_grad
+
+
+# ---- grouped_gemm_fp4: Primus-Turbo's differentiable MXFP4 grouped GEMM (docs/primus_turbo_fp4.md) ----
+FP4_MODE = "even"   # Primus-Turbo's e8m0 rule: amax rounded half-up to e2m1's one mantissa bit, then the floor
+_FP4_CONFIG = dict(granularity="mx_blockwise", format="e2m1_x2", block_size="32", scale_dtype="e8m0",
+                   use_gradient_sr="false", use_preshuffle="false")   # Float4QuantConfig's fields, the values taken
+_FP4_CONFIG_WHY = dict(use_gradient_sr="the quantiser rounds to nearest even (stochastic rounding is random)",
+                       use_preshuffle="the kernels read row-major payloads and scales")
+
+
+def _fp4_config(config) -> None:
+    """Primus-Turbo's Float4QuantConfig (None: its defaults), read by field and enum member name:
+    MX_BLOCKWISE, E2M1_X2, block_size 32, E8M0 scales, no stochastic rounding, no pre-shuffle."""
+    for field, want in _FP4_CONFIG.items() if config is not None else ():
+        got = getattr(config, field, want)
+        if _enum_name(got) != want:
+            guards.fail(field, f"config.{field} = {got!r}: grouped_gemm_fp4 takes {want.upper()} only"
+                               f"{f' ({_FP4_CONFIG_WHY[field]})' if field in _FP4_CONFIG_WHY else ''}")
+
+
+def _check_fp4_operand(t, name: str) -> None:
+    """A plain tensor to quantise, or Primus-Turbo's QuantizedTensor quantised MX_BLOCKWISE (block
+    32) along its last axis: packed e2m1 qdata [..., K/2], e8m0 scale_inv [..., K/32]."""
+    if not _is_pre_quantised(t):
+        _refuse_wrapper(t, name)
+        return
+    got, block = _enum_name(t.granularity), getattr(t, "block_size", None)
+    if got != "mx_blockwise" or block != MX_BLOCK:
+        guards.fail("granularity", f"{name} is quantised {got.upper()} with block_size {block}; grouped_gemm_fp4 "
+                                   f"takes MX_BLOCKWISE with block_size {MX_BLOCK}")
+    guards.check_dtype(t.qdata, f"{name}.qdata", _FP4)
+    guards.check_dtype(t.scale_inv, f"{name}.scale_inv", E8M0)
+    *lead, k = t.shape
+    guards.check_shape(t.qdata, f"{name}.qdata", (*lead, k // 2))
+    guards.check_shape(t.scale_inv, f"{name}.scale_inv (quantised along the last axis)", (*lead, k // MX_BLOCK))
+
+
+def _fp4_buffers(t):
+    """A pre-quantised operand's (payload, scales) as bytes, and its values in its dtype (to
+    re-quantise along another axis, as Primus-Turbo does)."""
+    q, s = t.qdata.view(torch.uint8), t.scale_inv.view(torch.uint8)
+    return (q, s), quant.dequantize_mx(q, s, "e2m1").to(t.dtype)
+
+
+class _Fp4GroupedGemm(torch.autograd.Function):
+    """Primus-Turbo's three MXFP4 GEMMs: forward a x b (both quantised along K: a 1 x 32, b in
+    32 x 32 tiles), dgrad grad_out (1 x 32 along N) x the same tiles of b read along N, wgrad on
+    grad_out and a quantised along each group's rows after the 16-point Hadamard transform (it
+    cancels in their product) in 32-aligned segments."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, out_dtype, num_cu, validate, main_grad):
+        if _is_pre_quantised(a):
+            (aq, sa), a_hp = _fp4_buffers(a)
+        else:
+            (aq, sa), a_hp = quant.quantize_mx(a, "e2m1", FP4_MODE), a
+        if _is_pre_quantised(b):
+            (bq, sb), b_hp = _fp4_buffers(b)
+            bc, sbc = quant.quantize_mx_2d(b_hp, "e2m1", FP4_MODE)[2:]
+        else:
+            bq, sb, bc, sbc = quant.quantize_mx_2d(b, "e2m1", FP4_MODE)
+        out = grouped_gemm_fp4_kernel(aq, sa, bq, sb, group_lens, group_offs, out_dtype, num_cu, validate=validate)
+        a_col, sa_col, seg_offs = quant.segment_quantize_fp4(a_hp, group_offs, mode=FP4_MODE)
+        ctx.save_for_backward(bc, sbc, a_col, sa_col, group_lens, group_offs, seg_offs)
+        ctx.out_dtype, ctx.num_cu, ctx.main_grad, ctx.dtypes = out_dtype, num_cu, main_grad, (a.dtype, b.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        bc, sbc, a_col, sa_col, lens, offs, seg_offs = ctx.saved_tensors
+        go = grad_out.contiguous()
+        gq, sg = quant.quantize_mx(go, "e2m1", FP4_MODE)
+        g_col, sg_col, _ = quant.segment_quantize_fp4(go, offs, mode=FP4_MODE)
+        grad_a = grouped_gemm_fp4_kernel(gq, sg, bc, sbc, lens, offs, ctx.out_dtype, ctx.num_cu, validate=False)
+        grad_b = _wgrad(ctx, grouped_gemm_fp4_variable_k, (g_col, sg_col, a_col, sa_col, seg_offs.diff(), seg_offs))
+        return grad_a.to(ctx.dtypes[0]), grad_b, *(None,) * 6
+
+
+def grouped_gemm_fp4(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor | None = None,
+                     trans_b: bool = True, out_dtype: torch.dtype | None = None, config=None,
+                     num_cu: int | None = None, fuse_bgrad_accum_pattern: str | None = None, *,
+                     validate: bool = True) -> torch.Tensor:
+    """Differentiable MoE grouped GEMM in MXFP4: out[r] = a[r] . b[g]^T for the rows r of group g
+    (group_offs[g] <= r < group_offs[g + 1]). Primus-Turbo's ``grouped_gemm_fp4`` signature,
+    argument order and defaults (NT only: trans_b=True, b [G, N, K]).
+
+    a [sum_m, K], b [G, N, K]: bf16, fp16 or fp32 (one dtype), quantised on every call to e2m1
+    with e8m0 scales per 32 elements of each GEMM's contraction (Primus-Turbo's recipe and e8m0
+    rule, quant.quantize_mx mode "even"): the forward reads a 1 x 32 along K and b in 32 x 32
+    tiles; the dgrad grad_out 1 x 32 along N and the same tiles of b along N; the wgrad grad_out
+    and a along each group's rows, each 16 rows first multiplied by H16 / 4 (quant.hadamard16,
+    the fixed Hadamard transform Primus-Turbo calls RHT; orthogonal, it cancels in the product).
+    Or a / b pre-quantised (Primus-Turbo's QuantizedTensor, MX_BLOCKWISE along the last axis: e2m1
+    qdata, e8m0 scale_inv): their buffers serve the forward, their dequantised values are
+    re-quantised for the backward. config: Primus-Turbo's Float4QuantConfig (MX_BLOCKWISE,
+    E2M1_X2, block_size 32, E8M0; use_gradient_sr and use_preshuffle False) or None.
+    K % 32 == 0 and N % 32 == 0 (each is a contraction). out_dtype: bf16 or fp16 (a's dtype when
+    None). The GEMMs are grouped_gemm_fp4_kernel (forward, dgrad) and grouped_gemm_fp4_variable_k
+    (wgrad), computed in out_dtype, gradients returned in the inputs' dtypes; group_lens /
+    group_offs / num_cu / validate as in grouped_gemm_fp4_kernel (the forward checks the groups).
+
+    fuse_bgrad_accum_pattern="megatron" (b a parameter with ``main_grad`` (bf16, fp16 or fp32, b's
+    shape) and ``grad_added_to_main_grad``): the backward adds the weight gradient into
+    b.main_grad in the wgrad kernel's epilogue (one rounding), b's autograd gradient is a zero
+    stand-in and the forward sets b.grad_added_to_main_grad = True (as grouped_gemm_fp8)."""
+    _fp4_config(config)
+    _check_fp4_operand(a, "a")
+    _check_fp4_operand(b, "b")
+    if not trans_b:
+        guards.fail("trans_b", f"trans_b = {trans_b!r}: grouped_gemm_fp4 is NT only (b [G, N, K], trans_b=True), as "
+                               "Primus-Turbo's")
+    out_dtype = _out_dtype(a, b, out_dtype)
+    if a.dim() != 2 or b.dim() != 3:
+        guards.fail("shape", f"a must be 2-D [sum_m, K] and b 3-D [G, N, K]; got a {list(a.shape)}, b {list(b.shape)}")
+    N, K = b.shape[1:]
+    if a.shape[1] != K:
+        guards.fail("shape", f"a has K = {a.shape[1]} (shape {list(a.shape)}) but b has K = {K} "
+                             f"(shape {list(b.shape)})")
+    for name, n, gemm in (("K", K, "the forward's"), ("N", N, "the dgrad's")):
+        if n % MX_BLOCK:
+            guards.fail(f"{name}%{MX_BLOCK}", f"{name} = {n} is not a multiple of {MX_BLOCK}: {name} is {gemm} "
+                                              f"contraction, quantised in 32-element e8m0 blocks")
+    if group_offs is None:
+        group_offs = group_offsets(group_lens)
+    main_grad = fused_main_grad(b, fuse_bgrad_accum_pattern, "e2m1", "e2m1", "mx", "NTK")
+    return _apply_fused(_Fp4GroupedGemm, b, main_grad, a, b, group_lens, group_offs, out_dtype, num_cu, validate)
