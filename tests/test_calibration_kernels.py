@@ -5,6 +5,9 @@ import torch
 
 from mxgemm import asm_facts, calibration
 from mxgemm.emu import Emulator
+from mxgemm.emu.isa import RaceError
+
+PINGPONG = "fp8_gemm_256x256_pingpong"
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +25,9 @@ def _inputs(M, N, K):
 def test_stage_computes_the_gemm(prog, symbol):
     stage = calibration.STAGES[symbol]
     M = N = 256
-    K = 256 if stage.block != (16, 16) else 128   # the SIMT stages cost the emulator most per output
+    # the SIMT stages cost the emulator most per output; the ping-pong at K = 5 tiles runs its
+    # prologue, its two-tile loop once, its odd tile and its two epilogue tiles
+    K = 128 if stage.block == (16, 16) else 640 if symbol == PINGPONG else 256
     a, b = _inputs(M, N, K)
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     calibration.launch(Emulator(arch="gfx950", race_check=True), prog, stage, a, b, c)
@@ -36,3 +41,17 @@ def test_stage_computes_the_gemm(prog, symbol):
 @pytest.mark.parametrize("symbol", list(calibration.STAGES))
 def test_stage_is_spill_free(symbol):
     assert asm_facts.kernel_info(calibration.assembly(), symbol).spills == 0
+
+
+def test_pingpong_race_mode_needs_its_loop_wait():
+    """The ping-pong makes its next tile visible with s_waitcnt vmcnt(6) before a bare s_barrier
+    (no fence): let two more loads through and race mode flags the LDS DMA data read too early."""
+    asm = calibration.assembly()
+    i = asm.index(f"\n{PINGPONG}:") + 1
+    j = asm.index("s_endpgm", i)
+    assert "s_waitcnt vmcnt(6)" in asm[i:j]
+    prog = Emulator(arch="gfx950", race_check=True).load(asm[:i] + asm[i:j].replace("vmcnt(6)", "vmcnt(8)") + asm[j:])
+    a, b = _inputs(256, 256, 640)
+    c = torch.zeros(256, 256, dtype=torch.bfloat16)
+    with pytest.raises(RaceError, match="direct-to-LDS data not yet retired"):
+        calibration.launch(Emulator(arch="gfx950", race_check=True), prog, calibration.STAGES[PINGPONG], a, b, c)
