@@ -193,3 +193,40 @@ def test_refusals_name_the_rule_and_touch_nothing():
         with pytest.raises(GuardError, match=match):
             mxgemm.grouped_gemm_fp4(a, w, lens, fuse_bgrad_accum_pattern="megatron")
         assert torch.equal(w.main_grad, before) and w.grad_added_to_main_grad is False and w.grad is None
+
+
+def test_primus_turbo_backend():
+    """GroupedGemmFP4Backend with Primus-Turbo's FP4 dispatcher keywords: forward (group_offs_out),
+    the wgrad into out, accumulated in place (main_grad) and with trans_c; can_handle is True
+    exactly when execute runs, and a refused call raises before writing out."""
+    from mxgemm.primus_turbo import GroupedGemmFP4Backend as B
+    g = torch.Generator().manual_seed(4)
+    mx = types.SimpleNamespace(name="MX_BLOCKWISE")
+    lens, offs = torch.tensor([32, 0, 64]), torch.tensor([0, 32, 32, 96])
+    (qa, sa), (qb, sb) = quantise(grid(g, 96, 64), 1), quantise(grid(g, 3, 32, 64), 1)
+    fwd = dict(a=qa.view(torch.float4_e2m1fn_x2), b=qb, a_scales=sa, b_scales=sb, group_lens=lens, group_offs=offs,
+               trans_a=False, trans_b=True, out_dtype=torch.bfloat16, granularity=mx, num_cu=None,
+               group_offs_out=offs)
+    assert B.can_handle(**fwd)
+    metrics.assert_bitwise_equal(B.execute(**fwd), reference.grouped_gemm_fp4_ref(qa, sa, qb, sb, offs), "forward")
+    (ql, sl), (qr, sr) = quantise(grid(g, 64, 96), 1), quantise(grid(g, 32, 96), 1)
+    wg = dict(a=ql, b=qr, a_scales=sl, b_scales=sr, group_lens=lens, group_offs=offs, trans_a=False, trans_b=False,
+              trans_c=False, out_dtype=torch.bfloat16, granularity="MX_BLOCKWISE", num_cu=None)
+    want = reference.grouped_gemm_fp4_variable_k_ref(ql, sl, qr, sr, offs)
+    out = torch.zeros(3, 64, 32).bfloat16()
+    assert B.can_handle(**wg, out=out) and B.execute(**wg, out=out) is out
+    metrics.assert_bitwise_equal(out, want, "wgrad into out")
+    main_grad = grid(g, 3, 64, 32, dtype=torch.float32)
+    want_acc = reference.grouped_gemm_fp4_variable_k_ref(ql, sl, qr, sr, offs, torch.float32, accumulate_into=main_grad)
+    B.execute(**wg, out=main_grad, inplace_add_to_out=True)
+    metrics.assert_bitwise_equal(main_grad, want_acc, "main_grad += wgrad")
+    swapped = dict(wg, a=qr, b=ql, a_scales=sr, b_scales=sl, trans_c=True)
+    metrics.assert_bitwise_equal(B.execute(**swapped), want, "trans_c")
+    out = torch.full((3, 64, 32), 7.0).bfloat16()
+    for bad in (dict(wg, granularity="BLOCKWISE"), dict(wg, trans_a=True), dict(fwd, trans_b=False),
+                dict(fwd, out_dtype=torch.float32), dict(wg, group_offs=torch.tensor([0, 16, 16, 96])),
+                dict(fwd, inplace_add_to_out=True)):
+        assert not B.can_handle(**bad, out=out)
+        with pytest.raises(GuardError):
+            B.execute(**bad, out=out)
+        assert bool((out == 7).all())

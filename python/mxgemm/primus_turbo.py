@@ -1,4 +1,4 @@
-"""mxgemm's FP8 and BF16 grouped GEMMs as Primus-Turbo style kernel backends.
+"""mxgemm's FP8, MXFP4 and BF16 grouped GEMMs as Primus-Turbo style kernel backends.
 
 A Primus-Turbo-like dispatcher keeps, per op, a table of backend classes with two static
 methods over one keyword set and asks each ``can_handle(**kw)`` before ``execute(**kw)``:
@@ -34,6 +34,18 @@ quantisers make them (fp32 dequantisation scales, value = fp8 * scale), read in 
                group_offs): a and a_scales are gathered to out's     op's [sum_k, M] / [sum_k, N] per call;
                rows per call (one copy)                              groups start on multiples of 32
 
+``GroupedGemmFP4Backend`` serves Primus-Turbo's MXFP4 dispatchers (granularity MX_BLOCKWISE;
+packed e2m1 operands, uint8 or float4_e2m1fn_x2, e8m0 scales per 32 contraction elements):
+  * b 3-D, trans_a=False, trans_b=True: a [M, K/2], b [G, N, K/2], a_scales [M, K/32], b_scales
+    [G, N, K/32]; a's groups read at group_offs, out's rows written at group_offs_out (default:
+    group_offs; Primus-Turbo's row-wise FP4 layout is tight, so they are equal)
+                                     -> mxgemm.grouped_gemm_fp4_kernel
+  * b 2-D, trans_a=trans_b=False: out[g] = lhs_g rhs_g^T over the group's contraction, (lhs, rhs)
+    = (a, b), or (b, a) when trans_c, both contraction-contiguous [*, sum_k/2] as its column
+    quantiser stores them (read in place), scales [*, sum_k/32], groups on multiples of 32
+                                     -> mxgemm.grouped_gemm_fp4_variable_k
+  with ``out`` and ``inplace_add_to_out`` as above (accumulation in out's dtype: bf16, fp16, fp32).
+
 ``GroupedGemmBackend`` serves the BF16 dispatchers the same way (keywords a, b, group_lens,
 group_offs, trans_a, trans_b, num_cu, schedule (+ trans_c, out, inplace_add_to_out)):
 grouped_gemm_bf16_kernel (b 3-D) and grouped_gemm_bf16_variable_k (b 2-D), bf16 out, or out's
@@ -53,6 +65,8 @@ from . import guards
 from .ops import (
     grouped_gemm_bf16_kernel,
     grouped_gemm_bf16_variable_k,
+    grouped_gemm_fp4_kernel,
+    grouped_gemm_fp4_variable_k,
     grouped_gemm_fp8_kernel,
     grouped_gemm_fp8_variable_k,
 )
@@ -100,7 +114,7 @@ def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, ou
                 guards.fail("backend", "MX_BLOCKWISE with trans_b=False: mxgemm's MX grouped GEMM is NT, as "
                                        "Primus-Turbo's (its dgrad passes b quantised along N, trans_b=True)")
             offs = kwargs.get("group_offs_out")
-            op, offs = (op, group_offs) if offs is None else (_ReadAt(group_offs), offs)
+            op, offs = (op, group_offs) if offs is None else (_ReadAt(op, group_offs), offs)
         return op, (a, sa, b, sb, group_lens, offs), \
             dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out, granularity=gran)
     if gran == "row":
@@ -112,20 +126,44 @@ def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, ou
 
 
 class _ReadAt:
-    """grouped_gemm_fp8_kernel with a's groups read at other rows (``read_offs``, Primus-Turbo's
-    padded MX layout) than out's: a and a_scale gathered to out's rows, then the op. The check
-    needs no gather (same shapes)."""
+    """An M-grouped MX op (grouped_gemm_fp8_kernel, grouped_gemm_fp4_kernel) with a's groups read
+    at other rows (``read_offs``, Primus-Turbo's padded MX layout) than out's: a and a_scale
+    gathered to out's rows, then the op. The check needs no gather (same shapes)."""
 
-    def __init__(self, read_offs):
-        self.read_offs = read_offs
+    def __init__(self, op, read_offs):
+        self.op, self.read_offs = op, read_offs
 
-    @staticmethod
-    def check(*args, **kw):
-        grouped_gemm_fp8_kernel.check(*args, **kw)
+    def check(self, *args, **kw):
+        self.op.check(*args, **kw)
 
     def __call__(self, a, sa, b, sb, group_lens, group_offs_out, **kw):
         src = _source_rows(self.read_offs.to(a.device), group_offs_out.to(a.device), a.shape[0])
-        return grouped_gemm_fp8_kernel(a[src], sa[src], b, sb, group_lens, group_offs_out, **kw)
+        return self.op(_gather(a, src), _gather(sa, src), b, sb, group_lens, group_offs_out, **kw)
+
+
+def _gather(t, rows):
+    """t's rows ``rows``; one-byte dtypes through a uint8 view (torch indexes no float4_e2m1fn_x2)."""
+    return t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows]
+
+
+def _call_fp4(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, out_dtype, granularity, num_cu,
+              trans_c=False, out=None, inplace_add_to_out=False, **kwargs):
+    """(op, positional args, keyword args) of the mxgemm MXFP4 op serving this call (module docstring)."""
+    if _GRANULARITY.get(str(getattr(granularity, "name", granularity)).upper()) != "mx":
+        guards.fail("backend", f"granularity {granularity}: mxgemm's MXFP4 grouped GEMMs take MX_BLOCKWISE scales")
+    if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
+        if not trans_b:
+            guards.fail("backend", "MXFP4 with trans_b=False: mxgemm's MXFP4 grouped GEMM is NT, as Primus-Turbo's")
+        offs_out = kwargs.get("group_offs_out")
+        op, offs = (grouped_gemm_fp4_kernel, group_offs) if offs_out is None else \
+            (_ReadAt(grouped_gemm_fp4_kernel, group_offs), offs_out)
+        return op, (a, a_scales, b, b_scales, group_lens, offs), dict(out_dtype=out_dtype, num_cu=num_cu, out=out)
+    if trans_a:
+        guards.fail("backend", "MXFP4 variable-K with trans_a=True: its operands are contraction-contiguous "
+                               "[*, sum_k/2] (trans_a=False), as Primus-Turbo's column quantiser stores them")
+    lhs, rhs = ((b, b_scales), (a, a_scales)) if trans_c else ((a, a_scales), (b, b_scales))
+    return grouped_gemm_fp4_variable_k, (*lhs, *rhs, group_lens, group_offs), \
+        _wgrad_out(out_dtype, out, inplace_add_to_out)
 
 
 def _source_rows(read_offs, out_offs, rows):
@@ -199,6 +237,10 @@ class _Backend:
 
 class GroupedGemmFP8Backend(_Backend):
     route = staticmethod(_call)
+
+
+class GroupedGemmFP4Backend(_Backend):
+    route = staticmethod(_call_fp4)
 
 
 class GroupedGemmBackend(_Backend):
