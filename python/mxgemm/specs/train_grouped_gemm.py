@@ -27,6 +27,7 @@ from .base import (
 ROWS, WGRAD, AUTOGRAD = "grouped_gemm_fp8_kernel", "grouped_gemm_fp8_variable_k", "grouped_gemm_fp8"
 BF16_ROWS, BF16_WGRAD = "grouped_gemm_bf16_kernel", "grouped_gemm_bf16_variable_k"
 FP4_ROWS, FP4_WGRAD = "grouped_gemm_fp4_kernel", "grouped_gemm_fp4_variable_k"
+FP4_AUTOGRAD = "grouped_gemm_fp4"
 KERNEL = "train_grouped_gemm"
 DTYPES = {**FP8, "bf16": torch.bfloat16}
 
@@ -182,8 +183,9 @@ def decode(inp: Inputs) -> dict:
 
 
 def smoke(device) -> list:
-    """One forward + backward of the autograd op (e4m3, three groups, one empty) vs fp32 autograd
-    on the same bf16 inputs: out, grad_a, grad_b by SNR (tensorwise quantisation in between)."""
+    """One forward + backward of each autograd op (three groups, one empty) vs fp32 autograd on the
+    same bf16 inputs: out, grad_a, grad_b by SNR (grouped_gemm_fp8: e4m3 tensorwise, 25 dB;
+    grouped_gemm_fp4: MXFP4, Primus-Turbo's bar for it, 8 dB)."""
     import mxgemm
     g = torch.Generator().manual_seed(0)
     lens, N, K = [24, 0, 40], 64, 128
@@ -193,13 +195,16 @@ def smoke(device) -> list:
     yf = torch.cat([xg @ wf[i].T for i, xg in enumerate(xf.split(lens))])
     yf.backward(dy.bfloat16().float())
 
-    def run():
-        xq, wq = (t.bfloat16().to(device).requires_grad_() for t in (x, w))
-        y = mxgemm.grouped_gemm_fp8(xq, wq, torch.tensor(lens, device=device))
-        y.backward(dy.bfloat16().to(device))
-        return y.detach(), xq.grad, wq.grad
-    return [Smoke(f"{AUTOGRAD} e4m3 G={len(lens)} (rows {lens}) N={N} K={K}, out / grad_a / grad_b", run,
-                  (yf.detach(), xf.grad, wf.grad), Contract(snr_db=25.0))]
+    def run(fn):
+        def once():
+            xq, wq = (t.bfloat16().to(device).requires_grad_() for t in (x, w))
+            y = fn(xq, wq, torch.tensor(lens, device=device))
+            y.backward(dy.bfloat16().to(device))
+            return y.detach(), xq.grad, wq.grad
+        return once
+    shape, ref = f"G={len(lens)} (rows {lens}) N={N} K={K}, out / grad_a / grad_b", (yf.detach(), xf.grad, wf.grad)
+    return [Smoke(f"{AUTOGRAD} e4m3 {shape}", run(mxgemm.grouped_gemm_fp8), ref, Contract(snr_db=25.0)),
+            Smoke(f"{FP4_AUTOGRAD} MXFP4 {shape}", run(mxgemm.grouped_gemm_fp4), ref, Contract(snr_db=8.0))]
 
 
 def _variant(layout, m, N):
@@ -223,11 +228,12 @@ def preset_deepseek_v3():
 
 
 SPEC = OpSpec(
-    name="train_grouped_gemm", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD, FP4_ROWS, FP4_WGRAD),
+    name="train_grouped_gemm", ops=(ROWS, WGRAD, AUTOGRAD, BF16_ROWS, BF16_WGRAD, FP4_ROWS, FP4_WGRAD, FP4_AUTOGRAD),
     kernels=(KERNEL,),
     # the mutation harness runs them in order (-x), every variant rebuilt for a mutated source: the fp4 and bf16
     # tests first, they compile fewer variants (an FP4-path mutation is caught before the 100+ fp8 variants build)
-    tests=("tests/test_grouped_gemm_fp4.py", "tests/test_grouped_gemm_bf16.py", "tests/test_grouped_gemm_fp8.py"),
+    tests=("tests/test_grouped_gemm_fp4.py", "tests/test_grouped_gemm_bf16.py", "tests/test_grouped_gemm_fp8.py",
+           "tests/test_grouped_gemm_fp4_autograd.py"),
     reference=("grouped_gemm_fp8_ref", "grouped_gemm_fp8_variable_k_ref", "grouped_gemm_bf16_ref",
                "grouped_gemm_bf16_variable_k_ref", "grouped_gemm_fp4_ref", "grouped_gemm_fp4_variable_k_ref"),
     hardware_script="op_tests/test_grouped_gemm_fp8.py",
