@@ -91,9 +91,7 @@ def test_report(registry, arch):
 # that runs today must keep running: the floor is every other form of the data files.
 STILL_UNSUPPORTED = {
     "gfx950": {"v_mfma_ld_scale_b32"},
-    "gfx1250": {"cluster_load_b128", "cluster_load_b32", "cluster_load_b64", "global_load_block", "global_store_addtid_b32", "s_add_pc_i64", "s_barrier_signal",
-                "s_barrier_wait", "s_get_barrier_state", "s_get_shader_cycles_u64", "s_monitor_sleep", "s_rfe_i64",
-                "s_sendmsg_rtn_b32", "s_sendmsg_rtn_b64", "s_set_pc_i64", "s_setpc_b64", "s_swap_pc_i64"},
+    "gfx1250": set(),
 }
 
 

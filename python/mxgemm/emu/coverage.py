@@ -20,8 +20,11 @@ The synthetic wave: a one-instruction kernel (the example, then s_endpgm), every
 example names first set to ``FILL`` by v_mov / v_accvgpr_write / s_mov, so that a register pair
 is the address ``FILL << 32 | FILL`` inside a sparse buffer placed there, a 32-bit register an
 LDS / scratch offset inside the kernel's LDS and private segment; branch targets become the next
-line, a barrier wait is preceded by its signal. Race checking is off: one instruction has nothing
-to race with.
+line, a barrier wait is preceded by its signal. Forms whose FILL operands cannot be valid get a
+valid context instead (``kernel_text``): a PC jump's pair holds an instruction's address, an
+s_add_pc_i64 displacement is 0, a cluster barrier runs in a launch of one two-workgroup
+cluster, an addtid access with no base finds a buffer at address 0. Race checking is off: one
+instruction has nothing to race with.
 """
 from __future__ import annotations
 
@@ -52,7 +55,15 @@ _MATRIX = ("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")
 _VMEM = {"buffer_": "VMEM buffer", "global_": "VMEM global", "cluster_": "VMEM global", "scratch_": "VMEM scratch",
          "flat_": "VMEM flat"}
 _BRANCH = ("s_branch", "s_cbranch_", "s_call_")
-_BEFORE = {"s_barrier_wait": "s_barrier_signal -1"}    # a wave waits only on a barrier it signalled
+# instructions that jump to the address in an SGPR pair, and that pair's operand index
+_PC_JUMPS = {"s_setpc_b64": 0, "s_set_pc_i64": 0, "s_rfe_i64": 0, "s_swap_pc_i64": 1, "s_swappc_b64": 1}
+_PC_TARGET = "s[104:105]"      # the pair a jump reads when its example names no SGPR pair
+# a jump's context: its pair holds the address of the instruction after s_getpc_b64, which leaves
+# on the second arrival (SCC set just before the jump), so the jump lands on an instruction
+_JUMP_BACK = ["s_cmp_eq_u32 0, 1", "s_getpc_b64 {pair}", "s_cbranch_scc1 .Lcov_next", "s_cmp_eq_u32 0, 0"]
+_CLUSTER = (2, 1, 1)           # a cluster barrier's launch: one cluster of two one-wave workgroups
+_LOW_BYTES = 1 << 16           # the buffer at address 0 of an access with no base (addtid ... off)
+_MARK = "   ; the example"
 _SREG = re.compile(r"^s(?:\d+|\[\d+:\d+\])$")
 _CODE_MNEMONIC = re.compile(r"^([a-z][a-z0-9_]*)(?:\s|$)")
 
@@ -149,21 +160,44 @@ def _prelude(ops) -> list[str]:
     return out
 
 
+def _cluster_barrier(mnemonic, ops) -> bool:
+    return mnemonic in ("s_barrier_signal", "s_barrier_wait") and ops[:1] == ["-3"]
+
+
 def kernel_text(arch: str, example: str) -> str:
-    """The synthetic one-instruction kernel ``cov`` of an example line (raises if it does not parse)."""
+    """The synthetic one-instruction kernel ``cov`` of an example line (raises if it does not parse).
+    Operand context beyond FILL: a barrier wait is preceded by its signal, a cluster barrier
+    signal followed by its wait (the kernel then runs as a cluster, ``_CLUSTER``), a PC jump
+    lands on an instruction of the kernel (``_JUMP_BACK``), s_add_pc_i64 adds 0."""
     T = TARGETS[arch]
     mnemonic, _, rest = example.partition(" ")
     ops, mods = split_operands(rest)
+    if mnemonic in _PC_JUMPS and not _SREG.match(ops[_PC_JUMPS[mnemonic]]):
+        ops[_PC_JUMPS[mnemonic]] = _PC_TARGET
+        example = f"{mnemonic} {', '.join(ops)} {' '.join(mods)}".strip()
     parsed = [parse_operand(o, T.sgprs) for o in ops]
     if mnemonic.startswith(_BRANCH) and ops:
         example = f"{mnemonic} {', '.join(ops[:-1] + ['.Lcov_next'])} {' '.join(mods)}".strip()
     agprs = "    .amdhsa_accum_offset 256\n" if arch == "gfx950" else ""
-    before = [_BEFORE[mnemonic]] if mnemonic in _BEFORE else []
-    body = "\n".join(f"  {s}" for s in _prelude(parsed) + before + [example])
+    before, after = [], []
+    if mnemonic == "s_barrier_wait":         # a wave waits only on a barrier it signalled
+        before = [f"s_barrier_signal {ops[0]}"]
+    elif _cluster_barrier(mnemonic, ops):    # a cluster waits for every signal: the launch ends at a wait
+        after = [f"s_barrier_wait {ops[0]}"]
+    if mnemonic in _PC_JUMPS:
+        before = [line.format(pair=ops[_PC_JUMPS[mnemonic]]) for line in _JUMP_BACK]
+    elif mnemonic == "s_add_pc_i64" and _SREG.match(ops[0]):
+        i = parse_operand(ops[0], T.sgprs).index
+        before = [f"s_mov_b32 s{i}, 0", f"s_mov_b32 s{i + 1}, 0"]
+    body = "\n".join(f"  {s}" for s in _prelude(parsed) + before + [example + _MARK] + after)
+    meta = ""
+    if _cluster_barrier(mnemonic, ops):
+        meta = ("  .amdgpu_metadata\n---\namdhsa.kernels:\n  - .name: cov\n    .wavefront_size: "
+                f"{T.wave}\n    .cluster_dims: [{', '.join(map(str, _CLUSTER))}]\n...\n  .end_amdgpu_metadata\n")
     return (f"  .text\n  .globl cov\n  .p2align 8\n  .type cov,@function\ncov:\n{body}\n.Lcov_next:\n  s_endpgm\n"
             f".Lfunc_end0:\n  .rodata\n  .amdhsa_kernel cov\n    .amdhsa_next_free_vgpr 512\n"
             f"    .amdhsa_next_free_sgpr 106\n{agprs}    .amdhsa_group_segment_fixed_size {T.lds_bytes}\n"
-            f"    .amdhsa_private_segment_fixed_size {PRIVATE_BYTES}\n  .end_amdhsa_kernel\n")
+            f"    .amdhsa_private_segment_fixed_size {PRIVATE_BYTES}\n  .end_amdhsa_kernel\n{meta}")
 
 
 def run_form(arch: str, form: Form) -> None:
@@ -171,8 +205,8 @@ def run_form(arch: str, form: Form) -> None:
     T = TARGETS[arch]
     try:
         text = kernel_text(arch, form.example)
-        codes, _ = _asm.parse(text, T.sgprs)
-        ins = codes["cov"].instrs[-2]   # the example; s_endpgm follows it
+        codes, metas = _asm.parse(text, T.sgprs)
+        ins = next(i for i in codes["cov"].instrs if i.text.endswith(_MARK))
     except Exception as e:     # the parser's own failure is what this status reports
         form.status, form.note = "unparsed", f"{type(e).__name__}: {e}"
         return
@@ -180,9 +214,12 @@ def run_form(arch: str, form: Form) -> None:
         form.status, form.note = "unsupported", "no handler"
         return
     emu = Emulator(arch=arch, race_check=False)
+    buffers = [SparseBuffer(SPARSE_BYTES, FILL << 32)]
+    if "addtid" in ins.base and ins.ops[1].kind == "off":     # the address is the offset alone
+        buffers.append(SparseBuffer(_LOW_BYTES, 0))
     try:
-        emu.launch_kernarg(emu.load(text), "cov", (1, 1, 1), (T.wave, 1, 1), b"",
-                           [SparseBuffer(SPARSE_BYTES, FILL << 32)])
+        emu.launch_kernarg(emu.load(text), "cov", metas["cov"].cluster_dims or (1, 1, 1), (T.wave, 1, 1), b"",
+                           buffers)
     except Exception as e:     # any failure of the handler is the finding
         form.status, form.note = "unsupported", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         return

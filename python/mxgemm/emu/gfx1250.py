@@ -61,7 +61,13 @@ _RENAME = {"s_add_co_u32": "s_add_u32", "s_add_co_ci_u32": "s_addc_u32", "s_sub_
            "v_bitop2_b32": "v_bitop3_b32", "ds_storexchg_rtn_b32": "ds_wrxchg_rtn_b32",
            "v_dot2acc_f32_f16": "v_dot2c_f32_f16", "s_addk_co_i32": "s_addk_i32",
            "s_get_pc_i64": "s_getpc_b64", "s_set_pc_i64": "s_setpc_b64", "s_swap_pc_i64": "s_swappc_b64",
-           "global_load_addtid_b32": "global_load_dword_addtid", "global_store_addtid_b32": "global_store_dword_addtid"}
+           "global_load_addtid_b32": "global_load_dword_addtid", "global_store_addtid_b32": "global_store_dword_addtid",
+           # a trap handler's return: PC = S0 (the ISA's S_RFE_B64); the emulator has no trap mode to leave
+           "s_rfe_i64": "s_setpc_b64",
+           # the data a cluster load broadcasts to the cluster's waves that issue it is, for each
+           # of them, what a global load of its own address returns (docs/gfx1250_emulator.md §5)
+           "cluster_load_b32": "global_load_dword", "cluster_load_b64": "global_load_dwordx2",
+           "cluster_load_b128": "global_load_dwordx4"}
 _NOT = {"and_not1": "andn2", "or_not1": "orn2", "and_not0": "andn1", "or_not0": "orn1"}
 
 
@@ -156,12 +162,13 @@ for _a in ("load", "store"):
 WORKGROUP_BARRIER, CLUSTER_BARRIER = -1, -3
 
 
-def _barrier_id(ins):
+def _barrier_id(ins, ops=None):
     """The workgroup barrier (-1) and, in cluster launches, the cluster barrier (-3) are
-    modelled; named barriers raise."""
-    bid = ins.ops[0].value if ins.ops and ins.ops[0].kind == "const" else None
+    modelled; named barriers raise. ops: the operands from the barrier id on (default all)."""
+    ops = ins.ops if ops is None else ops
+    bid = ops[0].value if ops and ops[0].kind == "const" else None
     if bid not in (WORKGROUP_BARRIER, CLUSTER_BARRIER):
-        raise UnsupportedInstruction(f"barrier {ins.ops[0].text if ins.ops else '?'} (only the workgroup barrier -1 "
+        raise UnsupportedInstruction(f"barrier {ops[0].text if ops else '?'} (only the workgroup barrier -1 "
                                      f"and the cluster barrier -3 are modelled): {ins.where()}")
     return bid
 
@@ -187,6 +194,11 @@ def _barrier_signal(ins):
         if w.signaled:
             raise RaceError("s_barrier_signal again before s_barrier_wait: barriers of the waves no longer match")
         w.signaled = True
+        g = w.wg
+        if w.k == 1:
+            g.signals[w.wid // g.nwaves] += 1
+        else:
+            np.add.at(g.signals, (w.wid + np.arange(w.k)) // g.nwaves, 1)
         if w.race:
             race.at_barrier(w)
     return run
@@ -210,11 +222,112 @@ def _barrier_wait(ins):
     return run
 
 
+# Barrier state (s_get_barrier_state, s_sendmsg_rtn MSG_RTN_GET_CLUSTER_BARRIER_STATE): the
+# fields the Linux amdgpu gfx12 context-switch trap handler reads (valid bit 0, member count
+# 10:4, signal count 22:16; docs/gfx1250_emulator.md §6).
+_BARRIER_VALID, _BARRIER_MEMBERS, _BARRIER_SIGNALS = 0, 4, 16
+
+
+def barrier_state(w, bid):
+    """-1: the workgroup barrier, its members the workgroup's waves. -3: the cluster barrier,
+    its members the cluster's workgroups (one wave signals for each), valid only in a cluster
+    launch (the trap handler reads a clear valid bit as "not in a cluster"). A barrier completes
+    when every member has signalled, so the signal count is the signals since the last
+    completion: modulo the members."""
+    if bid == WORKGROUP_BARRIER:
+        g = w.wg
+        members, signals = g.nwaves, int(g.signals[w.wid // g.nwaves])
+    elif w.wg.cluster is None:
+        return 0
+    else:
+        members, signals = len(w.wg.cluster), sum(1 for g in w.wg.cluster if g.cluster_signals)
+    return 1 << _BARRIER_VALID | members << _BARRIER_MEMBERS | signals % members << _BARRIER_SIGNALS
+
+
+@handler("s_get_barrier_state", per_wave=True)
+def _get_barrier_state(ins):
+    bid = _barrier_id(ins, ins.ops[1:])
+    d = R.sdst(ins, 0)
+    return lambda w: d(w, barrier_state(w, bid))
+
+
+# s_sendmsg_rtn message ids (LLVM's SIDefines.h ID_RTN_*; the assembler encodes these numbers)
+MSG_RTN = {"MSG_RTN_GET_DOORBELL": 128, "MSG_RTN_GET_DDID": 129, "MSG_RTN_GET_TMA": 130,
+           "MSG_RTN_GET_REALTIME": 131, "MSG_RTN_SAVE_WAVE": 132, "MSG_RTN_GET_TBA": 133,
+           "MSG_RTN_GET_TBA_TO_PC": 134, "MSG_RTN_GET_SE_AID_ID": 135, "MSG_RTN_GET_CLUSTER_BARRIER_STATE": 136}
+_MSG = re.compile(r"sendmsg\((\w+)(?:\s*,[^)]*)?\)")
+
+
+@handler("s_sendmsg_rtn_b32", "s_sendmsg_rtn_b64", per_wave=True)
+def _sendmsg_rtn(ins):
+    """Messages with a meaning in the emulator: the realtime counter (its clock, salu.clock)
+    and the cluster barrier's state; the others (doorbell, dispatch, trap base addresses, wave
+    save, SE / AID ids) name hardware the emulator does not have, so they raise."""
+    op = ins.ops[1]
+    m = _MSG.fullmatch(op.text.replace(" ", ""))
+    name = m.group(1) if m else op.text
+    msg = MSG_RTN.get(name, op.value if op.kind == "const" else None)
+    if m and name.isdigit():
+        msg = int(name)
+    names = {v: k for k, v in MSG_RTN.items()}
+    if msg == MSG_RTN["MSG_RTN_GET_REALTIME"]:
+        f = salu.clock
+    elif msg == MSG_RTN["MSG_RTN_GET_CLUSTER_BARRIER_STATE"]:
+        def f(w):
+            return barrier_state(w, CLUSTER_BARRIER)
+    else:
+        raise UnsupportedInstruction(f"{ins.base} message {names.get(msg, op.text)}: only MSG_RTN_GET_REALTIME and "
+                                     f"MSG_RTN_GET_CLUSTER_BARRIER_STATE have a meaning in the emulator: {ins.where()}")
+    d = R.sdst(ins, 0, 64 if ins.base.endswith("b64") else 32)
+    mask = (1 << (64 if ins.base.endswith("b64") else 32)) - 1
+    return lambda w: d(w, f(w) & mask)
+
+
+@handler("s_add_pc_i64")
+def _add_pc(ins):
+    """PC = the next instruction's address + S0, a signed byte displacement: LLVM's long branch
+    (SIInstrInfo::insertIndirectBranch) encodes the target minus the label after s_add_pc_i64.
+    The kernel's code addresses are then its encodings' (pc.code_addresses)."""
+    if ins.ops[0].kind not in ("s", "const"):
+        raise UnsupportedInstruction(f"s_add_pc_i64 with a symbolic displacement {ins.ops[0].text!r} (only an SGPR "
+                                     f"pair or a constant): {ins.where()}")
+    off, code = salu.sget(ins, 0, 64), ins.prog.code
+    nxt = code.of(ins.index + 1)
+    return lambda w: salu.jump(w, code, (nxt + salu.sx(off(w), 64)) & salu.MASK64)
+
+
+@handler("global_load_block", per_wave=True)
+def _load_block(ins):
+    """global_load_block vdst (32 VGPRs), vaddr, saddr: VGPR vdst + i of a lane takes the dword at
+    its address + 4 i when bit i of M0 is set, and keeps its value (no memory read) when it is
+    clear (docs/gfx1250_emulator.md §5)."""
+    r, n = R.vidx(ins, ins.ops[0]), ins.ops[0].count
+    addr = vmem._gaddr(ins, 1, 2, 4)
+    keys = R.reg_keys(ins, 0)
+    m0 = ins.prog.target.m0
+
+    def run(w):
+        bits = w.S[m0]
+        sel = [i for i in range(n) if bits >> i & 1]
+        if not sel:
+            return
+        mine = tuple(keys[i] for i in sel)
+        if w.race and not w.pend.keys().isdisjoint(mine):
+            race.check_pending(w, mine, ins, "overwrites")
+        a = addr(w)
+        for i in sel:
+            v = w.emu.mem.load(a + u64(4 * i), w.mask, 4).view(u32)[:, 0]
+            np.copyto(w.V[r + i], v, where=w.mask)
+        race.track_load(w, ins, "vm", mine)
+    return run
+
+
 # issue hints, cache controls and counters the emulator has nothing to model for (operands are
-# read at issue, so s_wait_xcnt -- "address and data sent" -- never has anything to wait for)
+# read at issue, so s_wait_xcnt -- "address and data sent" -- never has anything to wait for;
+# s_monitor_sleep, like s_sleep, only delays the wave, and a wave's delay changes no result here)
 for _n in ("s_delay_alu", "s_clause", "s_wait_alu", "s_wait_xcnt", "s_wait_expcnt", "s_wait_samplecnt",
            "s_wait_bvhcnt", "s_set_vgpr_msb", "global_prefetch_b8", "s_prefetch_data", "s_prefetch_inst",
-           "global_inv", "global_wb", "global_wbinv", "s_wait_idle", "s_setprio_inc_wg"):
+           "s_monitor_sleep", "global_inv", "global_wb", "global_wbinv", "s_wait_idle", "s_setprio_inc_wg"):
     handler(_n)(lambda ins: (lambda w: None))
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import kernarg
 from . import asm as _asm
-from . import gfx950, gfx1250
+from . import gfx950, gfx1250, pc
 from .isa import SHARED_BASE, EmulatorError, EmulatorFault, Split, UnsupportedInstruction, u32, u64
 from .memory import Memory, SparseBuffer
 from .stats import LaunchCounter, select_workgroups
@@ -38,6 +38,7 @@ class Program:
             return self._decoded[name]
         code = self.codes[name]
         view = _KernelView(self, name)
+        view.code = pc.code_addresses(self.text, code, self.target.arch)
         fns = []
         for i, ins in enumerate(code.instrs):
             ins.prog, ins.index = view, i
@@ -69,7 +70,8 @@ def _per_wave(f):
 
 
 class _KernelView:
-    """What a builder sees as ins.prog: the program's race flag and target, the kernel's metadata."""
+    """What a builder sees as ins.prog: the program's race flag and target, the kernel's metadata
+    and its instructions' code addresses (``code``, a pc.CodeAddresses)."""
 
     def __init__(self, prog, name):
         self.race, self.target, self.meta, self.program = prog.race, prog.target, prog.metas[name], prog
@@ -115,6 +117,7 @@ class Emulator:
             self.lockstep = False
         self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0
+        self.launch_execs = ()      # the running launch's per-instruction issue counts (salu.clock)
         self.widest_unit = 0     # most waves one lockstep unit ran in the last launch
         self.mem = None
         self.last_stats = None      # counters of the last launch (see emu.stats)
@@ -156,6 +159,7 @@ class Emulator:
         _check_block(meta, block)
         fns, instrs = prog.decoded(kernel)
         self.last_stats, counter = None, LaunchCounter(instrs)
+        self.launch_execs = counter.execs
         self.widest_unit = 0
         fns = counter.wrap(fns)
         mem = self.mem = Memory()

@@ -442,44 +442,48 @@ def _sload(ins):
     return run
 
 
-@handler("s_memtime", "s_memrealtime")
+def clock(w) -> int:
+    """The emulator's clock: wave-instructions the launch has issued before this one (a lockstep
+    unit of k waves issues k per instruction). It has no cycles, so every time counter reads
+    this: monotonic, and a wave's two reads bracketing N instructions differ by at least N + 1
+    (exactly that in a launch of one wave; docs/gfx1250_emulator.md §6)."""
+    return sum(w.emu.launch_execs)
+
+
+@handler("s_memtime", "s_memrealtime", "s_get_shader_cycles_u64")
 def _memtime(ins):
     d = R.sdst(ins, 0, 64)
-
-    def run(w):
-        d(w, w.emu.wave_instructions)
-    return run
+    return lambda w: d(w, clock(w))
 
 
 @handler("s_getpc_b64")
 def _getpc(ins):
+    """D = the address of the next instruction (pc.CodeAddresses: the emulator's numbering)."""
     d = R.sdst(ins, 0, 64)
-    pc = (1 << 40) + 4 * (ins.index + 1)   # fake code address: 4 bytes per instruction
+    pc = ins.prog.code.of(ins.index + 1)
     return lambda w: d(w, pc)
 
 
-def _jump(w, addr):
-    """Continue at the fake code address addr (s_getpc_b64's numbering)."""
-    pc = (addr - (1 << 40)) // 4
-    if pc < 0 or addr % 4:
-        raise EmulatorFault(f"jump to {addr:#x}, which is not an instruction of kernel {w.kernel!r}")
-    w.pc = pc
+def jump(w, code, addr):
+    """Continue at code address addr; an address that is not an instruction's faults."""
+    w.pc = code.index(addr, w.kernel)
 
 
 @handler("s_swappc_b64")
 def _swappc(ins):
     """D = the next instruction's address (as s_getpc_b64), then jump to S0 (as s_setpc_b64)."""
     d, a = R.sdst(ins, 0, 64), sget(ins, 1, 64)
-    pc = (1 << 40) + 4 * (ins.index + 1)
+    code = ins.prog.code
+    pc = code.of(ins.index + 1)
 
     def run(w):
         target = a(w)
         d(w, pc)
-        _jump(w, target)
+        jump(w, code, target)
     return run
 
 
 @handler("s_setpc_b64")
 def _setpc(ins):
-    a = sget(ins, 0, 64)
-    return lambda w: _jump(w, a(w))
+    a, code = sget(ins, 0, 64), ins.prog.code
+    return lambda w: jump(w, code, a(w))

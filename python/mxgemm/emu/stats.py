@@ -61,7 +61,8 @@ def classify(base: str, to_lds: bool = False):
     if base.startswith(("s_load", "s_buffer_load", "s_store", "s_buffer_store", "s_dcache", "s_memtime",
                         "s_memrealtime")):
         return "smem", 0
-    if base.startswith(("s_cbranch", "s_branch", "s_setpc", "s_swappc", "s_getpc")):
+    if base.startswith(("s_cbranch", "s_branch", "s_setpc", "s_swappc", "s_getpc", "s_set_pc", "s_swap_pc",
+                        "s_get_pc", "s_add_pc", "s_rfe")):
         return "branch", 0
     return ("salu" if base.startswith("s_") else "valu"), 0
 

@@ -43,6 +43,7 @@ class Workgroups:
         self.priv = None     # every lane's private segment, uint8 [lanes, bytes]: made at the first scratch access
         self.cluster = None  # cluster launch: the cluster's workgroups by flat id (this one included)
         self.cluster_signals = 0   # s_barrier_signal -3 of its waves since the last cluster barrier
+        self.signals = np.zeros(len(self.ids), np.int64)   # s_barrier_signal -1 of each workgroup's waves, ever
         self.perwave_splits = 0    # splits of units spanning workgroups or holding PerWave values
         if race:
             nd = self.lds.size // 4     # last writer / reader stamps, initially epoch -1
