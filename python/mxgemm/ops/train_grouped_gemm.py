@@ -703,7 +703,7 @@ def grouped_gemm_fp4_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
     a: [M, sum_k/2], b: [N, sum_k/2], packed e2m1 (as grouped_gemm_fp4_kernel), contiguous;
     a_scale [M, sum_k/32], b_scale [N, sum_k/32] e8m0, per 32 contraction elements (global blocks).
     Every group_offs entry is a multiple of 32 (whole 32-blocks per group; Primus-Turbo's column
-    quantiser pads each group to a multiple of 512 with zeros); M % 16 == 0, N % 16 == 0. group_lens
+    quantiser pads each group to a multiple of 256 with zeros); M % 16 == 0, N % 16 == 0. group_lens
     int64 [G] summing to at most sum_k (the rest: a padded tail, never read); group_offs int64
     [G + 1] (computed when None). out: optional [G, M, N] of out_dtype (torch.bfloat16,
     torch.float16 or torch.float32). accumulate: out += the product (fp32 add in the epilogue,
