@@ -1,10 +1,11 @@
-"""FP8 / MXFP4 / BF16 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN (variable K),
-TT; FP8 with tensorwise, row-wise or 128-block fp32 scales or e8m0 1x32 scales, MXFP4 (e2m1, NT and
-the K-contiguous wgrad NTK), or BF16 without scales.
+"""FP8 / MXFP4 / BF16 / FP16 grouped GEMM for MoE training (gfx950): forward NT, dgrad NN, wgrad TN
+(variable K), TT; FP8 with tensorwise, row-wise or 128-block fp32 scales or e8m0 1x32 scales, MXFP4
+(e2m1, NT and the K-contiguous wgrad NTK), or BF16 / FP16 without scales.
 
 One body computes, per group g, out_g[i, j] = sum_c A_g(i, c) B_g(j, c), scaled, on
 v_mfma_f32_16x16x128_f8f6f4 (OCP e4m3 / e5m2, fp32 accumulation), or unscaled on
-v_mfma_f32_16x16x32_bf16 (FMT=bf16: a and b bf16, no scale is read), for four layouts (each
+v_mfma_f32_16x16x32_bf16 (FMT=bf16: a and b bf16, no scale is read) or v_mfma_f32_16x16x32_f16
+(FMT=f16: a and b fp16, otherwise the bf16 path), for four layouts (each
 operand K-major or MN-major; with G = 1 and group_offs [0, M] (TN: [0, K], out [1, M, N]) every
 dense GEMM D[M, N] = A[M, K] B[N, K]^T: DeepGEMM's fp8_gemm_nt / nn / tt / tn):
 
@@ -17,7 +18,7 @@ dense GEMM D[M, N] = A[M, K] B[N, K]^T: DeepGEMM's fp8_gemm_nt / nn / tt / tn):
 
   a: NT/NN [sum_m, K], TT [K, sum_m], TN [sum_k, M], NTK [M, sum_k];  b: NT/TT [G, N, K], NN [G, K, N],
   TN [sum_k, N], NTK [N, sum_k];
-  all fp8 bytes (FMT=bf16: bf16 elements; every shape counts elements). group_offs: int64
+  all fp8 bytes (FMT=bf16 / f16: 16-bit elements; every shape counts elements). group_offs: int64
   [G + 1], non-decreasing (rows before offs[0] belong to no group: never read, never written).
   Rows from offs[G] to M, a padded tail of an over-allocated a: NT/NN/TT write them as zeros
   (ACCUM: out + 0) without reading them (tiles after the groups' with an empty contraction,
@@ -47,7 +48,7 @@ d = c), and the result is rounded to bf16 or fp16 (RNE) or stored as fp32.
 GRAN=mx: the scaled MFMA sums each 128-wide chunk's products times 2^(ea + eb - 254) of their
 32-wide blocks exactly, rounds once to fp32 and adds the chunk to acc (one more RNE), chunks in
 order from +0; then ACCUM and the output rounding as above (mx_gemm's numerics per chunk).
-GRAN=none (FMT=bf16): each v_mfma_f32_16x16x32_bf16 sums one 32-wide chunk [32 s, 32 s + 32) (zero
+GRAN=none (FMT=bf16 or f16): each v_mfma_f32_16x16x32_bf16 / _f16 sums one 32-wide chunk [32 s, 32 s + 32) (zero
 padded past the end; TN: from the group's first row) and adds it to acc in the MFMA (the chunks in
 increasing order, acc from +0, the whole contraction in fp32, no promotion); as the emulator
 executes it (mxgemm.emu.matrix: the chunk's products summed exactly, rounded once to fp32, then
@@ -57,13 +58,13 @@ mxgemm.reference.grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref (and gro
 grouped_gemm_bf16_variable_k_ref) model exactly this order.
 
 Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
-block of 16 x 16 MFMA tiles. Per 128-byte contraction step (128 fp8 or 64 bf16 elements) both
+block of 16 x 16 MFMA tiles. Per 128-byte contraction step (128 fp8 or 64 bf16 / fp16 elements) both
 operand tiles go global -> VGPR (16-byte buffer loads, prefetched one step ahead) -> LDS (two
 ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
-contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16: _tr_b16) transposing
+contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
 reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
 (contraction bytes 16(l/16) and 64 + 16(l/16)) form the fp8 MFMA's operand, or the operands of
-the step's two bf16 MFMAs (K 8(l/16) + i, then 32 + that).
+the step's two bf16 / fp16 MFMAs (K 8(l/16) + i, then 32 + that).
 The MFMA computes the transposed tile (src0 = B rows, src1 = A rows) so a lane holds 4
 consecutive output columns of one row: one 8-byte store. Each lane loads its row's sa and its
 four columns' sb (one dword each): per block step before the prefetch (GRAN=block), or once in
@@ -74,7 +75,7 @@ the group for TN) load as zero (buffer voffset 0x80000000, out of range); stores
 and columns are dropped the same way, and so are their scale loads. N, K (NT/NN/TT) and M, N
 (TN) must be multiples of 16; group sizes are arbitrary, empty groups allowed (TN writes zeros
 for them). TT's A is read in 16-byte chunks along sum_m: sum_m and every group_offs entry are
-multiples of 16 (the op's guard), so a chunk (16 fp8 or 8 bf16 elements) never leaves a's row.
+multiples of 16 (the op's guard), so a chunk (16 fp8 or 8 16-bit elements) never leaves a's row.
 
 64-bit addressing: every buffer resource is rebuilt per tile and per contraction step from a
 64-bit base pointer advanced to the tile's first row/column and the step's first contraction
@@ -100,7 +101,7 @@ byte, element 2i in the low nibble (OCP MX), rows of K/2 bytes; K counts element
 halves it. The loads, LDS layout and K-major operand reads are the fp8 path's on bytes, so a
 128-byte step holds 256 elements: two MFMAs (cbsz = blgp = 4), the first on each lane's lo 16
 bytes, the second on its hi 16 bytes, each in the low four of the eight operand registers (FP4
-takes 32 elements of row l % 16 at K 32(l/16) per lane, docs/gfx950_isa.md §1.5, as
+takes 32 elements of row l % 16 at K 32(l/16) per lane, docs/gfx950_isa.md §1.3, as
 blockscale_grouped_gemm's e2m1 b), with the e8m0 bytes of blocks 8 kt + 4h + l/16; both add into
 acc in order, so the model is GRAN=mx's with 128-wide chunks of elements. K % 32 (NT) and every
 group_offs entry a multiple of 32 (NTK): a 16-byte chunk is a whole 32-block, masked whole. NTK:
@@ -109,11 +110,12 @@ column-quantised wgrad operands), the group's first byte offs[g] / 2, its scale 
 Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
-source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 only; e2m1 with e2m1, GRAN mx,
+source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 and f16 with f16 only (16-bit
+elements: the same loads, LDS layout and _tr_b16 reads, only the MFMA differs); e2m1 with e2m1, GRAN mx,
 NT / NTK only), OUT (bf16 / f16 / f32), ACCUM
 (0: out = result; 1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the
 epilogue, which tensorwise is with zero strides; block: promoted per contraction step; mx: e8m0
-per 32 on the scaled MFMA; none: no scales, FMT=bf16 only; absent = row for fp8, none for bf16).
+per 32 on the scaled MFMA; none: no scales, FMT=bf16 / f16 only; absent = row for fp8, none for bf16 / f16).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -122,10 +124,11 @@ from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 from ir_builder import INVALID_OFFSET, Builder, Int, workgroup_barrier
 
 THREADS = 256
-BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; bf16: two K-32 MFMAs)
+BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; 16-bit: two K-32 MFMAs)
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
 FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m1": 4}  # MFMA cbsz / blgp
-ESIZE = {"e4m3": 1, "e5m2": 1, "e2m1": 1, "bf16": 2}   # operand bytes per _Operand element (e2m1: a packed pair)
+ESIZE = {"e4m3": 1, "e5m2": 1, "e2m1": 1, "bf16": 2, "f16": 2}   # operand bytes per _Operand element (e2m1: a pair)
+HALF = ("bf16", "f16")            # 16-bit operands: unscaled 16x16x32 MFMAs, GRAN none
 PER_BYTE = {"e2m1": 2}
 FP8 = ("e4m3", "e5m2")            # contraction elements per byte (1 unless listed)
 LAYOUTS = ("NT", "NN", "TN", "TT", "NTK")
@@ -155,7 +158,7 @@ class _Ir(Builder):
 
 class _Operand:
     """One MFMA operand X(r, c) (r: output rows for A / columns for B; c: contraction) of a tile,
-    elements of `es` bytes (1: fp8, 2: bf16; indices and ld in elements, addresses in bytes).
+    elements of `es` bytes (1: fp8, 2: bf16 / fp16; indices and ld in elements, addresses in bytes).
 
     k_major: X(r, c) at base + (r * ld + c) es (128-byte rows of the contraction per step), else
     at base + (c * ld + r) es. `rows` is how many BMN rows of this tile exist; lds_off the
@@ -200,7 +203,7 @@ class _Operand:
     def mfma_operand(self, b, buf, r0, lane):
         """(lo, hi) v4i32 halves of the operand of rows r0 .. r0+15: lane l holds row l % 16 and
         the 16 bytes at contraction byte 16(l/16) of the step's first (lo) and second (hi) 64
-        bytes. fp8: lo ++ hi is the 16x16x128 operand (K 16(l/16) + i % 16 + 64(i/16)); bf16: lo
+        bytes. fp8: lo ++ hi is the 16x16x128 operand (K 16(l/16) + i % 16 + 64(i/16)); bf16 / fp16: lo
         and hi are the operands of the step's two 16x16x32 MFMAs (K 8(l/16) + i, then 32 on)."""
         g, s = lane // 16, lane % 16
         region = b.gep(buf, b.c(self.lds_off))
@@ -256,7 +259,9 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
 
     if gran in ("block", "mx"):   # the scale offsets: a VGPR per 16-row / 16-column tile
         lanes = (sc.mx_lanes if gran == "mx" else sc.lanes)(b, sc_tile, lane, a_r0, b_r0)
-    v8bf16 = ir.VectorType.get([8], b.bf16)
+    if fmt_a in HALF:
+        v8half = ir.VectorType.get([8], b.bf16 if fmt_a == "bf16" else ir.F16Type.get())
+        mfma_half = fx.rocdl.mfma_f32_16x16x32_bf16 if fmt_a == "bf16" else fx.rocdl.mfma_f32_16x16x32_f16
     stage(b.c(0), load(b.c(0)))
     workgroup_barrier()
     zero = b.splat(b.v4f32, 0.0)
@@ -274,11 +279,11 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
         b_ops = [B.mfma_operand(b, buf, r0, lane) for r0 in b_r0]
-        if fmt_a == "bf16":   # the step's two K-32 chunks in order, each MFMA accumulating into acc
+        if fmt_a in HALF:   # the step's two K-32 chunks in order, each MFMA accumulating into acc
             for h in range(2):
                 for t in range(mi_n * nj_n):
-                    srcs = [llvm.bitcast(v8bf16, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]
-                    acc[t] = fx.rocdl.mfma_f32_16x16x32_bf16(b.v4f32, [*srcs, acc[t]])
+                    srcs = [llvm.bitcast(v8half, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]
+                    acc[t] = mfma_half(b.v4f32, [*srcs, acc[t]])
         else:
             zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
             zero4 = arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(0)))
@@ -561,16 +566,17 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
 
 def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64, bn=64, accum=0, gran=None):
     """The ``@flyc.jit`` launcher of kernel ``symbol`` for one variant (compile-only use; see compile_for_build)."""
-    gran = gran or ("none" if fmt == "bf16" else "row")
+    gran = gran or ("none" if fmt in HALF else "row")
     fp8 = fmt in FP8 and fmt_b in FP8 and gran != "none" and layout != "NTK"
     fp4 = fmt == fmt_b == "e2m1" and gran == "mx" and layout in ("NT", "NTK")
-    if layout not in LAYOUTS or not (fp8 or fp4 or fmt == fmt_b == "bf16" and gran == "none" and layout != "NTK") \
+    half = fmt == fmt_b and fmt in HALF and gran == "none" and layout != "NTK"
+    if layout not in LAYOUTS or not (fp8 or fp4 or half) \
             or out not in OUT_BYTES or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1) \
             or gran not in GRANS:
         raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum} "
                          f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {FP8} with GRAN row, block or mx, "
-                         f"both e2m1 with GRAN mx (NT or NTK only), or both bf16 with GRAN none; NTK: e2m1 only; "
-                         f"OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1)")
+                         f"both e2m1 with GRAN mx (NT or NTK only), or both bf16 or both f16 with GRAN none; "
+                         f"NTK: e2m1 only; OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1)")
     ka, kb = K_MAJOR[layout]
     es = ESIZE[fmt]
     lds_bytes = 2 * sum((n if k else BK // es) * ((BK if k else n * es) + PAD) for n, k in ((bm, ka), (bn, kb)))

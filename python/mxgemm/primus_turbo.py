@@ -177,13 +177,14 @@ def _source_rows(read_offs, out_offs, rows):
 
 def _call_bf16(a, b, group_lens, group_offs, trans_a, trans_b, num_cu, trans_c=False, out=None,
                inplace_add_to_out=False, **kwargs):
-    """(op, positional args, keyword args) of the mxgemm BF16 op serving this call."""
+    """(op, positional args, keyword args) of the mxgemm BF16 op serving this call (fp16 operands too:
+    out in their dtype, as Primus-Turbo's backends)."""
     if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
         return grouped_gemm_bf16_kernel, (a, b, group_lens, group_offs), dict(trans_b=trans_b, num_cu=num_cu, out=out)
     a, b = _contraction_major(a, b, trans_a)
     lhs, rhs = (b, a) if trans_c else (a, b)
     return grouped_gemm_bf16_variable_k, (lhs, rhs, group_lens, group_offs), \
-        _wgrad_out(torch.bfloat16, out, inplace_add_to_out)
+        _wgrad_out(None, out, inplace_add_to_out)
 
 
 def _contraction_major(a, b, trans_a):

@@ -114,17 +114,19 @@ def _exact_chunks(xa, xb, qa, qb, chunk) -> list:
     return out
 
 
-BF16_MMA_K = 32    # K of v_mfma_f32_16x16x32_bf16: one exact sum per chunk
+BF16_MMA_K = 32    # K of v_mfma_f32_16x16x32_bf16 / _f16: one exact sum per chunk
 BF16_MANTISSA = 7
+HALF_MANTISSA = {torch.bfloat16: BF16_MANTISSA, torch.float16: 10}
 
 
 def _bf16_dot(a, b) -> torch.Tensor:
-    """a [M, K], b [N, K] bf16 -> fp32 [M, N], v_mfma_f32_16x16x32_bf16 as the emulator executes it
-    (the bf16 GEMM kernels' model): each 32-K chunk's exact sum of products
-    rounded once to fp32, added into the fp32 accumulator (from +0) in K order, one RNE each."""
+    """a [M, K], b [N, K] bf16 (or both fp16) -> fp32 [M, N], v_mfma_f32_16x16x32_bf16 (_f16) as the
+    emulator executes it (the bf16 / fp16 GEMM kernels' model): each 32-K chunk's exact sum of
+    products rounded once to fp32, added into the fp32 accumulator (from +0) in K order, one RNE each."""
     xa, xb = a.double(), b.double()
     acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
-    for p in _exact_chunks(xa, xb, _lsb(xa, BF16_MANTISSA), _lsb(xb, BF16_MANTISSA), BF16_MMA_K):
+    qa, qb = _lsb(xa, HALF_MANTISSA[a.dtype]), _lsb(xb, HALF_MANTISSA[b.dtype])
+    for p in _exact_chunks(xa, xb, qa, qb, BF16_MMA_K):
         acc = acc + p
     return acc
 
@@ -344,16 +346,17 @@ def grouped_gemm_fp8_variable_k_ref(a, a_scale, b, b_scale, group_offs, out_dtyp
 def grouped_gemm_bf16_ref(a, b, group_offs, trans_b: bool = True, out_dtype=torch.bfloat16, *,
                           a_mn_major: bool = False, accumulate_into=None) -> torch.Tensor:
     """grouped_gemm_fp8_ref's groups and layouts (a [sum_m, K] or, a_mn_major, [K, sum_m]; b
-    [G, N, K] (trans_b) or [G, K, N]) with bf16 a and b and no scales: each group's product is
-    _bf16_dot (v_mfma_f32_16x16x32_bf16 as the emulator executes it: every 32-wide contraction
-    chunk summed exactly and rounded once to fp32, the chunks added in order into fp32 from +0),
-    then + fp32(accumulate_into) and one RNE to out_dtype (or the fp32 value). Tail rows: 0."""
+    [G, N, K] (trans_b) or [G, K, N]) with bf16 (or both fp16) a and b and no scales: each group's
+    product is _bf16_dot (v_mfma_f32_16x16x32_bf16 / _f16 as the emulator executes it: every 32-wide
+    contraction chunk summed exactly and rounded once to fp32, the chunks added in order into fp32
+    from +0), then + fp32(accumulate_into) and one RNE to out_dtype (or the fp32 value; fp16 out:
+    inf past 65504, as the kernel's fp16 store). Tail rows: 0."""
     return grouped_gemm_fp8_ref(a, None, b, None, group_offs, trans_b, out_dtype, a_mn_major=a_mn_major,
                                 accumulate_into=accumulate_into)
 
 
 def grouped_gemm_bf16_variable_k_ref(a, b, group_offs, out_dtype=torch.bfloat16, accumulate_into=None) -> torch.Tensor:
-    """The wgrad of bf16 a [sum_k, M], b [sum_k, N] -> [G, M, N]: out[g] = a_g^T b_g in
+    """The wgrad of bf16 (or fp16) a [sum_k, M], b [sum_k, N] -> [G, M, N]: out[g] = a_g^T b_g in
     grouped_gemm_bf16_ref's order, the 32-wide chunks from the group's first row (empty group: 0)."""
     return grouped_gemm_fp8_variable_k_ref(a, None, b, None, group_offs, out_dtype, accumulate_into)
 

@@ -291,6 +291,12 @@ _GROUPED_BF16 = tuple(dict(LAYOUT=lay, OUT=o, BM=64, BN=64, **_BF16, **acc) for 
                                      ("bf16", dict(ACCUM=1))))
 _GROUPED_BF16 += (dict(LAYOUT="TN", OUT="f16", BM=64, BN=64, ACCUM=1, **_BF16),) + tuple(
     dict(LAYOUT=lay, OUT="bf16", BM=bm, BN=128, **_BF16) for bm in (128, 256) for lay in ("NT", "NN", "TT", "TN"))
+# FMT=FMT_B=f16 (fp16 operands on v_mfma_f32_16x16x32_f16, Primus-Turbo's fp16 grouped_gemm) at 64 x 64 only: what
+# mxgemm.grouped_gemm runs, the forward / dgrad of both b layouts (NT, NN) and the wgrad TN in f16, the wgrad
+# accumulating into an fp32 main_grad.
+_F16 = dict(FMT="f16", FMT_B="f16", BM=64, BN=64)
+_GROUPED_F16 = tuple(dict(LAYOUT=lay, OUT="f16", **_F16) for lay in ("NT", "NN", "TN")) + (
+    dict(LAYOUT="TN", OUT="f32", ACCUM=1, **_F16),)
 
 register(Kernel(
     name="train_grouped_gemm", language="flydsl", source="flydsl_kernels/train_grouped_gemm.py",
@@ -302,12 +308,12 @@ register(Kernel(
     variants=_train_grouped_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _train_grouped_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
-    + _GROUPED_BF16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
+    + _GROUPED_BF16 + _GROUPED_F16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
     + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK
     + _GROUPED_FP4,
     doc="FP8 grouped GEMM (e4m3/e5m2 or mixed) with tensorwise, row-wise or 128-block fp32 scales (strided) or "
         "MX e8m0 1x32 scales, MXFP4 (e2m1 x e2m1, mx scales: NT and the K-contiguous variable-K wgrad NTK), or BF16 "
-        "without scales, on "
+        "or FP16 without scales, on "
         "v_mfma_f32_16x16x128_f8f6f4: fwd NT, dgrad NN, variable-K wgrad TN, TT (a MN-major); on-device group "
         "scan, 64-bit tile rebasing, bf16/f16/f32 out, out += result (fused main_grad accumulation)"))
 

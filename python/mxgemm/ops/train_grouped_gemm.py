@@ -28,6 +28,8 @@ exact sum; the wgrad's non-empty groups start on multiples of 32 (global block i
 BF16: grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k are the same two ops with bf16 a
 and b and no scales (the kernel's FMT=bf16 variants; model: mxgemm.reference.grouped_gemm_bf16_ref
 / grouped_gemm_bf16_variable_k_ref); they share this module's planners, guards and group checks.
+They run fp16 a and b too (both one dtype; the FMT=f16 variants, v_mfma_f32_16x16x32_f16, 64 x 64:
+NT, NN and TN in fp16, TN accumulating into fp32), out in the operands' dtype by default.
 
 Config space (every config gives the same bits; they differ in speed only): the tile BM x BN (a
 registered variant), GROUP_M (row tiles per band of the tile order sharing a B column tile) and
@@ -49,8 +51,9 @@ _KERNEL = "train_grouped_gemm"
 _FACTS = registry.get(_KERNEL)
 _FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _FP4 = (torch.uint8, torch.float4_e2m1fn_x2)   # packed e2m1: two elements per byte, element 2i in the low nibble
-# variant FMT of an operand dtype (bf16: the unscaled ops; uint8 / float4_e2m1fn_x2: the fp4 ops' packed e2m1)
-_FORMATS = {**_FMT, torch.bfloat16: "bf16", **dict.fromkeys(_FP4, "e2m1")}
+_HALF = {torch.bfloat16: "bf16", torch.float16: "f16"}   # the unscaled ops' operands (one dtype for a and b)
+# variant FMT of an operand dtype (bf16 / fp16: the unscaled ops; uint8 / float4_e2m1fn_x2: the fp4 ops' packed e2m1)
+_FORMATS = {**_FMT, **_HALF, **dict.fromkeys(_FP4, "e2m1")}
 _OUT = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _OUT_WGRAD = {**_OUT, torch.float32: "f32"}   # fp32 out and accumulation (the wgrad; the rows' e4m3 variants)
 GRANULARITIES = ("tensor", "row", "block", "mx")
@@ -81,12 +84,15 @@ def _scaled(x) -> bool:
 
 
 def _check_operands(x, names_2d, b_dim, outs=_OUT, fmt_dtypes=None):
-    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales), a bf16 one
-    or, fmt_dtypes given, one with a and b of those dtypes."""
+    """Dtypes, ranks, contiguity and device of an fp8 call (fp8 a, b and fp32 scales), a bf16 /
+    fp16 one (a and b of one dtype) or, fmt_dtypes given, one with a and b of those dtypes."""
     scaled = _scaled(x)
-    fmt_dtypes = fmt_dtypes or (tuple(_FMT) if scaled else (torch.bfloat16,))
+    fmt_dtypes = fmt_dtypes or (tuple(_FMT) if scaled else tuple(_HALF))
     guards.check_dtype(x.a, "a", fmt_dtypes)
     guards.check_dtype(x.b, "b", fmt_dtypes)
+    if x.a.dtype in _HALF and x.a.dtype != x.b.dtype:
+        guards.fail("dtype", f"a is {x.a.dtype} and b {x.b.dtype}: the unscaled ops take both operands in one dtype, "
+                             f"{' or '.join(map(str, _HALF))}")
     for n in ("a_scale", "b_scale") if scaled else ():
         guards.check_dtype(getattr(x, n), n, (torch.float32, *E8M0))
     if scaled and (x.a_scale.dtype in E8M0) != (x.b_scale.dtype in E8M0):
@@ -295,7 +301,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
         block = dict(GRAN=gran) if gran in ("block", "mx") else {}
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"
                        for v in _FACTS.variants if v["LAYOUT"] == layout and v.get("GRAN") == block.get("GRAN")
-                       and (v["FMT"] == "bf16") == (gran == "none")})
+                       and (v["FMT"] in _HALF.values()) == (gran == "none")})
         acc = " accumulating into out" if getattr(x, "accumulate", False) else ""
         guards.fail("dtype", f"no {layout} variant{_BLOCK_NOTE[gran]} for a {x.a.dtype} x b {x.b.dtype} -> "
                              f"{x.out_dtype}{acc}; registered for "
@@ -533,55 +539,64 @@ def grouped_gemm_fp8_variable_k(a: torch.Tensor, a_scale: torch.Tensor, b: torch
 
 
 
-@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text}, out_shape=_rows_out_shape)
+def _operand_dtype(a):
+    """The unscaled ops' default out_dtype: a's dtype (a non-tensor a meets its type guard)."""
+    return getattr(a, "dtype", None)
+
+
+@op(plan=_plan_rows, alloc=torch.empty, check_data=_check_groups,
+    fill={"group_offs": group_offsets, "out_dtype": _operand_dtype}, convert={"config": CONFIG_GRAMMAR.text},
+    out_shape=_rows_out_shape)
 def grouped_gemm_bf16_kernel(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
                              group_offs: torch.Tensor | None = None, *, trans_a: bool = False, trans_b: bool = True,
-                             out_dtype: torch.dtype = torch.bfloat16, num_cu: int | None = None,
+                             out_dtype: torch.dtype | None = None, num_cu: int | None = None,
                              out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
                              validate: bool = True) -> torch.Tensor:
-    """Grouped GEMM with BF16 operands, groups along the rows of out (MoE forward and dgrad;
-    Primus-Turbo's BF16 grouped_gemm, DeepGEMM's bf16_gemm_nt / nn / tt with G = 1): for g < G
+    """Grouped GEMM with BF16 (or FP16) operands, groups along the rows of out (MoE forward and
+    dgrad; Primus-Turbo's grouped_gemm, DeepGEMM's bf16_gemm_nt / nn / tt with G = 1): for g < G
     and the rows r of group g (group_offs[g] <= r < group_offs[g + 1]),
         out[r, j] = rne(sum_k A[r, k] B_g[j, k])
-    on v_mfma_f32_16x16x32_bf16: fp32 accumulation over the whole contraction (each 32-wide
-    chunk as the MFMA sums it, the chunks in order: reference.grouped_gemm_bf16_ref), and with
-    accumulate=True rne(that + fp32(out[r, j])) (one rounding):
+    on v_mfma_f32_16x16x32_bf16 (fp16: _f16): fp32 accumulation over the whole contraction (each
+    32-wide chunk as the MFMA sums it, the chunks in order: reference.grouped_gemm_bf16_ref), and
+    with accumulate=True rne(that + fp32(out[r, j])) (one rounding; fp16 out: past 65504 it is inf,
+    as a hardware fp16 store):
       trans_a  trans_b  layout  A                       B_g
       False    True     NT      a [sum_m, K]            b [G, N, K]  (forward)
       False    False    NN      a [sum_m, K]            b [G, K, N]  (dgrad)
       True     True     TT      a [K, sum_m] (A = a^T)  b [G, N, K]
     (TN, both operands MN-major, is grouped_gemm_bf16_variable_k.)
 
-    a, b: torch.bfloat16, contiguous in the shapes above. group_lens: int64 [G] (>= 0, summing
+    a, b: torch.bfloat16, or both torch.float16 (NT and NN, 64 x 64 tiles), contiguous in the
+    shapes above. group_lens: int64 [G] (>= 0, summing
     to at most sum_m: rows past the sum are a padded tail, never read, their out rows 0
     (accumulate: out's value + 0)); group_offs: int64 [G + 1] = [0, cumsum(group_lens)]
     (computed when None). K % 16 == 0, N % 16 == 0; TT: sum_m % 16 == 0 and every group_offs
-    entry a multiple of 16. out_dtype: torch.bfloat16, torch.float16 or torch.float32; out:
-    optional [sum_m, N] of that dtype, required by accumulate=True (bf16 or fp32 out). num_cu,
-    config, validate: as for grouped_gemm_fp8_kernel.
+    entry a multiple of 16. out_dtype: None (a's dtype), torch.bfloat16, torch.float16 or
+    torch.float32 (fp16 operands: torch.float16); out: optional [sum_m, N] of that dtype, required
+    by accumulate=True (bf16 or fp32 out). num_cu, config, validate: as for grouped_gemm_fp8_kernel.
     """
 
 
-@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups, fill={"group_offs": group_offsets},
-    convert={"config": CONFIG_GRAMMAR.text},
+@op(plan=_plan_variable_k, alloc=torch.empty, check_data=_check_groups,
+    fill={"group_offs": group_offsets, "out_dtype": _operand_dtype}, convert={"config": CONFIG_GRAMMAR.text},
     out_shape=lambda x: ((x.group_lens.shape[0], x.a.shape[1], x.b.shape[1]), x.out_dtype))
 def grouped_gemm_bf16_variable_k(a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor,
-                                 group_offs: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16,
+                                 group_offs: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
                                  out: torch.Tensor | None = None, accumulate: bool = False, config: str = "",
                                  validate: bool = True) -> torch.Tensor:
-    """Grouped GEMM with BF16 operands, groups along the contraction (MoE wgrad; DeepGEMM's
+    """Grouped GEMM with BF16 (or FP16) operands, groups along the contraction (MoE wgrad; DeepGEMM's
     k_grouped_bf16 wgrad, bf16_gemm_tn with one group, out [1, M, N]):
         out[g] = rne(a_g^T b_g),
     a_g / b_g the rows of group g, fp32 accumulation in 32-row chunks from the group's first row
     (reference.grouped_gemm_bf16_variable_k_ref); an empty group gives zeros (accumulate: out[g] + 0).
 
-    a: [sum_k, M], b: [sum_k, N], torch.bfloat16, contiguous. group_lens int64 [G] summing to at
-    most sum_k (rows past the sum: a padded tail, never read); group_offs int64 [G + 1] (computed
-    when None). M % 16 == 0, N % 16 == 0. out: optional [G, M, N] of out_dtype (torch.bfloat16,
-    torch.float16 or torch.float32). accumulate: out += the product (fp32 add in the epilogue, one
-    rounding; out required: Megatron's main_grad in fp32, bf16 or fp16). config, validate: as for
-    grouped_gemm_fp8_kernel.
+    a: [sum_k, M], b: [sum_k, N], torch.bfloat16 or both torch.float16 (64 x 64 tiles), contiguous.
+    group_lens int64 [G] summing to at most sum_k (rows past the sum: a padded tail, never read);
+    group_offs int64 [G + 1] (computed when None). M % 16 == 0, N % 16 == 0. out: optional
+    [G, M, N] of out_dtype (None: a's dtype; torch.bfloat16, torch.float16 or torch.float32; fp16
+    operands: torch.float16, or torch.float32 with accumulate). accumulate: out += the product
+    (fp32 add in the epilogue, one rounding; out required: Megatron's main_grad in fp32, bf16 or
+    fp16 for bf16 operands, fp32 for fp16 ones). config, validate: as for grouped_gemm_fp8_kernel.
     """
 
 def _check_fp4_scales(x):

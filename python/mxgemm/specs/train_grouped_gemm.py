@@ -1,8 +1,8 @@
 """grouped_gemm_fp8_kernel, grouped_gemm_fp8_variable_k, the autograd op grouped_gemm_fp8,
 grouped_gemm_bf16_kernel / grouped_gemm_bf16_variable_k and grouped_gemm_fp4_kernel /
 grouped_gemm_fp4_variable_k (ops/train_grouped_gemm.py): FP8 MoE grouped GEMM with tensorwise,
-row-wise, 128-block or mx scales, BF16 (FMT=bf16 variants, no scales), forward NT, dgrad NN, wgrad
-TN, TT (a MN-major); MXFP4 (FMT=e2m1 variants) forward / dgrad NT and the K-contiguous wgrad NTK."""
+row-wise, 128-block or mx scales, BF16 / FP16 (FMT=bf16 / f16 variants, no scales), forward NT, dgrad
+NN, wgrad TN, TT (a MN-major); MXFP4 (FMT=e2m1 variants) forward / dgrad NT and the K-contiguous wgrad NTK."""
 from __future__ import annotations
 
 import torch
@@ -29,19 +29,20 @@ BF16_ROWS, BF16_WGRAD = "grouped_gemm_bf16_kernel", "grouped_gemm_bf16_variable_
 FP4_ROWS, FP4_WGRAD = "grouped_gemm_fp4_kernel", "grouped_gemm_fp4_variable_k"
 FP4_AUTOGRAD = "grouped_gemm_fp4"
 KERNEL = "train_grouped_gemm"
-DTYPES = {**FP8, "bf16": torch.bfloat16}
+DTYPES = {**FP8, "bf16": torch.bfloat16, "f16": torch.float16}
+HALF = ("bf16", "f16")   # the unscaled ops' operand formats
 
 
-def _bf16(inp: Inputs, *shape):
-    """A bf16 operand: Gaussians (torch.empty for the "empty" fill)."""
+def _bf16(inp: Inputs, *shape, dtype=torch.bfloat16):
+    """A bf16 (or fp16) operand: Gaussians (torch.empty for the "empty" fill)."""
     if inp.fill == "empty":
-        return torch.empty(shape, dtype=torch.bfloat16, device=inp.device)
-    return torch.randn(*shape, generator=inp.gen).bfloat16().to(inp.device)
+        return torch.empty(shape, dtype=dtype, device=inp.device)
+    return torch.randn(*shape, generator=inp.gen).to(dtype).to(inp.device)
 
 
 def _call(v, rows: bool, a, sa, b, sb, lens, **out) -> Call:
-    """The Call of variant v's op: the fp8 ops take the scales, the bf16 ones (FMT=bf16) none."""
-    if v["FMT"] == "bf16":
+    """The Call of variant v's op: the fp8 ops take the scales, the bf16 ones (FMT=bf16 or f16) none."""
+    if v["FMT"] in HALF:
         return Call(BF16_ROWS if rows else BF16_WGRAD, (a, b, lens), **out)
     return Call(ROWS if rows else WGRAD, (a, sa, b, sb, lens), **out)
 
@@ -65,7 +66,7 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
     lens = torch.full((G,), m, dtype=torch.int64, device=inp.device)
     if v["FMT"] == "e2m1":
         return _fp4_call(v, inp, G * m, N, K, lens)
-    operand = (lambda *s: _bf16(inp, *s)) if v["FMT"] == "bf16" else inp.fp8
+    operand = (lambda *s: _bf16(inp, *s, dtype=DTYPES[v["FMT"]])) if v["FMT"] in HALF else inp.fp8
     if v["LAYOUT"] == "TN":
         sa, sb = _scales(v, inp, (-(-G * m // 128), N), (-(-G * m // 128), -(-K // 128)),
                          ((N, -(-G * m // 32)), (K, -(-G * m // 32))))
@@ -117,12 +118,12 @@ def work(kernel, v, groups, m, N, K) -> Work:
         nbytes, iters = groups * m * (N + K) + 2 * groups * N * K, -(-m // k_iter)
     else:
         nbytes, iters = groups * m * K + groups * N * K + 2 * groups * m * N, -(-K // k_iter)
-    if v["FMT"] == "bf16":
+    if v["FMT"] in HALF:
         nbytes += groups * m * (N + K) if tn else groups * m * K + groups * N * K   # 2-byte operands
     if v["FMT"] == "e2m1":   # half-byte operands and an e8m0 byte per 32 of them
         operands = groups * m * (N + K) if tn else groups * m * K + groups * N * K
         nbytes -= operands // 2 - operands // 32
-    rate = {"bf16": "bf16", "e2m1": "mxfp4"}.get(v["FMT"], "fp8")
+    rate = {"bf16": "bf16", "f16": "bf16", "e2m1": "mxfp4"}.get(v["FMT"], "fp8")   # fp16: the bf16 MFMA rate
     return Work(flops, nbytes, rate, grid(kernel, v, grid=bound), tiles, tiles * waves(kernel) * iters, iters)
 
 

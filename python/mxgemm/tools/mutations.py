@@ -256,8 +256,8 @@ CATALOGUE = (
         (TRAIN_GROUPED, "            for h in range(2):\n", "            for h in (1, 0):\n"),),
         "bf16: each step's second 32-wide chunk is accumulated before its first (summation order)"),
     Mutation("grouped-bf16-a-chunk-mismatched", ("train_grouped_gemm",), (
-        (TRAIN_GROUPED, "srcs = [llvm.bitcast(v8bf16, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]",
-         "srcs = [llvm.bitcast(v8bf16, x[i]) for x, i in ((b_ops[t % nj_n], h), (a_ops[t // nj_n], 1 - h))]"),),
+        (TRAIN_GROUPED, "srcs = [llvm.bitcast(v8half, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]",
+         "srcs = [llvm.bitcast(v8half, x[i]) for x, i in ((b_ops[t % nj_n], h), (a_ops[t // nj_n], 1 - h))]"),),
         "bf16: a's 32-wide chunk of the other half of the step multiplies b's"),
     Mutation("grouped-bf16-element-offsets-as-bytes", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "voff = arith.select(ok, off * self.es, b.c(INVALID_OFFSET))",
@@ -266,6 +266,17 @@ CATALOGUE = (
     Mutation("grouped-bf16-steps-of-128-elements", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "steps = b.ceil_div(c_len, A.bke)", "steps = b.ceil_div(c_len, BK)"),),
         "the contraction loop counts 128 elements per step: bf16 (64 per step) computes half of K"),
+    Mutation("grouped-f16-on-bf16-mfma", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, 'b.bf16 if fmt_a == "bf16" else ir.F16Type.get()', "b.bf16"),
+        (TRAIN_GROUPED, 'fx.rocdl.mfma_f32_16x16x32_bf16 if fmt_a == "bf16" else fx.rocdl.mfma_f32_16x16x32_f16',
+         "fx.rocdl.mfma_f32_16x16x32_bf16"),),
+        "f16: fp16 operands fed to v_mfma_f32_16x16x32_bf16 (their bits decoded as bf16)"),
+    Mutation("grouped-f16-out-saturates", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, '            if out_t != "f32":\n',
+         '            if out_t == "f16":\n                lim = b.splat(b.v4f32, 65504.0)\n'
+         '                v = arith.minimumf(arith.maximumf(v, arith.negf(lim)), lim)\n'
+         '            if out_t != "f32":\n'),),
+        "fp16 out clamped to +-65504 before the store: a sum past fp16's range stays finite instead of inf"),
     # ---- MX GEMM (FlyDSL)
     Mutation("mx-gemm-drop-b-scale", ("mx_gemm",), (
         (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale]",
