@@ -370,3 +370,19 @@ def test_dma_loads_bring_their_lines_from_memory(stage):
     calibration.launch(emu, emu.load(calibration.assembly()), calibration.STAGES[stage], a, b,
                        torch.zeros(64, 64, dtype=torch.bfloat16))
     assert emu.last_timing["breakdown"]["bytes"]["hbm"] == (64 + 64 + 64) * M.line_bytes
+
+
+@pytest.mark.parametrize("waves", [1, 5])
+def test_a_simd_issues_one_instruction_of_a_type_per_opportunity(waves):
+    """Each SIMD gets an issue opportunity every 4 cycles; a wave issues at most one instruction
+    per opportunity and a SIMD at most one scalar instruction per opportunity. One wave's 64
+    scalar adds take 4 cycles each; with five waves, SIMD 0 holds two, whose 128 scalar adds
+    share its scalar slot: 8 cycles per add of a wave."""
+    n = 64
+    src = (r'''
+MXGEMM_KERNEL(salu)(int* out) {
+  asm volatile("%BODY%" ::: "s10");
+}''').replace("%BODY%", "\\n".join(["s_add_u32 s10, s10, 1"] * n))
+    t = _timed(src, "salu", [torch.zeros(1, dtype=torch.int32)], block=(64 * waves, 1, 1))
+    per_add = M.simds * (2 if waves > 1 else 1)
+    assert n * per_add <= t["cycles"] <= n * per_add + 60, (t["cycles"], n * per_add)

@@ -1,8 +1,10 @@
 """The timing engine: the recorded waves of a launch replayed on one XCD of the machine, cycle
 by cycle in event order (docs/timing_model.md §1).
 
-Each CU has ``simds`` SIMDs; a SIMD issues at most one instruction a cycle from its resident
-waves, a wave one at a time in program order. Pipes: VALU (``valu_cycles`` a wave64
+Each CU has ``simds`` SIMDs; the CU gives each SIMD an issue opportunity every ``simds`` cycles
+(round robin), at which it issues at most one instruction of each type (vector ALU, scalar,
+branch, vector memory, LDS, internal), each from a different wave; a wave issues in program
+order, at most one instruction per opportunity. Pipes: VALU (``valu_cycles`` a wave64
 instruction), the matrix pipe (an MFMA holds it for its cycles: mxgemm.asm_facts.mfma_cycles), the
 CU's LDS pipe (bank-conflict cycles, then ``lds_latency``). Global memory goes through a per-CU
 address unit (cycles per instruction by its width) and L1, the XCD's L2 (a queue per channel,
@@ -26,6 +28,12 @@ from .trace import BUFFER_SHIFT
 _TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
 _CNT = re.compile(r"(vmcnt|lgkmcnt)\((\d+)\)")
 _MULTI = re.compile(r"(dwordx[234]|_b(64|96|128))\b")   # more than one dword per lane (a multi-channel access)
+_BRANCH = re.compile(r"^s_(branch|cbranch|setpc|swappc|getpc|call)")
+_INTERNAL = re.compile(r"^s_(nop|sleep|setprio|sethalt|sched_barrier)")
+# The issue type of each kind of instruction: at one issue opportunity a SIMD issues at most one
+# of each type (docs/timing_model.md §1); an MFMA is a vector ALU instruction.
+_ISSUE_TYPE = {"valu": "v", "mfma": "v", "salu": "s", "smem": "s", "branch": "b", "vmem": "m", "lds": "l",
+               "wait": "i", "barrier": "i", "internal": "i", "end": "i"}
 
 
 class _Lru:
@@ -66,7 +74,11 @@ def _static(instrs):
         elif base == "s_endpgm":
             kind, cost = "end", 1
         elif base == "s_nop":
-            kind, cost = "salu", 1 + (ins.ops[0].value if ins.ops else 0)
+            kind, cost = "internal", 1 + (ins.ops[0].value if ins.ops else 0)
+        elif _INTERNAL.match(base):
+            kind, cost = "internal", 1
+        elif _BRANCH.match(base):
+            kind, cost = "branch", 1
         elif base.startswith("v_"):
             kind, cost = "valu", None
             cost = "trans" if _TRANS.match(base) else "valu"
@@ -116,7 +128,23 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
     hbm_bpc = m.hbm_bytes_per_s / m.xcds / (clock_ghz * 1e9)
     l1 = [_Lru(m.l1_bytes // m.line_bytes) for _ in range(ncu)]
     l2 = _Lru(m.l2_bytes // m.line_bytes)
-    simd_issue = [[0.0] * m.simds for _ in range(ncu)]
+    taken = [[{} for _ in range(m.simds)] for _ in range(ncu)]    # opportunity cycle -> issue types used
+
+    def opportunity(t, cu, s, typ):
+        """The first issue opportunity of SIMD s at or after t with its ``typ`` slot free (SIMD s
+        is offered cycles s, s + simds, s + 2 simds, ...)."""
+        o = t + (s - t) % m.simds
+        slots = taken[cu][s]
+        while typ in slots.get(o, ""):
+            o += m.simds
+        return o
+
+    def take(cu, s, o, typ, now):
+        slots = taken[cu][s]
+        slots[o] = slots.get(o, "") + typ
+        if len(slots) > 64:                  # opportunities before now are never asked for again
+            for k in [k for k in slots if k < now]:
+                del slots[k]
     valu_free = [[0.0] * m.simds for _ in range(ncu)]
     mfma_free = [[0.0] * m.simds for _ in range(ncu)]
     lds_free = [0.0] * ncu
@@ -215,7 +243,8 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
         pos = wv["pos"]
         pc = t.pcs[pos]
         kind, cost, waits = static[pc]
-        issue = max(now, simd_issue[cu][s])
+        typ = _ISSUE_TYPE[kind]
+        issue = opportunity(now, cu, s, typ)
         if issue > now:
             stalls[pc]["issue"] += issue - now
         if kind == "wait":
@@ -234,7 +263,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
         elif kind == "valu":
             if valu_free[cu][s] > issue:
                 stalls[pc]["valu"] += valu_free[cu][s] - issue
-                issue = valu_free[cu][s]
+                issue = opportunity(valu_free[cu][s], cu, s, typ)
             c = m.trans_cycles if cost == "trans" else m.valu_cycles
             valu_free[cu][s] = issue + c
             busy["valu"] += c
@@ -242,7 +271,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
         elif kind == "mfma":
             if mfma_free[cu][s] > issue:
                 stalls[pc]["mfma"] += mfma_free[cu][s] - issue
-                issue = mfma_free[cu][s]
+                issue = opportunity(mfma_free[cu][s], cu, s, typ)
             mfma_free[cu][s] = issue + cost
             busy["mfma"] += cost
             nxt = issue + 4
@@ -270,7 +299,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             st = state[wv["g"]]
             wv["arrive"] = issue
             st["arrived"].append(wv)
-            simd_issue[cu][s] = issue + 1
+            take(cu, s, issue, typ, now)
             wv["pos"] = pos + 1
             if len(st["arrived"]) == st["left"]:
                 go = max(a["arrive"] for a in st["arrived"]) + m.barrier_latency
@@ -297,7 +326,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             continue
         else:
             nxt = issue + cost
-        simd_issue[cu][s] = issue + 1
+        take(cu, s, issue, typ, now)
         issued[pc] += 1
         wv["pos"] = pos + 1
         heapq.heappush(heap, (nxt, seq, wv))
