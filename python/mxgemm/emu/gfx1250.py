@@ -265,10 +265,10 @@ def _sendmsg_rtn(ins):
     save, SE / AID ids) name hardware the emulator does not have, so they raise."""
     op = ins.ops[1]
     m = _MSG.fullmatch(op.text.replace(" ", ""))
-    name = m.group(1) if m else op.text
-    msg = MSG_RTN.get(name, op.value if op.kind == "const" else None)
-    if m and name.isdigit():
-        msg = int(name)
+    if m:                        # sendmsg(NAME) or sendmsg(number, ...)
+        msg = int(m.group(1)) if m.group(1).isdigit() else MSG_RTN.get(m.group(1))
+    else:
+        msg = op.value if op.kind == "const" else None
     names = {v: k for k, v in MSG_RTN.items()}
     if msg == MSG_RTN["MSG_RTN_GET_REALTIME"]:
         f = salu.clock
