@@ -185,8 +185,8 @@ STAGE(fp8_gemm_256x256_16wave, 256, 256, 4, 4, kDirect, true, 2)
 
 namespace {
 
-// s_waitcnt immediates (gfx9 encoding: vmcnt [3:0] and [15:14], expcnt [6:4], lgkmcnt [11:8]);
-// the counters not named stay at their maximum, i.e. are not waited for.
+// s_waitcnt immediates (docs/gfx950_isa.md §7: vmcnt [3:0] and [15:14], expcnt [6:4], lgkmcnt
+// [11:8]); the counters not named stay at their maximum, i.e. are not waited for.
 constexpr int vmcnt(int n) { return (n & 15) | (n >> 4) << 14 | 7 << 4 | 15 << 8; }
 constexpr int lgkmcnt(int n) { return 15 | 3 << 14 | 7 << 4 | n << 8; }
 
