@@ -225,3 +225,48 @@ def test_cluster_loads_are_global_loads_of_each_lane_address():
     np.testing.assert_array_equal(out[10], flat[lane])
     np.testing.assert_array_equal(np.stack([out[12], out[13]]), [flat[2 * lane], flat[2 * lane + 1]])
     np.testing.assert_array_equal(np.stack([out[14 + k] for k in range(4)]), [flat[4 + 4 * lane + k] for k in range(4)])
+
+
+def assembled_text_section(text):
+    """The .text bytes of the program as the project's assembler lays it out (an ELF64 object)."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        obj = Path(d) / "k.o"
+        subprocess.run([*find_compiler(A).clang, "-cc1as", "-triple", "amdgcn-amd-amdhsa", "-target-cpu", A,
+                        "-filetype", "obj", "-", "-o", str(obj)], input=text, text=True, check=True)
+        elf = obj.read_bytes()
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    sec = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = sec[shstrndx][4]
+    for name, _, _, _, off, size in sec:
+        if elf[names + name:elf.index(b"\0", names + name)] == b".text":
+            return elf[off:off + size]
+    raise AssertionError("no .text section")
+
+
+def test_add_pc_counts_the_padding_of_p2align_in_the_code():
+    """A jump over a .p2align 7 lands on the label after it: the displacement is the assembler's
+    own value of .Ltarget - .Lpost, read from an object file of the same kernel (a .long of it
+    after s_endpgm, where it moves nothing), and the kernel jumps with that literal."""
+    from asm_wave import kernel
+    body = """s_mov_b32 s10, 0
+  s_mov_b32 s6, DISP
+  s_mov_b32 s7, 0
+  s_add_pc_i64 s[6:7]
+.Lpost:
+  s_mov_b32 s10, 1
+  .p2align 7
+.Ltarget:
+  s_add_co_i32 s10, s10, 2
+  v_mov_b32 v10, s10"""
+    text = kernel(A, body.replace("DISP", "0x12345"), [], [10])
+    probe = text.replace("  s_endpgm\n.Lfunc_end0:", "  s_endpgm\n  .long .Ltarget-.Lpost\n.Lfunc_end0:")
+    disp, = struct.unpack("<I", assembled_text_section(probe)[-4:])
+    assert 64 < disp < 0x12345 and disp % 4 == 0     # a literal either way: the layout is the same
+    out = torch.zeros(N, dtype=torch.int32)
+    emu = Emulator(arch=A)
+    emu.launch_kernarg(emu.load(kernel(A, body.replace("DISP", hex(disp)), [], [10])), "t", (1, 1, 1), (N, 1, 1),
+                       struct.pack("<Q", out.data_ptr()), [out])
+    assert int(out[0]) == 2
