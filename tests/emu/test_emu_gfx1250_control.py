@@ -104,6 +104,25 @@ def test_shader_cycles_counts_issued_instructions():
     assert t0 > 0 and t1 - t0 == 6 and t2 - t1 == 1 and t3 - t2 == 1
 
 
+def test_getreg_shader_cycles_halves_read_the_same_clock():
+    """gfx12's HW_REG_SHADER_CYCLES_HI / _LO are the halves of the 64-bit counter: LO read right
+    after s_get_shader_cycles_u64 is its low word + 1, HI its high word, and a 20-bit field of LO
+    the low 20 bits of the next tick."""
+    body = """s_get_shader_cycles_u64 s[4:5]
+  s_getreg_b32 s6, hwreg(HW_REG_SHADER_CYCLES_LO)
+  s_getreg_b32 s7, hwreg(HW_REG_SHADER_CYCLES_HI)
+  s_getreg_b32 s8, hwreg(HW_REG_SHADER_CYCLES_LO, 0, 20)
+  v_mov_b32 v10, s4
+  v_mov_b32 v11, s5
+  v_mov_b32 v12, s6
+  v_mov_b32 v13, s7
+  v_mov_b32 v14, s8"""
+    out = run(A, body, {}, [10, 11, 12, 13, 14])
+    t = u64(out, 10, 11)
+    assert t > 0 and int(out[12][0]) == (t + 1) & 0xFFFFFFFF and int(out[13][0]) == (t + 2) >> 32
+    assert int(out[14][0]) == (t + 3) & 0xFFFFF
+
+
 def test_sendmsg_rtn_without_a_meaning_in_the_emulator_raises():
     with pytest.raises(UnsupportedInstruction, match="message MSG_RTN_GET_DOORBELL: only MSG_RTN_GET_REALTIME"):
         run(A, "s_sendmsg_rtn_b32 s4, sendmsg(MSG_RTN_GET_DOORBELL)", {}, [])

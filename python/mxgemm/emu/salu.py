@@ -344,17 +344,27 @@ def ib_sts2(ttmp6: int) -> int:
     return (ttmp6 >> 24 & 15) << 6 | (x + cx * (y + cy * z)) << 21
 
 
+# gfx12's 64-bit shader cycle counter as two registers: clang 22 reads it for gfx1200 as HI, LO,
+# HI again and keeps LO only if HI did not change (docs/gfx1250_emulator.md §6)
+_CYCLES = {"HW_REG_SHADER_CYCLES_LO": lambda c: c & MASK32, "HW_REG_SHADER_CYCLES_HI": lambda c: c >> 32 & MASK32}
+
+
 @handler("s_getreg_b32", scalar=True)
 def _getreg(ins):
     """HW_REG_IB_STS2 on targets with architected cluster ids (code reads its cluster fields to
-    form workgroup ids); other registers (HW_ID and the like, read for diagnostics) read 0."""
+    form workgroup ids); the shader cycle counter's halves (the emulator's clock); other registers
+    (HW_ID and the like, read for diagnostics) read 0."""
     d = R.sdst(ins, 0)
     m = _HWREG.fullmatch(ins.ops[1].text) if len(ins.ops) > 1 else None
+    off, size = (int(m.group(2)), int(m.group(3))) if m and m.group(2) else (0, 32)
+    field = (1 << size) - 1
+    if m and m.group(1) in _CYCLES:
+        half = _CYCLES[m.group(1)]
+        return lambda w: d(w, half(clock(w)) >> off & field)
     if m is None or m.group(1) != "HW_REG_IB_STS2" or not ins.prog.target.ttmp_ids:
         return lambda w: d(w, 0)
-    off, size = (int(m.group(2)), int(m.group(3))) if m.group(2) else (0, 32)
     ttmp6 = ins.prog.target.sgprs["ttmp6"][0]
-    return lambda w: d(w, ib_sts2(w.S[ttmp6]) >> off & ((1 << size) - 1))
+    return lambda w: d(w, ib_sts2(w.S[ttmp6]) >> off & field)
 
 
 @handler("s_trap")
