@@ -287,10 +287,11 @@ def _sendmsg_rtn(ins):
 def _add_pc(ins):
     """PC = the next instruction's address + S0, a signed byte displacement: LLVM's long branch
     (SIInstrInfo::insertIndirectBranch) encodes the target minus the label after s_add_pc_i64.
-    The kernel's code addresses are then its encodings' (pc.code_addresses)."""
+    The kernel's code addresses are then its encodings', and a displacement over its labels and
+    .set symbols is a constant by now (pc.code_addresses)."""
     if ins.ops[0].kind not in ("s", "const"):
-        raise UnsupportedInstruction(f"s_add_pc_i64 with a symbolic displacement {ins.ops[0].text!r} (only an SGPR "
-                                     f"pair or a constant): {ins.where()}")
+        raise UnsupportedInstruction(f"s_add_pc_i64 displacement {ins.ops[0].text!r} is not an SGPR pair, a "
+                                     f"constant or an expression over the kernel's labels: {ins.where()}")
     off, code = salu.sget(ins, 0, 64), ins.prog.code
     nxt = code.of(ins.index + 1)
     return lambda w: salu.jump(w, code, (nxt + salu.sx(off(w), 64)) & salu.MASK64)

@@ -5,8 +5,12 @@ docs/gfx1250_emulator.md §6).
 The emulator runs assembly text, not code bytes. A kernel that only passes code addresses from
 s_getpc_b64 to s_setpc_b64 (a call and its return) cannot tell real addresses from any other
 numbering, so its instruction i sits at ``CODE_BASE + 4 i``. s_add_pc_i64 adds a byte
-displacement, so a kernel holding it gets the addresses its encodings give: each instruction's
-size as the project's assembler encodes it, and the padding of its ``.p2align`` directives."""
+displacement, and an operand computed from labels (LLVM's long branch: ``(.LBB0_3-.Lpost_getpc0)
+&4294967295`` on gfx950, ``s_add_pc_i64 .LBB0_9-.Lpost_addpc0`` on gfx1250, or a ``.set`` symbol
+defined so) holds byte distances, so a kernel holding either gets the addresses its encodings
+give: each instruction's size as the project's assembler encodes it, the padding of its
+``.p2align`` directives and the bytes of data directives in its code. Label operands are then
+evaluated as the assembler does (``evaluate``) and become constants."""
 from __future__ import annotations
 
 import functools
@@ -20,7 +24,15 @@ BYTE_EXACT = frozenset({"s_add_pc_i64"})     # instructions that need the encode
 _ENCODING = re.compile(r";\s*encoding:\s*\[([^\]]*)\]")
 _ALIGN = re.compile(r"^\s*\.p2align\s+(\d+)(?:\s*,\s*(\w*)\s*(?:,\s*(\w+))?)?")
 _LABEL = re.compile(r"^([.\w$]+):")
-_DATA = re.compile(r"^\s*\.(byte|short|long|quad|[248]byte|fill|space|zero|skip|align|balign)\b")
+_DATA = re.compile(r"^\s*\.(byte|short|long|quad|[248]byte|fill|space|zero|skip|align|balign)\b\s*(.*)")
+_DATA_BYTES = {"byte": 1, "short": 2, "long": 4, "quad": 8}    # one value a line, as -show-encoding prints
+_SET = re.compile(r"^\s*\.set\s+([.\w$]+)\s*,\s*(.+?)\s*$", re.M)
+_TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|0[bB][01]+|\d+)|([.A-Za-z_$][\w.$]*)|(<<|>>|[-+*/%&|^~!()]))")
+# binary operators by precedence, LLVM's AsmParser for GNU targets (checked against the project's
+# assembler: 8>>1+1 is 5, 1|2-1 is 2, 6^3+1 is 6); >> is a logical shift of the 64-bit value
+# (-8>>1 assembles to 0x7ffffffffffffffc). docs/gfx1250_emulator.md §6
+_BINARY = {"+": 4, "-": 4, "|": 5, "^": 5, "&": 5, "*": 6, "/": 6, "%": 6, "<<": 6, ">>": 6}
+MASK64 = (1 << 64) - 1
 
 
 class CodeAddresses:
@@ -43,8 +55,12 @@ class CodeAddresses:
 
 
 def code_addresses(text: str, code, arch: str) -> CodeAddresses:
+    """The kernel's code addresses; operands computed from its labels become constants."""
     n = len(code.instrs)
-    if not any(ins.base in BYTE_EXACT for ins in code.instrs):
+    sets = dict(_SET.findall(text)) if ".set" in text else {}
+    exprs = [op for ins in code.instrs for op in ins.ops
+             if op.kind in ("label", "sym") and _label_expr(op.text, code.labels, sets)]
+    if not exprs and not any(ins.base in BYTE_EXACT for ins in code.instrs):
         return CodeAddresses([4 * i for i in range(n + 1)])
     sizes = _encoded(text, arch, code.name)
     lines = list(dict.fromkeys(ins.line for ins in code.instrs))
@@ -52,7 +68,90 @@ def code_addresses(text: str, code, arch: str) -> CodeAddresses:
         raise UnsupportedInstruction(f"kernel {code.name!r}: the assembler's encodings do not match its "
                                      f"{len(lines)} instruction lines, so its byte addresses are unknown")
     at = dict(zip(lines, sizes[0]))
-    return CodeAddresses([at[ins.line] for ins in code.instrs] + [sizes[1]])
+    addrs = CodeAddresses([at[ins.line] for ins in code.instrs] + [sizes[1]])
+    for op in exprs:
+        op.kind, op.value = "const", evaluate(op.text, {k: addrs.of(i) for k, i in code.labels.items()}, sets)
+    return addrs
+
+
+def _label_expr(text: str, labels: dict, sets: dict) -> bool:
+    """Whether an operand is an assembler expression over the kernel's labels and .set symbols
+    (a plain label is a branch target, not a value)."""
+    if text in labels:
+        return False
+    try:
+        names = [t[1] for t in _tokens(text) if t[1]]
+    except ValueError:
+        return False
+    return bool(names) and all(x in labels or x in sets for x in names)
+
+
+def _tokens(text: str):
+    out, i = [], 0
+    while i < len(text.rstrip()):
+        m = _TOKEN.match(text, i)
+        if m is None:
+            raise ValueError(f"cannot read {text[i:]!r} in {text!r}")
+        out.append(m.groups(""))
+        i = m.end()
+    return out
+
+
+def _apply(op, v, w, text):
+    if op in "/%" and w == 0:
+        raise UnsupportedInstruction(f"division by zero in {text!r}")
+    if op in ("<<", ">>") and not 0 <= w < 64:
+        raise UnsupportedInstruction(f"shift by {w} in {text!r}")
+    r = {"+": int.__add__, "-": int.__sub__, "|": int.__or__, "^": int.__xor__, "&": int.__and__,
+         "*": int.__mul__, "/": lambda a, b: abs(a) // abs(b) * (-1 if (a < 0) != (b < 0) else 1),
+         "%": lambda a, b: a - b * (abs(a) // abs(b) * (-1 if (a < 0) != (b < 0) else 1)),
+         "<<": int.__lshift__, ">>": lambda a, b: (a & MASK64) >> b}[op](v, w)
+    return (r & MASK64) - ((r >> 63 & 1) << 64)
+
+
+def evaluate(text: str, labels: dict, sets: dict, _seen=()) -> int:
+    """The value of an assembler expression: labels (name -> address), .set symbols (name -> their
+    expression text), integers, unary - ~ ! + and the binary operators of ``_BINARY``, as a signed
+    64-bit integer."""
+    toks, pos = _tokens(text), 0
+
+    def atom():
+        nonlocal pos
+        num, name, op = toks[pos]
+        pos += 1
+        if num:
+            return int(num, 0)
+        if name in labels:
+            return labels[name]
+        if name in sets:
+            if name in _seen:
+                raise UnsupportedInstruction(f".set symbol {name} is defined through itself")
+            return evaluate(sets[name], labels, sets, (*_seen, name))
+        if name:
+            raise UnsupportedInstruction(f"symbol {name} in {text!r} is not a label of the kernel nor a .set symbol")
+        if op == "(":
+            v = binary(0)
+            if pos >= len(toks) or toks[pos][2] != ")":
+                raise UnsupportedInstruction(f"unbalanced parentheses in {text!r}")
+            pos += 1
+            return v
+        v = atom()
+        return {"-": -v, "+": v, "~": ~v, "!": int(not v)}[op]
+
+    def binary(floor):
+        nonlocal pos
+        v = atom()
+        while pos < len(toks) and _BINARY.get(toks[pos][2], 0) > floor:
+            op = toks[pos][2]
+            pos += 1
+            w = binary(_BINARY[op])
+            v = _apply(op, v, w, text)
+        return v
+
+    v = binary(0)
+    if pos != len(toks):
+        raise UnsupportedInstruction(f"cannot evaluate {text!r}")
+    return v
 
 
 @functools.lru_cache(maxsize=16)
@@ -81,6 +180,12 @@ def _encoded(text: str, arch: str, kernel: str):
         elif (a := _ALIGN.match(ln)) is not None:
             pad = -off % (1 << int(a.group(1)))
             off += pad if a.group(3) is None or pad <= int(a.group(3), 0) else 0
-        elif _DATA.match(ln) or ln.lstrip().startswith(".section"):
+        elif (d := _DATA.match(ln)) is not None and d.group(1) in (*_DATA_BYTES, "zero", "fill"):
+            args = [int(x, 0) for x in d.group(2).split(",")] if d.group(1) in ("zero", "fill") else [1]
+            off += _DATA_BYTES.get(d.group(1), 1) * args[0] * (args[1] if d.group(1) == "fill" and len(args) > 1 else 1)
+        elif d is not None:
+            raise UnsupportedInstruction(f"kernel {kernel!r}: the data directive {ln.strip()!r} in its code has no "
+                                         f"size the emulator reads, so its byte addresses are unknown")
+        elif ln.lstrip().startswith(".section"):
             break
     return (offs, off) if inside else None
