@@ -8,6 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from asm_wave import run as run_wave
 
 from mxgemm import toolchain
 from mxgemm.emu import Emulator, pc
@@ -129,3 +130,19 @@ def test_unknown_symbol_and_data_size_raise():
         pc.evaluate(".a-.zz", {".a": 0}, {})
     with pytest.raises(UnsupportedInstruction, match="through itself"):
         pc.evaluate(".s", {}, {".s": ".s+4"})
+
+
+@pytest.mark.parametrize("data, size", [(".long 0x12345678", 4), (".byte 1, 2\n  .short 3", 4), (".quad 9", 8),
+                                        (".zero 8", 8), (".fill 2, 4, 0", 8)])
+def test_data_in_code_counts_its_bytes(data, size):
+    """s_add_pc_i64 by a constant over a 4-byte s_add_co_i32 and data: it lands on the label after
+    them only when the data's bytes are counted (the assembler pads nothing: .p2align absent)."""
+    body = "\n  ".join(["s_mov_b32 s10, 0", f"s_mov_b64 s[6:7], {4 + size}", "s_add_pc_i64 s[6:7]",
+                        "s_add_co_i32 s10, s10, 1", data, "s_add_co_i32 s10, s10, 2", "v_mov_b32 v10, s10"])
+    assert int(run_wave("gfx1250", body, {}, [10])[10][0]) == 2
+
+
+def test_data_directive_without_a_size_raises():
+    body = "s_mov_b64 s[6:7], 8\n  s_add_pc_i64 s[6:7]\n  .ascii \"ab\"\n  .balign 4\n  v_mov_b32 v10, 0"
+    with pytest.raises(UnsupportedInstruction, match="data directive"):
+        run_wave("gfx1250", body, {}, [10])

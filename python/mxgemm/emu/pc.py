@@ -24,8 +24,10 @@ BYTE_EXACT = frozenset({"s_add_pc_i64"})     # instructions that need the encode
 _ENCODING = re.compile(r";\s*encoding:\s*\[([^\]]*)\]")
 _ALIGN = re.compile(r"^\s*\.p2align\s+(\d+)(?:\s*,\s*(\w*)\s*(?:,\s*(\w+))?)?")
 _LABEL = re.compile(r"^([.\w$]+):")
-_DATA = re.compile(r"^\s*\.(byte|short|long|quad|[248]byte|fill|space|zero|skip|align|balign)\b\s*(.*)")
+_DIRECTIVE = re.compile(r"^\s*\.(\w+)\b\s*(.*)")
 _DATA_BYTES = {"byte": 1, "short": 2, "long": 4, "quad": 8}    # one value a line, as -show-encoding prints
+# directives that emit no bytes (the assembler prints .no_dead_strip after a .set in code)
+_NO_BYTES = {"set", "equ", "no_dead_strip", "type", "size", "globl", "local", "weak", "loc", "file"}
 _SET = re.compile(r"^\s*\.set\s+([.\w$]+)\s*,\s*(.+?)\s*$", re.M)
 _TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|0[bB][01]+|\d+)|([.A-Za-z_$][\w.$]*)|(<<|>>|[-+*/%&|^~!()]))")
 # binary operators by precedence, LLVM's AsmParser for GNU targets (checked against the project's
@@ -172,7 +174,7 @@ def _encoded(text: str, arch: str, kernel: str):
             if inside:
                 break
             inside = True
-        elif not inside:
+        elif not inside or m:
             continue
         elif (e := _ENCODING.search(ln)) is not None:
             offs.append(off)
@@ -180,12 +182,14 @@ def _encoded(text: str, arch: str, kernel: str):
         elif (a := _ALIGN.match(ln)) is not None:
             pad = -off % (1 << int(a.group(1)))
             off += pad if a.group(3) is None or pad <= int(a.group(3), 0) else 0
-        elif (d := _DATA.match(ln)) is not None and d.group(1) in (*_DATA_BYTES, "zero", "fill"):
+        elif (d := _DIRECTIVE.match(ln)) is None or d.group(1) in _NO_BYTES:
+            continue
+        elif d.group(1) in (*_DATA_BYTES, "zero", "fill"):
             args = [int(x, 0) for x in d.group(2).split(",")] if d.group(1) in ("zero", "fill") else [1]
             off += _DATA_BYTES.get(d.group(1), 1) * args[0] * (args[1] if d.group(1) == "fill" and len(args) > 1 else 1)
-        elif d is not None:
+        elif d.group(1) == "section":
+            break
+        else:
             raise UnsupportedInstruction(f"kernel {kernel!r}: the data directive {ln.strip()!r} in its code has no "
                                          f"size the emulator reads, so its byte addresses are unknown")
-        elif ln.lstrip().startswith(".section"):
-            break
     return (offs, off) if inside else None
