@@ -323,6 +323,31 @@ def _load_block(ins):
     return run
 
 
+@handler("global_store_block", per_wave=True)
+def _store_block(ins):
+    """global_store_block vaddr, vsrc (32 VGPRs), saddr: the dword at a lane's address + 4 i takes
+    VGPR vsrc + i when bit i of M0 is set; a clear bit writes nothing, and the next VGPR still goes
+    4 bytes further (docs/gfx1250_emulator.md §5)."""
+    r, n = R.vidx(ins, ins.ops[1]), ins.ops[1].count
+    addr = vmem._gaddr(ins, 0, 2, 4)
+    keys = R.reg_keys(ins, 1)
+    m0 = ins.prog.target.m0
+
+    def run(w):
+        bits = w.S[m0]
+        sel = [i for i in range(n) if bits >> i & 1]
+        if not sel:
+            return
+        mine = tuple(keys[i] for i in sel)
+        if w.race and not w.pend.keys().isdisjoint(mine):
+            race.check_pending(w, mine, ins, "reads")
+        a = addr(w)
+        for i in sel:
+            w.emu.mem.store(a + u64(4 * i), w.mask, np.ascontiguousarray(w.V[r + i], u32).view(np.uint8).reshape(-1, 4))
+        race.track_load(w, ins, "vm", (), "store")
+    return run
+
+
 # issue hints, cache controls and counters the emulator has nothing to model for (operands are
 # read at issue, so s_wait_xcnt -- "address and data sent" -- never has anything to wait for;
 # s_monitor_sleep, like s_sleep, only delays the wave, and a wave's delay changes no result here)
