@@ -384,6 +384,19 @@ handler(*[f"v_mfma_{s}f32_{sh}_f8f6f4" for s in ("", "scale_") for sh in ("16x16
         "v_mfma_f32_16x16x4_f32", "v_mfma_f32_32x32x2_f32")(_build_mfma)
 
 
+
+@handler("v_mfma_ld_scale_b32")
+def _ld_scale(ins):
+    """Standalone, it has no public semantics: LLVM defines it with no destination and no
+    intrinsic (only the assembler makes it), and the ISA sources describe it only as the first
+    dword pair of v_mfma_scale_*, which runs as one instruction here (docs/emu_coverage.md,
+    docs/gfx950_isa.md §1.6)."""
+    raise UnsupportedInstruction(
+        f"v_mfma_ld_scale_b32 on its own: its standalone semantics are undocumented (which state it "
+        f"loads, how long that lasts, what a following MFMA does with it); only its fused form "
+        f"v_mfma_scale_f32_*_f8f6f4 is defined and emulated: {ins.where()}")
+
+
 # ---- integer MFMA ---------------------------------------------------------------------------
 
 def _int8_matrix(regs, mn: int, k: int, sel=None, sparse: bool = False) -> np.ndarray:
