@@ -71,8 +71,9 @@ def code_addresses(text: str, code, arch: str) -> CodeAddresses:
                                      f"{len(lines)} instruction lines, so its byte addresses are unknown")
     at = dict(zip(lines, sizes[0]))
     addrs = CodeAddresses([at[ins.line] for ins in code.instrs] + [sizes[1]])
+    values = {k: addrs.of(i) for k, i in code.labels.items()}
     for op in exprs:
-        op.kind, op.value = "const", evaluate(op.text, {k: addrs.of(i) for k, i in code.labels.items()}, sets)
+        op.kind, op.value = "const", evaluate(op.text, values, sets)
     return addrs
 
 
