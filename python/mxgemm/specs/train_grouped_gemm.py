@@ -132,9 +132,10 @@ def race(kernel, v) -> list:
     second group on the next 128-row block). NT / NN / TT (variant forced by config, a
     persistent grid of 1): nine groups, so the group scans run the compiler's 8- and 4-unrolled
     bodies and their remainders, of sizes bm + d, 0 x 7 and bm - d (a partial second row tile;
-    d = 2, TT 16: its groups start on multiples of 16); K = three steps, so the K loop runs its
-    2-unrolled body and its remainder step. Then G = 0 (every row a padded tail): the tail's
-    tile count waits on its own for the load of group_offs[G], which any group's scan retires."""
+    d = 2, TT 16: its groups start on multiples of 16); K = three 128-byte steps (384 fp8 or 192
+    16-bit elements), so the K loop runs its 2-unrolled body and its remainder step. Then G = 0
+    (every row a padded tail): the tail's tile count waits on its own for the load of
+    group_offs[G], which any group's scan retires."""
     bm, bn = v["BM"], v["BN"]
     if v["FMT"] == "e2m1":
         return _fp4_race(v, bm, bn)
@@ -145,7 +146,7 @@ def race(kernel, v) -> list:
         lens = torch.tensor([128, 5] if v.get("GRAN") in ("block", "mx") else [130, 3])
         sa, sb = _scales(v, inp, (2, bm), (2, -(-bn // 128)), ((bm, 5), (bn, 5)))
         return [_call(v, False, qa(133, bm), sa, qb(133, bn), sb, lens, **_out_kw(v, (2, bm, bn)))]
-    d, K = 16 if v["LAYOUT"] == "TT" else 2, 384
+    d, K = 16 if v["LAYOUT"] == "TT" else 2, 192 if v["FMT"] in HALF else 384
     lens = torch.tensor([bm + d] + [0] * 7 + [bm - d])
     out = _out_kw(v, (2 * bm, bn))
     out["kw"].update(trans_b=v["LAYOUT"] != "NN", trans_a=v["LAYOUT"] == "TT", num_cu=1,
