@@ -297,14 +297,13 @@ def _add_pc(ins):
     return lambda w: salu.jump(w, code, (nxt + salu.sx(off(w), 64)) & salu.MASK64)
 
 
-@handler("global_load_block", per_wave=True)
-def _load_block(ins):
-    """global_load_block vdst (32 VGPRs), vaddr, saddr: VGPR vdst + i of a lane takes the dword at
-    its address + 4 i when bit i of M0 is set, and keeps its value (no memory read) when it is
-    clear (docs/gfx1250_emulator.md §5)."""
-    r, n = R.vidx(ins, ins.ops[0]), ins.ops[0].count
-    addr = vmem._gaddr(ins, 1, 2, 4)
-    keys = R.reg_keys(ins, 0)
+def _block(ins, store):
+    """global_load_block / global_store_block: the 32 VGPRs from the data operand, lane address +
+    4 i for VGPR i, only the VGPRs whose M0 bit is set (docs/gfx1250_emulator.md §5)."""
+    data = 1 if store else 0
+    r, n = R.vidx(ins, ins.ops[data]), ins.ops[data].count
+    addr = vmem._gaddr(ins, 1 - data, 2, 4)
+    keys = R.reg_keys(ins, data)
     m0 = ins.prog.target.m0
 
     def run(w):
@@ -314,38 +313,35 @@ def _load_block(ins):
             return
         mine = tuple(keys[i] for i in sel)
         if w.race and not w.pend.keys().isdisjoint(mine):
-            race.check_pending(w, mine, ins, "overwrites")
+            race.check_pending(w, mine, ins, "reads" if store else "overwrites")
         a = addr(w)
         for i in sel:
-            v = w.emu.mem.load(a + u64(4 * i), w.mask, 4).view(u32)[:, 0]
-            np.copyto(w.V[r + i], v, where=w.mask)
-        race.track_load(w, ins, "vm", mine)
+            at = a + u64(4 * i)
+            if store:
+                w.emu.mem.store(at, w.mask, np.ascontiguousarray(w.V[r + i], u32).view(np.uint8).reshape(-1, 4))
+            else:
+                np.copyto(w.V[r + i], w.emu.mem.load(at, w.mask, 4).view(u32)[:, 0], where=w.mask)
+        if store:
+            race.track_load(w, ins, "vm", (), "store")
+        else:
+            race.track_load(w, ins, "vm", mine)
     return run
+
+
+@handler("global_load_block", per_wave=True)
+def _load_block(ins):
+    """global_load_block vdst (32 VGPRs), vaddr, saddr: VGPR vdst + i of a lane takes the dword at
+    its address + 4 i when bit i of M0 is set, and keeps its value (no memory read) when it is
+    clear."""
+    return _block(ins, store=False)
 
 
 @handler("global_store_block", per_wave=True)
 def _store_block(ins):
     """global_store_block vaddr, vsrc (32 VGPRs), saddr: the dword at a lane's address + 4 i takes
     VGPR vsrc + i when bit i of M0 is set; a clear bit writes nothing, and the next VGPR still goes
-    4 bytes further (docs/gfx1250_emulator.md §5)."""
-    r, n = R.vidx(ins, ins.ops[1]), ins.ops[1].count
-    addr = vmem._gaddr(ins, 0, 2, 4)
-    keys = R.reg_keys(ins, 1)
-    m0 = ins.prog.target.m0
-
-    def run(w):
-        bits = w.S[m0]
-        sel = [i for i in range(n) if bits >> i & 1]
-        if not sel:
-            return
-        mine = tuple(keys[i] for i in sel)
-        if w.race and not w.pend.keys().isdisjoint(mine):
-            race.check_pending(w, mine, ins, "reads")
-        a = addr(w)
-        for i in sel:
-            w.emu.mem.store(a + u64(4 * i), w.mask, np.ascontiguousarray(w.V[r + i], u32).view(np.uint8).reshape(-1, 4))
-        race.track_load(w, ins, "vm", (), "store")
-    return run
+    4 bytes further."""
+    return _block(ins, store=True)
 
 
 # issue hints, cache controls and counters the emulator has nothing to model for (operands are
