@@ -10,10 +10,13 @@
     big = emu.sparse_buffer(nbytes)      # lazily paged; big.write(off, t), big.read(off, n)
 
 Timing (``mxgemm.timing``, docs/timing_model.md): ``Emulator(arch="gfx950", timing="mi355x")``
-runs every launch as above and also predicts its time on that machine::
+(gfx1250: ``timing="gfx1250-assumed"``) runs every launch as above and also predicts its time
+on that machine::
 
     emu.last_timing   # {"us", "cycles", "clock_ghz", "limiter": mfma|valu|lds|l1|l2|hbm|latency,
                       #  "sampled": bool (only some workgroups ran: workgroups=, rounds_sample),
+                      #  "machine_assumed": bool (the machine's CU count, clock, caches and
+                      #      bandwidths are assumptions, not published: gfx1250-assumed),
                       #  "breakdown": {"busy": per unit fraction, "bytes": per level,
                       #                "stalls": cycles by cause, "occupancy_workgroups_per_cu",
                       #                "workgroups_simulated", "workgroups_per_xcd",

@@ -100,7 +100,8 @@ class Emulator:
         wave on its own (the reference schedule, for comparison). strict_buffer_oob: raise where
         a raw buffer access is in range or not depending on whether soffset counts in the range
         check (the sources disagree: docs/buffer_oob.md). timing: a machine of mxgemm.timing
-        ("mi355x", or a timing.Machine): every launch also predicts its time there
+        of the emulator's arch ("mi355x" for gfx950, "gfx1250-assumed" for gfx1250, or a
+        timing.Machine): every launch also predicts its time there
         (``last_timing``); waves then run one by one, each recording what it issued."""
         if arch not in TARGETS:
             raise ValueError(f"arch {arch!r} is not emulated (targets: {', '.join(TARGETS)})")
@@ -114,6 +115,9 @@ class Emulator:
             from ..timing import MACHINES, Machine
             if not isinstance(timing, Machine) and timing not in MACHINES:
                 raise ValueError(f"timing {timing!r}: machines are {', '.join(MACHINES)}")
+            machine = timing if isinstance(timing, Machine) else MACHINES[timing]
+            if machine.arch != arch:
+                raise ValueError(f"timing machine {machine.name!r} times {machine.arch} launches, not {arch}")
             self.lockstep = False
         self._next_sparse = 1 << 47     # above user-space host pointers, below 2^48 (V# base, LDS aperture)
         self.wave_instructions = 0

@@ -1,9 +1,15 @@
-"""Timing model: how long a launch the emulator ran takes on a machine (an MI355X), from the
-instructions its waves really issued and the addresses they really touched.
+"""Timing model: how long a launch the emulator ran takes on a machine (an MI355X; gfx1250 on a
+machine whose unpublished figures are assumptions), from the instructions its waves really
+issued and the addresses they really touched.
 
-    emu = Emulator(arch="gfx950", timing="mi355x")
+    emu = Emulator(arch="gfx950", timing="mi355x")      # or arch="gfx1250", timing="gfx1250-assumed"
     emu.launch(...)                   # as always; waves run one by one, recording a trace
-    emu.last_timing                   # {"us", "cycles", "clock_ghz", "limiter", "sampled", "breakdown"}
+    emu.last_timing                   # {"us", "cycles", "clock_ghz", "limiter", "sampled", "machine_assumed",
+                                      #  "breakdown"}
+
+``machine_assumed``: True when the machine's core figures (CU count, clock, caches, bandwidths)
+are assumptions, not published values (``gfx1250-assumed``, docs/timing_model.md §7): the time
+is a prediction on an assumed machine.
 
 ``sampled``: the launch ran only some workgroups (``workgroups=``; ``xcd0_sample`` picks XCD 0's
 first rounds, ``rounds_sample`` its first round and one from each stratum of the rest): the time
@@ -49,7 +55,7 @@ def simulate(machine, prog, kernel, traces, grid, block, lds_bytes, sampled=Fals
             "hbm": r["bytes"].get("hbm", 0) / (span * r["hbm_bytes_per_clk"])}
     top = max(util, key=util.get)
     return dict(us=cycles / (clock * 1e3), cycles=cycles, clock_ghz=clock,
-                limiter=top if util[top] > 0.6 else "latency", sampled=bool(sampled),
+                limiter=top if util[top] > 0.6 else "latency", sampled=bool(sampled), machine_assumed=m.assumed,
                 breakdown=dict(busy=util, bytes=r["bytes"], stalls=_by_cause(r["stalls"].values()),
                                occupancy_workgroups_per_cu=r["slots"], workgroups_simulated=r["workgroups"],
                                workgroups_per_xcd=share, blocks=blocks(prog, kernel, r)))

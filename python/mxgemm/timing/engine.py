@@ -23,17 +23,25 @@ from collections import OrderedDict, defaultdict
 
 from .. import asm_facts
 from ..emu.stats import classify
+from .machine import wmma_cycles
 from .trace import BUFFER_SHIFT
 
 _TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
 _CNT = re.compile(r"(vmcnt|lgkmcnt)\((\d+)\)")
+_SPLIT_WAIT = re.compile(r"^s_wait_(\w+?)cnt(_dscnt)?\s+(\S+)")     # gfx12: s_wait_<counter>cnt[_dscnt] imm
 _MULTI = re.compile(r"(dwordx[234]|_b(64|96|128))\b")   # more than one dword per lane (a multi-channel access)
 _BRANCH = re.compile(r"^s_(branch|cbranch|setpc|swappc|getpc|call)")
 _INTERNAL = re.compile(r"^s_(nop|sleep|setprio|sethalt|sched_barrier)")
 # The issue type of each kind of instruction: at one issue opportunity a SIMD issues at most one
 # of each type (docs/timing_model.md §1); an MFMA is a vector ALU instruction.
-_ISSUE_TYPE = {"valu": "v", "mfma": "v", "salu": "s", "smem": "s", "branch": "b", "vmem": "m", "lds": "l",
+_ISSUE_TYPE = {"valu": "v", "mfma": "v", "salu": "s", "smem": "s", "branch": "b", "vmem": "m", "tdm": "m", "lds": "l",
                "wait": "i", "barrier": "i", "internal": "i", "end": "i"}
+# The wait counter each kind of operation counts on (docs/timing_model.md §7): gfx9's two, gfx12's
+# split ones (a returning atomic counts as a load).
+_COUNTER = {"gfx950": {"load": "vm", "store": "vm", "atomic": "vm", "atomic_ret": "vm", "lds": "lgkm", "smem": "lgkm"},
+            "gfx1250": {"load": "load", "store": "store", "atomic": "store", "atomic_ret": "load", "lds": "ds",
+                        "smem": "km", "tdm": "tensor"}}
+_WAIT_NAME = {"vmcnt": "vm", "lgkmcnt": "lgkm"}
 
 
 class _Lru:
@@ -50,27 +58,48 @@ class _Lru:
         return False
 
 
-def _static(instrs):
-    """Per instruction: (kind, cost, waits) from its mnemonic and text."""
+def _waits(text):
+    """Counter -> N of a wait instruction: gfx9's ``s_waitcnt vmcnt(N) lgkmcnt(M)``, gfx12's
+    ``s_wait_loadcnt N`` (the combined ``s_wait_loadcnt_dscnt`` / ``s_wait_storecnt_dscnt``: the
+    first counter in bits [13:8], dscnt in [5:0]). Counters nothing here counts on (xcnt,
+    samplecnt, bvhcnt) wait for nothing."""
+    text = text.split(";")[0].strip()
+    split = _SPLIT_WAIT.match(text)
+    if split is None:
+        return {_WAIT_NAME[c]: int(n) for c, n in _CNT.findall(text)}
+    name, ds, imm = split.groups()
+    v = int(imm, 0)
+    return {name: v >> 8 & 0x3F, "ds": v & 0x3F} if ds else {name: v}
+
+
+def _static(instrs, m):
+    """Per instruction: (kind, cost, waits, counter) from its mnemonic and text (counter: the wait
+    counter a memory operation counts on)."""
     out = []
+    counter = _COUNTER[m.arch]
     for ins in instrs:
         base = ins.base
         cls, _ = classify(base, bool(ins.mods.get("lds")))
-        waits = None
+        waits = cnt = None
         if cls == "mfma":
-            kind, cost = "mfma", asm_facts.mfma_cycles(ins.text.split(";")[0].strip())
+            line = ins.text.split(";")[0].strip()
+            kind, cost = "mfma", asm_facts.mfma_cycles(line) if m.arch == "gfx950" else wmma_cycles(line)
+        elif cls.startswith("tdm"):
+            kind, cost, cnt = "tdm", ("store" if cls == "tdm_store" else "load", True), counter["tdm"]
         elif cls.startswith(("vmem", "scratch")):
             kind = "vmem"
             cost = ("atomic" if "atomic" in base else "store" if "store" in base else "load", bool(_MULTI.search(base)))
+            returns = cost[0] == "atomic" and (bool(ins.mods.get("glc")) or "TH_ATOMIC_RETURN" in ins.text)
+            cnt = counter["atomic_ret" if returns else cost[0]]
         elif cls.startswith("lds"):
-            kind, cost = "lds", 4
+            kind, cost, cnt = "lds", 4, counter["lds"]
         elif cls == "waitcnt":
             kind, cost = "wait", 1
-            waits = {c: int(n) for c, n in _CNT.findall(ins.text.split(";")[0])}
+            waits = _waits(ins.text)
         elif cls == "barrier":
             kind, cost = "barrier", 1
         elif base.startswith(("s_load", "s_buffer_load")):
-            kind, cost = "smem", 1
+            kind, cost, cnt = "smem", 1, counter["smem"]
         elif base == "s_endpgm":
             kind, cost = "end", 1
         elif base == "s_nop":
@@ -84,7 +113,7 @@ def _static(instrs):
             cost = "trans" if _TRANS.match(base) else "valu"
         else:
             kind, cost = "salu", 1
-        out.append((kind, cost, waits))
+        out.append((kind, cost, waits, cnt))
     return out
 
 
@@ -115,7 +144,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
     """Cycles of one XCD's share of the launch, and what kept its units busy."""
     meta = prog.kernel_meta(kernel)
     instrs = prog.decoded(kernel)[1]
-    static = _static(instrs)
+    static = _static(instrs, m)
     wgs = defaultdict(list)
     for t in traces:
         wgs[t.wg].append(t)
@@ -179,18 +208,19 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             state[g] = dict(cu=cu, left=len(ws), arrived=[], end=now)
             base = (ncu - free[cu]) % m.simds
             for i, t in enumerate(ws):
-                wv = dict(t=t, g=g, cu=cu, simd=(base + i) % m.simds, pos=0, vm=[], lgkm=[])
+                wv = dict(t=t, g=g, cu=cu, simd=(base + i) % m.simds, pos=0, cnt=defaultdict(list))
                 heapq.heappush(heap, (now, seq, wv))
                 seq += 1
 
-    def mem_done(wv, now, rec, kind, multi):
+    def mem_done(wv, now, rec, kind, multi, ta=True):
         """When a vector memory instruction's data is back (load) or taken (store, atomic): the
-        CU's address unit takes the instruction's lanes (a wave64 in ``ta_cycles`` or, more than
+        CU's address unit takes the instruction's lanes (a wave in ``ta_cycles`` or, more than
         a dword a lane, ``ta_multi_cycles``), then its lines leave the CU's L1 port one after
-        another; loads that miss the L1, stores and atomics go on, line by line, to the L2 (§1)."""
+        another; loads that miss the L1, stores and atomics go on, line by line, to the L2 (§1).
+        ta=False: a tensor data mover op, whose addresses the mover makes itself (§7)."""
         cu = wv["cu"]
         a = max(now, ta_free[cu])
-        ta_free[cu] = a + (m.ta_multi_cycles if multi else m.ta_cycles)
+        ta_free[cu] = a + ((m.ta_multi_cycles if multi else m.ta_cycles) if ta else 0)
         busy["ta"] += ta_free[cu] - a
         start = max(a, port_free[cu])
         lines, lanes = (rec[1].tolist(), rec[2].tolist()) if rec is not None else ((), ())
@@ -242,7 +272,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             continue
         pos = wv["pos"]
         pc = t.pcs[pos]
-        kind, cost, waits = static[pc]
+        kind, cost, waits, cnt = static[pc]
         typ = _ISSUE_TYPE[kind]
         issue = opportunity(now, cu, s, typ)
         if issue > now:
@@ -250,7 +280,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
         if kind == "wait":
             ready = issue
             for c, n in waits.items():
-                lst = wv["vm" if c == "vmcnt" else "lgkm"]
+                lst = wv["cnt"][c]
                 if len(lst) > n:
                     ready = max(ready, lst[len(lst) - n - 1])
                     del lst[:len(lst) - n]
@@ -281,7 +311,16 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, *cost)
             if instrs[pc].mods.get("lds") or instrs[pc].base.startswith("global_load_lds"):
                 done += m.lds_latency
-            wv["vm"].append(max(done, wv["vm"][-1] if wv["vm"] else 0.0))
+            lst = wv["cnt"][cnt]
+            lst.append(max(done, lst[-1] if lst else 0.0))
+            end = max(end, done)
+            nxt = issue + 4
+        elif kind == "tdm":
+            rec = t.mem.get(pos)
+            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, *cost, ta=False)
+            done += m.lds_latency if cost[0] == "load" else 0
+            lst = wv["cnt"][cnt]
+            lst.append(max(done, lst[-1] if lst else 0.0))
             end = max(end, done)
             nxt = issue + 4
         elif kind == "lds":
@@ -290,10 +329,11 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             start = max(issue, lds_free[cu])
             lds_free[cu] = start + cyc
             busy["lds"] += cyc
-            wv["lgkm"].append(max(start + m.lds_latency + cyc, wv["lgkm"][-1] if wv["lgkm"] else 0.0))
+            lst = wv["cnt"][cnt]
+            lst.append(max(start + m.lds_latency + cyc, lst[-1] if lst else 0.0))
             nxt = issue + cost
         elif kind == "smem":
-            wv["lgkm"].append(issue + m.smem_latency)
+            wv["cnt"][cnt].append(issue + m.smem_latency)
             nxt = issue + 1
         elif kind == "barrier":
             st = state[wv["g"]]
