@@ -111,7 +111,7 @@ MXGEMM_KERNEL(split)(int* __restrict__ x) {
     ("global_store_b32 v2, v2, %0\\nds_load_b32 v3, %1", "loadcnt", None),
     ("global_store_b32 v2, v2, %0\\nds_load_b32 v3, %1", "storecnt", "l2"),
     ("global_load_b32 v1, v2, %0\\nds_load_b32 v3, %1", "loadcnt_dscnt", "hbm"),
-])
+], ids=["dscnt-lds", "loadcnt-load", "loadcnt-store", "storecnt-store", "loadcnt_dscnt-both"])
 def test_split_counters_wait_for_their_own_operations(ops, cnt, level):
     """s_wait_dscnt waits for the LDS load only, s_wait_loadcnt for the global load only (a store
     is not a load), s_wait_storecnt for the store (taken by the L2), the combined form for both."""

@@ -12,7 +12,8 @@ lines hashed over them) and the XCD's share of the MALL
 (LRU caches of lines, addresses from the run) to HBM, each level with its latency, the fabric
 to the MALL and HBM a bandwidth queue each; atomics are applied in the L2 channel, a lane at a
 time; ``s_waitcnt`` waits for the counted operations to
-complete in issue order; ``s_barrier`` for the workgroup's waves. Workgroups are dispatched
+complete in issue order (gfx1250: its split counters, and tensor data mover ops as DMA
+through the same memory levels, §7); ``s_barrier`` for the workgroup's waves. Workgroups are dispatched
 round-robin over the XCDs and, on one, to CUs as slots free (occupancy from registers, LDS and
 waves); the XCDs are taken to be alike, so the one holding workgroup 0 stands for the chip."""
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _static(instrs, m):
             line = ins.text.split(";")[0].strip()
             kind, cost = "mfma", asm_facts.mfma_cycles(line) if m.arch == "gfx950" else wmma_cycles(line)
         elif cls.startswith("tdm"):
-            kind, cost, cnt = "tdm", ("store" if cls == "tdm_store" else "load", True), counter["tdm"]
+            kind, cost, cnt = "tdm", "store" if cls == "tdm_store" else "load", counter["tdm"]
         elif cls.startswith(("vmem", "scratch")):
             kind = "vmem"
             cost = ("atomic" if "atomic" in base else "store" if "store" in base else "load", bool(_MULTI.search(base)))
@@ -306,19 +307,15 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             busy["mfma"] += cost
             nxt = issue + 4
             end = max(end, issue + cost)       # the launch ends when its results are written
-        elif kind == "vmem":
+        elif kind in ("vmem", "tdm"):
             rec = t.mem.get(pos)
-            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, *cost)
-            if instrs[pc].mods.get("lds") or instrs[pc].base.startswith("global_load_lds"):
-                done += m.lds_latency
-            lst = wv["cnt"][cnt]
-            lst.append(max(done, lst[-1] if lst else 0.0))
-            end = max(end, done)
-            nxt = issue + 4
-        elif kind == "tdm":
-            rec = t.mem.get(pos)
-            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, *cost, ta=False)
-            done += m.lds_latency if cost[0] == "load" else 0
+            rec = rec if rec and rec[0] == "vmem" else None
+            if kind == "tdm":       # the mover writes (load) or reads (store) the LDS itself
+                done = mem_done(wv, issue, rec, cost, False, ta=False) + (m.lds_latency if cost == "load" else 0)
+            else:
+                done = mem_done(wv, issue, rec, *cost)
+                if instrs[pc].mods.get("lds") or instrs[pc].base.startswith("global_load_lds"):
+                    done += m.lds_latency
             lst = wv["cnt"][cnt]
             lst.append(max(done, lst[-1] if lst else 0.0))
             end = max(end, done)
