@@ -113,8 +113,7 @@ def _call(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b, ou
             if not trans_b:
                 guards.fail("backend", "MX_BLOCKWISE with trans_b=False: mxgemm's MX grouped GEMM is NT, as "
                                        "Primus-Turbo's (its dgrad passes b quantised along N, trans_b=True)")
-            offs = kwargs.get("group_offs_out")
-            op, offs = (op, group_offs) if offs is None else (_ReadAt(op, group_offs), offs)
+            op, offs = _read_at(op, group_offs, kwargs.get("group_offs_out"))
         return op, (a, sa, b, sb, group_lens, offs), \
             dict(trans_b=trans_b, out_dtype=out_dtype, num_cu=num_cu, out=out, granularity=gran)
     if gran == "row":
@@ -141,6 +140,12 @@ class _ReadAt:
         return self.op(_gather(a, src), _gather(sa, src), b, sb, group_lens, group_offs_out, **kw)
 
 
+def _read_at(op, group_offs, group_offs_out):
+    """(op, out's group offsets) of an M-grouped MX call: op itself when out's rows are a's
+    (group_offs_out None), else op reading a's groups at group_offs (_ReadAt)."""
+    return (op, group_offs) if group_offs_out is None else (_ReadAt(op, group_offs), group_offs_out)
+
+
 def _gather(t, rows):
     """t's rows ``rows``; one-byte dtypes through a uint8 view (torch indexes no float4_e2m1fn_x2)."""
     return t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows]
@@ -154,9 +159,7 @@ def _call_fp4(a, b, a_scales, b_scales, group_lens, group_offs, trans_a, trans_b
     if _m_grouped(b, trans_a, trans_b, inplace_add_to_out):
         if not trans_b:
             guards.fail("backend", "MXFP4 with trans_b=False: mxgemm's MXFP4 grouped GEMM is NT, as Primus-Turbo's")
-        offs_out = kwargs.get("group_offs_out")
-        op, offs = (grouped_gemm_fp4_kernel, group_offs) if offs_out is None else \
-            (_ReadAt(grouped_gemm_fp4_kernel, group_offs), offs_out)
+        op, offs = _read_at(grouped_gemm_fp4_kernel, group_offs, kwargs.get("group_offs_out"))
         return op, (a, a_scales, b, b_scales, group_lens, offs), dict(out_dtype=out_dtype, num_cu=num_cu, out=out)
     if trans_a:
         guards.fail("backend", "MXFP4 variable-K with trans_a=True: its operands are contraction-contiguous "
