@@ -35,7 +35,7 @@ _BRANCH = re.compile(r"^s_(branch|cbranch|setpc|swappc|getpc|call)")
 _INTERNAL = re.compile(r"^s_(nop|sleep|setprio|sethalt|sched_barrier)")
 # The issue type of each kind of instruction: at one issue opportunity a SIMD issues at most one
 # of each type (docs/timing_model.md §1); an MFMA is a vector ALU instruction.
-_ISSUE_TYPE = {"valu": "v", "mfma": "v", "salu": "s", "smem": "s", "branch": "b", "vmem": "m", "tdm": "m", "lds": "l",
+_ISSUE_TYPE = {"valu": "v", "mfma": "v", "salu": "s", "smem": "s", "branch": "b", "vmem": "m", "lds": "l",
                "wait": "i", "barrier": "i", "internal": "i", "end": "i"}
 # The wait counter each kind of operation counts on (docs/timing_model.md §7): gfx9's two, gfx12's
 # split ones (a returning atomic counts as a load).
@@ -75,7 +75,8 @@ def _waits(text):
 
 def _static(instrs, m):
     """Per instruction: (kind, cost, waits, counter) from its mnemonic and text (counter: the wait
-    counter a memory operation counts on)."""
+    counter a memory operation counts on). A vector memory op's cost: (access, more than a dword a
+    lane, through the address unit, cycles its LDS write adds: DMA and tensor mover loads)."""
     out = []
     counter = _COUNTER[m.arch]
     for ins in instrs:
@@ -85,13 +86,17 @@ def _static(instrs, m):
         if cls == "mfma":
             line = ins.text.split(";")[0].strip()
             kind, cost = "mfma", asm_facts.mfma_cycles(line) if m.arch == "gfx950" else wmma_cycles(line)
-        elif cls.startswith("tdm"):
-            kind, cost, cnt = "tdm", "store" if cls == "tdm_store" else "load", counter["tdm"]
+        elif cls.startswith("tdm"):     # the mover makes its addresses and writes (load) or reads the LDS itself
+            load = cls != "tdm_store"
+            kind, cnt = "vmem", counter["tdm"]
+            cost = ("load" if load else "store", False, False, m.lds_latency if load else 0)
         elif cls.startswith(("vmem", "scratch")):
             kind = "vmem"
-            cost = ("atomic" if "atomic" in base else "store" if "store" in base else "load", bool(_MULTI.search(base)))
-            returns = cost[0] == "atomic" and (bool(ins.mods.get("glc")) or "TH_ATOMIC_RETURN" in ins.text)
-            cnt = counter["atomic_ret" if returns else cost[0]]
+            access = "atomic" if "atomic" in base else "store" if "store" in base else "load"
+            dma = bool(ins.mods.get("lds")) or base.startswith("global_load_lds")
+            cost = (access, bool(_MULTI.search(base)), True, m.lds_latency if dma else 0)
+            returns = access == "atomic" and (bool(ins.mods.get("glc")) or "TH_ATOMIC_RETURN" in ins.text)
+            cnt = counter["atomic_ret" if returns else access]
         elif cls.startswith("lds"):
             kind, cost, cnt = "lds", 4, counter["lds"]
         elif cls == "waitcnt":
@@ -213,7 +218,7 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
                 heapq.heappush(heap, (now, seq, wv))
                 seq += 1
 
-    def mem_done(wv, now, rec, kind, multi, ta=True):
+    def mem_done(wv, now, rec, kind, multi, ta):
         """When a vector memory instruction's data is back (load) or taken (store, atomic): the
         CU's address unit takes the instruction's lanes (a wave in ``ta_cycles`` or, more than
         a dword a lane, ``ta_multi_cycles``), then its lines leave the CU's L1 port one after
@@ -307,15 +312,10 @@ def replay(m, prog, kernel, traces, grid, lds_bytes, clock_ghz) -> dict:
             busy["mfma"] += cost
             nxt = issue + 4
             end = max(end, issue + cost)       # the launch ends when its results are written
-        elif kind in ("vmem", "tdm"):
+        elif kind == "vmem":
             rec = t.mem.get(pos)
-            rec = rec if rec and rec[0] == "vmem" else None
-            if kind == "tdm":       # the mover writes (load) or reads (store) the LDS itself
-                done = mem_done(wv, issue, rec, cost, False, ta=False) + (m.lds_latency if cost == "load" else 0)
-            else:
-                done = mem_done(wv, issue, rec, *cost)
-                if instrs[pc].mods.get("lds") or instrs[pc].base.startswith("global_load_lds"):
-                    done += m.lds_latency
+            access, multi, ta, lds_write = cost
+            done = mem_done(wv, issue, rec if rec and rec[0] == "vmem" else None, access, multi, ta) + lds_write
             lst = wv["cnt"][cnt]
             lst.append(max(done, lst[-1] if lst else 0.0))
             end = max(end, done)
