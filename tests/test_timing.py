@@ -156,16 +156,17 @@ def test_time_command_prints_the_hottest_blocks(capsys):
 
 
 def test_the_triton_peer_is_timed_on_the_same_model_and_computes_the_same_product():
-    """Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers), compiled for gfx950, beside
+    """Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers.smallm), compiled for gfx950, beside
     smallm_mxfp8_gemm on one decode shape."""
+    import mxgemm
     from mxgemm import reference
     from mxgemm.quant import quantize_mx
-    from mxgemm.timing import peers
+    from mxgemm.timing.peers import smallm, time_ours
     g = torch.Generator().manual_seed(0)
     (a, sa), (b, sb) = quantize_mx(torch.randn(3, 512, generator=g), "e4m3"), \
         quantize_mx(torch.randn(256, 512, generator=g), "e4m3")
-    theirs, t = peers.time_peer_smallm(a, sa, b, sb)
-    mine, us, symbol = peers.time_ours_smallm(a, sa, b, sb)
+    theirs, t = smallm.time_peer(a, sa, b, sb)
+    mine, us, symbol, _ = time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb))
     want = reference.mx_gemm_ref(a, sa, b, sb, "e4m3", "e4m3", torch.bfloat16)
     torch.testing.assert_close(theirs.float(), want.float(), rtol=2 ** -7, atol=1e-2)
     torch.testing.assert_close(mine.float(), want.float(), rtol=2 ** -7, atol=1e-2)

@@ -5,7 +5,8 @@ are sampled (``--rounds``, docs/timing_model.md §3); `--calibrate`: the calibra
 (mxgemm.calibration) timed at M = N = K = 4096 (and 8192 where the blog publishes it) beside
 their published MI355X results.
 
-`--vs-peers`: our small-M MXFP8 kernels beside Triton's tl.dot_scaled linear kernel (mxgemm.timing.peers).
+`--vs-peers FAMILY[,FAMILY]`: our kernels beside the peer users run today, same model, same run, on
+the family's cells (mxgemm.timing.peers: smallm, ...).
 
 `--revisions OLD,NEW`: the case's launch with the kernel built from each git revision, same inputs, same
 run (mxgemm.timing.revisions); `--shape groups=8,m=256,...` replaces the case's shape (the op then picks
@@ -148,16 +149,15 @@ def main(argv) -> int:
     p.add_argument("--blocks", type=int, default=8, help="hottest basic blocks to print")
     p.add_argument("--calibrate", action="store_true", help="the calibration table (over an hour on 2 cores)")
     p.add_argument("--stages", help="with --calibrate: only these stages (comma-separated symbols)")
-    p.add_argument("--vs-peers", action="store_true",
-                   help="small-M MXFP8 linear layers: ours vs Triton tl.dot_scaled, same model, same run")
+    p.add_argument("--vs-peers", metavar="FAMILIES",
+                   help="comma-separated peer families (mxgemm.timing.peers.FAMILIES): ours vs the peer, same run")
     args = p.parse_args(argv)
     if args.calibrate:
         calibrate(stages=args.stages.split(",") if args.stages else None)
         return 0
     if args.vs_peers:
         from . import peers
-        peers.smallm_vs_peer(out=lambda s: print(s, flush=True))
-        return 0
+        return peers.main(args.vs_peers)
     if args.preset not in presets:
         p.error(f"unknown preset {args.preset!r}; known: {sorted(presets)}")
     if args.kernel is None:

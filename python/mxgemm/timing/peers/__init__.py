@@ -1,0 +1,102 @@
+"""Peers timed beside our kernels on the same model, in the same run: one module per family.
+
+A family module names its peer (``PEER``: what users run today, and after which public design
+it is written here), lists the shapes its users run (``cells()``: dicts, the first item of each
+a ``label``), and times one cell (``run(cell, machine)``: ours through the public op with its
+own config choice, the peer compiled for gfx950 by its own compiler, both outputs checked
+against each other first) -> dict(ours_us, peer_us, ours_kernel, ours_limiter, peer_limiter,
+sampled). Triton is a benchmark dependency: only these modules import it.
+
+    python -m mxgemm time --vs-peers smallm,blockscale     # a row per cell, then a markdown table
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import time
+
+from ...hardware import ARCH_LIMITS
+
+FAMILIES = ("smallm",)
+WARP = ARCH_LIMITS["gfx950"]["wave_size"]     # lanes of a Triton warp on gfx950: a wave
+
+
+def family(name: str):
+    if name not in FAMILIES:
+        raise ValueError(f"unknown peer family {name!r}; known: {list(FAMILIES)}")
+    return importlib.import_module(f".{name}", __name__)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
+    """(assembly, dynamic LDS bytes) of the Triton kernel ``fn`` compiled for gfx950 with no GPU
+    (signature: (parameter, Triton type) pairs in order; constexprs: (name, value) pairs).
+    Triton's kernels declare no static LDS: its launcher passes the kernel's `shared` size as
+    dynamic LDS."""
+    import os
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {**dict(signature), **{k: "constexpr" for k, _ in constexprs}}
+    k = triton.compile(ASTSource(fn, signature=sig, constexprs=dict(constexprs)),
+                       target=GPUTarget("hip", "gfx950", WARP), options={"num_warps": warps})
+    return k.asm["amdgcn"], k.metadata.shared
+
+
+def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int, rounds=None) -> None:
+    """Run a Triton kernel on ``emu`` as Triton's launcher would: ``args`` in the kernel's order
+    (constexprs apart), then its scratch pointers, unused here (null). ``rounds``: with a timing
+    emulator, only that many rounds of XCD 0's workgroups (mxgemm.timing.rounds_sample), as
+    ``time --rounds`` samples our kernels."""
+    from ... import asm_facts
+    from .. import rounds_sample
+    prog = emu.load(asm)
+    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = (WARP * warps, 1, 1)
+    workgroups = None
+    if rounds and emu.timing is not None:
+        workgroups = rounds_sample(emu.timing, prog, name, grid, block, lds, rounds)
+    emu.launch(prog, name, grid=grid, block=block, args=list(args) + [None] * (n_args - len(args)),
+               dynamic_lds=lds, workgroups=workgroups)
+
+
+def time_ours(call, machine="mi355x", rounds=None) -> tuple:
+    """(output of ``call()``, summed us, kernel symbols, the longest launch's timing) of a public
+    op's call on the timing model."""
+    from ... import launcher
+    with launcher.emulator_settings(timing=machine, race_check=False, timing_rounds=rounds or None):
+        out = call()
+        ts = launcher.timings()
+    top = max(ts, key=lambda st: st[1]["us"])[1]
+    return out, sum(t["us"] for _, t in ts), "+".join(dict.fromkeys(s for s, _ in ts)), top
+
+
+def vs_peers(names, machine="mi355x", out=print) -> list:
+    """Ours vs the peer on every cell of each family: a row per cell as it finishes, then a
+    markdown table (what docs/performance.md keeps)."""
+    rows = []
+    out(f"{'family':10s} {'cell':40s} {'ours_us':>9s} {'peer_us':>9s} {'peer/ours':>9s}  ours kernel  (seconds)")
+    for name in names:
+        fam = family(name)
+        for cell in fam.cells():
+            t0 = time.time()
+            r = dict(family=name, cell=cell["label"], **fam.run(cell, machine))
+            r["ratio"] = r["peer_us"] / r["ours_us"]
+            rows.append(r)
+            out(f"{name:10s} {cell['label'][:40]:40s} {r['ours_us']:9.2f} {r['peer_us']:9.2f} {r['ratio']:9.2f}  "
+                f"{r['ours_kernel']}  ({time.time() - t0:.0f} s)")
+    out("")
+    out("| family | cell | ours (us) | peer (us) | peer / ours | our kernel | limiter ours / peer |")
+    out("|---|---|---|---|---|---|---|")
+    for r in rows:
+        out(f"| {r['family']} | {r['cell']} | {r['ours_us']:.2f} | {r['peer_us']:.2f} | {r['ratio']:.2f} | "
+            f"`{r['ours_kernel']}` | {r['ours_limiter']} / {r['peer_limiter']}{' (sampled)' if r['sampled'] else ''} |")
+    return rows
+
+
+def main(names: str, machine="mi355x") -> int:
+    vs_peers(names.split(","), machine, out=lambda s: print(s, flush=True, file=sys.stdout))
+    return 0
