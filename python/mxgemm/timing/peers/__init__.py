@@ -18,7 +18,7 @@ import time
 
 from ...hardware import ARCH_LIMITS
 
-FAMILIES = ("smallm",)
+FAMILIES = ("smallm", "moe_mxfp8", "moe_a4w4", "mx_gemm", "grouped_fp8", "blockscale")
 WARP = ARCH_LIMITS["gfx950"]["wave_size"]     # lanes of a Triton warp on gfx950: a wave
 
 
