@@ -1,15 +1,16 @@
 """Tune smallm_mxfp8_gemm configs and (re)write python/mxgemm/configs/smallm_mxfp8_gfx950.csv.
 
-On an MI355X (gfx950 GPU, ROCm torch) the default mode times every registered variant of every
-kernel whose envelope covers each (M, N, K) and keeps the fastest (source=measured):
+On an MI355X (gfx950 GPU, ROCm torch) the default mode times every candidate config of each
+(M, N, K) (mxgemm.ops.smallm_mxfp8.candidates) and keeps the fastest (source=measured):
 
     python op_tests/tune_smallm_mxfp8.py                       # all default shapes
     python op_tests/tune_smallm_mxfp8.py --shapes 1x7168x8192 16x4096x4096
 
 Without the GPU, ``--heuristic`` writes the rows the dispatcher's documented rule
-(mxgemm.ops.smallm_mxfp8.heuristic_config) would pick, marked source=heuristic; this is how
-the shipped CSV was produced. Tests check the schema and that every row is a registered,
-buildable config, so measured rows can replace these.
+(mxgemm.ops.smallm_mxfp8.heuristic_config) would pick, marked source=heuristic. The shipped
+CSV's source=simulated rows come from the same candidates timed on the timing model, with the
+peer beside them (`python -m mxgemm tune smallm`). Tests check the schema and that every row is
+a registered, buildable config, so measured rows can replace any of these.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch
 
-from mxgemm import registry, tuned
+from mxgemm import tuned
 from mxgemm.ops import smallm_mxfp8 as op
 
 # (N, K) of decode-time linear layers: Llama-3-70B at TP8 (qkv, o, gate_up, down), Llama-3-8B
@@ -30,19 +31,10 @@ NK = [(1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584),
       (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
       (2112, 7168), (7168, 2048), (4096, 7168)]
 MS = [1, 2, 4, 8, 16, 32, 64]
-FIELDS = ["arch", "M", "N", "K", "kernel", *op.CSV_PARAMS, "us", "source"]
 
 
 def default_shapes():
     return [(m, n, k) for n, k in NK for m in MS]
-
-
-def candidates(M, N, K):
-    """Every (kernel, variant) whose envelope covers the shape."""
-    for kernel in (op.GEMV, op.MFMA):
-        if op.serves(kernel, M, K):
-            for v in registry.get(kernel).variants:
-                yield kernel, v
 
 
 def time_config(M, N, K, kernel, variant) -> float:
@@ -58,7 +50,7 @@ def time_config(M, N, K, kernel, variant) -> float:
 
 def row(M, N, K, kernel, variant, us, source):
     r = {"arch": op.ARCH, "M": M, "N": N, "K": K, "kernel": kernel, "us": "" if us is None else f"{us:.2f}",
-         "source": source}
+         "source": source, "runner_up": "", "runner_up_us": "", "peer_us": ""}
     r.update({p: variant.get(p, "") for p in op.CSV_PARAMS})
     return r
 
@@ -80,7 +72,7 @@ def measured_rows(shapes):
                  "Use --heuristic to write the rule-based rows.")
     rows = []
     for M, N, K in shapes:
-        best = min(((time_config(M, N, K, k, v), k, v) for k, v in candidates(M, N, K)),
+        best = min(((time_config(M, N, K, k, v), k, v) for k, v in op.candidates(M, N, K)),
                    key=lambda t: t[0], default=None)
         if best is not None:
             us, kernel, variant = best
@@ -97,7 +89,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else default_shapes()
     rows = heuristic_rows(shapes) if args.heuristic else measured_rows(shapes)
-    tuned.write_rows(rows, args.out, FIELDS)
+    tuned.write_rows(rows, args.out, op.CSV_FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
 
 

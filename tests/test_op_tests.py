@@ -48,7 +48,8 @@ def test_mx_gemm_emulator_cases_pass():
     assert len(cases) == 3 and all(": ok: max 0 ulp, 100.00% bit-exact" in l for l in cases), out
 
 
-CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "us", "source"]
+CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "us", "source", "runner_up",
+              "runner_up_us", "peer_us"]
 SHIPPED_CSV = ROOT / "python" / "mxgemm" / "configs" / "smallm_mxfp8_gfx950.csv"
 
 
@@ -89,8 +90,11 @@ def csv_problems(path) -> list[str]:
             bad.append(f"{where}: {kernel.name} is not built for {r['arch']}")
         if row_variant(r) not in kernel.variants:
             bad.append(f"{where}: {kernel.name} has no variant {row_variant(r)}")
-        if r["source"] not in ("heuristic", "measured") or (r["source"] == "measured") != (r["us"] != ""):
+        timed = r["source"] in ("measured", "simulated")
+        if r["source"] not in ("heuristic", "measured", "simulated") or timed != (r["us"] != ""):
             bad.append(f"{where}: source {r['source']!r} with us {r['us']!r} (measured rows carry their time)")
+        elif (r["source"] == "simulated") != (r["peer_us"] != ""):
+            bad.append(f"{where}: source {r['source']!r} with peer_us {r['peer_us']!r} (simulated rows carry the peer's)")
         elif r["us"] and not float(r["us"]) > 0:
             bad.append(f"{where}: us {r['us']} must be positive")
     return bad
@@ -112,18 +116,20 @@ def test_shipped_config_csv_rows_are_valid_buildable_configs():
 def test_config_csv_check_rejects_broken_rows(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text(",".join(CSV_HEADER) + "\n"
-                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic\n"
-                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic\n"
-                   "gfx950,8,1280,8200,nosuch,16,,4,,heuristic\n"
-                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,heuristic\n"
-                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,measured\n")
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic,,,\n"
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic,,,\n"
+                   "gfx950,8,1280,8200,nosuch,16,,4,,heuristic,,,\n"
+                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,heuristic,,,\n"
+                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,measured,,,\n"
+                   "gfx950,32,1280,8192,smallm_mxfp8_mfma,32,,4,3.5,simulated,,,\n")
     assert csv_problems(bad) == [
         "line 3: duplicate shape 4x1280x8192",
         "line 4: shape 8x1280x8200 (positive, K a multiple of the MX block 32)",
         "line 4: unregistered kernel 'nosuch'",
         "line 5: smallm_mxfp8_mfma is not built for gfx1250",
         "line 5: smallm_mxfp8_mfma has no variant {'M_TILE': 16, 'SPLIT_K': 3}",
-        "line 6: source 'measured' with us '' (measured rows carry their time)"]
+        "line 6: source 'measured' with us '' (measured rows carry their time)",
+        "line 7: source 'simulated' with peer_us '' (simulated rows carry the peer's)"]
     (tmp_path / "renamed.csv").write_text(SHIPPED_CSV.read_text().replace("SPLIT_K", "SPLITK", 1))
     assert csv_problems(tmp_path / "renamed.csv")[0].startswith("header ")
 

@@ -1,4 +1,4 @@
-"""python -m mxgemm {info,build,demo,bench,perf}
+"""python -m mxgemm {info,build,demo,bench,perf,time,tune}
 
 Without a command it prints this help and exits with status 2. An MXGEMM_* variable mxgemm
 cannot use, and `build` with an unknown kernel, an arch no selected kernel supports, or a failed
@@ -109,6 +109,11 @@ def cmd_time(args) -> int:
     return cli.main(args.rest)   # time parses its own options (python -m mxgemm time --help)
 
 
+def cmd_tune(args) -> int:
+    from .timing import tune
+    return tune.main(args.rest)   # tune parses its own options (python -m mxgemm tune --help)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxgemm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,8 +134,10 @@ def main(argv=None) -> int:
                    add_help=False).set_defaults(fn=cmd_perf)
     sub.add_parser("time", help="timing model: a kernel's simulated MI355X time and hot blocks (time --help)",
                    add_help=False).set_defaults(fn=cmd_time)
+    sub.add_parser("tune", help="autotuner on the timing model: tuned CSV rows with the peer's time (tune --help)",
+                   add_help=False).set_defaults(fn=cmd_tune)
     args, rest = p.parse_known_args(argv)
-    if rest and args.cmd not in ("perf", "time"):
+    if rest and args.cmd not in ("perf", "time", "tune"):
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     if args.cmd is None:          # bare `python -m mxgemm`: the help, as a usage error (exit 2)

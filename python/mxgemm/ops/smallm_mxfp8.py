@@ -25,6 +25,8 @@ _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
 ARCH, = set(_GEMV.archs) | set(_MFMA.archs)   # the family's one arch: the CSV is tuned for it
 CONFIG_CSV = tuned.table_path("smallm_mxfp8", ARCH)
 CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K")   # variant columns of the CSV (blank = unused)
+# a tuner's row: the config and its time; simulated rows also carry the runner-up's and the peer's
+CSV_FIELDS = ("arch", "M", "N", "K", "kernel", *CSV_PARAMS, "us", "source", "runner_up", "runner_up_us", "peer_us")
 M_MAX = max(_GEMV.m_range[1], _MFMA.m_range[1])
 
 
@@ -90,6 +92,18 @@ def serves(kernel: str, M: int, K: int) -> bool:
     k = registry.get(kernel)
     lo, hi = k.m_range
     return lo <= M <= hi and K % k.k_align == 0
+
+
+def candidates(M: int, N: int, K: int) -> list:
+    """(kernel, variant) pairs a tuner times for a shape: every kernel serving it, at its smallest
+    M_TILE >= M (a larger tile does the same rows' work and more) with each value of the others."""
+    out = []
+    for kernel in (GEMV, MFMA):
+        if serves(kernel, M, K):
+            k = registry.get(kernel)
+            m_tile = _at_least(M, k.values("M_TILE"))
+            out += [(kernel, v) for v in k.variants if v["M_TILE"] == m_tile]
+    return out
 
 
 def tuned_config(M: int, N: int, K: int, arch: str = ARCH):

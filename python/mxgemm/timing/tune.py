@@ -1,0 +1,116 @@
+"""`python -m mxgemm tune FAMILY [--shapes MxNxK ...] [--out CSV]`: the autotuner on the timing
+model. For each shape it times every candidate config of the family's op (simulated MI355X, the
+real assembly on the emulator, rounds-sampled like `python -m mxgemm time`), checks that every
+candidate computes the same product, times the peer users run today (mxgemm.timing.peers) in the
+same run, and writes the fastest config to the family's tuned CSV (source=simulated) with its
+time, the runner-up and the peer's time. Rows of other shapes are kept; rows are written as each
+shape finishes. Each shape also reports whether the planner's heuristic picked a config within 5 %
+of the best (the heuristic was written without any timing: every tuned shape is held out from it).
+
+Families: smallm (smallm_mxfp8_gemm; python/mxgemm/configs/smallm_mxfp8_gfx950.csv; default
+shapes: the decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 64, the
+M_TILE boundaries, so every M up to 64 finds its row at the nearest tuned M above)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+WITHIN = 0.05          # the heuristic's pick counts as right within this of the best
+
+
+def _smallm():
+    from ..ops import smallm_mxfp8 as op
+    from .peers import smallm as peer
+
+    def shapes():
+        layers = sorted({(N, K) for _, N, K in peer.LAYERS}, key=lambda nk: nk[0] * nk[1])   # smallest first
+        return [(M, N, K) for N, K in layers for M in (1, 2, 4, 8, 16, 32, 64)]
+
+    def label(kernel, variant):
+        return ",".join([kernel, *(f"{k}={v}" for k, v in variant.items())])
+
+    def run(shape, kernel, variant):
+        import mxgemm
+        a, sa, b, sb = peer.operands(*shape)
+        cfg = {"kernel": kernel, **variant}
+        out, us, _, t = peer.time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config=cfg, fallback="error"),
+                                       rounds=peer.ROUNDS)
+        return us, out, t["limiter"]
+
+    def run_peer(shape):
+        a, sa, b, sb = peer.operands(*shape)
+        out, t = peer.time_peer(a, sa, b, sb)
+        return t["us"], out
+
+    def heuristic(shape):
+        c = op.heuristic_config(*shape)
+        return c.kernel, c.variant
+
+    def row(shape, best, runner, peer_us):
+        (us, kernel, variant), M, N, K = best, *shape
+        r = {"arch": op.ARCH, "M": M, "N": N, "K": K, "kernel": kernel, "us": f"{us:.2f}", "source": "simulated",
+             "runner_up": label(*runner[1:]) if runner else "", "runner_up_us": f"{runner[0]:.2f}" if runner else "",
+             "peer_us": f"{peer_us:.2f}"}
+        r.update({p: variant.get(p, "") for p in op.CSV_PARAMS})
+        return r
+
+    return dict(csv=op.CONFIG_CSV, fields=op.CSV_FIELDS, key=lambda r: (r["arch"], *(int(r[d]) for d in "MNK")),
+                shape_key=lambda s: (op.ARCH, *s), shapes=shapes, candidates=lambda s: op.candidates(*s),
+                run=run, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
+
+
+FAMILIES = {"smallm": _smallm}
+
+
+def tune(family: str, shapes=None, out_csv=None, out=print) -> list:
+    """Tune ``shapes`` (default: the family's) -> the rows written, one per shape."""
+    from .. import tuned
+    f = FAMILIES[family]()
+    path = out_csv or f["csv"]
+    kept = {f["key"](r): r for r in tuned.read_rows(path)}
+    rows, agree = [], 0
+    for n, shape in enumerate(shapes or f["shapes"](), 1):
+        t0 = time.time()
+        timed, ref = [], None
+        for kernel, variant in f["candidates"](shape):
+            us, got, limiter = f["run"](shape, kernel, variant)
+            if ref is None:
+                ref = got
+            torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-2)   # same product
+            timed.append((us, kernel, variant))
+            out(f"    {f['label'](kernel, variant):44s} {us:9.2f} us  {limiter}")
+        if not timed:
+            out(f"{shape}: no candidate serves it")
+            continue
+        peer_us, theirs = f["run_peer"](shape)
+        torch.testing.assert_close(theirs.float(), ref.float(), rtol=2 ** -7, atol=1e-2)
+        timed.sort(key=lambda t: t[0])
+        best = timed[0]
+        h_us = next(us for us, k, v in timed if (k, v) == f["heuristic"](shape))
+        agree += h_us <= best[0] * (1 + WITHIN)
+        r = f["row"](shape, best, timed[1] if len(timed) > 1 else None, peer_us)
+        rows.append(r)
+        kept[f["shape_key"](shape)] = r
+        tuned.write_rows(list(kept.values()), path, f["fields"])
+        out(f"[{n}] {'x'.join(map(str, shape))}: {f['label'](*best[1:])} {best[0]:.2f} us; peer {peer_us:.2f} us "
+            f"(x{peer_us / best[0]:.2f}{'' if peer_us > best[0] else ', PEER FASTER'}); heuristic "
+            f"{h_us:.2f} us (x{h_us / best[0]:.3f}); {time.time() - t0:.0f} s")
+    if rows:
+        out(f"heuristic within {100 * WITHIN:.0f} % of the best: {agree} of {len(rows)} shapes; "
+            f"ours faster than the peer: {sum(float(r['peer_us']) > float(r['us']) for r in rows)} of {len(rows)}")
+    return rows
+
+
+def main(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m mxgemm tune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("family", choices=sorted(FAMILIES))
+    p.add_argument("--shapes", nargs="*", help="MxNxK triples (default: the family's shapes)")
+    p.add_argument("--out", help="CSV to write (default: the shipped table of the family)")
+    args = p.parse_args(argv)
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else None
+    rows = tune(args.family, shapes, args.out, out=lambda s: print(s, flush=True, file=sys.stdout))
+    return 0 if rows else 1
