@@ -1,0 +1,211 @@
+"""a4w4 MXFP4 MoE down-projection (gemm2) on the Kimi-K2.5 MoE (E 385, top-9, hidden 7168, inter 512).
+
+Ours: ``mxgemm.moe_gemm2_a4w4``, timed twice, forced to each kernel (``language="hip"`` and
+``"flydsl"``, the bit-identical FlyDSL port); the row's ``ours_*`` keys are the faster one's.
+The peer is the Triton fused-MoE GEMM of vLLM's ``fused_moe_kernel`` design as AMD's aiter ships
+it for MXFP4 x MXFP4 (``_fused_moe_kernel_mxfp4``, ``tl.dot_scaled`` e2m1 x e2m1): a tile of
+BLOCK_M sorted (token, slot) rows x BLOCK_N columns of one expert, the whole K loop, the top-k
+weight applied in the epilogue and one bf16 row per (token, slot) stored (the top-k reduction,
+``moe_sum``, is a further launch, not timed here). Written here after that design, config from
+aiter's tuned table gfx950-MOE-MX_FP4.json, picked by token count as aiter does (docs/peers/moe_a4w4.md).
+
+Timing samples rounds of XCD 0 (``ROUNDS``); a sampled output is incomplete, so the two products
+are compared on a functional run of the whole grid (no timing) of the same programs and inputs.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ... import routing
+from ...specs.base import Inputs
+from ...specs.moe_a4w4 import KERNELS, KIMI_K25
+from . import WARP, launch_triton, time_ours
+
+# aiter's gfx950-MOE-MX_FP4.json: small_M below 256 tokens, medium_M below 1024, large_M above
+# (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages; waves_per_eu 0, matrix_instr_nonkdim 16, kpack 1)
+PEER_CONFIGS = (
+    (256, dict(BM=64, BN=64, BK=128, GROUP_M=2), 4, 4),
+    (1024, dict(BM=128, BN=128, BK=128, GROUP_M=4), 8, 2),
+    (None, dict(BM=128, BN=128, BK=128, GROUP_M=8), 8, 4),
+)
+PEER = ("Triton fused-MoE MXFP4 gemm (vLLM's fused_moe_kernel design, aiter's _fused_moe_kernel_mxfp4: "
+        "tl.dot_scaled e2m1 x e2m1), aiter's gfx950 table: 64/64/128 4 warps 4 stages below 256 tokens, "
+        "128/128/128 8 warps from 1024")
+TOKENS = (1, 16, 128, 1024, 4096)
+ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`)
+XCDS = 8            # aiter's NUM_XCDS on gfx950: the kernel remaps program ids so that an XCD's tiles are adjacent
+
+
+def peer_config(tokens: int) -> tuple:
+    """(blocks, warps, stages) aiter picks for ``tokens``."""
+    return next((b, w, s) for limit, b, w, s in PEER_CONFIGS if limit is None or tokens < limit)
+
+
+def block_m(tokens: int, topk: int, experts: int) -> int:
+    """Our routing block: 16 while the routed rows average at most 16 per expert (decode), else 32."""
+    return 16 if tokens * topk <= 16 * experts else 32
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_moe_mxfp4():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fused_moe_mxfp4(a, a_scale, w, w_scale, topk_weights, sorted_ids, expert_ids, padded_rows, c,
+                        N, K, num_valid, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        GROUP_M: tl.constexpr, NUM_XCDS: tl.constexpr):
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(tl.load(padded_rows), BM)
+        num_pid_n = tl.cdiv(N, BN)
+        tiles = num_pid_m * num_pid_n
+        if pid >= tiles:        # the grid is sized for the worst-case padding: the rest exit
+            return
+        # consecutive ids land on different XCDs: give each XCD a contiguous range of tiles
+        per_xcd = tl.cdiv(tiles, NUM_XCDS)
+        tall = tiles % NUM_XCDS
+        tall = NUM_XCDS if tall == 0 else tall
+        xcd, local = pid % NUM_XCDS, pid // NUM_XCDS
+        if xcd < tall:
+            pid = xcd * per_xcd + local
+        else:
+            pid = tall * per_xcd + (xcd - tall) * (per_xcd - 1) + local
+        # GROUP_M row blocks share each column block before moving on (L2 reuse of the weights)
+        group = pid // (GROUP_M * num_pid_n)
+        first_m = group * GROUP_M
+        rows_in_group = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + pid % rows_in_group
+        pid_n = (pid % (GROUP_M * num_pid_n)) // rows_in_group
+
+        rows = tl.load(sorted_ids + pid_m * BM + tl.arange(0, BM))       # (token * topk + slot), padding num_valid
+        live = rows < num_valid
+        expert = tl.load(expert_ids + pid_m).to(tl.int64)
+        rn = (pid_n * BN + tl.arange(0, BN)) % N
+        rk, rs = tl.arange(0, BK // 2), tl.arange(0, BK // 32)
+        x_ptr = a + rows[:, None] * (K // 2) + rk[None, :]
+        xs_ptr = a_scale + rows[:, None] * (K // 32) + rs[None, :]
+        y_ptr = w + expert * N * (K // 2) + rn[:, None] * (K // 2) + rk[None, :]
+        ys_ptr = w_scale + expert * N * (K // 32) + rn[:, None] * (K // 32) + rs[None, :]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for _ in range(0, K // BK):
+            x = tl.load(x_ptr, mask=live[:, None], other=0)
+            xs = tl.load(xs_ptr, mask=live[:, None], other=0)
+            y = tl.load(y_ptr)
+            ys = tl.load(ys_ptr)
+            acc = tl.dot_scaled(x, xs, "e2m1", y.T, ys, "e2m1", acc=acc, fast_math=True)
+            x_ptr += BK // 2
+            xs_ptr += BK // 32
+            y_ptr += BK // 2
+            ys_ptr += BK // 32
+        acc = acc * tl.load(topk_weights + rows, mask=live, other=0)[:, None]
+        cn = pid_n * BN + tl.arange(0, BN)
+        tl.store(c + rows[:, None] * N + cn[None, :], acc.to(tl.bfloat16), mask=live[:, None] & (cn[None, :] < N))
+
+    return fused_moe_mxfp4
+
+
+@functools.lru_cache(maxsize=None)
+def peer_assembly(tokens: int) -> tuple:
+    """(assembly, dynamic LDS bytes) of the peer for gfx950 in aiter's config for ``tokens``.
+    The shared ``triton_gfx950`` takes no num_stages, which aiter's table sets: compiled here."""
+    import os
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    blocks, warps, stages = peer_config(tokens)
+    sig = dict(a="*u8", a_scale="*u8", w="*u8", w_scale="*u8", topk_weights="*fp32", sorted_ids="*i32",
+               expert_ids="*i32", padded_rows="*i32", c="*bf16", N="i32", K="i32", num_valid="i32",
+               **{k: "constexpr" for k in (*blocks, "NUM_XCDS")})
+    k = triton.compile(ASTSource(_fused_moe_mxfp4(), signature=sig, constexprs={**blocks, "NUM_XCDS": XCDS}),
+                       target=GPUTarget("hip", "gfx950", WARP),
+                       options=dict(num_warps=warps, num_stages=stages, waves_per_eu=0, matrix_instr_nonkdim=16,
+                                    kpack=1))
+    return k.asm["amdgcn"], k.metadata.shared
+
+
+def peer_routing(ids, weights, experts: int, bm: int) -> tuple:
+    """vLLM's moe_align_block_size layout for the peer, from the same routing: (sorted rows
+    token * topk + slot, padding T * topk; expert per BM block; [padded rows]; weights per row [T * topk])."""
+    T, topk = ids.shape
+    s = routing.moe_sorting(ids, weights, experts, block_m=bm)
+    tok, slot = routing.decode_sorted_id(s.sorted_token_ids)
+    rows = torch.where(tok < T, tok * topk + slot, T * topk).to(torch.int32)
+    return rows, s.sorted_expert_ids, s.num_valid_ids[:1].clone(), weights.reshape(-1).float().contiguous()
+
+
+def run_peer(x, machine=None) -> tuple:
+    """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``)."""
+    from ...emu import Emulator
+    T, topk = x["ids"].shape
+    N, K = x["w"].shape[1], x["w"].shape[2] * 2
+    blocks, warps, _ = peer_config(T)
+    asm, lds = peer_assembly(T)
+    rows, experts, padded, weights = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
+    em = rows.numel() if T * topk >= blocks["BM"] else min(rows.numel(), T * topk * blocks["BM"])   # aiter's grid
+    c = torch.zeros(T * topk, N, dtype=torch.bfloat16)
+    emu = Emulator(arch="gfx950", race_check=False, timing=machine)
+    launch_triton(emu, asm, "fused_moe_mxfp4",
+                  [x["a"], x["a_scale"], x["w"], x["w_scale"], weights, rows, experts, padded, c, N, K, T * topk],
+                  (-(-em // blocks["BM"]) * -(-N // blocks["BN"]),), warps, lds, rounds=ROUNDS if machine else None)
+    return c, emu.last_timing
+
+
+def operands(tokens, topk, experts, N, K, seed=0) -> dict:
+    """Random finite e2m1 / e8m0 bytes (the values do not change what runs) and a seeded uniform
+    routing (distinct experts per token); our sorted layout in block_m(...) blocks."""
+    inp = Inputs(fill="bytes", seed=seed)
+    ids = torch.stack([torch.randperm(experts, generator=inp.gen)[:topk] for _ in range(tokens)])
+    weights = torch.rand(tokens, topk, generator=inp.gen)
+    a, sa = inp.mx(tokens * topk, K, fmt="e2m1")
+    w, sw = inp.mx(experts, N, K, fmt="e2m1")
+    return dict(a=a, a_scale=sa, w=w, w_scale=sw, ids=ids, weights=weights,
+                srt=routing.moe_sorting(ids, weights, experts, block_m=block_m(tokens, topk, experts)))
+
+
+def ours(x, language: str):
+    """The public op's call on ``x``, forced to ``language``."""
+    import mxgemm
+    s = x["srt"]
+    out = torch.zeros(x["ids"].shape[0], x["w"].shape[1], dtype=torch.bfloat16)
+    return lambda: mxgemm.moe_gemm2_a4w4(x["a"], x["a_scale"], x["w"], x["w_scale"], s.sorted_token_ids,
+                                         s.sorted_expert_ids, s.num_valid_ids, s.sorted_weights, out,
+                                         language=language, validate=False)
+
+
+def check_same_product(mine, theirs, topk: int) -> None:
+    """Ours (bf16 atomics of the top-k addends, one rounding each) against the peer's addends
+    (bf16 per (token, slot)) summed in fp64: within the roundings of the running sums, 2^-8 of
+    the addends' absolute sum (a missing, doubled or wrong-expert addend is off by one addend)."""
+    addends = theirs.double().reshape(mine.shape[0], topk, -1)
+    bound = 2.0 ** -8 * addends.abs().sum(1) + 1e-30
+    err = (mine.double() - addends.sum(1)).abs()
+    if not bool((err <= bound).all()):
+        i = int((err / bound).argmax())
+        raise AssertionError(f"ours and the peer differ: token {i // mine.shape[1]}, column {i % mine.shape[1]}: "
+                             f"{float(mine.flatten()[i])} vs {float(addends.sum(1).flatten()[i])}")
+
+
+def cells() -> list:
+    return [dict(label=f"Kimi-K2.5 gemm2 T={T} E={KIMI_K25['experts']} top{KIMI_K25['topk']} N={KIMI_K25['N']} "
+                       f"K={KIMI_K25['K']}", tokens=T, **KIMI_K25) for T in TOKENS]
+
+
+def run(cell, machine="mi355x") -> dict:
+    """Both of ours and the peer on one cell, timed (rounds-sampled); their whole products compared
+    first on a functional run."""
+    from ... import launcher
+    x = operands(cell["tokens"], cell["topk"], cell["experts"], cell["N"], cell["K"])
+    with launcher.emulator_settings(race_check=False):
+        mine = ours(x, "hip")()
+    theirs, _ = run_peer(x)
+    check_same_product(mine, theirs, cell["topk"])
+    timed = {lang: time_ours(ours(x, lang), machine, ROUNDS) for lang in KERNELS}
+    _, tp = run_peer(x, machine)
+    best = min(timed, key=lambda lang: timed[lang][1])
+    _, us, _, t = timed[best]
+    return dict(ours_us=us, peer_us=tp["us"], ours_kernel=KERNELS[best], ours_limiter=t["limiter"],
+                peer_limiter=tp["limiter"], sampled=t["sampled"] or tp["sampled"],
+                **{f"{lang}_us": timed[lang][1] for lang in KERNELS})
