@@ -1,0 +1,47 @@
+"""The MXFP8 MoE peer (mxgemm.timing.peers.moe_mxfp8): vLLM / SGLang's Triton fused-MoE kernel with
+tl.dot_scaled, compiled for gfx950, computes the exact product on the emulator and is timed on the
+same model as moe_mxfp8_grouped_gemm."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("per_route", [False, True], ids=["gemm1", "gemm2"])
+def test_the_fused_moe_peer_computes_the_product_and_both_sides_are_timed(per_route):
+    """3 tokens, top-2 of 4 experts, N 64, K 256: gemm1 (a row per token, top_k = 2) and gemm2 (a row
+    per route, top_k = 1, rows times their top-k weight), each side against the exact reference."""
+    import mxgemm
+    from mxgemm.timing.peers import moe_mxfp8 as m, time_ours
+    T, k, E, N, K = 3, 2, 4, 64, 256
+    srt, weights = m.routing(T, k, E)
+    a, sa, w, sw = m.operands(T, k, E, N, K, per_route, srt)
+    tw = weights if per_route else None
+    want = m.reference(a, sa, w, sw, srt, T, k, tw)
+    assert want.abs().amax() > 1      # a real product, not zeros
+    pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
+    theirs, t = m.time_peer(pa, psa, w, sw, srt, T, k, tw, rounds=None)
+    torch.testing.assert_close(theirs.float(), want.float(), rtol=2 ** -7, atol=1e-2)
+    mine, us, symbol, _ = time_ours(lambda: mxgemm.moe_mxfp8_grouped_gemm(
+        a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw, block_m=16))
+    torch.testing.assert_close(m.in_route_order(mine, srt, T, k).float(), want.float(), rtol=2 ** -7, atol=1e-2)
+    assert t["us"] > 0 and us > 0 and symbol == "smallm_mxfp8_moe_grouped_gemm"
+    # vLLM's grid: EM = 6 routes + 4 experts * 15 = 66 sorted slots (under 3 * 2 * 16), 5 row blocks x 2
+    # column blocks = 10 workgroups; XCD 0 (one of 8, round robin) holds workgroups 0 and 8
+    assert t["breakdown"]["workgroups_simulated"] == 2
+
+
+def test_a_sampled_launch_is_checked_where_it_wrote():
+    """check(): a sampled output is compared wherever it wrote, and one that wrote nothing fails."""
+    from mxgemm.timing.peers.moe_mxfp8 import check
+    want = torch.arange(1, 13, dtype=torch.float32).view(3, 4).to(torch.bfloat16)
+    part = torch.zeros_like(want)
+    part[1] = want[1]
+    check(part, want, True, "x")
+    with pytest.raises(AssertionError, match="x: the sampled launch wrote no output element"):
+        check(torch.zeros_like(want), want, True, "x")
+    part[1, 2] += 1
+    with pytest.raises(AssertionError, match="x:"):
+        check(part, want, True, "x")
+    with pytest.raises(AssertionError):
+        check(part, want, False, "x")
