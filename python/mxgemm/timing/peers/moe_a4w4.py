@@ -9,8 +9,13 @@ weight applied in the epilogue and one bf16 row per (token, slot) stored (the to
 ``moe_sum``, is a further launch, not timed here). Written here after that design, config from
 aiter's tuned table gfx950-MOE-MX_FP4.json, picked by token count as aiter does (docs/peers/moe_a4w4.md).
 
-Timing samples rounds of XCD 0 (``ROUNDS``); a sampled output is incomplete, so the two products
-are compared on a functional run of the whole grid (no timing) of the same programs and inputs.
+Both sides launch only the workgroups that hold routed rows: the sorted buffers are cut at the
+padded row count (ours: a legal layout, blocks = rows / BM; the peer: its grid of live tiles, which
+its program-id remap computes anyway). The workgroups cut would only exit, which the model charges
+nothing for (no dispatch cost, docs/timing_model.md §6), but round sampling would let a live round
+stand for them (§3). Timing samples ``ROUNDS`` rounds of XCD 0, so outputs are incomplete: the
+products are compared on a functional run of the tiles that hold token 0 (all its top-k rows,
+columns 0..255) on both sides, same programs, same inputs.
 """
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ PEER = ("Triton fused-MoE MXFP4 gemm (vLLM's fused_moe_kernel design, aiter's _f
         "tl.dot_scaled e2m1 x e2m1), aiter's gfx950 table: 64/64/128 4 warps 4 stages below 256 tokens, "
         "128/128/128 8 warps from 1024")
 TOKENS = (1, 16, 128, 1024, 4096)
-ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`)
+ROUNDS = 2          # rounds of XCD 0 simulated: the cut grids are live end to end, and a round of the peer's
+                    # 8-wave tiles takes the emulator minutes (§3: 2 rounds of a uniform grid within 10 %)
+CHECK_COLUMNS = 256
 XCDS = 8            # aiter's NUM_XCDS on gfx950: the kernel remaps program ids so that an XCD's tiles are adjacent
 
 
@@ -127,42 +134,74 @@ def peer_assembly(tokens: int) -> tuple:
 
 
 def peer_routing(ids, weights, experts: int, bm: int) -> tuple:
-    """vLLM's moe_align_block_size layout for the peer, from the same routing: (sorted rows
-    token * topk + slot, padding T * topk; expert per BM block; [padded rows]; weights per row [T * topk])."""
+    """vLLM's moe_align_block_size layout for the peer, from the same routing, cut at the padded
+    rows: (sorted rows token * topk + slot, padding T * topk; expert per BM block; [padded rows];
+    weights per row [T * topk])."""
     T, topk = ids.shape
     s = routing.moe_sorting(ids, weights, experts, block_m=bm)
     tok, slot = routing.decode_sorted_id(s.sorted_token_ids)
     rows = torch.where(tok < T, tok * topk + slot, T * topk).to(torch.int32)
-    return rows, s.sorted_expert_ids, s.num_valid_ids[:1].clone(), weights.reshape(-1).float().contiguous()
+    n = int(s.num_valid_ids[0])
+    return (rows[:n], s.sorted_expert_ids[:n // bm], s.num_valid_ids[:1].clone(),
+            weights.reshape(-1).float().contiguous())
 
 
-def run_peer(x, machine=None) -> tuple:
-    """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``)."""
+def peer_tiles(m_blocks: int, n_blocks: int, group_m: int) -> torch.Tensor:
+    """[pid] -> (row block, column block) as the peer's remap computes them (the inverse: which
+    program ids hold given tiles)."""
+    pid = torch.arange(m_blocks * n_blocks)
+    tiles = m_blocks * n_blocks
+    per_xcd, tall = -(-tiles // XCDS), tiles % XCDS or XCDS
+    xcd, local = pid % XCDS, pid // XCDS
+    pid = torch.where(xcd < tall, xcd * per_xcd + local, tall * per_xcd + (xcd - tall) * (per_xcd - 1) + local)
+    first_m = pid // (group_m * n_blocks) * group_m
+    rows_in_group = (m_blocks - first_m).clamp(max=group_m)
+    return torch.stack([first_m + pid % rows_in_group, pid % (group_m * n_blocks) // rows_in_group], 1)
+
+
+def run_peer(x, machine=None, tiles=None) -> tuple:
+    """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``):
+    timed with ``machine`` (rounds-sampled), else functional; ``tiles``: only the program ids
+    holding these (row block, column block) pairs."""
+    from ... import asm_facts
     from ...emu import Emulator
     T, topk = x["ids"].shape
     N, K = x["w"].shape[1], x["w"].shape[2] * 2
     blocks, warps, _ = peer_config(T)
     asm, lds = peer_assembly(T)
     rows, experts, padded, weights = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
-    em = rows.numel() if T * topk >= blocks["BM"] else min(rows.numel(), T * topk * blocks["BM"])   # aiter's grid
+    m_blocks, n_blocks = rows.numel() // blocks["BM"], -(-N // blocks["BN"])
     c = torch.zeros(T * topk, N, dtype=torch.bfloat16)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    launch_triton(emu, asm, "fused_moe_mxfp4",
-                  [x["a"], x["a_scale"], x["w"], x["w_scale"], weights, rows, experts, padded, c, N, K, T * topk],
-                  (-(-em // blocks["BM"]) * -(-N // blocks["BN"]),), warps, lds, rounds=ROUNDS if machine else None)
+    args = [x["a"], x["a_scale"], x["w"], x["w_scale"], weights, rows, experts, padded, c, N, K, T * topk]
+    grid = (m_blocks * n_blocks,)
+    if tiles is None:
+        launch_triton(emu, asm, "fused_moe_mxfp4", args, grid, warps, lds, rounds=ROUNDS if machine else None)
+    else:
+        pids = peer_tiles(m_blocks, n_blocks, blocks["GROUP_M"])
+        want = (pids[:, None, :] == torch.tensor(tiles)[None]).all(2).any(1).nonzero().flatten().tolist()
+        n_args = sum(not a[".value_kind"].startswith("hidden_")
+                     for a in asm_facts.kernel_info(asm, "fused_moe_mxfp4").args)   # launch_triton's padding
+        emu.launch(emu.load(asm), "fused_moe_mxfp4", grid=grid + (1, 1), block=(WARP * warps, 1, 1),
+                   args=args + [None] * (n_args - len(args)), dynamic_lds=lds, workgroups=[(p, 0, 0) for p in want])
     return c, emu.last_timing
 
 
 def operands(tokens, topk, experts, N, K, seed=0) -> dict:
     """Random finite e2m1 / e8m0 bytes (the values do not change what runs) and a seeded uniform
-    routing (distinct experts per token); our sorted layout in block_m(...) blocks."""
+    routing (distinct experts per token); our sorted layout in block_m(...) blocks, cut at its
+    padded rows."""
     inp = Inputs(fill="bytes", seed=seed)
     ids = torch.stack([torch.randperm(experts, generator=inp.gen)[:topk] for _ in range(tokens)])
     weights = torch.rand(tokens, topk, generator=inp.gen)
     a, sa = inp.mx(tokens * topk, K, fmt="e2m1")
     w, sw = inp.mx(experts, N, K, fmt="e2m1")
-    return dict(a=a, a_scale=sa, w=w, w_scale=sw, ids=ids, weights=weights,
-                srt=routing.moe_sorting(ids, weights, experts, block_m=block_m(tokens, topk, experts)))
+    bm = block_m(tokens, topk, experts)
+    s = routing.moe_sorting(ids, weights, experts, block_m=bm)
+    n = int(s.num_valid_ids[0])
+    srt = routing.MoeSorting(s.sorted_token_ids[:n], s.sorted_weights[:n], s.sorted_expert_ids[:n // bm],
+                             s.num_valid_ids)
+    return dict(a=a, a_scale=sa, w=w, w_scale=sw, ids=ids, weights=weights, srt=srt, block_m=bm)
 
 
 def ours(x, language: str):
@@ -176,11 +215,12 @@ def ours(x, language: str):
 
 
 def check_same_product(mine, theirs, topk: int) -> None:
-    """Ours (bf16 atomics of the top-k addends, one rounding each) against the peer's addends
-    (bf16 per (token, slot)) summed in fp64: within the roundings of the running sums, 2^-8 of
-    the addends' absolute sum (a missing, doubled or wrong-expert addend is off by one addend)."""
+    """Ours [T, N] (top-k bf16 atomic adds, each rounding its running sum: at most 2^-9 of it,
+    so topk 2^-9 of the addends' absolute sum in all) against the peer's bf16 addends [T * topk, N]
+    summed in fp64. A missing, doubled or wrong addend is off by about an addend, 1 / topk of
+    that sum on average."""
     addends = theirs.double().reshape(mine.shape[0], topk, -1)
-    bound = 2.0 ** -8 * addends.abs().sum(1) + 1e-30
+    bound = topk * 2.0 ** -9 * addends.abs().sum(1) + 1e-30
     err = (mine.double() - addends.sum(1)).abs()
     if not bool((err <= bound).all()):
         i = int((err / bound).argmax())
@@ -193,15 +233,27 @@ def cells() -> list:
                        f"K={KIMI_K25['K']}", tokens=T, **KIMI_K25) for T in TOKENS]
 
 
-def run(cell, machine="mi355x") -> dict:
-    """Both of ours and the peer on one cell, timed (rounds-sampled); their whole products compared
-    first on a functional run."""
+def check_token0(x) -> None:
+    """Both products on token 0 (its top-k rows, columns 0..CHECK_COLUMNS-1), each side running
+    only the workgroups that hold them, functionally."""
     from ... import launcher
-    x = operands(cell["tokens"], cell["topk"], cell["experts"], cell["N"], cell["K"])
-    with launcher.emulator_settings(race_check=False):
+    topk = x["ids"].shape[1]
+    tok, _ = routing.decode_sorted_id(x["srt"].sorted_token_ids)
+    ours_blocks = sorted({p // x["block_m"] for p in (tok == 0).nonzero().flatten().tolist()})
+    with launcher.emulator_settings(race_check=False, workgroups=[(0, b, 0) for b in ours_blocks]):
         mine = ours(x, "hip")()
-    theirs, _ = run_peer(x)
-    check_same_product(mine, theirs, cell["topk"])
+    blocks, _, _ = peer_config(x["ids"].shape[0])
+    rows, _, _, _ = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
+    peer_blocks = sorted({p // blocks["BM"] for p in (rows < topk).nonzero().flatten().tolist()})
+    theirs, _ = run_peer(x, tiles=[(m, n) for m in peer_blocks for n in range(CHECK_COLUMNS // blocks["BN"])])
+    check_same_product(mine[:1, :CHECK_COLUMNS], theirs[:topk, :CHECK_COLUMNS], topk)
+
+
+def run(cell, machine="mi355x") -> dict:
+    """Both of ours and the peer on one cell: the products compared on token 0 first, then timed
+    (rounds-sampled)."""
+    x = operands(cell["tokens"], cell["topk"], cell["experts"], cell["N"], cell["K"])
+    check_token0(x)
     timed = {lang: time_ours(ours(x, lang), machine, ROUNDS) for lang in KERNELS}
     _, tp = run_peer(x, machine)
     best = min(timed, key=lambda lang: timed[lang][1])

@@ -1,0 +1,63 @@
+"""mxgemm.timing.peers.moe_a4w4: the Triton MXFP4 fused-MoE peer, compiled for gfx950, computes the
+a4w4 down-projection's addends, and it and both of our kernels are timed on the same model.
+
+One tiny case (T 3, top-2, E 2, N 256, K 256): every grid fits XCD 0's first round, so nothing is
+sampled and the timed outputs are whole."""
+import pytest
+import torch
+
+from mxgemm import quant
+from mxgemm.specs.moe_a4w4 import KERNELS
+from mxgemm.timing.peers import moe_a4w4, time_ours
+
+T, TOPK, E, N, K = 3, 2, 2, 256, 256
+
+
+@pytest.fixture(scope="module")
+def case():
+    return moe_a4w4.operands(T, TOPK, E, N, K, seed=1)
+
+
+def addends_f64(x):
+    """float64 [T * topk, N]: weight(t, s) * (A[t * topk + s] . W[expert(t, s)]) from the dequantised operands."""
+    a = quant.dequantize_mx(x["a"], x["a_scale"], "e2m1").double()
+    w = quant.dequantize_mx(x["w"], x["w_scale"], "e2m1").double()
+    e, wt = x["ids"].reshape(-1), x["weights"].reshape(-1).double()
+    return torch.stack([wt[r] * (w[e[r]] @ a[r]) for r in range(a.shape[0])])
+
+
+def test_the_peer_computes_the_weighted_addends_and_both_sides_are_timed(case):
+    theirs, tp = moe_a4w4.run_peer(case, "mi355x")
+    want = addends_f64(case)
+    # one bf16 rounding of a product whose fp32 sum order differs from float64's: 2^-8 relative
+    torch.testing.assert_close(theirs.double(), want, rtol=2 ** -8, atol=0)
+    assert tp["us"] > 0 and not tp["sampled"]
+    # rows 0..5 in blocks of 64: 2 experts -> 2 row blocks x 4 column blocks, XCD 0 holds ids 0 (of 8)
+    assert tp["breakdown"]["workgroups_per_xcd"] == 1 and tp["breakdown"]["workgroups_simulated"] == 1
+    for lang, kernel in KERNELS.items():
+        mine, us, symbol, t = time_ours(moe_a4w4.ours(case, lang), "mi355x", moe_a4w4.ROUNDS)
+        assert us > 0 and symbol == "moe_gemm2_a4w4" and not t["sampled"]
+        moe_a4w4.check_same_product(mine, theirs, TOPK)
+
+
+def test_the_product_check_catches_a_missing_or_wrong_addend(case):
+    """Ours modelled as its atomics: bf16 addends added one by one, each sum rounded to bf16."""
+    theirs = addends_f64(case).to(torch.bfloat16)
+    mine = torch.zeros(T, N, dtype=torch.bfloat16)
+    for s in range(TOPK):
+        mine = (mine.float() + theirs.reshape(T, TOPK, N)[:, s].float()).to(torch.bfloat16)
+    moe_a4w4.check_same_product(mine, theirs, TOPK)
+    with pytest.raises(AssertionError, match="ours and the peer differ"):
+        moe_a4w4.check_same_product(theirs.reshape(T, TOPK, N)[:, 0].contiguous(), theirs, TOPK)
+    wrong = theirs.clone()
+    wrong[1] *= 2
+    with pytest.raises(AssertionError, match="ours and the peer differ"):
+        moe_a4w4.check_same_product(mine, wrong, TOPK)
+
+
+def test_the_peer_tiles_are_its_remapped_program_ids():
+    """Every (row block, column block) pair is held by exactly one program id; with 8 XCDs, XCD 0's
+    ids (0, 8, ...) take the first contiguous range of tiles (group 2: row blocks 0-1 column by column)."""
+    tiles = moe_a4w4.peer_tiles(5, 7, 2)
+    assert sorted(map(tuple, tiles.tolist())) == [(m, n) for m in range(5) for n in range(7)]
+    assert tiles[0:40:8].tolist() == [[0, 0], [1, 0], [0, 1], [1, 1], [0, 2]]
