@@ -1,118 +1,147 @@
-"""MXFP8 MoE grouped GEMM (decode). The peer is the Triton fused-MoE kernel of vLLM / SGLang
-(``fused_moe_kernel``: one program per (BLOCK_SIZE_M block of sorted_token_ids, BLOCK_SIZE_N
-columns), grouped pid order, blocks past num_tokens_post_padded exit, a row = token // top_k,
-the expert's weights per block from expert_ids, outputs scattered to the unsorted rows) with the
-MX scales applied by ``tl.dot_scaled`` as aiter's Triton fused-MoE MX kernel does, at vLLM's
-default config for decode (M <= E: BLOCK_SIZE_M 16, BLOCK_SIZE_N 32, BLOCK_SIZE_K 64,
-GROUP_SIZE_M 1; Triton's defaults 4 warps, 2 stages on HIP). Written here after those sources
-(docs/peers/moe_mxfp8.md), compiled for gfx950 by the Triton wheel.
+"""MXFP8 MoE grouped GEMM (decode). The peer is SGLang's native MXFP8 MoE for gfx950 (the MiniMax-M3
+path, ``moe_runner/triton_utils/mxfp8_moe_amd_gfx95.py``): one Triton ``tl.dot_scaled`` grouped GEMM
+over moe_align_block_size's layout (block_m 64), a program per (block of 64 sorted routes, BLOCK_N
+columns), blocks past num_tokens_post_padded exit, a row = route // A_DIV (gemm1: A_DIV = top_k,
+the token's hidden row; gemm2: 1, the route's own row), each route written to its own output row
+(gemm1 bf16; gemm2 times its top-k weight, fp32). Its launch config: BLOCK_K 128; BLOCK_N 64 and
+4 warps for gemm1 with at most 32 routes and K >= 3072, else BLOCK_N 128 and 8 warps; Triton's
+default stages. Written here after that source (docs/peers/moe_mxfp8.md), compiled for gfx950 by
+the Triton wheel.
 
-Both sides get one routing from ``mxgemm.routing.moe_sorting`` (block_m 16, the peer's
-BLOCK_SIZE_M): the same expert-sorted, padded blocks; the peer's ids are re-encoded as vLLM's
-moe_align_block_size writes them (token * top_k + slot, padding top_k * T, its buffer length
-T * top_k + E * (BLOCK_SIZE_M - 1))."""
+Both sides get one routing (seeded top-k ids): ours through ``mxgemm.routing.moe_sorting`` at its
+block_m 16, the peer through the same function at block_m 64 with the ids re-encoded as
+moe_align_block_size writes them (route = token * top_k + slot, padding T * top_k, its buffer
+length)."""
 from __future__ import annotations
 
 import functools
 
 import torch
 
-from ...routing import decode_sorted_id
-from . import launch_triton, time_ours, triton_gfx950
+from ...routing import decode_sorted_id, moe_sorting
+from . import WARP, launch_triton, time_ours
 
-PEER_BLOCKS = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1)
-PEER_WARPS = 4
-PEER = ("Triton fused_moe_kernel (vLLM / SGLang) with tl.dot_scaled MX scales (aiter's Triton MoE MX path), "
-        "vLLM's default decode config BLOCK 16/32/64, GROUP_SIZE_M 1, 4 warps")
-# MiniMax-M3 (hidden 6144) experts at TP4, as specs/moe_mxfp8.py's preset: (name, N, K, a per slot)
+PEER_BLOCK_M = 64          # fused_moe_mxfp8_native's moe_align_block_size block
+OUR_BLOCK_M = 16           # specs/moe_mxfp8.py's block_m
+PEER = ("SGLang's native MXFP8 MoE for gfx950 (Triton tl.dot_scaled grouped GEMM over moe_align_block_size, "
+        "block_m 64, BLOCK_K 128, BLOCK_N 64 / 4 warps or 128 / 8 warps)")
+# MiniMax-M3 (hidden 6144) experts at TP4, as specs/moe_mxfp8.py's preset: (name, N, K, a row per route)
 GEMMS = (("gemm1", 1536, 6144, False), ("gemm2", 6144, 768, True))
 EXPERTS = (32, 256)
 ROUTES = ((1, 1), (1, 32), (1, 256), (8, 1), (8, 4), (8, 32))     # (top-k, tokens): M_routed 1..256
 ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`)
-BLOCK_M = PEER_BLOCKS["BLOCK_SIZE_M"]
 
 
 @functools.lru_cache(maxsize=None)
-def _fused_moe_mx():
+def _grouped_gemm_mx():
     import triton
     import triton.language as tl
 
     @triton.jit
-    def fused_moe_mx(a, a_scale, b, b_scale, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
-                     N, K, EM, num_valid_tokens, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-                     BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-                     top_k: tl.constexpr):
-        pid = tl.program_id(0)
-        blocks_m, blocks_n = tl.cdiv(EM, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N)
-        first_m = pid // (GROUP_SIZE_M * blocks_n) * GROUP_SIZE_M
-        group_m = min(blocks_m - first_m, GROUP_SIZE_M)
-        pid_m = first_m + pid % (GROUP_SIZE_M * blocks_n) % group_m
-        pid_n = pid % (GROUP_SIZE_M * blocks_n) // group_m
-        if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded):
+    def grouped_gemm_mx(a, a_scale, b, b_scale, c, topk_weights, sorted_token_ids, expert_ids,
+                        num_tokens_post_padded, E, N, K, num_valid_tokens, A_DIV: tl.constexpr,
+                        MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded):
             return
-        slot = tl.load(sorted_token_ids + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M).to(tl.int64))
-        live = slot < num_valid_tokens
-        rn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        route = tl.load(sorted_token_ids + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        live = route < num_valid_tokens
         expert = tl.load(expert_ids + pid_m).to(tl.int64)
-        if expert == -1:        # an expert of another rank: zeros
-            tl.store(c + slot[:, None] * N + rn[None, :], tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), tl.bfloat16),
-                     mask=live[:, None] & (rn[None, :] < N))
-            return
-        row = slot // top_k
-        wn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
-        rk, rs = tl.arange(0, BLOCK_SIZE_K), tl.arange(0, BLOCK_SIZE_K // 32)
-        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(0, K // BLOCK_SIZE_K):
-            x = tl.load(a + row[:, None] * K + k * BLOCK_SIZE_K + rk[None, :], mask=live[:, None], other=0.0)
-            xs = tl.load(a_scale + row[:, None] * (K // 32) + k * (BLOCK_SIZE_K // 32) + rs[None, :],
+        has_expert = (expert >= 0) & (expert < E)       # a filtered route's bucket reads nothing
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_n = rn < N
+        row = route // A_DIV
+        rk, rs = tl.arange(0, BLOCK_K), tl.arange(0, BLOCK_K // 32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            x = tl.load(a + row[:, None] * K + k * BLOCK_K + rk[None, :], mask=live[:, None], other=0.0)
+            y = tl.load(b + expert * N * K + rn[:, None] * K + k * BLOCK_K + rk[None, :],
+                        mask=has_expert & in_n[:, None], other=0.0)
+            xs = tl.load(a_scale + row[:, None] * (K // 32) + k * (BLOCK_K // 32) + rs[None, :],
                          mask=live[:, None], other=0)
-            y = tl.load(b + expert * N * K + wn[:, None] * K + k * BLOCK_SIZE_K + rk[None, :])
-            ys = tl.load(b_scale + expert * N * (K // 32) + wn[:, None] * (K // 32) + k * (BLOCK_SIZE_K // 32)
-                         + rs[None, :])
-            acc = tl.dot_scaled(x, xs, "e4m3", y.T, ys, "e4m3", acc, fast_math=True)
-        if MUL_ROUTED_WEIGHT:
-            acc = acc * tl.load(topk_weights + slot, mask=live, other=0)[:, None]
-        tl.store(c + slot[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=live[:, None] & (rn[None, :] < N))
+            ys = tl.load(b_scale + expert * N * (K // 32) + rn[:, None] * (K // 32) + k * (BLOCK_K // 32)
+                         + rs[None, :], mask=has_expert & in_n[:, None], other=0)
+            acc += tl.dot_scaled(x, xs, "e4m3", y.T, ys, "e4m3")
+        if MUL_WEIGHT:
+            acc = acc * tl.load(topk_weights + route, mask=live, other=0.0)[:, None]
+        tl.store(c + route[:, None] * N + rn[None, :], acc.to(c.dtype.element_ty), mask=live[:, None] & in_n[None, :])
 
-    return fused_moe_mx
-
-
-def peer_assembly(top_k: int, weighted: bool) -> tuple:
-    """(assembly, dynamic LDS bytes) of the Triton peer for gfx950."""
-    sig = (("a", "*fp8e4nv"), ("a_scale", "*u8"), ("b", "*fp8e4nv"), ("b_scale", "*u8"), ("c", "*bf16"),
-           ("topk_weights", "*fp32"), ("sorted_token_ids", "*i32"), ("expert_ids", "*i32"),
-           ("num_tokens_post_padded", "*i32"), ("N", "i32"), ("K", "i32"), ("EM", "i32"), ("num_valid_tokens", "i32"))
-    consts = (*PEER_BLOCKS.items(), ("MUL_ROUTED_WEIGHT", weighted), ("top_k", top_k))
-    return triton_gfx950(_fused_moe_mx(), sig, consts, PEER_WARPS)
+    return grouped_gemm_mx
 
 
-def peer_layout(srt, tokens: int, topk: int, experts: int) -> tuple:
-    """(sorted_token_ids, expert_ids) of moe_sorting's blocks as vLLM's moe_align_block_size writes
-    them: token * topk + slot, padding tokens * topk, length tokens * topk + experts * (BLOCK_M - 1)."""
-    n = tokens * topk + experts * (BLOCK_M - 1)
-    tok, slot = decode_sorted_id(srt.sorted_token_ids[:n])
-    ids = torch.where(tok < tokens, tok * topk + slot, tokens * topk).to(torch.int32)
-    return ids, srt.sorted_expert_ids[:-(-n // BLOCK_M)].contiguous()
+def peer_config(per_route: bool, routes: int, K: int) -> tuple:
+    """(BLOCK_N, warps) as fused_moe_mxfp8_native's launcher picks them."""
+    return (64, 4) if not per_route and routes <= 32 and K >= 3072 else (128, 8)
 
 
-def time_peer(a, sa, w, sw, srt, tokens, topk, weights=None, machine="mi355x", rounds=ROUNDS) -> tuple:
-    """(output [tokens * topk, N] in (token, slot) order, timing) of the Triton peer. ``a``: [tokens, K]
-    (gemm1: a row per token, top_k = topk) or [tokens * topk, K] (gemm2: a row per route, top_k = 1,
-    rows weighted by ``weights`` [tokens, topk])."""
+@functools.lru_cache(maxsize=None)
+def _compile(fn, specialization: tuple, constexprs: tuple, warps: int) -> tuple:
+    import os
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
+    import triton
+    from triton.backends.amd.compiler import HIPBackend
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {n: t for n, t, _ in specialization}
+    sig.update({n: "constexpr" for n, _ in constexprs})
+    consts = {**{n: d for n, t, d in specialization if t == "constexpr"}, **dict(constexprs)}
+    attrs = {(fn.arg_names.index(n),): HIPBackend.parse_attr(d) for n, t, d in specialization if t != "constexpr"}
+    k = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("hip", "gfx950", WARP), options={"num_warps": warps})
+    return k.asm["amdgcn"], k.metadata.shared
+
+
+def compile_as_launched(fn, args: dict, constexprs: tuple, warps: int) -> tuple:
+    """(assembly, dynamic LDS bytes, launch arguments) of ``fn`` compiled for gfx950 as Triton's
+    launcher specialises it on these arguments (the shared ``triton_gfx950`` takes no such hints):
+    16-byte aligned pointers and ints divisible by 16 get tt.divisibility 16, tensors within 2 GB
+    tt.pointer_range 32 (buffer loads), an int equal to 1 becomes a constant and leaves the
+    argument list."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.amd.compiler import HIPBackend
+    spec = tuple((n, *native_specialize_impl(HIPBackend, v, False, True, True)) for n, v in args.items())
+    asm, lds = _compile(fn, spec, constexprs, warps)
+    return asm, lds, [args[n] for n, t, _ in spec if t != "constexpr"]
+
+
+def peer_layout(topk_ids, E: int) -> tuple:
+    """(sorted_token_ids, expert_ids, num_tokens_post_padded) as SGLang's moe_align_block_size
+    returns them for block 64: routes token * top_k + slot grouped by expert, each expert padded to
+    64 with T * top_k; its buffer holds routes * 64 ids when routes < E + 1, else
+    routes + (E + 1) * 63."""
+    T, top_k = topk_ids.shape
+    routes = T * top_k
+    srt = moe_sorting(topk_ids, torch.ones(T, top_k), E, block_m=PEER_BLOCK_M)
+    n = routes * PEER_BLOCK_M if routes < E + 1 else routes + (E + 1) * (PEER_BLOCK_M - 1)
+    ids = torch.full((n,), routes, dtype=torch.int32)
+    valid = int(srt.num_valid_ids[0])
+    tok, slot = decode_sorted_id(srt.sorted_token_ids[:valid])
+    ids[:valid] = torch.where(tok < T, tok * top_k + slot, routes).to(torch.int32)
+    experts = torch.full((-(-n // PEER_BLOCK_M),), -1, dtype=torch.int32)
+    experts[:valid // PEER_BLOCK_M] = srt.sorted_expert_ids[:valid // PEER_BLOCK_M]
+    return ids, experts, srt.num_valid_ids[:1].clone()
+
+
+def time_peer(a, sa, w, sw, topk_ids, weights=None, machine="mi355x", rounds=ROUNDS) -> tuple:
+    """(output [T * top_k, N] in route order, timing) of the Triton peer. gemm1: ``a`` [T, K], no
+    weights, bf16 out; gemm2: ``a`` [T * top_k, K] (a row per route), ``weights`` [T, top_k], fp32 out."""
     from ...emu import Emulator
     E, N, K = w.shape
-    per_route = a.shape[0] == tokens * topk and weights is not None
-    top_k = 1 if per_route else topk
-    asm, lds = peer_assembly(top_k, weights is not None)
-    ids, experts = peer_layout(srt, tokens, topk, E)
-    # vLLM's launch: EM = sorted ids' length, cut to tokens * top_k * BLOCK_M when tokens < BLOCK_M
-    EM = ids.numel() if a.shape[0] >= BLOCK_M else min(ids.numel(), a.shape[0] * top_k * BLOCK_M)
-    c = torch.zeros(tokens * topk, N, dtype=torch.bfloat16)
-    tw = (weights if weights is not None else torch.zeros(tokens, topk)).float().contiguous()
+    T, top_k = topk_ids.shape
+    per_route = weights is not None
+    block_n, warps = peer_config(per_route, T * top_k, K)
+    ids, experts, post = peer_layout(topk_ids, E)
+    c = torch.zeros(T * top_k, N, dtype=torch.float32 if per_route else torch.bfloat16)
+    tw = (weights if per_route else torch.zeros(T, top_k)).float().contiguous()
+    args = dict(a=a, a_scale=sa, b=w, b_scale=sw, c=c, topk_weights=tw, sorted_token_ids=ids, expert_ids=experts,
+                num_tokens_post_padded=post, E=E, N=N, K=K, num_valid_tokens=T * top_k)
+    consts = (("A_DIV", 1 if per_route else top_k), ("MUL_WEIGHT", per_route), ("BLOCK_M", PEER_BLOCK_M),
+              ("BLOCK_N", block_n), ("BLOCK_K", 128))
+    asm, lds, launch = compile_as_launched(_grouped_gemm_mx(), args, consts, warps)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    grid = (-(-EM // BLOCK_M) * -(-N // PEER_BLOCKS["BLOCK_SIZE_N"]),)
-    launch_triton(emu, asm, "fused_moe_mx", [a, sa, w, sw, c, tw, ids, experts, srt.num_valid_ids[:1].clone(),
-                                             N, K, EM, tokens * topk], grid, PEER_WARPS, lds, rounds=rounds)
+    grid = (-(-ids.numel() // PEER_BLOCK_M), -(-N // block_n))
+    launch_triton(emu, asm, "grouped_gemm_mx", launch, grid, warps, lds, rounds=rounds)
     return c, emu.last_timing
 
 
@@ -126,19 +155,18 @@ def operands(tokens, topk, E, N, K, per_route, srt, seed=0) -> tuple:
     w = torch.empty(E, N, K, dtype=torch.float8_e4m3fn)
     sw = torch.empty(E, N, K // 32, dtype=torch.uint8)
     n = int(srt.num_valid_ids[0])
-    for e in srt.sorted_expert_ids[:n // BLOCK_M].unique().tolist():
+    for e in srt.sorted_expert_ids[:n // OUR_BLOCK_M].unique().tolist():
         w[e], sw[e] = quantize_mx(torch.randn(N, K, generator=g), "e4m3")
     return a, sa, w, sw
 
 
 def routing(tokens, topk, E, seed=0):
-    """moe_sorting's layout (block_m 16) of seeded uniform routing with distinct experts per token,
-    and the top-k weights."""
-    from ...routing import moe_sorting
+    """(topk_ids, top-k weights, our moe_sorting layout at block_m 16) of seeded uniform routing
+    with distinct experts per token."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(tokens)])
     weights = torch.rand(tokens, topk, generator=g)
-    return moe_sorting(ids, weights, E, block_m=BLOCK_M), weights
+    return ids, weights, moe_sorting(ids, weights, E, block_m=OUR_BLOCK_M)
 
 
 def in_route_order(out, srt, tokens, topk):
@@ -152,16 +180,18 @@ def in_route_order(out, srt, tokens, topk):
 
 
 def reference(a, sa, w, sw, srt, tokens, topk, weights) -> torch.Tensor:
-    """The exact product [tokens * topk, N] in (token, slot) order (mxgemm.reference's fp32 model);
-    gemm2's per-route rows are gemm1 rows of a [tokens * topk, K] input."""
+    """The exact product [tokens * topk, N] in (token, slot) order (mxgemm.reference's fp32 model;
+    gemm1 bf16, gemm2 weighted fp32): gemm2's per-route rows are gemm1 rows of a [tokens * topk, K]
+    input."""
     from ... import reference as ref
     K, ids = a.shape[-1], srt.sorted_token_ids
     if a.dim() == 3:
         tok, slot = decode_sorted_id(ids)
         ids = torch.where(tok < tokens, tok * topk + slot, tokens * topk).to(torch.int32)
         a, sa = a.reshape(-1, K), sa.reshape(-1, K // 32)
-    want = ref.moe_mxfp8_grouped_gemm_ref(a, sa, w, sw, ids, srt.sorted_expert_ids, srt.num_valid_ids, BLOCK_M,
-                                          sorted_weights=srt.sorted_weights if weights is not None else None)
+    want = ref.moe_mxfp8_grouped_gemm_ref(a, sa, w, sw, ids, srt.sorted_expert_ids, srt.num_valid_ids, OUR_BLOCK_M,
+                                          sorted_weights=srt.sorted_weights if weights is not None else None,
+                                          out_dtype=torch.float32 if weights is not None else torch.bfloat16)
     return in_route_order(want, srt, tokens, topk)
 
 
@@ -183,18 +213,20 @@ def cells() -> list:
 
 
 def run(cell, machine="mi355x", rounds=ROUNDS) -> dict:
-    """Ours (its own config choice) and the peer on one cell, both timed on rounds-sampled launches;
-    both products checked against the exact reference before the row counts."""
+    """Ours (its own config choice) and the peer on one cell, both timed on rounds-sampled launches
+    with the same output contract (gemm1 bf16; gemm2 weighted, fp32); both products checked against
+    the exact reference before the row counts."""
     import mxgemm
     T, k, E, N, K, per_route = (cell[x] for x in ("tokens", "topk", "E", "N", "K", "per_route"))
-    srt, weights = routing(T, k, E)
+    ids, weights, srt = routing(T, k, E)
     a, sa, w, sw = operands(T, k, E, N, K, per_route, srt)
     tw = weights if per_route else None
     mine, us, symbol, t = time_ours(lambda: mxgemm.moe_mxfp8_grouped_gemm(
         a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw,
-        block_m=BLOCK_M, fallback="error"), machine, rounds)
+        block_m=OUR_BLOCK_M, out_dtype=torch.float32 if per_route else torch.bfloat16, fallback="error"),
+        machine, rounds)
     pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
-    theirs, tp = time_peer(pa, psa, w, sw, srt, T, k, tw, machine, rounds)
+    theirs, tp = time_peer(pa, psa, w, sw, ids, tw, machine, rounds)
     want = reference(a, sa, w, sw, srt, T, k, tw)
     check(in_route_order(mine, srt, T, k), want, t["sampled"], "ours")
     check(theirs, want, tp["sampled"], "peer")
