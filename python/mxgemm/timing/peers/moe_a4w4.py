@@ -26,7 +26,7 @@ import torch
 from ... import routing
 from ...specs.base import Inputs
 from ...specs.moe_a4w4 import KERNELS, KIMI_K25
-from . import WARP, launch_triton, time_ours
+from . import WARP, time_ours
 
 # aiter's gfx950-MOE-MX_FP4.json: small_M below 256 tokens, medium_M below 1024, large_M above
 # (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages; waves_per_eu 0, matrix_instr_nonkdim 16, kpack 1)
@@ -114,23 +114,38 @@ def _fused_moe_mxfp4():
 
 
 @functools.lru_cache(maxsize=None)
-def peer_assembly(tokens: int) -> tuple:
-    """(assembly, dynamic LDS bytes) of the peer for gfx950 in aiter's config for ``tokens``.
-    The shared ``triton_gfx950`` takes no num_stages, which aiter's table sets: compiled here."""
+def peer_assembly(tokens: int, specs: tuple) -> tuple:
+    """(assembly, dynamic LDS bytes) of the peer for gfx950 in aiter's config for ``tokens``;
+    ``specs``: (parameter, (Triton type, specialisation key)) of its runtime arguments as Triton's
+    launcher derives them (pointers 16-byte aligned and within 2 GB: buffer loads; integers
+    divisible by 16; an integer 1 folded in as a constant). The shared ``triton_gfx950`` takes
+    neither these nor num_stages, which aiter's table sets: compiled here."""
     import os
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import triton
+    from triton.backends.amd.compiler import HIPBackend
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    fn = _fused_moe_mxfp4()
     blocks, warps, stages = peer_config(tokens)
-    sig = dict(a="*u8", a_scale="*u8", w="*u8", w_scale="*u8", topk_weights="*fp32", sorted_ids="*i32",
-               expert_ids="*i32", padded_rows="*i32", c="*bf16", N="i32", K="i32", num_valid="i32",
-               **{k: "constexpr" for k in (*blocks, "NUM_XCDS")})
-    k = triton.compile(ASTSource(_fused_moe_mxfp4(), signature=sig, constexprs={**blocks, "NUM_XCDS": XCDS}),
+    folded = {p: key for p, (ty, key) in specs if ty == "constexpr"}
+    sig = {p: ty for p, (ty, _) in specs} | {k: "constexpr" for k in (*blocks, "NUM_XCDS")}
+    attrs = {(fn.arg_names.index(p),): HIPBackend.parse_attr(key) for p, (ty, key) in specs
+             if ty != "constexpr" and key}
+    k = triton.compile(ASTSource(fn, sig, {**blocks, "NUM_XCDS": XCDS, **folded}, attrs),
                        target=GPUTarget("hip", "gfx950", WARP),
                        options=dict(num_warps=warps, num_stages=stages, waves_per_eu=0, matrix_instr_nonkdim=16,
                                     kpack=1))
     return k.asm["amdgcn"], k.metadata.shared
+
+
+def xcd0_workgroups(machine, prog, symbol, grid, block, lds) -> list:
+    """What a timing run executes: ``ROUNDS`` rounds of XCD 0's share (mxgemm.timing.rounds_sample),
+    or its whole share when they cover it (the engine replays XCD 0 only; the launchers would run
+    all eight XCDs' workgroups then, 8 times the emulator's work for the same time)."""
+    from .. import rounds_sample, xcd0_sample
+    share = -(-grid[0] * grid[1] * grid[2] // XCDS)
+    return rounds_sample(machine, prog, symbol, grid, block, lds, ROUNDS) or xcd0_sample(grid, share, machine)
 
 
 def peer_routing(ids, weights, experts: int, bm: int) -> tuple:
@@ -161,29 +176,36 @@ def peer_tiles(m_blocks: int, n_blocks: int, group_m: int) -> torch.Tensor:
 
 def run_peer(x, machine=None, tiles=None) -> tuple:
     """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``):
-    timed with ``machine`` (rounds-sampled), else functional; ``tiles``: only the program ids
-    holding these (row block, column block) pairs."""
+    timed on ``machine`` (xcd0_workgroups), else functional, the whole grid or only the program ids
+    holding ``tiles`` ((row block, column block) pairs)."""
+    from triton.backends.amd.compiler import HIPBackend
+    from triton.runtime.jit import native_specialize_impl
+
     from ... import asm_facts
     from ...emu import Emulator
     T, topk = x["ids"].shape
     N, K = x["w"].shape[1], x["w"].shape[2] * 2
     blocks, warps, _ = peer_config(T)
-    asm, lds = peer_assembly(T)
     rows, experts, padded, weights = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
-    m_blocks, n_blocks = rows.numel() // blocks["BM"], -(-N // blocks["BN"])
     c = torch.zeros(T * topk, N, dtype=torch.bfloat16)
+    args = dict(a=x["a"], a_scale=x["a_scale"], w=x["w"], w_scale=x["w_scale"], topk_weights=weights,
+                sorted_ids=rows, expert_ids=experts, padded_rows=padded, c=c, N=N, K=K, num_valid=T * topk)
+    specs = tuple((p, native_specialize_impl(HIPBackend, v, False, True, True)) for p, v in args.items())
+    asm, lds = peer_assembly(T, specs)
+    m_blocks, n_blocks = rows.numel() // blocks["BM"], -(-N // blocks["BN"])
+    grid, block = (m_blocks * n_blocks, 1, 1), (WARP * warps, 1, 1)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    args = [x["a"], x["a_scale"], x["w"], x["w_scale"], weights, rows, experts, padded, c, N, K, T * topk]
-    grid = (m_blocks * n_blocks,)
-    if tiles is None:
-        launch_triton(emu, asm, "fused_moe_mxfp4", args, grid, warps, lds, rounds=ROUNDS if machine else None)
-    else:
+    prog = emu.load(asm)
+    if tiles is not None:
         pids = peer_tiles(m_blocks, n_blocks, blocks["GROUP_M"])
-        want = (pids[:, None, :] == torch.tensor(tiles)[None]).all(2).any(1).nonzero().flatten().tolist()
-        n_args = sum(not a[".value_kind"].startswith("hidden_")
-                     for a in asm_facts.kernel_info(asm, "fused_moe_mxfp4").args)   # launch_triton's padding
-        emu.launch(emu.load(asm), "fused_moe_mxfp4", grid=grid + (1, 1), block=(WARP * warps, 1, 1),
-                   args=args + [None] * (n_args - len(args)), dynamic_lds=lds, workgroups=[(p, 0, 0) for p in want])
+        held = (pids[:, None, :] == torch.tensor(tiles)[None]).all(2).any(1)
+        wgs = [(p, 0, 0) for p in held.nonzero().flatten().tolist()]
+    else:
+        wgs = xcd0_workgroups(machine, prog, "fused_moe_mxfp4", grid, block, lds) if machine else None
+    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, "fused_moe_mxfp4").args)
+    run = [v for (_, (ty, _)), v in zip(specs, args.values()) if ty != "constexpr"]
+    emu.launch(prog, "fused_moe_mxfp4", grid=grid, block=block, args=run + [None] * (n_args - len(run)),
+               dynamic_lds=lds, workgroups=wgs)
     return c, emu.last_timing
 
 
@@ -204,14 +226,26 @@ def operands(tokens, topk, experts, N, K, seed=0) -> dict:
     return dict(a=a, a_scale=sa, w=w, w_scale=sw, ids=ids, weights=weights, srt=srt, block_m=bm)
 
 
-def ours(x, language: str):
-    """The public op's call on ``x``, forced to ``language``."""
-    import mxgemm
+def ours(x, language: str) -> tuple:
+    """(arguments, keywords) of the public op's call on ``x``, forced to ``language``."""
     s = x["srt"]
     out = torch.zeros(x["ids"].shape[0], x["w"].shape[1], dtype=torch.bfloat16)
-    return lambda: mxgemm.moe_gemm2_a4w4(x["a"], x["a_scale"], x["w"], x["w_scale"], s.sorted_token_ids,
-                                         s.sorted_expert_ids, s.num_valid_ids, s.sorted_weights, out,
-                                         language=language, validate=False)
+    return ((x["a"], x["a_scale"], x["w"], x["w_scale"], s.sorted_token_ids, s.sorted_expert_ids, s.num_valid_ids,
+             s.sorted_weights, out), dict(language=language, validate=False))
+
+
+def time_mine(x, language: str, machine="mi355x") -> tuple:
+    """time_ours of our call on xcd0_workgroups."""
+    import mxgemm
+
+    from ... import build, launcher
+    from ...emu import Emulator
+    args, kw = ours(x, language)
+    plan = mxgemm.explain("moe_gemm2_a4w4", *args, **kw)
+    art = build.artifact(plan.kernel, plan.variant, plan.arch)
+    prog = Emulator(arch=plan.arch, race_check=False).load(art.asm)
+    with launcher.emulator_settings(workgroups=xcd0_workgroups(machine, prog, art.symbol, plan.grid, plan.block, 0)):
+        return time_ours(lambda: mxgemm.moe_gemm2_a4w4(*args, **kw), machine, ROUNDS)
 
 
 def check_same_product(mine, theirs, topk: int) -> None:
@@ -240,8 +274,10 @@ def check_token0(x) -> None:
     topk = x["ids"].shape[1]
     tok, _ = routing.decode_sorted_id(x["srt"].sorted_token_ids)
     ours_blocks = sorted({p // x["block_m"] for p in (tok == 0).nonzero().flatten().tolist()})
+    import mxgemm
+    args, kw = ours(x, "hip")
     with launcher.emulator_settings(race_check=False, workgroups=[(0, b, 0) for b in ours_blocks]):
-        mine = ours(x, "hip")()
+        mine = mxgemm.moe_gemm2_a4w4(*args, **kw)
     blocks, _, _ = peer_config(x["ids"].shape[0])
     rows, _, _, _ = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
     peer_blocks = sorted({p // blocks["BM"] for p in (rows < topk).nonzero().flatten().tolist()})
@@ -254,7 +290,7 @@ def run(cell, machine="mi355x") -> dict:
     (rounds-sampled)."""
     x = operands(cell["tokens"], cell["topk"], cell["experts"], cell["N"], cell["K"])
     check_token0(x)
-    timed = {lang: time_ours(ours(x, lang), machine, ROUNDS) for lang in KERNELS}
+    timed = {lang: time_mine(x, lang, machine) for lang in KERNELS}
     _, tp = run_peer(x, machine)
     best = min(timed, key=lambda lang: timed[lang][1])
     _, us, _, t = timed[best]
