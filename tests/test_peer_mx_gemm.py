@@ -10,7 +10,7 @@ from mxgemm.timing.peers import mx_gemm as fam
 @pytest.mark.parametrize("a_fmt, b_fmt", [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1")])
 def test_the_triton_mx_peer_computes_the_product_and_both_sides_are_timed(a_fmt, b_fmt):
     """M = 160: two row tiles, the second's rows past M wrapped on load and masked on store;
-    K = 512: two (MXFP4, shuffled scales) or four K steps. Both products against the reference
+    K = 512: two K steps. Both products against the reference
     (128-K chunks, one fp32 rounding each: the MFMA's); a wrong scale shuffle or operand layout
     is off by far more than one bf16 ulp."""
     import mxgemm
@@ -40,6 +40,6 @@ def test_the_scale_shuffle_puts_each_lanes_four_scales_in_one_dword():
 
 def test_the_peer_refuses_shapes_outside_its_blocks():
     with pytest.raises(ValueError, match="K % 256 == 0; got K = 384"):
-        fam.check_peer_shape(128, 128, 384, "e2m1")
+        fam.check_peer_shape(128, 128, 384)
     with pytest.raises(ValueError, match="M % 32 == 0; got M = 100"):
-        fam.check_peer_shape(100, 128, 256, "e4m3")
+        fam.check_peer_shape(100, 128, 256)

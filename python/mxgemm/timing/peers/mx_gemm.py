@@ -1,12 +1,11 @@
 """Prefill MX GEMMs (MXFP8, MXFP4, A8W4) at M = N = K. The peer is the Triton ``tl.dot_scaled``
 GEMM of Triton's block-scaled matmul tutorial for CDNA4 (``python/tutorials/10-block-scaled-matmul.py``,
-its AMD kernel): 128 x 128 output tiles, BLOCK_K 256 (MXFP4), 8 warps, 2 stages, 16 x 16 scaled
-MFMAs (``matrix_instr_nonkdim=16``), e8m0 scales pre-shuffled on the host so that each lane's four
+its AMD kernel): 128 x 128 output tiles, BLOCK_K 256, 8 warps, 2 stages, 16 x 16 scaled MFMAs
+(``matrix_instr_nonkdim=16``), e8m0 scales pre-shuffled on the host so that each lane's four
 scale bytes are one dword. aiter's MI350X table for its Triton A4W4 GEMM (``MI350X-GEMM-AFP4WFP4.json``,
 "large" / "xlarge") names the same tile, BLOCK_K, stages and MFMA size (with 4 warps). The
-tutorial runs only MXFP4 on AMD; MXFP8 and A8W4 run the same kernel with 128 bytes of A per K
-step (BLOCK_K 128, the tutorial's MXFP8 choice on NVIDIA) and row-major scales (its shuffle needs
-8 scales a step). Written here after that design and compiled for gfx950 by the Triton wheel
+tutorial runs only MXFP4 on AMD; MXFP8 and A8W4 run the same kernel and config, only the operand
+formats change. Written here after that design and compiled for gfx950 by the Triton wheel
 (docs/peers/mx_gemm.md).
 
 Large cells are timed at two smaller K on both sides and extrapolated linearly to the cell's K
@@ -19,10 +18,10 @@ import torch
 
 from . import WARP, launch_triton, time_ours
 
-PEER_BLOCKS = dict(BM=128, BN=128)
+PEER_BLOCKS = dict(BM=128, BN=128, BK=256)      # BK: K elements a step, one shuffled scale group (8 x 32)
 PEER_WARPS, PEER_STAGES, PEER_MFMA = 8, 2, 16
-PEER = ("Triton tl.dot_scaled GEMM (Triton's CDNA4 block-scaled matmul tutorial), BLOCK 128 x 128, BLOCK_K 128 bytes "
-        "of A, 8 warps, 2 stages, 16x16 MFMA, pre-shuffled scales at BLOCK_K 256")
+PEER = ("Triton tl.dot_scaled GEMM (Triton's CDNA4 block-scaled matmul tutorial), BLOCK 128/128/256, 8 warps, "
+        "2 stages, 16x16 MFMA, pre-shuffled scales")
 FORMATS = (("MXFP8", "e4m3", "e4m3"), ("MXFP4", "e2m1", "e2m1"), ("A8W4", "e4m3", "e2m1"))
 # M = N = K. Cut for the time budget (one 8192^3 MXFP8 point at K = 512 took 536 s on the shared
 # cores): 4096^3 (between the extremes), 16384^3, and A8W4 at 8192^3.
@@ -31,13 +30,6 @@ EXTRAPOLATE_FROM = (256, 512)      # the two K simulated for cells of larger K (
 ROUNDS = 3
 PER_BYTE = {"e4m3": 1, "e2m1": 2}
 TRITON_PTR = {"e4m3": "*fp8e4nv", "e2m1": "*u8"}
-SHUFFLE_K = 256                    # K of one shuffled scale group: 8 scales of 32
-
-
-def block_k(a_fmt) -> int:
-    """128 bytes of a row of A per K step, as the tutorial's configs (MXFP4 256, MXFP8 128). At
-    BLOCK_K 256 with 8-bit A, Triton 3.9 spills 624 (MXFP8) and 286 (A8W4) VGPRs, at 128: 77 and 0."""
-    return 128 * PER_BYTE[a_fmt]
 
 
 def shuffle_scales(s: torch.Tensor) -> torch.Tensor:
@@ -56,7 +48,7 @@ def _dot_scaled_gemm():
     @triton.jit
     def dot_scaled_gemm(a, a_scale, b, b_scale, c, M, N, K, A_FMT: tl.constexpr, B_FMT: tl.constexpr,
                         A_PER_BYTE: tl.constexpr, B_PER_BYTE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, SHUFFLED: tl.constexpr):
+                        BK: tl.constexpr):
         pid = tl.program_id(0)
         tiles_n = tl.cdiv(N, BN)
         pm, pn = pid // tiles_n, pid % tiles_n
@@ -65,25 +57,21 @@ def _dot_scaled_gemm():
         ka, kb = tl.arange(0, BK // A_PER_BYTE), tl.arange(0, BK // B_PER_BYTE)
         a_ptrs = a + rm[:, None] * (K // A_PER_BYTE) + ka[None, :]
         b_ptrs = b + kb[:, None] + rn[None, :] * (K // B_PER_BYTE)           # B^T: [BK, BN], K contiguous
-        if SHUFFLED:      # [rows/32, K] (shuffle_scales): a step reads BK bytes of each 32-row group
-            ks = tl.arange(0, BK)
-            sa_ptrs = a_scale + ((pm * (BM // 32) + tl.arange(0, BM // 32)) % (M // 32))[:, None] * K + ks[None, :]
-            sb_ptrs = b_scale + ((pn * (BN // 32) + tl.arange(0, BN // 32)) % (N // 32))[:, None] * K + ks[None, :]
-        else:             # [rows, K/32]
-            ks = tl.arange(0, BK // 32)
-            sa_ptrs = a_scale + rm[:, None] * (K // 32) + ks[None, :]
-            sb_ptrs = b_scale + rn[:, None] * (K // 32) + ks[None, :]
+        ks = tl.arange(0, BK)       # scales [rows/32, K] (shuffle_scales): BK bytes of each 32-row group a step
+        sa_ptrs = a_scale + ((pm * (BM // 32) + tl.arange(0, BM // 32)) % (M // 32))[:, None] * K + ks[None, :]
+        sb_ptrs = b_scale + ((pn * (BN // 32) + tl.arange(0, BN // 32)) % (N // 32))[:, None] * K + ks[None, :]
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for _ in range(0, K // BK):
-            sa, sb = tl.load(sa_ptrs), tl.load(sb_ptrs)
-            if SHUFFLED:  # back to [rows, BK/32]: axes (r0, c0, c2, r2, c1, r1) -> (r0, r1, r2, c0, c1, c2)
-                sa = sa.reshape(BM // 32, BK // 256, 4, 16, 2, 2).permute(0, 5, 3, 1, 4, 2).reshape(BM, BK // 32)
-                sb = sb.reshape(BN // 32, BK // 256, 4, 16, 2, 2).permute(0, 5, 3, 1, 4, 2).reshape(BN, BK // 32)
+            # back to [rows, BK/32]: axes (r0, c0, c2, r2, c1, r1) -> (r0, r1, r2, c0, c1, c2)
+            sa = tl.load(sa_ptrs).reshape(BM // 32, BK // 256, 4, 16, 2, 2)
+            sa = sa.permute(0, 5, 3, 1, 4, 2).reshape(BM, BK // 32)
+            sb = tl.load(sb_ptrs).reshape(BN // 32, BK // 256, 4, 16, 2, 2)
+            sb = sb.permute(0, 5, 3, 1, 4, 2).reshape(BN, BK // 32)
             acc = tl.dot_scaled(tl.load(a_ptrs), sa, A_FMT, tl.load(b_ptrs), sb, B_FMT, acc)
             a_ptrs += BK // A_PER_BYTE
             b_ptrs += BK // B_PER_BYTE
-            sa_ptrs += ks.shape[0]
-            sb_ptrs += ks.shape[0]
+            sa_ptrs += BK
+            sb_ptrs += BK
         cm = pm * BM + tl.arange(0, BM)
         cn = pn * BN + tl.arange(0, BN)
         tl.store(c + cm[:, None] * N + cn[None, :], acc.to(tl.bfloat16), mask=(cm < M)[:, None] & (cn < N)[None, :])
@@ -93,47 +81,47 @@ def _dot_scaled_gemm():
 
 @functools.lru_cache(maxsize=None)
 def peer_assembly(a_fmt: str, b_fmt: str) -> tuple:
-    """(assembly, dynamic LDS bytes) of the peer for gfx950. Compiled here rather than by
-    peers.triton_gfx950, which takes no num_stages or matrix_instr_nonkdim."""
+    """(assembly, dynamic LDS bytes) of the peer for gfx950, specialised as Triton's launcher
+    specialises a call within the peer's shape limits (check_peer_shape): every pointer 16-byte
+    aligned and within 2 GB (buffer loads), M, N and K multiples of 16. Compiled here rather than
+    by peers.triton_gfx950, which passes no such attributes (without them the operand rows load
+    byte by byte) and takes no num_stages or matrix_instr_nonkdim."""
     import os
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # as peers.triton_gfx950
     import triton
+    from triton.backends.amd.compiler import HIPBackend
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     sig = {"a": TRITON_PTR[a_fmt], "a_scale": "*u8", "b": TRITON_PTR[b_fmt], "b_scale": "*u8", "c": "*bf16",
            "M": "i32", "N": "i32", "K": "i32"}
-    bk = block_k(a_fmt)
-    const = dict(A_FMT=a_fmt, B_FMT=b_fmt, A_PER_BYTE=PER_BYTE[a_fmt], B_PER_BYTE=PER_BYTE[b_fmt], **PEER_BLOCKS,
-                 BK=bk, SHUFFLED=bk % SHUFFLE_K == 0)
-    k = triton.compile(ASTSource(_dot_scaled_gemm(), signature={**sig, **{n: "constexpr" for n in const}},
-                                 constexprs=const),
+    attrs = {(i,): HIPBackend.parse_attr("DS" if t.startswith("*") else "D") for i, t in enumerate(sig.values())}
+    const = dict(A_FMT=a_fmt, B_FMT=b_fmt, A_PER_BYTE=PER_BYTE[a_fmt], B_PER_BYTE=PER_BYTE[b_fmt], **PEER_BLOCKS)
+    k = triton.compile(ASTSource(_dot_scaled_gemm(), {**sig, **{n: "constexpr" for n in const}}, const, attrs),
                        target=GPUTarget("hip", "gfx950", WARP),
                        options=dict(num_warps=PEER_WARPS, num_stages=PEER_STAGES, matrix_instr_nonkdim=PEER_MFMA))
     return k.asm["amdgcn"], k.metadata.shared
 
 
-def check_peer_shape(M, N, K, a_fmt) -> None:
+def check_peer_shape(M, N, K) -> None:
     """The peer's own limits (the tutorial's): whole 32-row scale groups, K in whole BLOCK_K steps."""
-    for name, v, m in (("M", M, 32), ("N", N, 32), ("K", K, block_k(a_fmt))):
+    for name, v, m in (("M", M, 32), ("N", N, 32), ("K", K, PEER_BLOCKS["BK"])):
         if v % m:
             raise ValueError(f"the Triton peer needs {name} % {m} == 0; got {name} = {v}")
 
 
 def time_peer(a, sa, b, sb, a_fmt, b_fmt, machine="mi355x", rounds=ROUNDS) -> tuple:
     """(output [M, N] bf16, NaN where the sampled run wrote nothing; timing) of the peer on
-    a [M, K] x b [N, K] with e8m0 scales [rows, K/32] (shuffled here for BLOCK_K 256, as a
-    deployment stores them: the weights' once, the activations' by their quantiser)."""
+    a [M, K] x b [N, K] with e8m0 scales [rows, K/32] (shuffled here, as a deployment stores them:
+    the weights' once, the activations' by their quantiser)."""
     from ...emu import Emulator
     M, N = a.shape[0], b.shape[0]
     K = a.shape[1] * PER_BYTE[a_fmt]
-    check_peer_shape(M, N, K, a_fmt)
+    check_peer_shape(M, N, K)
     asm, lds = peer_assembly(a_fmt, b_fmt)
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
     grid = (-(-M // PEER_BLOCKS["BM"]) * -(-N // PEER_BLOCKS["BN"]),)
-    if block_k(a_fmt) % SHUFFLE_K == 0:
-        sa, sb = shuffle_scales(sa), shuffle_scales(sb)
-    launch_triton(emu, asm, "dot_scaled_gemm", [a, sa, b, sb, c, M, N, K],
+    launch_triton(emu, asm, "dot_scaled_gemm", [a, shuffle_scales(sa), b, shuffle_scales(sb), c, M, N, K],
                   grid, PEER_WARPS, lds, rounds=rounds)
     return c, emu.last_timing
 
@@ -180,9 +168,10 @@ def run(cell, machine="mi355x") -> dict:
     t, symbol, tp = runs[-1]
     ours_us, peer_us = at_k([r[0]["us"] for r in runs]), at_k([r[2]["us"] for r in runs])
     flops = 2.0 * cell["M"] * cell["N"] * K
-    hot = t["breakdown"]["blocks"][0]
+    hot, peer_hot = t["breakdown"]["blocks"][0], tp["breakdown"]["blocks"][0]
     return dict(ours_us=ours_us, peer_us=peer_us, ours_kernel=symbol, ours_limiter=t["limiter"],
                 peer_limiter=tp["limiter"], sampled=t["sampled"] or tp["sampled"],
                 ours_tflops=flops / ours_us * 1e-6, peer_tflops=flops / peer_us * 1e-6,
                 ours_hot_block=f"{hot['block']} ({hot['cycles']:.0f} cycles)",
+                peer_hot_block=f"{peer_hot['block']} ({peer_hot['cycles']:.0f} cycles)",
                 extrapolated_from=ks if len(ks) > 1 else None)
