@@ -19,9 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import asm_facts
 from ...hardware import LIMITS
 from ..cli import report
-from . import WARP, launch_triton, time_ours
+from . import WARP, time_ours
 
 PEER = ("Primus-Turbo's Triton grouped FP8 GEMM (tensorwise; persistent, 256 x 256 tiles, 8 warps; "
         "BLOCK_K 128 x 2 stages fwd / dgrad, 64 x 3 stages wgrad)")
@@ -36,9 +37,13 @@ ROUNDS = 3
 GEMMS = (("DSV3", "GateUP", 4096, 7168), ("DSV3", "Down", 7168, 2048),
          ("Qwen3-235B", "GateUP", 8192, 4096), ("Qwen3-235B", "Down", 4096, 4096),
          ("gpt-oss", "GateUP", 5760, 2880), ("gpt-oss", "Down", 2880, 2880))
+# what `time --vs-peers` runs, in order: a whole cell costs about 10 minutes of the emulator on the shared
+# cores, so the table holds the three passes of the smallest GEMM and of DeepSeek-V3's Down (docs/peers/grouped_fp8.md)
+TIMED = (("gpt-oss", "Down"), ("DSV3", "Down"))
 GROUPS = 8
 TOKENS = 512        # rows per group (balanced, as its benchmark's group_lens); see docs/peers/grouped_fp8.md
 PASSES = ("fwd", "dgrad", "wgrad")
+CONTRACTION = (256, 512)   # forward / dgrad timed at these contraction lengths (run())
 
 
 @triton.jit
@@ -155,9 +160,32 @@ def launch_peer(name: str, args: dict, constexprs: dict, stages: int, machine="m
     fixed = (("NUM_SMS", CUS), ("XCDS", XCDS), ("CHUNK", CHUNK))
     asm, lds = _compile(name, specs, tuple(constexprs.items()) + fixed, stages)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    launch_triton(emu, asm, name, [v for (_, (ty, _)), v in zip(specs, args.values()) if ty != "constexpr"],
-                  (CUS,), WARPS, lds, rounds=rounds)
+    prog, grid, block = emu.load(asm), (CUS, 1, 1), (WARP * WARPS, 1, 1)
+    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
+    run = [v for (_, (ty, _)), v in zip(specs, args.values()) if ty != "constexpr"]
+    emu.launch(prog, name, grid=grid, block=block, args=run + [None] * (n_args - len(run)), dynamic_lds=lds,
+               workgroups=xcd0_workgroups(machine, prog, name, grid, block, lds, rounds))
     return emu.last_timing
+
+
+def xcd0_workgroups(machine, prog, symbol, grid, block, lds, rounds=ROUNDS) -> list:
+    """The workgroups a sampled timing run executes: ``rounds`` rounds of XCD 0's share
+    (mxgemm.timing.rounds_sample), or its whole share when they cover it. The engine replays XCD 0
+    only, so the other XCDs' workgroups change no timing; launch_triton and the launcher run the
+    whole grid in that case (the persistent peer always: one round), 8 times the work."""
+    from .. import rounds_sample, xcd0_sample
+    share = -(-grid[0] * grid[1] * grid[2] // XCDS)
+    return rounds_sample(machine, prog, symbol, grid, block, lds, rounds) or xcd0_sample(grid, share, machine)
+
+
+def time_ours_xcd0(call, plan, machine="mi355x") -> tuple:
+    """time_ours of ``call`` (one launch, planned as ``plan``: mxgemm.explain) on xcd0_workgroups."""
+    from ... import build, launcher
+    from ...emu import Emulator
+    art = build.artifact(plan.kernel, plan.variant, plan.arch)
+    prog = Emulator(arch=plan.arch, race_check=False).load(art.asm)
+    with launcher.emulator_settings(workgroups=xcd0_workgroups(machine, prog, art.symbol, plan.grid, plan.block, 0)):
+        return time_ours(call, machine, ROUNDS)
 
 
 def time_peer(pass_: str, a, sa, b, sb, group_lens, machine="mi355x", rounds=ROUNDS) -> tuple:
@@ -202,34 +230,64 @@ def operands(pass_: str, G: int, m: int, N: int, K: int) -> tuple:
     return a, torch.tensor([1 / 16]), b, torch.tensor([1 / 64]), lens
 
 
-def ours(pass_: str, a, sa, b, sb, lens, out=None):
-    """Our op for the pass (its own config choice), into ``out`` when given."""
+def ours(pass_: str, a, sa, b, sb, lens, out=None, explain=False):
+    """Our op for the pass (its own config choice), into ``out`` when given; explain: its plan."""
     import mxgemm
-    if pass_ == "wgrad":
-        return mxgemm.grouped_gemm_fp8_variable_k(a, sa, b, sb, lens, out=out)
-    return mxgemm.grouped_gemm_fp8_kernel(a, sa, b, sb, lens, trans_b=pass_ == "fwd", out=out)
+    name, kw = ("grouped_gemm_fp8_variable_k", {}) if pass_ == "wgrad" else \
+        ("grouped_gemm_fp8_kernel", dict(trans_b=pass_ == "fwd"))
+    if explain:
+        return mxgemm.explain(name, a, sa, b, sb, lens, out=out, **kw)
+    return getattr(mxgemm, name)(a, sa, b, sb, lens, out=out, **kw)
 
 
-def cells() -> list:
+def cells(gemms=TIMED) -> list:
+    shapes = {(model, gemm): (N, K) for model, gemm, N, K in GEMMS}
     return [dict(label=f"{model} {gemm} {p} B={GROUPS} M={TOKENS} N={N} K={K}", pass_=p, G=GROUPS, m=TOKENS, N=N, K=K)
-            for model, gemm, N, K in GEMMS for p in PASSES]
+            for model, gemm in gemms for N, K in [shapes[model, gemm]] for p in PASSES]
 
 
-def run(cell, machine="mi355x") -> dict:
-    """Ours and the peer on one cell, rounds-sampled: each writes only its simulated workgroups'
-    tiles into a zeroed out, so the two are compared where both wrote (at least a tile: both
-    simulate XCD 0, whose first workgroup takes tile 0 on either side)."""
+def _config(plan) -> tuple:
+    return tuple(plan.variant.items()), plan.args["group_m"], plan.reason.split("config:")[-1]
+
+
+def _timed(cell, machine, config_of=None) -> tuple:
+    """(ours' us, symbol, timing, the peer's timing) on one shape, rounds-sampled: each side writes
+    only its simulated workgroups' tiles into a zeroed out, so the two are compared where both
+    wrote (at least a tile: both simulate XCD 0, whose first workgroup takes tile 0 on either
+    side). config_of: a cell whose config ours must run here (the one its own shape plans)."""
     p = cell["pass_"]
     a, sa, b, sb, lens = operands(p, cell["G"], cell["m"], cell["N"], cell["K"])
     theirs, tp = time_peer(p, a, sa, b, sb, lens, machine)
     zeros = torch.zeros_like(theirs)
-    mine, us, symbol, t = time_ours(lambda: ours(p, a, sa, b, sb, lens, out=zeros), machine, ROUNDS)
+    plan = ours(p, a, sa, b, sb, lens, out=zeros, explain=True)
+    if config_of is not None:
+        want = ours(p, *operands(p, *(config_of[k] for k in ("G", "m", "N", "K"))), explain=True)
+        if _config(plan) != _config(want):
+            raise AssertionError(f"{cell['label']}: ours plans {plan.reason!r} here, {want.reason!r} at the cell")
+    mine, us, symbol, t = time_ours_xcd0(lambda: ours(p, a, sa, b, sb, lens, out=zeros), plan, machine)
     both = (mine != 0) & (theirs != 0)
     if int(both.sum()) < 256 * 128:
         raise AssertionError(f"{cell['label']}: ours and the peer wrote {int(both.sum())} common elements, "
                              "under a tile")
     torch.testing.assert_close(theirs[both].float(), mine[both].float(), rtol=2 ** -7, atol=1e-2)
     for who, tt in ((symbol, t), ("peer " + ("grouped_variable_k" if p == "wgrad" else "grouped_rows"), tp)):
-        report(f"{cell['label']}: {who}", tt, top=2, out=sys.stderr)     # limiter, busy units, hottest blocks
-    return dict(ours_us=us, peer_us=tp["us"], ours_kernel=symbol, ours_limiter=t["limiter"],
+        report(f"{cell['label']} {cell['N']}x{cell['K']}: {who}", tt, top=2, out=sys.stderr)   # limiter, hottest blocks
+    return us, symbol, t, tp
+
+
+def run(cell, machine="mi355x") -> dict:
+    """Ours and the peer on one cell. The wgrad is timed at its shape. Forward and dgrad loop over
+    the contraction (K, dgrad's N) in the steady state both kernels spend their time in: they are
+    timed at the contraction lengths CONTRACTION with ours on the cell's own config, and both
+    times extrapolated linearly to the cell's (the calibration's method, docs/timing_model.md §3)."""
+    if cell["pass_"] == "wgrad":
+        us, symbol, t, tp = _timed(cell, machine)
+        peer_us = tp["us"]
+    else:
+        dim = "K" if cell["pass_"] == "fwd" else "N"
+        (lo, symbol, _, tp_lo), (hi, _, t, tp) = (_timed({**cell, dim: c}, machine, config_of=cell)
+                                                  for c in CONTRACTION)
+        f = (cell[dim] - CONTRACTION[0]) / (CONTRACTION[1] - CONTRACTION[0])
+        us, peer_us = lo + (hi - lo) * f, tp_lo["us"] + (tp["us"] - tp_lo["us"]) * f
+    return dict(ours_us=us, peer_us=peer_us, ours_kernel=symbol, ours_limiter=t["limiter"],
                 peer_limiter=tp["limiter"], sampled=t["sampled"] or tp["sampled"])
