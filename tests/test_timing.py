@@ -387,3 +387,18 @@ MXGEMM_KERNEL(salu)(int* out) {
     t = _timed(src, "salu", [torch.zeros(1, dtype=torch.int32)], block=(64 * waves, 1, 1))
     per_add = M.simds * (2 if waves > 1 else 1)
     assert n * per_add <= t["cycles"] <= n * per_add + 60, (t["cycles"], n * per_add)
+
+
+def test_timing_xcd0_runs_only_xcd0s_workgroups_for_the_same_time():
+    """timing_xcd0: the engine replays XCD 0 alone, so running only its share gives the whole grid's
+    time; the other XCDs' output tiles stay unwritten."""
+    import mxgemm
+    from mxgemm.timing.peers import smallm, time_ours
+    a, sa, b, sb = smallm.operands(1, 2048, 256)
+    full, us, _, t = time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb), rounds=3)
+    zeros = torch.zeros(1, 2048, dtype=torch.bfloat16)
+    part, us0, _, t0 = time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, out=zeros), rounds=3, xcd0=True)
+    assert us0 == us and t0["breakdown"]["workgroups_simulated"] == t["breakdown"]["workgroups_simulated"]
+    written = (part != 0).any(dim=0)
+    assert 0 < written.sum() <= 2048 // 8 and torch.equal(part[:, written], full[:, written])
+    assert (full != 0).all()

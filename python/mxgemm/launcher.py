@@ -24,7 +24,7 @@ EMU_ARCH = env.get("MXGEMM_EMU_ARCH")
 _EMU_SETTINGS = threading.local()
 # strict_buffer_oob: mxgemm's own kernels must not depend on whether soffset is range checked
 _DEFAULT_EMU = dict(race_check=True, wg_order="linear", seed=0, workgroups=None, asm_edit=None,
-                    strict_buffer_oob=True, timing=None, timing_rounds=None)
+                    strict_buffer_oob=True, timing=None, timing_rounds=None, timing_xcd0=False)
 
 
 @contextlib.contextmanager
@@ -36,7 +36,9 @@ def emulator_settings(**kw):
     mxgemm.timing, e.g. "mi355x": each launch of the block is also timed there; ``timings()``
     lists them) (mxgemm.emu.Emulator). timing_rounds: run only that many rounds of the
     workgroups XCD 0 receives (its first, then one per stratum of the rest) and extrapolate its
-    time (mxgemm.timing.rounds_sample); the outputs are then incomplete."""
+    time (mxgemm.timing.rounds_sample); the outputs are then incomplete. timing_xcd0: with
+    timing_rounds, run only XCD 0's workgroups even when the rounds cover its share (the same
+    time, an eighth of the emulation; mxgemm.timing.xcd0_rounds)."""
     unknown = set(kw) - set(_DEFAULT_EMU)
     if unknown:
         raise TypeError(f"unknown emulator settings {sorted(unknown)}; known: {sorted(_DEFAULT_EMU)}")
@@ -250,9 +252,9 @@ def emulate(emu, key, asm, symbol, grid, block, kernarg_bytes, buffers, dynamic_
             prog = _PROGRAMS[(key, emu.race)] = emu.load(asm())
     workgroups = settings["workgroups"]
     if settings["timing"] and settings["timing_rounds"] and workgroups is None:
-        from .timing import rounds_sample
-        workgroups = rounds_sample(settings["timing"], prog, symbol, grid, block, dynamic_lds,
-                                   settings["timing_rounds"])
+        from .timing import rounds_sample, xcd0_rounds
+        pick = xcd0_rounds if settings["timing_xcd0"] else rounds_sample
+        workgroups = pick(settings["timing"], prog, symbol, grid, block, dynamic_lds, settings["timing_rounds"])
     emu.launch_kernarg(prog, symbol, grid, block, kernarg_bytes, buffers, dynamic_lds, workgroups)
     _EMU_SETTINGS.last_stats = emu.last_stats
     if emu.last_timing is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .engine import occupancy, replay
 from .machine import MACHINES, Machine
 
-__all__ = ["MACHINES", "Machine", "round_workgroups", "rounds_sample", "simulate", "xcd0_sample"]
+__all__ = ["MACHINES", "Machine", "round_workgroups", "rounds_sample", "simulate", "xcd0_rounds", "xcd0_sample"]
 
 
 def _machine(machine) -> Machine:
@@ -145,3 +145,11 @@ def rounds_sample(machine, prog, kernel, grid, block, dynamic_lds, rounds: int):
     ks = [k for j in picked for k in range(j * per_round, min((j + 1) * per_round, share))]
     gx, gy, _ = grid
     return [(i % gx, i // gx % gy, i // (gx * gy)) for i in (k * m.xcds for k in ks)]
+
+
+def xcd0_rounds(machine, prog, kernel, grid, block, dynamic_lds, rounds: int) -> list:
+    """rounds_sample's workgroups, or XCD 0's whole share when the rounds cover it. The engine
+    replays XCD 0 alone, so the other XCDs' workgroups change no timing: the same time for an
+    eighth of the emulation, the outputs written by XCD 0's workgroups only."""
+    return rounds_sample(machine, prog, kernel, grid, block, dynamic_lds, rounds) or \
+        xcd0_sample(grid, _xcd0_share(grid, _machine(machine)), machine)

@@ -1,11 +1,13 @@
 """`python -m mxgemm tune FAMILY [--shapes MxNxK ...] [--out CSV]`: the autotuner on the timing
 model. For each shape it times every candidate config of the family's op (simulated MI355X, the
-real assembly on the emulator, rounds-sampled like `python -m mxgemm time`), checks that every
-candidate computes the same product, times the peer users run today (mxgemm.timing.peers) in the
-same run, and writes the fastest config to the family's tuned CSV (source=simulated) with its
+real assembly on the emulator, rounds-sampled like `python -m mxgemm time`, XCD 0's workgroups
+only: the engine replays that XCD), times the peer users run today (mxgemm.timing.peers) in the
+same run, checks the fastest config's whole product against the reference and the peer's tiles
+against it, and writes the fastest config to the family's tuned CSV (source=simulated) with its
 time, the runner-up and the peer's time. Rows of other shapes are kept; rows are written as each
-shape finishes. Each shape also reports whether the planner's heuristic picked a config within 5 %
-of the best (the heuristic was written without any timing: every tuned shape is held out from it).
+shape finishes; shapes whose row is already simulated are skipped unless --retune. Each shape
+also reports whether the planner's heuristic picked a config within 5 % of the best (the
+heuristic was written without any timing: every tuned shape is held out from it).
 
 Families: smallm (smallm_mxfp8_gemm; python/mxgemm/configs/smallm_mxfp8_gfx950.csv; default
 shapes: the decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 64, the
@@ -32,17 +34,25 @@ def _smallm():
     def label(kernel, variant):
         return ",".join([kernel, *(f"{k}={v}" for k, v in variant.items())])
 
-    def run(shape, kernel, variant):
+    def call(shape, kernel, variant):
         import mxgemm
         a, sa, b, sb = peer.operands(*shape)
         cfg = {"kernel": kernel, **variant}
-        out, us, _, t = peer.time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config=cfg, fallback="error"),
-                                       rounds=peer.ROUNDS)
-        return us, out, t["limiter"]
+        return lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config=cfg, fallback="error")
+
+    def run(shape, kernel, variant):
+        _, us, _, t = peer.time_ours(call(shape, kernel, variant), rounds=peer.ROUNDS, xcd0=True)
+        return us, t["limiter"]
+
+    def product(shape, kernel, variant):
+        """The config's whole output (a functional run) and the reference's."""
+        from .. import launcher, reference
+        with launcher.emulator_settings(race_check=False):
+            got = call(shape, kernel, variant)()
+        return got, reference.smallm_mxfp8_gemm_ref(*peer.operands(*shape))
 
     def run_peer(shape):
-        a, sa, b, sb = peer.operands(*shape)
-        out, t = peer.time_peer(a, sa, b, sb)
+        out, t = peer.time_peer(*peer.operands(*shape), xcd0=True)
         return t["us"], out
 
     def heuristic(shape):
@@ -59,13 +69,13 @@ def _smallm():
 
     return dict(csv=op.CONFIG_CSV, fields=op.CSV_FIELDS, key=lambda r: (r["arch"], *(int(r[d]) for d in "MNK")),
                 shape_key=lambda s: (op.ARCH, *s), shapes=shapes, candidates=lambda s: op.candidates(*s),
-                run=run, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
+                run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 
 
 FAMILIES = {"smallm": _smallm}
 
 
-def tune(family: str, shapes=None, out_csv=None, out=print) -> list:
+def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> list:
     """Tune ``shapes`` (default: the family's) -> the rows written, one per shape."""
     from .. import tuned
     f = FAMILIES[family]()
@@ -73,22 +83,26 @@ def tune(family: str, shapes=None, out_csv=None, out=print) -> list:
     kept = {f["key"](r): r for r in tuned.read_rows(path)}
     rows, agree = [], 0
     for n, shape in enumerate(shapes or f["shapes"](), 1):
+        done = kept.get(f["shape_key"](shape))
+        if done and done["source"] == "simulated" and not retune:
+            continue
         t0 = time.time()
-        timed, ref = [], None
+        timed = []
         for kernel, variant in f["candidates"](shape):
-            us, got, limiter = f["run"](shape, kernel, variant)
-            if ref is None:
-                ref = got
-            torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-2)   # same product
+            us, limiter = f["run"](shape, kernel, variant)
             timed.append((us, kernel, variant))
             out(f"    {f['label'](kernel, variant):44s} {us:9.2f} us  {limiter}")
         if not timed:
             out(f"{shape}: no candidate serves it")
             continue
-        peer_us, theirs = f["run_peer"](shape)
-        torch.testing.assert_close(theirs.float(), ref.float(), rtol=2 ** -7, atol=1e-2)
         timed.sort(key=lambda t: t[0])
         best = timed[0]
+        mine, ref = f["product"](shape, *best[1:])
+        torch.testing.assert_close(mine.float(), ref.float(), rtol=2 ** -7, atol=1e-2)
+        peer_us, theirs = f["run_peer"](shape)
+        wrote = ~theirs.isnan()
+        assert wrote.any(), f"{shape}: the peer's simulated workgroups wrote nothing"
+        torch.testing.assert_close(theirs[wrote].float(), mine[wrote].float(), rtol=2 ** -7, atol=1e-2)
         h_us = next(us for us, k, v in timed if (k, v) == f["heuristic"](shape))
         agree += h_us <= best[0] * (1 + WITHIN)
         r = f["row"](shape, best, timed[1] if len(timed) > 1 else None, peer_us)
@@ -110,7 +124,8 @@ def main(argv) -> int:
     p.add_argument("family", choices=sorted(FAMILIES))
     p.add_argument("--shapes", nargs="*", help="MxNxK triples (default: the family's shapes)")
     p.add_argument("--out", help="CSV to write (default: the shipped table of the family)")
+    p.add_argument("--retune", action="store_true", help="also shapes whose row is already simulated")
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else None
-    rows = tune(args.family, shapes, args.out, out=lambda s: print(s, flush=True, file=sys.stdout))
+    rows = tune(args.family, shapes, args.out, args.retune, out=lambda s: print(s, flush=True, file=sys.stdout))
     return 0 if rows else 1

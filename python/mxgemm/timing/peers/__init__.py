@@ -45,29 +45,33 @@ def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
     return k.asm["amdgcn"], k.metadata.shared
 
 
-def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int, rounds=None) -> None:
+def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int, rounds=None,
+                  xcd0=False) -> None:
     """Run a Triton kernel on ``emu`` as Triton's launcher would: ``args`` in the kernel's order
     (constexprs apart), then its scratch pointers, unused here (null). ``rounds``: with a timing
     emulator, only that many rounds of XCD 0's workgroups (mxgemm.timing.rounds_sample), as
-    ``time --rounds`` samples our kernels."""
+    ``time --rounds`` samples our kernels; ``xcd0``: XCD 0's workgroups only even when the rounds
+    cover its share (mxgemm.timing.xcd0_rounds)."""
     from ... import asm_facts
-    from .. import rounds_sample
+    from .. import rounds_sample, xcd0_rounds
     prog = emu.load(asm)
     n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = (WARP * warps, 1, 1)
     workgroups = None
     if rounds and emu.timing is not None:
-        workgroups = rounds_sample(emu.timing, prog, name, grid, block, lds, rounds)
+        workgroups = (xcd0_rounds if xcd0 else rounds_sample)(emu.timing, prog, name, grid, block, lds, rounds)
     emu.launch(prog, name, grid=grid, block=block, args=list(args) + [None] * (n_args - len(args)),
                dynamic_lds=lds, workgroups=workgroups)
 
 
-def time_ours(call, machine="mi355x", rounds=None) -> tuple:
+def time_ours(call, machine="mi355x", rounds=None, xcd0=False) -> tuple:
     """(output of ``call()``, summed us, kernel symbols, the longest launch's timing) of a public
-    op's call on the timing model."""
+    op's call on the timing model (``rounds``, ``xcd0``: launcher.emulator_settings' timing_rounds,
+    timing_xcd0)."""
     from ... import launcher
-    with launcher.emulator_settings(timing=machine, race_check=False, timing_rounds=rounds or None):
+    with launcher.emulator_settings(timing=machine, race_check=False, timing_rounds=rounds or None,
+                                    timing_xcd0=xcd0):
         out = call()
         ts = launcher.timings()
     top = max(ts, key=lambda st: st[1]["us"])[1]

@@ -52,16 +52,17 @@ def peer_assembly() -> tuple:
     return triton_gfx950(_dot_scaled_linear(), sig, tuple(PEER_BLOCKS.items()), PEER_WARPS)
 
 
-def time_peer(a, sa, b, sb, machine="mi355x") -> tuple:
-    """(output, timing) of the Triton peer on a [M, K] e4m3 x b [N, K] e4m3 with e8m0 scales."""
+def time_peer(a, sa, b, sb, machine="mi355x", xcd0=False) -> tuple:
+    """(output, timing) of the Triton peer on a [M, K] e4m3 x b [N, K] e4m3 with e8m0 scales
+    (``xcd0``: XCD 0's workgroups only, the rest of the output NaN)."""
     from ...emu import Emulator
     asm, lds = peer_assembly()
     M, K = a.shape
     N = b.shape[0]
-    c = torch.zeros(M, N, dtype=torch.bfloat16)
+    c = torch.full((M, N), float("nan") if xcd0 else 0.0, dtype=torch.bfloat16)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
     launch_triton(emu, asm, "dot_scaled_linear", [a, sa, b, sb, c, M, N, K],
-                  (-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"]), PEER_WARPS, lds, rounds=ROUNDS)
+                  (-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"]), PEER_WARPS, lds, rounds=ROUNDS, xcd0=xcd0)
     return c, emu.last_timing
 
 
