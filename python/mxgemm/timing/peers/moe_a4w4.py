@@ -38,7 +38,7 @@ PEER_CONFIGS = (
 PEER = ("Triton fused-MoE MXFP4 gemm (vLLM's fused_moe_kernel design, aiter's _fused_moe_kernel_mxfp4: "
         "tl.dot_scaled e2m1 x e2m1), aiter's gfx950 table: 64/64/128 4 warps 4 stages below 256 tokens, "
         "128/128/128 8 warps from 1024")
-TOKENS = (1, 128, 4096)      # 16 and 1024 cut: docs/peers/moe_a4w4.md (emulator time)
+TOKENS = (1, 16, 128, 1024, 4096)
 ROUNDS = 2          # rounds of XCD 0 simulated: the cut grids are live end to end, and a round of the peer's
                     # 8-wave tiles takes the emulator minutes (§3: 2 rounds of a uniform grid within 10 %)
 CHECK_COLUMNS = 256
