@@ -67,7 +67,28 @@ def _smallm():
         r.update({p: variant.get(p, "") for p in op.CSV_PARAMS})
         return r
 
-    return dict(csv=op.CONFIG_CSV, fields=op.CSV_FIELDS, key=lambda r: (r["arch"], *(int(r[d]) for d in "MNK")),
+    def table(rows):
+        """Markdown: a row per simulated shape, ours (tuned) vs the peer, and ours' fraction of the HBM
+        roofline (compulsory bytes at 8 TB/s) where the weights exceed 16 MB."""
+        from ..hardware import ARCH_LIMITS
+        from ..specs.smallm_mxfp8 import work
+        layer = {(N, K): name for name, N, K in peer.LAYERS}
+        lines = ["| layer | M | N | K | ours (us) | our config | runner-up (us) | peer (us) | peer / ours | "
+                 "of HBM roofline |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["source"] != "simulated":
+                continue
+            M, N, K, us = int(r["M"]), int(r["N"]), int(r["K"]), float(r["us"])
+            w = work(r["kernel"], op._variant_of(r["kernel"], r), M, N, K)
+            roof = f"{w.bytes / (us * 1e-6) / (ARCH_LIMITS['gfx950']['hbm_tbps'] * 1e12):.2f}" \
+                if N * K * 33 / 32 > 16e6 else ""
+            cfg = label(r["kernel"], op._variant_of(r["kernel"], r)).replace("smallm_mxfp8_", "")
+            lines.append(f"| {layer.get((N, K), '')} | {M} | {N} | {K} | {us:.2f} | {cfg} | {r['runner_up_us']} | "
+                         f"{r['peer_us']} | {float(r['peer_us']) / us:.2f} | {roof} |")
+        return "\n".join(lines)
+
+    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS,
+                key=lambda r: (r["arch"], *(int(r[d]) for d in "MNK")),
                 shape_key=lambda s: (op.ARCH, *s), shapes=shapes, candidates=lambda s: op.candidates(*s),
                 run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 
@@ -125,7 +146,13 @@ def main(argv) -> int:
     p.add_argument("--shapes", nargs="*", help="MxNxK triples (default: the family's shapes)")
     p.add_argument("--out", help="CSV to write (default: the shipped table of the family)")
     p.add_argument("--retune", action="store_true", help="also shapes whose row is already simulated")
+    p.add_argument("--table", action="store_true", help="print the table's simulated rows as markdown")
     args = p.parse_args(argv)
+    if args.table:
+        from .. import tuned
+        f = FAMILIES[args.family]()
+        print(f["table"](tuned.read_rows(args.out or f["csv"])))
+        return 0
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else None
     rows = tune(args.family, shapes, args.out, args.retune, out=lambda s: print(s, flush=True, file=sys.stdout))
     return 0 if rows else 1
