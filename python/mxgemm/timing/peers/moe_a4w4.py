@@ -139,15 +139,6 @@ def peer_assembly(tokens: int, specs: tuple) -> tuple:
     return k.asm["amdgcn"], k.metadata.shared
 
 
-def xcd0_workgroups(machine, prog, symbol, grid, block, lds) -> list:
-    """What a timing run executes: ``ROUNDS`` rounds of XCD 0's share (mxgemm.timing.rounds_sample),
-    or its whole share when they cover it (the engine replays XCD 0 only; the launchers would run
-    all eight XCDs' workgroups then, 8 times the emulator's work for the same time)."""
-    from .. import rounds_sample, xcd0_sample
-    share = -(-grid[0] * grid[1] * grid[2] // XCDS)
-    return rounds_sample(machine, prog, symbol, grid, block, lds, ROUNDS) or xcd0_sample(grid, share, machine)
-
-
 def peer_routing(ids, weights, experts: int, bm: int) -> tuple:
     """vLLM's moe_align_block_size layout for the peer, from the same routing, cut at the padded
     rows: (sorted rows token * topk + slot, padding T * topk; expert per BM block; [padded rows];
@@ -176,13 +167,14 @@ def peer_tiles(m_blocks: int, n_blocks: int, group_m: int) -> torch.Tensor:
 
 def run_peer(x, machine=None, tiles=None) -> tuple:
     """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``):
-    timed on ``machine`` (xcd0_workgroups), else functional, the whole grid or only the program ids
-    holding ``tiles`` ((row block, column block) pairs)."""
+    timed on ``machine`` (XCD 0's workgroups: mxgemm.timing.xcd0_rounds), else functional, the
+    whole grid or only the program ids holding ``tiles`` ((row block, column block) pairs)."""
     from triton.backends.amd.compiler import HIPBackend
     from triton.runtime.jit import native_specialize_impl
 
     from ... import asm_facts
     from ...emu import Emulator
+    from .. import xcd0_rounds
     T, topk = x["ids"].shape
     N, K = x["w"].shape[1], x["w"].shape[2] * 2
     blocks, warps, _ = peer_config(T)
@@ -201,7 +193,7 @@ def run_peer(x, machine=None, tiles=None) -> tuple:
         held = (pids[:, None, :] == torch.tensor(tiles)[None]).all(2).any(1)
         wgs = [(p, 0, 0) for p in held.nonzero().flatten().tolist()]
     else:
-        wgs = xcd0_workgroups(machine, prog, "fused_moe_mxfp4", grid, block, lds) if machine else None
+        wgs = xcd0_rounds(machine, prog, "fused_moe_mxfp4", grid, block, lds, ROUNDS) if machine else None
     n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, "fused_moe_mxfp4").args)
     run = [v for (_, (ty, _)), v in zip(specs, args.values()) if ty != "constexpr"]
     emu.launch(prog, "fused_moe_mxfp4", grid=grid, block=block, args=run + [None] * (n_args - len(run)),
@@ -235,17 +227,10 @@ def ours(x, language: str) -> tuple:
 
 
 def time_mine(x, language: str, machine="mi355x") -> tuple:
-    """time_ours of our call on xcd0_workgroups."""
+    """time_ours of our call on XCD 0's workgroups (ROUNDS rounds, or its whole share)."""
     import mxgemm
-
-    from ... import build, launcher
-    from ...emu import Emulator
     args, kw = ours(x, language)
-    plan = mxgemm.explain("moe_gemm2_a4w4", *args, **kw)
-    art = build.artifact(plan.kernel, plan.variant, plan.arch)
-    prog = Emulator(arch=plan.arch, race_check=False).load(art.asm)
-    with launcher.emulator_settings(workgroups=xcd0_workgroups(machine, prog, art.symbol, plan.grid, plan.block, 0)):
-        return time_ours(lambda: mxgemm.moe_gemm2_a4w4(*args, **kw), machine, ROUNDS)
+    return time_ours(lambda: mxgemm.moe_gemm2_a4w4(*args, **kw), machine, ROUNDS, xcd0=True)
 
 
 def check_same_product(mine, theirs, topk: int) -> None:
