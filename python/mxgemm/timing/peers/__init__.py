@@ -29,20 +29,39 @@ def family(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int) -> tuple:
-    """(assembly, dynamic LDS bytes) of the Triton kernel ``fn`` compiled for gfx950 with no GPU
-    (signature: (parameter, Triton type) pairs in order; constexprs: (name, value) pairs).
-    Triton's kernels declare no static LDS: its launcher passes the kernel's `shared` size as
-    dynamic LDS."""
+def triton_gfx950(fn, signature: tuple, constexprs: tuple, warps: int, options: tuple = ()) -> tuple:
+    """(assembly, dynamic LDS bytes) of the Triton kernel ``fn`` compiled for gfx950 with no GPU.
+    signature: (parameter, Triton type) or (parameter, Triton type, specialisation key) in order,
+    the key as Triton's launcher derives it from a value (compile_as_launched; a "constexpr" type
+    folds the key in as the value); constexprs: (name, value) pairs; options: (name, value) pairs of
+    the launch's compile options (num_stages, waves_per_eu, ...). Triton's kernels declare no static
+    LDS: its launcher passes the kernel's `shared` size as dynamic LDS."""
     import os
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
     import triton
+    from triton.backends.amd.compiler import HIPBackend
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    sig = {**dict(signature), **{k: "constexpr" for k, _ in constexprs}}
-    k = triton.compile(ASTSource(fn, signature=sig, constexprs=dict(constexprs)),
-                       target=GPUTarget("hip", "gfx950", WARP), options={"num_warps": warps})
+    spec = [(*p, None)[:3] for p in signature]
+    sig = {n: t for n, t, _ in spec} | {k: "constexpr" for k, _ in constexprs}
+    consts = {n: key for n, t, key in spec if t == "constexpr"} | dict(constexprs)
+    attrs = {(fn.arg_names.index(n),): HIPBackend.parse_attr(key) for n, t, key in spec if t != "constexpr" and key}
+    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("hip", "gfx950", WARP),
+                       options={"num_warps": warps, **dict(options)})
     return k.asm["amdgcn"], k.metadata.shared
+
+
+def compile_as_launched(fn, args: dict, constexprs: tuple, warps: int, options: tuple = ()) -> tuple:
+    """(assembly, dynamic LDS bytes, launch arguments) of ``fn`` compiled for gfx950 as Triton's
+    launcher specialises it on these arguments (parameter -> value, in order): 16-byte aligned
+    pointers and integers divisible by 16 marked so, tensors within 2 GB given a 32-bit pointer
+    range (buffer loads), an integer equal to 1 folded in as a constant and left out of the
+    arguments. Without these hints Triton emits byte loads a real launch never runs."""
+    from triton.backends.amd.compiler import HIPBackend
+    from triton.runtime.jit import native_specialize_impl
+    spec = tuple((n, *native_specialize_impl(HIPBackend, v, False, True, True)) for n, v in args.items())
+    asm, lds = triton_gfx950(fn, spec, tuple(constexprs), warps, tuple(options))
+    return asm, lds, [args[n] for n, t, _ in spec if t != "constexpr"]
 
 
 def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int, rounds=None,

@@ -1,7 +1,7 @@
 """Small-M MXFP8 linear layers. The peer is the Triton ``tl.dot_scaled`` kernel that vLLM and
 SGLang fall back to on ROCm (BLOCK_M 64, BLOCK_N 128, BLOCK_K 128, 8 warps). It is written here
 after that algorithm (rows masked at M, N and K multiples of the blocks) and compiled for gfx950
-by the Triton wheel."""
+by the Triton wheel as its launcher specialises each call."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +9,7 @@ import functools
 import torch
 
 from ...specs.smallm_mxfp8 import MINIMAX_M3_LINEARS
-from . import launch_triton, time_ours, triton_gfx950
+from . import compile_as_launched, launch_triton, time_ours
 
 PEER_BLOCKS = dict(BM=64, BN=128, BK=128)
 PEER_WARPS = 8
@@ -45,24 +45,19 @@ def _dot_scaled_linear():
     return dot_scaled_linear
 
 
-def peer_assembly() -> tuple:
-    """(assembly, dynamic LDS bytes) of the Triton peer for gfx950."""
-    sig = (("a", "*fp8e4nv"), ("a_scale", "*u8"), ("b", "*fp8e4nv"), ("b_scale", "*u8"), ("c", "*bf16"),
-           ("M", "i32"), ("N", "i32"), ("K", "i32"))
-    return triton_gfx950(_dot_scaled_linear(), sig, tuple(PEER_BLOCKS.items()), PEER_WARPS)
-
-
 def time_peer(a, sa, b, sb, machine="mi355x", xcd0=False) -> tuple:
-    """(output, timing) of the Triton peer on a [M, K] e4m3 x b [N, K] e4m3 with e8m0 scales
-    (``xcd0``: XCD 0's workgroups only, the rest of the output NaN)."""
+    """(output, timing) of the Triton peer on a [M, K] e4m3 x b [N, K] e4m3 with e8m0 scales,
+    compiled as Triton's launcher specialises this call (``xcd0``: XCD 0's workgroups only, the
+    rest of the output NaN)."""
     from ...emu import Emulator
-    asm, lds = peer_assembly()
     M, K = a.shape
     N = b.shape[0]
     c = torch.full((M, N), float("nan") if xcd0 else 0.0, dtype=torch.bfloat16)
+    args = dict(a=a, a_scale=sa, b=b, b_scale=sb, c=c, M=M, N=N, K=K)
+    asm, lds, launch = compile_as_launched(_dot_scaled_linear(), args, tuple(PEER_BLOCKS.items()), PEER_WARPS)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    launch_triton(emu, asm, "dot_scaled_linear", [a, sa, b, sb, c, M, N, K],
-                  (-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"]), PEER_WARPS, lds, rounds=ROUNDS, xcd0=xcd0)
+    launch_triton(emu, asm, "dot_scaled_linear", launch, (-(-M // PEER_BLOCKS["BM"]), N // PEER_BLOCKS["BN"]),
+                  PEER_WARPS, lds, rounds=ROUNDS, xcd0=xcd0)
     return c, emu.last_timing
 
 
