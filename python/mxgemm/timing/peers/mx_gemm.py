@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from . import WARP, launch_triton, time_ours
+from . import compile_as_launched, launch_triton, time_ours
 
 PEER_BLOCKS = dict(BM=128, BN=128, BK=256)      # BK: K elements a step, one shuffled scale group (8 x 32)
 PEER_WARPS, PEER_STAGES, PEER_MFMA = 8, 2, 16
@@ -29,7 +29,6 @@ SIZES = {"MXFP8": (1024, 8192), "MXFP4": (1024, 8192), "A8W4": (1024,)}
 EXTRAPOLATE_FROM = (256, 512)      # the two K simulated for cells of larger K (time --calibrate's)
 ROUNDS = 3
 PER_BYTE = {"e4m3": 1, "e2m1": 2}
-TRITON_PTR = {"e4m3": "*fp8e4nv", "e2m1": "*u8"}
 
 
 def shuffle_scales(s: torch.Tensor) -> torch.Tensor:
@@ -79,29 +78,6 @@ def _dot_scaled_gemm():
     return dot_scaled_gemm
 
 
-@functools.lru_cache(maxsize=None)
-def peer_assembly(a_fmt: str, b_fmt: str) -> tuple:
-    """(assembly, dynamic LDS bytes) of the peer for gfx950, specialised as Triton's launcher
-    specialises a call within the peer's shape limits (check_peer_shape): every pointer 16-byte
-    aligned and within 2 GB (buffer loads), M, N and K multiples of 16. Compiled here rather than
-    by peers.triton_gfx950, which passes no such attributes (without them the operand rows load
-    byte by byte) and takes no num_stages or matrix_instr_nonkdim."""
-    import os
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # as peers.triton_gfx950
-    import triton
-    from triton.backends.amd.compiler import HIPBackend
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sig = {"a": TRITON_PTR[a_fmt], "a_scale": "*u8", "b": TRITON_PTR[b_fmt], "b_scale": "*u8", "c": "*bf16",
-           "M": "i32", "N": "i32", "K": "i32"}
-    attrs = {(i,): HIPBackend.parse_attr("DS" if t.startswith("*") else "D") for i, t in enumerate(sig.values())}
-    const = dict(A_FMT=a_fmt, B_FMT=b_fmt, A_PER_BYTE=PER_BYTE[a_fmt], B_PER_BYTE=PER_BYTE[b_fmt], **PEER_BLOCKS)
-    k = triton.compile(ASTSource(_dot_scaled_gemm(), {**sig, **{n: "constexpr" for n in const}}, const, attrs),
-                       target=GPUTarget("hip", "gfx950", WARP),
-                       options=dict(num_warps=PEER_WARPS, num_stages=PEER_STAGES, matrix_instr_nonkdim=PEER_MFMA))
-    return k.asm["amdgcn"], k.metadata.shared
-
-
 def check_peer_shape(M, N, K) -> None:
     """The peer's own limits (the tutorial's): whole 32-row scale groups, K in whole BLOCK_K steps."""
     for name, v, m in (("M", M, 32), ("N", N, 32), ("K", K, PEER_BLOCKS["BK"])):
@@ -112,17 +88,20 @@ def check_peer_shape(M, N, K) -> None:
 def time_peer(a, sa, b, sb, a_fmt, b_fmt, machine="mi355x", rounds=ROUNDS) -> tuple:
     """(output [M, N] bf16, NaN where the sampled run wrote nothing; timing) of the peer on
     a [M, K] x b [N, K] with e8m0 scales [rows, K/32] (shuffled here, as a deployment stores them:
-    the weights' once, the activations' by their quantiser)."""
+    the weights' once, the activations' by their quantiser), compiled as Triton's launcher specialises
+    this call, with the tutorial's num_stages and matrix_instr_nonkdim."""
     from ...emu import Emulator
     M, N = a.shape[0], b.shape[0]
     K = a.shape[1] * PER_BYTE[a_fmt]
     check_peer_shape(M, N, K)
-    asm, lds = peer_assembly(a_fmt, b_fmt)
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    args = dict(a=a, a_scale=shuffle_scales(sa), b=b, b_scale=shuffle_scales(sb), c=c, M=M, N=N, K=K)
+    consts = dict(A_FMT=a_fmt, B_FMT=b_fmt, A_PER_BYTE=PER_BYTE[a_fmt], B_PER_BYTE=PER_BYTE[b_fmt], **PEER_BLOCKS)
+    asm, lds, launch = compile_as_launched(_dot_scaled_gemm(), args, tuple(consts.items()), PEER_WARPS,
+                                           (("num_stages", PEER_STAGES), ("matrix_instr_nonkdim", PEER_MFMA)))
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
     grid = (-(-M // PEER_BLOCKS["BM"]) * -(-N // PEER_BLOCKS["BN"]),)
-    launch_triton(emu, asm, "dot_scaled_gemm", [a, shuffle_scales(sa), b, shuffle_scales(sb), c, M, N, K],
-                  grid, PEER_WARPS, lds, rounds=rounds)
+    launch_triton(emu, asm, "dot_scaled_gemm", launch, grid, PEER_WARPS, lds, rounds=rounds)
     return c, emu.last_timing
 
 
