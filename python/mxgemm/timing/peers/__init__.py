@@ -65,20 +65,19 @@ def compile_as_launched(fn, args: dict, constexprs: tuple, warps: int, options: 
 
 
 def launch_triton(emu, asm: str, name: str, args: list, grid: tuple, warps: int, lds: int, rounds=None,
-                  xcd0=False) -> None:
+                  xcd0=False, workgroups=None) -> None:
     """Run a Triton kernel on ``emu`` as Triton's launcher would: ``args`` in the kernel's order
     (constexprs apart), then its scratch pointers, unused here (null). ``rounds``: with a timing
     emulator, only that many rounds of XCD 0's workgroups (mxgemm.timing.rounds_sample), as
     ``time --rounds`` samples our kernels; ``xcd0``: XCD 0's workgroups only even when the rounds
-    cover its share (mxgemm.timing.xcd0_rounds)."""
+    cover its share (mxgemm.timing.xcd0_rounds); ``workgroups``: only these (x, y, z) ids, instead."""
     from ... import asm_facts
     from .. import rounds_sample, xcd0_rounds
     prog = emu.load(asm)
     n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = (WARP * warps, 1, 1)
-    workgroups = None
-    if rounds and emu.timing is not None:
+    if workgroups is None and rounds and emu.timing is not None:
         workgroups = (xcd0_rounds if xcd0 else rounds_sample)(emu.timing, prog, name, grid, block, lds, rounds)
     emu.launch(prog, name, grid=grid, block=block, args=list(args) + [None] * (n_args - len(args)),
                dynamic_lds=lds, workgroups=workgroups)

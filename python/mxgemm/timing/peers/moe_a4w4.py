@@ -26,7 +26,7 @@ import torch
 from ... import routing
 from ...specs.base import Inputs
 from ...specs.moe_a4w4 import KERNELS, KIMI_K25
-from . import WARP, time_ours
+from . import compile_as_launched, launch_triton, time_ours
 
 # aiter's gfx950-MOE-MX_FP4.json: small_M below 256 tokens, medium_M below 1024, large_M above
 # (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages; waves_per_eu 0, matrix_instr_nonkdim 16, kpack 1)
@@ -113,32 +113,6 @@ def _fused_moe_mxfp4():
     return fused_moe_mxfp4
 
 
-@functools.lru_cache(maxsize=None)
-def peer_assembly(tokens: int, specs: tuple) -> tuple:
-    """(assembly, dynamic LDS bytes) of the peer for gfx950 in aiter's config for ``tokens``;
-    ``specs``: (parameter, (Triton type, specialisation key)) of its runtime arguments as Triton's
-    launcher derives them (pointers 16-byte aligned and within 2 GB: buffer loads; integers
-    divisible by 16; an integer 1 folded in as a constant). The shared ``triton_gfx950`` takes
-    neither these nor num_stages, which aiter's table sets: compiled here."""
-    import os
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    import triton
-    from triton.backends.amd.compiler import HIPBackend
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    fn = _fused_moe_mxfp4()
-    blocks, warps, stages = peer_config(tokens)
-    folded = {p: key for p, (ty, key) in specs if ty == "constexpr"}
-    sig = {p: ty for p, (ty, _) in specs} | {k: "constexpr" for k in (*blocks, "NUM_XCDS")}
-    attrs = {(fn.arg_names.index(p),): HIPBackend.parse_attr(key) for p, (ty, key) in specs
-             if ty != "constexpr" and key}
-    k = triton.compile(ASTSource(fn, sig, {**blocks, "NUM_XCDS": XCDS, **folded}, attrs),
-                       target=GPUTarget("hip", "gfx950", WARP),
-                       options=dict(num_warps=warps, num_stages=stages, waves_per_eu=0, matrix_instr_nonkdim=16,
-                                    kpack=1))
-    return k.asm["amdgcn"], k.metadata.shared
-
-
 def peer_routing(ids, weights, experts: int, bm: int) -> tuple:
     """vLLM's moe_align_block_size layout for the peer, from the same routing, cut at the padded
     rows: (sorted rows token * topk + slot, padding T * topk; expert per BM block; [padded rows];
@@ -166,38 +140,30 @@ def peer_tiles(m_blocks: int, n_blocks: int, group_m: int) -> torch.Tensor:
 
 
 def run_peer(x, machine=None, tiles=None) -> tuple:
-    """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``):
-    timed on ``machine`` (XCD 0's workgroups: mxgemm.timing.xcd0_rounds), else functional, the
-    whole grid or only the program ids holding ``tiles`` ((row block, column block) pairs)."""
-    from triton.backends.amd.compiler import HIPBackend
-    from triton.runtime.jit import native_specialize_impl
-
-    from ... import asm_facts
+    """(c [T * topk, N] bf16, timing or None) of the peer on the case ``x`` (``operands``), compiled
+    in aiter's config for T as Triton's launcher specialises this call: timed on ``machine`` (XCD 0's
+    workgroups: mxgemm.timing.xcd0_rounds), else functional, the whole grid or only the program ids
+    holding ``tiles`` ((row block, column block) pairs)."""
     from ...emu import Emulator
-    from .. import xcd0_rounds
     T, topk = x["ids"].shape
     N, K = x["w"].shape[1], x["w"].shape[2] * 2
-    blocks, warps, _ = peer_config(T)
+    blocks, warps, stages = peer_config(T)
     rows, experts, padded, weights = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
     c = torch.zeros(T * topk, N, dtype=torch.bfloat16)
     args = dict(a=x["a"], a_scale=x["a_scale"], w=x["w"], w_scale=x["w_scale"], topk_weights=weights,
                 sorted_ids=rows, expert_ids=experts, padded_rows=padded, c=c, N=N, K=K, num_valid=T * topk)
-    specs = tuple((p, native_specialize_impl(HIPBackend, v, False, True, True)) for p, v in args.items())
-    asm, lds = peer_assembly(T, specs)
+    options = (("num_stages", stages), ("waves_per_eu", 0), ("matrix_instr_nonkdim", 16), ("kpack", 1))
+    asm, lds, launch = compile_as_launched(_fused_moe_mxfp4(), args, (*blocks.items(), ("NUM_XCDS", XCDS)), warps,
+                                           options)
     m_blocks, n_blocks = rows.numel() // blocks["BM"], -(-N // blocks["BN"])
-    grid, block = (m_blocks * n_blocks, 1, 1), (WARP * warps, 1, 1)
-    emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    prog = emu.load(asm)
+    wgs = None
     if tiles is not None:
         pids = peer_tiles(m_blocks, n_blocks, blocks["GROUP_M"])
         held = (pids[:, None, :] == torch.tensor(tiles)[None]).all(2).any(1)
         wgs = [(p, 0, 0) for p in held.nonzero().flatten().tolist()]
-    else:
-        wgs = xcd0_rounds(machine, prog, "fused_moe_mxfp4", grid, block, lds, ROUNDS) if machine else None
-    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, "fused_moe_mxfp4").args)
-    run = [v for (_, (ty, _)), v in zip(specs, args.values()) if ty != "constexpr"]
-    emu.launch(prog, "fused_moe_mxfp4", grid=grid, block=block, args=run + [None] * (n_args - len(run)),
-               dynamic_lds=lds, workgroups=wgs)
+    emu = Emulator(arch="gfx950", race_check=False, timing=machine)
+    launch_triton(emu, asm, "fused_moe_mxfp4", launch, (m_blocks * n_blocks,), warps, lds, rounds=ROUNDS, xcd0=True,
+                  workgroups=wgs)
     return c, emu.last_timing
 
 
