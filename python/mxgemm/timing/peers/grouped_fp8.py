@@ -6,23 +6,19 @@ looping over the tiles of all groups (a GROUP_M 4 swizzle inside a group), fp32 
 the product of the two scales applied once, bf16 stored under a row / column mask. Its config is
 the gfx950 default Primus-Turbo takes without the optional origami selector: 256 x 256 tiles,
 8 warps, 16-wide MFMAs, BLOCK_K 128 with 2 stages for forward / dgrad, BLOCK_K 64 with 3 stages
-for the wgrad. Compiled for gfx950 by the Triton wheel, with the specialisation Triton's launcher
-derives from the arguments (this module's own compile: the shared triton_gfx950 takes neither
-num_stages nor argument attributes)."""
+for the wgrad. Compiled for gfx950 by the Triton wheel as Triton's launcher specialises each call
+(peers.compile_as_launched)."""
 from __future__ import annotations
 
-import functools
-import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
 
-from ... import asm_facts
 from ...hardware import LIMITS
 from ..cli import report
-from . import WARP, time_ours
+from . import compile_as_launched, launch_triton, time_ours
 
 PEER = ("Primus-Turbo's Triton grouped FP8 GEMM (tensorwise; persistent, 256 x 256 tiles, 8 warps; "
         "BLOCK_K 128 x 2 stages fwd / dgrad, 64 x 3 stages wgrad)")
@@ -128,64 +124,17 @@ def grouped_variable_k(a, b, c, a_scale, b_scale, group_offs, G, M, N, BM: tl.co
 KERNELS = dict(grouped_rows=grouped_rows, grouped_variable_k=grouped_variable_k)
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(name: str, specs: tuple, constexprs: tuple, stages: int) -> tuple:
-    """(assembly, dynamic LDS bytes) of kernel ``name`` for gfx950: ``specs`` the (parameter,
-    (Triton type, specialisation key)) of its runtime arguments as Triton's launcher makes them
-    (a "constexpr" type: an integer 1, folded in), Primus-Turbo's launch options."""
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    from triton.backends.amd.compiler import HIPBackend
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    fn = KERNELS[name]
-    folded = {p: key for p, (ty, key) in specs if ty == "constexpr"}
-    sig = {p: ty for p, (ty, _) in specs} | {k: "constexpr" for k, _ in constexprs}
-    attrs = {(fn.arg_names.index(p),): HIPBackend.parse_attr(key) for p, (ty, key) in specs
-             if ty != "constexpr" and key}
-    k = triton.compile(ASTSource(fn, sig, {**dict(constexprs), **folded}, attrs),
-                       target=GPUTarget("hip", "gfx950", WARP),
-                       options=dict(num_warps=WARPS, num_stages=stages, waves_per_eu=0, matrix_instr_nonkdim=16,
-                                    kpack=1))
-    return k.asm["amdgcn"], k.metadata.shared
-
-
 def launch_peer(name: str, args: dict, constexprs: dict, stages: int, machine="mi355x", rounds=ROUNDS) -> dict:
     """Launch kernel ``name`` (runtime ``args`` by parameter, in order) on a persistent grid of CUS
-    workgroups; its timing."""
-    from triton.backends.amd.compiler import HIPBackend
-    from triton.runtime.jit import native_specialize_impl
-
+    workgroups, compiled as Triton's launcher specialises this call with Primus-Turbo's launch options;
+    its timing (XCD 0's workgroups: the persistent grid is one round)."""
     from ...emu import Emulator
-    specs = tuple((p, native_specialize_impl(HIPBackend, v, False, True, True)) for p, v in args.items())
     fixed = (("NUM_SMS", CUS), ("XCDS", XCDS), ("CHUNK", CHUNK))
-    asm, lds = _compile(name, specs, tuple(constexprs.items()) + fixed, stages)
+    options = (("num_stages", stages), ("waves_per_eu", 0), ("matrix_instr_nonkdim", 16), ("kpack", 1))
+    asm, lds, launch = compile_as_launched(KERNELS[name], args, tuple(constexprs.items()) + fixed, WARPS, options)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    prog, grid, block = emu.load(asm), (CUS, 1, 1), (WARP * WARPS, 1, 1)
-    n_args = sum(not a[".value_kind"].startswith("hidden_") for a in asm_facts.kernel_info(asm, name).args)
-    run = [v for (_, (ty, _)), v in zip(specs, args.values()) if ty != "constexpr"]
-    emu.launch(prog, name, grid=grid, block=block, args=run + [None] * (n_args - len(run)), dynamic_lds=lds,
-               workgroups=xcd0_workgroups(machine, prog, name, grid, block, lds, rounds))
+    launch_triton(emu, asm, name, launch, (CUS,), WARPS, lds, rounds=rounds, xcd0=True)
     return emu.last_timing
-
-
-def xcd0_workgroups(machine, prog, symbol, grid, block, lds, rounds=ROUNDS) -> list:
-    """The workgroups a sampled timing run executes: ``rounds`` rounds of XCD 0's share
-    (mxgemm.timing.rounds_sample), or its whole share when they cover it. The engine replays XCD 0
-    only, so the other XCDs' workgroups change no timing; launch_triton and the launcher run the
-    whole grid in that case (the persistent peer always: one round), 8 times the work."""
-    from .. import rounds_sample, xcd0_sample
-    share = -(-grid[0] * grid[1] * grid[2] // XCDS)
-    return rounds_sample(machine, prog, symbol, grid, block, lds, rounds) or xcd0_sample(grid, share, machine)
-
-
-def time_ours_xcd0(call, plan, machine="mi355x") -> tuple:
-    """time_ours of ``call`` (one launch, planned as ``plan``: mxgemm.explain) on xcd0_workgroups."""
-    from ... import build, launcher
-    from ...emu import Emulator
-    art = build.artifact(plan.kernel, plan.variant, plan.arch)
-    prog = Emulator(arch=plan.arch, race_check=False).load(art.asm)
-    with launcher.emulator_settings(workgroups=xcd0_workgroups(machine, prog, art.symbol, plan.grid, plan.block, 0)):
-        return time_ours(call, machine, ROUNDS)
 
 
 def time_peer(pass_: str, a, sa, b, sb, group_lens, machine="mi355x", rounds=ROUNDS) -> tuple:
@@ -264,7 +213,7 @@ def _timed(cell, machine, config_of=None) -> tuple:
         want = ours(p, *operands(p, *(config_of[k] for k in ("G", "m", "N", "K"))), explain=True)
         if _config(plan) != _config(want):
             raise AssertionError(f"{cell['label']}: ours plans {plan.reason!r} here, {want.reason!r} at the cell")
-    mine, us, symbol, t = time_ours_xcd0(lambda: ours(p, a, sa, b, sb, lens, out=zeros), plan, machine)
+    mine, us, symbol, t = time_ours(lambda: ours(p, a, sa, b, sb, lens, out=zeros), machine, ROUNDS, xcd0=True)
     both = (mine != 0) & (theirs != 0)
     if int(both.sum()) < 256 * 128:
         raise AssertionError(f"{cell['label']}: ours and the peer wrote {int(both.sum())} common elements, "
