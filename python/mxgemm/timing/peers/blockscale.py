@@ -23,7 +23,7 @@ PEER = ("vLLM's Triton block-FP8 MoE GEMM (fused_moe_kernel / batched, block_sha
         "BLOCK 64/128/128, GROUP_SIZE_M 32, 4 warps, 2 stages")
 SCALE_BLOCK = 128
 GROUPS = 8
-SHAPES = ((2048, 7168), (7168, 2048))       # DeepSeek-V3 experts (N, K): gate/up and down
+SHAPES = ((2048, 7168), (7168, 2048))       # (N, K): DeepSeek-V3 experts, hidden 7168 to / from 2048
 # rows per group: the goal's 64, 128, 256, 512 cut to the extremes for the emulator's time (a cell at
 # m = 512 takes about 10 minutes of the shared cores even at K_SAMPLE; 128 and 256 lie between)
 MS = (64, 512)
