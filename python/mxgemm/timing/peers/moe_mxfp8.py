@@ -19,7 +19,7 @@ import functools
 import torch
 
 from ...routing import decode_sorted_id, moe_sorting
-from . import WARP, launch_triton, time_ours
+from . import compile_as_launched, launch_triton, time_ours
 
 PEER_BLOCK_M = 64          # fused_moe_mxfp8_native's moe_align_block_size block
 OUR_BLOCK_M = 16           # specs/moe_mxfp8.py's block_m
@@ -77,36 +77,6 @@ def _grouped_gemm_mx():
 def peer_config(per_route: bool, routes: int, K: int) -> tuple:
     """(BLOCK_N, warps) as fused_moe_mxfp8_native's launcher picks them."""
     return (64, 4) if not per_route and routes <= 32 and K >= 3072 else (128, 8)
-
-
-@functools.lru_cache(maxsize=None)
-def _compile(fn, specialization: tuple, constexprs: tuple, warps: int) -> tuple:
-    import os
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, stated (it warns otherwise)
-    import triton
-    from triton.backends.amd.compiler import HIPBackend
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sig = {n: t for n, t, _ in specialization}
-    sig.update({n: "constexpr" for n, _ in constexprs})
-    consts = {**{n: d for n, t, d in specialization if t == "constexpr"}, **dict(constexprs)}
-    attrs = {(fn.arg_names.index(n),): HIPBackend.parse_attr(d) for n, t, d in specialization if t != "constexpr"}
-    k = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("hip", "gfx950", WARP), options={"num_warps": warps})
-    return k.asm["amdgcn"], k.metadata.shared
-
-
-def compile_as_launched(fn, args: dict, constexprs: tuple, warps: int) -> tuple:
-    """(assembly, dynamic LDS bytes, launch arguments) of ``fn`` compiled for gfx950 as Triton's
-    launcher specialises it on these arguments (the shared ``triton_gfx950`` takes no such hints):
-    16-byte aligned pointers and ints divisible by 16 get tt.divisibility 16, tensors within 2 GB
-    tt.pointer_range 32 (buffer loads), an int equal to 1 becomes a constant and leaves the
-    argument list."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.amd.compiler import HIPBackend
-    spec = tuple((n, *native_specialize_impl(HIPBackend, v, False, True, True)) for n, v in args.items())
-    asm, lds = _compile(fn, spec, constexprs, warps)
-    return asm, lds, [args[n] for n, t, _ in spec if t != "constexpr"]
 
 
 def peer_layout(topk_ids, E: int) -> tuple:
