@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from . import WARP, launch_triton, time_ours
+from . import compile_as_launched, launch_triton, time_ours
 
 # vLLM's get_default_config for fp8_w8a8 with a block_shape: BLOCK_SIZE_M 64, BLOCK_SIZE_N / _K the
 # scale block (128), GROUP_SIZE_M 32, num_warps 4, num_stages 2 on ROCm (3 elsewhere)
@@ -90,48 +90,24 @@ def _kernel():
     return blockscale_moe
 
 
-SIGNATURE = (("a", "*fp8e4nv"), ("a_scale", "*fp32"), ("b", "*fp8e4nv"), ("b_scale", "*fp32"), ("c", "*bf16"),
-             ("layout", "*i32"), ("N", "i32"), ("K", "i32"), ("rows", "i32"))
-
-
-@functools.lru_cache(maxsize=None)
-def peer_assembly(masked: bool, divisible: tuple) -> tuple:
-    """(assembly, dynamic LDS bytes) of the peer for gfx950, specialised as Triton's launcher
-    specialises a call: every pointer 16-byte aligned and within 2 GB (buffer ops), and the ints
-    named in ``divisible`` multiples of 16. The shared peers.triton_gfx950 passes no such
-    attributes; without them Triton cannot vectorise the row loads (K's alignment unknown)."""
-    import os
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # as peers.triton_gfx950
-    import triton
-    from triton.backends.amd.compiler import HIPBackend, HIPOptions
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    assert HIPOptions.num_stages == PEER_STAGES     # passed as Triton's HIP default, vLLM's ROCm value
-    fn = _kernel()
-    constexprs = {**PEER_CONFIG, "MASKED": int(masked), "SB": SCALE_BLOCK}
-    sig = {**dict(SIGNATURE), **{k: "constexpr" for k in constexprs}}
-    attrs = {(i,): HIPBackend.parse_attr("DS" if t.startswith("*") else "D" if name in divisible else "")
-             for i, (name, t) in enumerate(SIGNATURE)}
-    k = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("hip", "gfx950", WARP),
-                       options={"num_warps": PEER_WARPS, "num_stages": PEER_STAGES})
-    return k.asm["amdgcn"], k.metadata.shared
-
-
 def time_peer(a, sfa, b, sfb, layout, masked: bool, machine="mi355x", rounds=ROUNDS) -> tuple:
     """(output, timing) of the peer: a e4m3 [rows, K] (masked: [G, rows, K]) with fp32 sfa
     [.., K/128], b e4m3 [G, N, K] with fp32 sfb [G, N/128, K/128]; layout m_indices int32 [rows]
-    (-1: padding) or masked_m int32 [G]. Output bf16 like a's rows x N, zeros where not written."""
+    (-1: padding) or masked_m int32 [G]. Output bf16 like a's rows x N, zeros where not written.
+    Compiled as Triton's launcher specialises this call (peers.compile_as_launched)."""
     from ...emu import Emulator
     G, N, K = b.shape
     rows = a.shape[-2]
     for t in (a, sfa, b, sfb, layout):
-        assert t.is_contiguous() and t.data_ptr() % 16 == 0, "the peer is specialised for aligned, dense tensors"
+        assert t.is_contiguous(), "the peer indexes dense tensors"
     c = torch.zeros(*a.shape[:-1], N, dtype=torch.bfloat16)
-    asm, lds = peer_assembly(masked, tuple(n for n, v in (("N", N), ("K", K), ("rows", rows)) if v % 16 == 0))
+    args = dict(a=a, a_scale=sfa, b=b, b_scale=sfb, c=c, layout=layout, N=N, K=K, rows=rows)
+    constexprs = (*PEER_CONFIG.items(), ("MASKED", int(masked)), ("SB", SCALE_BLOCK))
+    asm, lds, launch = compile_as_launched(_kernel(), args, constexprs, PEER_WARPS, (("num_stages", PEER_STAGES),))
     m_tiles, n_tiles = -(-rows // PEER_CONFIG["BM"]), -(-N // PEER_CONFIG["BN"])
     grid = (G, m_tiles * n_tiles) if masked else (m_tiles * n_tiles,)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
-    launch_triton(emu, asm, NAME, [a, sfa, b, sfb, c, layout, N, K, rows], grid, PEER_WARPS, lds, rounds=rounds)
+    launch_triton(emu, asm, NAME, launch, grid, PEER_WARPS, lds, rounds=rounds)
     return c, emu.last_timing
 
 
