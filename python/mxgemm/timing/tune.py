@@ -70,7 +70,7 @@ def _smallm():
     def table(rows):
         """Markdown: a row per simulated shape, ours (tuned) vs the peer, and ours' fraction of the HBM
         roofline (compulsory bytes at 8 TB/s) where the weights exceed 16 MB."""
-        from ..hardware import ARCH_LIMITS
+        from ..asm_facts import LIMITS
         from ..specs.smallm_mxfp8 import work
         layer = {(N, K): name for name, N, K in peer.LAYERS}
         lines = ["| layer | M | N | K | ours (us) | our config | runner-up (us) | peer (us) | peer / ours | "
@@ -80,7 +80,7 @@ def _smallm():
                 continue
             M, N, K, us = int(r["M"]), int(r["N"]), int(r["K"]), float(r["us"])
             w = work(r["kernel"], op._variant_of(r["kernel"], r), M, N, K)
-            roof = f"{w.bytes / (us * 1e-6) / (ARCH_LIMITS['gfx950']['hbm_tbps'] * 1e12):.2f}" \
+            roof = f"{w.bytes / (us * 1e-6) / (LIMITS['gfx950']['hbm_tbps'] * 1e12):.2f}" \
                 if N * K * 33 / 32 > 16e6 else ""
             cfg = label(r["kernel"], op._variant_of(r["kernel"], r)).replace("smallm_mxfp8_", "")
             lines.append(f"| {layer.get((N, K), '')} | {M} | {N} | {K} | {us:.2f} | {cfg} | {r['runner_up_us']} | "
