@@ -31,6 +31,9 @@ def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(t
     assert r["runner_up"] == ",".join([runner[1], *(f"{p}={x}" for p, x in runner[2].items())])
     peer_us = smallm.time_peer(a, sa, b, sb)[1]["us"]
     assert float(r["peer_us"]) == round(peer_us, 2) and peer_us > us
+    assert tune.main(["smallm", "--table", "--out", str(path)]) == 0      # the simulated row only
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and table[2].startswith(f"|  | {M} | {N} | {K} | {r['us']} | ")
 
 
 def test_every_candidate_serves_its_shape_at_its_smallest_tile():
