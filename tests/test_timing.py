@@ -402,3 +402,14 @@ def test_timing_xcd0_runs_only_xcd0s_workgroups_for_the_same_time():
     written = (part != 0).any(dim=0)
     assert 0 < written.sum() <= 2048 // 8 and torch.equal(part[:, written], full[:, written])
     assert (full != 0).all()
+
+
+def test_every_peer_family_names_its_peer_and_cells():
+    from mxgemm.timing import peers
+    for name in peers.FAMILIES:
+        fam = peers.family(name)
+        cells = fam.cells()
+        assert fam.PEER and cells and callable(fam.run), name
+        assert len({c["label"] for c in cells}) == len(cells), name
+    with pytest.raises(ValueError, match="unknown peer family 'nope'"):
+        peers.family("nope")
