@@ -42,9 +42,10 @@ def stage_time(stage, M, N, K, machine="mi355x"):
     return emu.last_timing
 
 
-def calibrate(out=sys.stdout, stages=None):
+def calibrate(out=None, stages=None):
     """Predicted vs published TFLOP/s of each stage (``stages``: their symbols; None: all) at every
     size the blog publishes it: M = N = K = 4096, and 8192 where given."""
+    out = out or sys.stdout      # the stream at call time (a test's capture)
     unknown = set(stages or ()) - set(calibration.STAGES)
     if unknown:
         raise ValueError(f"unknown calibration stages {sorted(unknown)}; known: {list(calibration.STAGES)}")
@@ -80,7 +81,8 @@ def time_case(case, machine="mi355x", rounds=None) -> list:
         return launcher.timings()
 
 
-def report(symbol, t, top=8, out=sys.stdout) -> None:
+def report(symbol, t, top=8, out=None) -> None:
+    out = out or sys.stdout      # the stream at call time (a test's capture)
     b = t["breakdown"]
     busy = " ".join(f"{k} {100 * v:.0f}%" for k, v in b["busy"].items())
     print(f"{symbol}: {t['us']:.2f} us ({t['cycles']:.0f} cycles at {t['clock_ghz']} GHz), limiter {t['limiter']}"
@@ -94,9 +96,10 @@ def report(symbol, t, top=8, out=sys.stdout) -> None:
         print(f"  {blk['block']:24s} {where} {blk['issued']:9d} {blk['cycles']:11.0f}  {st}", file=out)
 
 
-def table(cases, rounds=None, out=sys.stdout) -> list:
+def table(cases, rounds=None, out=None) -> list:
     """A row per case: simulated us (launches summed), the roofline us beside it (mxgemm.tools.perf's
     work model: compulsory bytes and FLOPs at peak), and the longest launch's limiter."""
+    out = out or sys.stdout      # the stream at call time (a test's capture)
     from .. import asm_facts, specs
     lim = asm_facts.LIMITS["gfx950"]
     print(f"{'kernel':30s} {'case':34s} {'sim_us':>8s} {'roof_us':>8s} {'of_roof':>7s}  limiter  sampled", file=out)
@@ -114,9 +117,10 @@ def table(cases, rounds=None, out=sys.stdout) -> list:
     return rows
 
 
-def revision_table(case, revs, rounds, out=sys.stdout) -> list:
+def revision_table(case, revs, rounds, out=None) -> list:
     """The case's launch timed with its kernel built from each of ``revs`` (the first the baseline):
     a row per revision, us, ratio to the first, limiter."""
+    out = out or sys.stdout      # the stream at call time (a test's capture)
     from .. import specs
     from . import revisions
     call = specs.spec_of_kernel(case.kernel).call(case.kernel, case.variant, case.shape, specs.Inputs("bytes", "cpu"))
