@@ -42,7 +42,8 @@ def moe_problem(T=5, E=4, topk=2, N=48, K=256, block_m=4, seed=0, per_slot_a=Fal
     return a, a_scale, w, w_scale, srt, weights, ids
 
 
-def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name):
+def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name, k_lanes=1):
+    """k_lanes: the variant's lanes per weight row (256 / BLOCK_N), the K split the reference models."""
     n = int(srt.num_valid_ids[0])
     T = a.shape[0]
     a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
@@ -53,12 +54,12 @@ def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, 
     if a.dim() == 2:  # the reference op itself (gemm1 layout)
         ref = reference.moe_mxfp8_grouped_gemm_ref(
             a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
-            block_m, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype)
+            block_m, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype, k_lanes=k_lanes)
     else:             # one A row per (token, slot): the reference GEMM per row
         ref = torch.zeros(n, w.shape[1], dtype=got.dtype)
         for p in real.nonzero().squeeze(1).tolist():
             acc = reference.mx_gemm_ref(a2[row[p]][None], s2[row[p]][None], w[exp[p]], w_scale[exp[p]],
-                                        out_dtype=torch.float32)
+                                        out_dtype=torch.float32, k_lanes=k_lanes)
             acc = acc * srt.sorted_weights[p] if weights else acc
             ref[p] = acc[0].to(got.dtype) if got.dtype == torch.float32 else reference.F.bf16_rne(acc[0])
     assert bool((got[:n][~real] == 0).all()), f"{name}: padding rows must be 0"
@@ -77,7 +78,8 @@ def run_case(variant, *, weights=True, out_dtype=torch.bfloat16, block_m=4, **kw
         topk_weights=tw if weights else None, block_m=block_m, out_dtype=out_dtype,
         config=variant, fallback="error")
     assert got.shape == (srt.sorted_token_ids.shape[0], w.shape[1]) and got.dtype == out_dtype
-    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, f"{variant}")
+    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, f"{variant}",
+                            k_lanes=256 // variant["BLOCK_N"])
     return got
 
 
@@ -100,6 +102,40 @@ def test_a_with_one_row_per_token_slot():
 def test_more_experts_larger_blocks_and_num_valid_pair():
     run_case({"BLOCK_N": 8, "M_CHUNK": 4}, T=9, E=6, topk=2, N=24, K=128, block_m=8, seed=3,
              num_valid_len=2)
+
+
+@pytest.mark.parametrize("T,topk,E,block_m", [(1, 1, 32, 16), (1, 8, 256, 16), (3, 2, 4, 4), (32, 8, 256, 16),
+                                              (64, 4, 8, 16), (200, 1, 3, 8), (5, 9, 384, 32)])
+def test_grid_rows_cover_every_live_block(T, topk, E, block_m):
+    """The launch's workgroup rows (each striding over the blocks) are never fewer than the
+    blocks moe_sorting fills, for skewed and uniform routings, and equal them at decode (one
+    expert per route: no dead rows)."""
+    g = torch.Generator().manual_seed(T * 1000 + E)
+    for ids in (torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)]),
+                torch.arange(T * topk).view(T, topk) % E):
+        srt = routing.moe_sorting(ids, torch.ones(T, topk), E, block_m=block_m)
+        live = int(srt.num_valid_ids[0]) // block_m
+        rows = op.grid_blocks(srt.sorted_expert_ids.numel(), 1, block_m, E, T * topk)
+        assert live <= rows <= srt.sorted_expert_ids.numel(), (live, rows)
+    if T * topk <= E:
+        assert rows == live == T * topk
+
+
+def test_a_workgroup_row_strides_over_the_blocks(monkeypatch):
+    """Without the top-k (2-D a, no weights) the rows are capped by the chip's resident
+    workgroups; capped to one row, that row computes every live block in turn."""
+    a, a_scale, w, w_scale, srt, _, _ = moe_problem(T=9, E=4, topk=2, N=32, K=256, block_m=4, seed=6)
+    args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
+    v = {"BLOCK_N": 16, "M_CHUNK": 2}
+    assert int(srt.num_valid_ids[0]) // 4 > 2
+    monkeypatch.setattr(op, "RESIDENT_WGS", 2)          # 2 column groups -> one row
+    op.moe_mxfp8_grouped_gemm.clear_plans()
+    try:
+        assert mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4, config=v).grid[:2] == (2, 1)
+        got = mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4, config=v, fallback="error")
+    finally:
+        op.moe_mxfp8_grouped_gemm.clear_plans()
+    check_against_reference(got, a, a_scale, w, w_scale, srt, 4, False, "one row", k_lanes=16)
 
 
 def test_default_dispatch_and_explain():

@@ -31,6 +31,9 @@ def sync_lines(asm):
 # (checked with an s_trap in its place).
 _WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by thread o and written by "
                "the 16 lanes of its own wave: no LDS data crosses waves")
+_MOE_WAVE_LOCAL = ("BLOCK_N * M_CHUNK = 256 output slots, slot o read by thread o from the 4 lanes of its own "
+                   "weight row, threads 4 * (o / 4) .. + 3 of its own wave: no LDS data crosses waves, before the "
+                   "reads or before the next chunk's writes")
 REDUNDANT = (
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
@@ -51,6 +54,10 @@ REDUNDANT = (
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_waitcnt lgkmcnt(0)", "ds_read_b128",
      _WAVE_LOCAL),
     ("smallm_mxfp8_gemv", ("M_TILE16_N_SUB1", "M_TILE8_N_SUB2"), "s_barrier", "ds_read_b128", _WAVE_LOCAL),
+    ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK4",), "s_waitcnt lgkmcnt(0)", "global_load_dword",
+     _MOE_WAVE_LOCAL),
+    ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK4",), "s_barrier", "global_load_dword", _MOE_WAVE_LOCAL),
+    ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK4",), "s_barrier", "s_load_dword", _MOE_WAVE_LOCAL),
     ("smallm_mxfp8_mfma", ("M_TILE16_SPLIT_K2",), "s_waitcnt lgkmcnt(0)", "global_store_short",
      "epilog store i > 0: it runs only if store 0 (a smaller row, same column) ran, whose wait "
      "retired the split-K ds_read"),

@@ -37,17 +37,27 @@ struct Block32 {
   f32x2 v[16];
 };
 
-// Two 128-bit loads of one MX block (32 bytes at byte offset `off`), then decode. The fp8
-// payloads of one block share one scale, so a lane always owns whole blocks.
-MXGEMM_DEVICE Block32 load_block(buffer_rsrc r, uint32_t off) {
-  const u32x4 q[2] = {load_b128(r, off), load_b128(r, off + 16u)};
+// One MX block as loaded: 32 e4m3 bytes (two 128-bit loads) and its e8m0 scale. Kept raw until
+// it is used, so a block in flight costs 9 VGPRs instead of the 32 of its decoded form.
+struct RawBlock {
+  u32x4 q[2];
+  uint32_t s;
+};
+
+MXGEMM_DEVICE RawBlock load_block(buffer_rsrc r, buffer_rsrc rs, uint32_t row, uint32_t K, uint32_t kb) {
+  const uint32_t off = row * K + kb * kMxBlock;
+  return {{load_b128(r, off), load_b128(r, off + 16u)}, load_u8(rs, row * (K / kMxBlock) + kb)};
+}
+
+// The fp8 payloads of one block share one scale, so a lane always owns whole blocks.
+MXGEMM_DEVICE Block32 decode(const RawBlock& raw) {
   Block32 b;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      b.v[8 * h + 2 * w] = __builtin_amdgcn_cvt_pk_f32_fp8((int)q[h][w], false);
-      b.v[8 * h + 2 * w + 1] = __builtin_amdgcn_cvt_pk_f32_fp8((int)q[h][w], true);
+      b.v[8 * h + 2 * w] = __builtin_amdgcn_cvt_pk_f32_fp8((int)raw.q[h][w], false);
+      b.v[8 * h + 2 * w + 1] = __builtin_amdgcn_cvt_pk_f32_fp8((int)raw.q[h][w], true);
     }
   return b;
 }
@@ -70,27 +80,52 @@ MXGEMM_DEVICE float apply_scales(float s, uint32_t sa, uint32_t sb) {
 
 // GEMV core shared by the dense GEMV and the MoE kernel. The calling lane owns K blocks
 // klane, klane + k_lanes, ... of MT rows of A and NS rows of B and accumulates their scaled
-// block products into acc[m][j]. Row arguments are row indices (already clamped in range).
+// block products into acc[m][j] in that order. Row arguments are row indices (already clamped
+// in range). With few rows (MT + NS <= 3) the next step's blocks are requested before this
+// step's are used, so one step of loads stays in flight instead of the loop waiting a full
+// memory latency per step (the last step requests its own blocks again, a cache hit never
+// used, rather than branch); with more rows the second set of raw blocks would cost occupancy.
 template <uint32_t MT, uint32_t NS>
 MXGEMM_DEVICE void gemv_accumulate(float (&acc)[MT][NS], buffer_rsrc a, buffer_rsrc a_scale,
                                    const uint32_t (&a_row)[MT], buffer_rsrc b, buffer_rsrc b_scale,
                                    const uint32_t (&b_row)[NS], uint32_t K, uint32_t klane,
                                    uint32_t k_lanes) {
-  const uint32_t k_blocks = K / kMxBlock;
-  for (uint32_t kb = klane; kb < k_blocks; kb += k_lanes) {
-    Block32 bq[NS];
-    uint32_t sb[NS];
+  constexpr bool kAhead = MT + NS <= 3;
+  const uint32_t k_blocks = K / kMxBlock, last = k_blocks - 1u;
+  RawBlock aq[MT], bq[NS];  // this step's blocks (with kAhead: loaded during the previous step)
+  if constexpr (kAhead) {
 #pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) {
-      bq[j] = load_block(b, b_row[j] * K + kb * kMxBlock);
-      sb[j] = load_u8(b_scale, b_row[j] * k_blocks + kb);
+    for (uint32_t j = 0; j < NS; ++j) bq[j] = load_block(b, b_scale, b_row[j], K, min_u32(klane, last));
+#pragma unroll
+    for (uint32_t m = 0; m < MT; ++m) aq[m] = load_block(a, a_scale, a_row[m], K, min_u32(klane, last));
+  }
+  for (uint32_t kb = klane; kb < k_blocks; kb += k_lanes) {
+    const uint32_t next = min_u32(kb + k_lanes, last);
+    RawBlock an[MT], bn[NS];
+    if constexpr (kAhead) {
+#pragma unroll
+      for (uint32_t j = 0; j < NS; ++j) bn[j] = load_block(b, b_scale, b_row[j], K, next);
+#pragma unroll
+      for (uint32_t m = 0; m < MT; ++m) an[m] = load_block(a, a_scale, a_row[m], K, next);
+    } else {
+#pragma unroll
+      for (uint32_t j = 0; j < NS; ++j) bq[j] = load_block(b, b_scale, b_row[j], K, kb);
     }
+    Block32 bd[NS];
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) bd[j] = decode(bq[j]);
 #pragma unroll
     for (uint32_t m = 0; m < MT; ++m) {
-      const Block32 aq = load_block(a, a_row[m] * K + kb * kMxBlock);
-      const uint32_t sa = load_u8(a_scale, a_row[m] * k_blocks + kb);
+      const RawBlock am = kAhead ? aq[m] : load_block(a, a_scale, a_row[m], K, kb);
+      const Block32 ad = decode(am);
 #pragma unroll
-      for (uint32_t j = 0; j < NS; ++j) acc[m][j] += apply_scales(block_dot(aq, bq[j]), sa, sb[j]);
+      for (uint32_t j = 0; j < NS; ++j) acc[m][j] += apply_scales(block_dot(ad, bd[j]), am.s, bq[j].s);
+    }
+    if constexpr (kAhead) {
+#pragma unroll
+      for (uint32_t j = 0; j < NS; ++j) bq[j] = bn[j];
+#pragma unroll
+      for (uint32_t m = 0; m < MT; ++m) aq[m] = an[m];
     }
   }
 }
@@ -227,7 +262,10 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 // A workgroup owns BLOCK_N weight rows of one sorted block; 256 / BLOCK_N lanes split K per
 // weight row (the GEMV core); sorted rows are taken M_CHUNK at a time and all-padding chunks
 // skip the K loop (a uniform branch), so padded blocks cost one zero store.
-// Grid: (ceil(N / BLOCK_N), number of sorted blocks). flags bit 2: fp32 output (else bf16).
+// Grid: (ceil(N / BLOCK_N), grid_blocks): workgroup row y takes sorted blocks y, y + grid_blocks,
+// ... below num_valid_ids[0], so the host may launch fewer rows than the worst-case buffer has
+// blocks (decode: a few live blocks in a buffer of E * block_m rows) and every live block is still
+// covered. flags bit 2: fp32 output (else bf16).
 // ---------------------------------------------------------------------------------------------
 #if defined(BLOCK_N)
 SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
@@ -235,54 +273,57 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
     const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale,
     const int32_t* __restrict__ sorted_token_ids, const int32_t* __restrict__ sorted_expert_ids,
     const int32_t* __restrict__ num_valid_ids, const float* __restrict__ topk_weights,
-    void* __restrict__ out, int T, int topk, int N, int K, int a_rows, int block_m, int flags) {
+    void* __restrict__ out, int T, int topk, int N, int K, int a_rows, int block_m, int flags,
+    int grid_blocks) {
 #if defined(__gfx950__)
   constexpr uint32_t KL = kThreads / BLOCK_N, MC = M_CHUNK;
   __shared__ float red[kThreads * MC];
-  const uint32_t t = thread_x(), blk = block_y(), un = N, uk = K, k_blocks = uk / kMxBlock;
-  const uint32_t row0 = blk * (uint32_t)block_m, n_valid = (uint32_t)num_valid_ids[0];
-  if (row0 >= n_valid) return;
-  const int32_t expert = sorted_expert_ids[blk];
-  const uint32_t e = expert < 0 ? 0u : (uint32_t)expert;
-  // No expert: every row of the block is padding (T is the "no token" id).
-  const uint32_t ut = expert < 0 ? 0u : (uint32_t)T, utopk = topk;
-  const uint32_t rows_end = min_u32(row0 + (uint32_t)block_m, n_valid);
+  const uint32_t t = thread_x(), un = N, uk = K, k_blocks = uk / kMxBlock;
+  const uint32_t n_valid = (uint32_t)num_valid_ids[0], bm = block_m;
   const buffer_rsrc ra = make_buffer(a, (uint32_t)a_rows * uk);
   const buffer_rsrc rsa = make_buffer(a_scale, (uint32_t)a_rows * k_blocks);
-  const buffer_rsrc rw = make_buffer(w + (uint64_t)e * un * uk, un * uk);
-  const buffer_rsrc rsw = make_buffer(w_scale + (uint64_t)e * un * k_blocks, un * k_blocks);
   const uint32_t n0 = block_x() * BLOCK_N;
   const uint32_t w_row[1] = {min_u32(n0 + t / KL, un - 1u)};
   const bool per_slot = flags & 2;
-  for (uint32_t r0 = row0; r0 < rows_end; r0 += MC) {
-    uint32_t a_row[MC];
-    bool any = false;
+  for (uint32_t blk = block_y(); blk * bm < n_valid; blk += (uint32_t)grid_blocks) {
+    const uint32_t row0 = blk * bm;
+    const int32_t expert = sorted_expert_ids[blk];
+    const uint32_t e = expert < 0 ? 0u : (uint32_t)expert;
+    // No expert: every row of the block is padding (T is the "no token" id).
+    const uint32_t ut = expert < 0 ? 0u : (uint32_t)T, utopk = topk;
+    const uint32_t rows_end = min_u32(row0 + bm, n_valid);
+    const buffer_rsrc rw = make_buffer(w + (uint64_t)e * un * uk, un * uk);
+    const buffer_rsrc rsw = make_buffer(w_scale + (uint64_t)e * un * k_blocks, un * k_blocks);
+    for (uint32_t r0 = row0; r0 < rows_end; r0 += MC) {
+      uint32_t a_row[MC];
+      bool any = false;
 #pragma unroll
-    for (uint32_t i = 0; i < MC; ++i) {  // uniform: scalar loads
-      const uint32_t id = r0 + i < rows_end ? (uint32_t)sorted_token_ids[r0 + i] : 0xFFFFFFu;
-      const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
-      any |= token < ut;
-      a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
-    }
-    if (any) {
-      float acc[MC][1] = {};
-      gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
-      lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
-    }
-    if (t < BLOCK_N * MC) {  // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group)
-      const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
-      if (r < rows_end && n < un) {
-        const uint32_t id = (uint32_t)sorted_token_ids[r], token = id & 0xFFFFFFu;
-        float v = 0.0f;
-        if (token < ut) {
-          v = red_sum(red, t, KL);
-          if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];
-        }
-        if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
-        else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
+      for (uint32_t i = 0; i < MC; ++i) {  // uniform: scalar loads
+        const uint32_t id = r0 + i < rows_end ? (uint32_t)sorted_token_ids[r0 + i] : 0xFFFFFFu;
+        const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
+        any |= token < ut;
+        a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
       }
+      if (any) {
+        float acc[MC][1] = {};
+        gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
+        lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
+      }
+      if (t < BLOCK_N * MC) {  // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group)
+        const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
+        if (r < rows_end && n < un) {
+          const uint32_t id = (uint32_t)sorted_token_ids[r], token = id & 0xFFFFFFu;
+          float v = 0.0f;
+          if (token < ut) {
+            v = red_sum(red, t, KL);
+            if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];
+          }
+          if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
+          else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
+        }
+      }
+      if (any) syncthreads();  // red is rewritten by the next chunk (of this block or the next)
     }
-    if (any) syncthreads();  // red is rewritten by the next chunk
   }
 #endif
 }

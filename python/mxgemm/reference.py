@@ -132,7 +132,8 @@ def _bf16_dot(a, b) -> torch.Tensor:
 
 
 def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3",
-                out_dtype: torch.dtype = torch.bfloat16, chunk: int = MX_BLOCK, splits: int = 1) -> torch.Tensor:
+                out_dtype: torch.dtype = torch.bfloat16, chunk: int = MX_BLOCK, splits: int = 1,
+                k_lanes: int = 1) -> torch.Tensor:
     """MX-scale GEMM: out[m, n] = sum_k A[m, k] * B[n, k] with 1x32 K-block scales.
 
     a: [M, K] fp8 codes (float8 dtype or uint8), [M, K/2] packed e2m1 or [M, 3K/4] packed
@@ -143,11 +144,22 @@ def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3"
     splits: the chunks are cut into `splits` contiguous ranges of ceil(chunks / splits) (the
     split-K workgroups); each range is accumulated from +0, then the partials are added in
     range order into +0 (fp32 atomics: any order gives the same bits for splits <= 2).
+    k_lanes: the chunks are dealt round-robin to k_lanes lanes (chunk c to lane c % k_lanes), each
+    accumulating its own from +0 in K order; the lane sums are then added in lane order into +0
+    (the GEMV cores' split of K over lanes and their LDS reduction).
     Returns [M, N] out_dtype (bf16 RNE of the fp32 accumulator, or the accumulator itself).
     """
-    if chunk == MX_BLOCK and splits == 1:
+    if chunk == MX_BLOCK and splits == 1 and k_lanes == 1:
         return _out(_mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt), out_dtype)
     parts = _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk)
+    if k_lanes > 1:
+        acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+        for lane in range(k_lanes):
+            partial = torch.zeros_like(acc)
+            for p in parts[lane::k_lanes]:
+                partial = partial + p
+            acc = acc + partial
+        return _out(acc, out_dtype)
     per = max(-(-len(parts) // splits), 1)   # K = 0: no chunk, the empty sum
     acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
     for s in range(0, len(parts), per):
@@ -176,20 +188,22 @@ def _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, nu
 
 def moe_mxfp8_grouped_gemm_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
                                num_valid_ids, block_m: int, sorted_weights: Optional[torch.Tensor] = None,
-                               out_dtype: torch.dtype = torch.bfloat16, fmt: str = "e4m3") -> torch.Tensor:
+                               out_dtype: torch.dtype = torch.bfloat16, fmt: str = "e4m3",
+                               k_lanes: int = 1) -> torch.Tensor:
     """MoE grouped GEMM (gemm1 style) on the moe_sorting layout.
 
     a: [T, K] e4m3 (one row per token), a_scale [T, K/32] e8m0; w: [E, N, K], w_scale
     [E, N, K/32]. Output row p (sorted position, p < num_valid) is
       acc = A[token(p)] . W[expert(block p // block_m)]^T     (fp32, module model)
       acc = acc * sorted_weights[p]                         (fp32, only if given)
-    -> [num_valid, N] out_dtype; padding rows (token id >= T) are 0.
+    -> [num_valid, N] out_dtype; padding rows (token id >= T) are 0. k_lanes: as mx_gemm_ref.
     """
     tok, _, exp, real = _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, a.shape[0])
     acc = torch.zeros(len(tok), w.shape[1], dtype=torch.float32)
     for e in exp[real].unique().tolist():
         rows = (real & (exp == e)).nonzero().squeeze(1)
-        acc[rows] = _mx_dot(a[tok[rows]], a_scale[tok[rows]], w[e], w_scale[e], fmt, fmt)
+        acc[rows] = mx_gemm_ref(a[tok[rows]], a_scale[tok[rows]], w[e], w_scale[e], fmt, fmt, torch.float32,
+                                k_lanes=k_lanes)
     if sorted_weights is not None:
         acc = acc * sorted_weights[:len(tok)].float()[:, None]
     return _out(acc, out_dtype)

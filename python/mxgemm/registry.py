@@ -160,9 +160,9 @@ register(Kernel(
     name="smallm_mxfp8_moe_grouped_gemm", language="hip", source=_SMALLM_SRC,
     symbol="smallm_mxfp8_moe_grouped_gemm",
     args=("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
-          "topk_weights", "out", "tokens", "topk", "N", "K", "a_rows", "block_m", "flags"),
-    grid=("N", "blocks"), tile=lambda v: {"N": v["BLOCK_N"]},
-    variants=variant_grid(BLOCK_N=(8, 16), M_CHUNK=(2, 4)),
+          "topk_weights", "out", "tokens", "topk", "N", "K", "a_rows", "block_m", "flags", "grid_blocks"),
+    grid=("N", "grid_blocks"), tile=lambda v: {"N": v["BLOCK_N"]},
+    variants=variant_grid(BLOCK_N=(8, 16, 32, 64), M_CHUNK=(2, 4)),
     doc="MXFP8 MoE grouped GEMM over sorted_token_ids; optional top-k weights; bf16/fp32 out"))
 
 # --- a4w4 MXFP4 MoE gemm2 ---

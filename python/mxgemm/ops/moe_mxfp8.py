@@ -12,12 +12,28 @@ from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, op
 MOE = "smallm_mxfp8_moe_grouped_gemm"
 
 
-def moe_heuristic_config(num_tokens: int, N: int):
-    """BLOCK_N = 16 (fewer, fuller workgroups) unless that leaves under 2 workgroups per CU per
-    sorted block column, then 8; M_CHUNK = 4 when an expert gets >= 4 rows on average (T >= 4),
-    else 2 so padding-heavy decode blocks skip more."""
-    block_n = 16 if N >= 2 * NUM_CUS * 16 else 8
-    return Choice(MOE, {"BLOCK_N": block_n, "M_CHUNK": 4 if num_tokens >= 4 else 2}, "heuristic (moe_heuristic_config)")
+def moe_heuristic_config(num_tokens: int, N: int, live_blocks: int):
+    """BLOCK_N: the widest (fewer, fuller workgroups, each lane a longer run of K) that still
+    launches 3 workgroups per CU over the blocks the routes fill, else 8; M_CHUNK = 4 when an
+    expert gets >= 4 rows on average (T >= 4), else 2 so padding-heavy decode blocks skip more."""
+    wide = [bn for bn in (64, 32, 16) if -(-N // bn) * live_blocks >= 3 * NUM_CUS]
+    return Choice(MOE, {"BLOCK_N": wide[0] if wide else 8, "M_CHUNK": 4 if num_tokens >= 4 else 2},
+                  "heuristic (moe_heuristic_config)")
+
+
+RESIDENT_WGS = NUM_CUS * 8   # 256-thread workgroups a full chip holds at once (8 per CU: 32 wave slots)
+
+
+def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int | None) -> int:
+    """Workgroup rows of the launch (the kernel strides over the live blocks, so fewer rows than the
+    buffer's worst-case blocks still cover them all). With the route count known: the most blocks
+    the routes can fill, m + (routes - m) // block_m for m = min(routes, experts) (every expert
+    holding a route pads at most block_m - 1 rows); else as many rows as keep the chip's resident
+    workgroups busy, each looping over its share."""
+    if routes is None:
+        return max(1, min(blocks, RESIDENT_WGS // col_groups))
+    m = min(routes, experts)
+    return max(1, min(blocks, m + (routes - m) // block_m))
 
 
 CONFIG = ConfigGrammar("moe_mxfp8_grouped_gemm", {"BLOCK_N": int, "M_CHUNK": int}, required=True)
@@ -71,7 +87,8 @@ def _plan(x) -> Plan:
             guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
         why = "config given by the caller"
     else:
-        choice = moe_heuristic_config(T, N)
+        # the routes' blocks (without the top-k, at least one route per token)
+        choice = moe_heuristic_config(T, N, grid_blocks(blocks, 1, block_m, w.shape[0], T * (topk or 1)))
         variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
@@ -81,8 +98,10 @@ def _plan(x) -> Plan:
              ("out", x.out))
     flags = (1 if tw is not None else 0) | (2 if a.dim() == 3 else 0) | (4 if x.out_dtype == torch.float32 else 0)
     return mx.kernel_or_fallback(x.fallback, name, named, MOE, variant, device, why, **shape, N=N, K=K,
-                                 blocks=blocks, tokens=T, topk=topk or 1, a_rows=a.numel() // K if K else 0,
-                                 block_m=block_m, flags=flags)
+                                 grid_blocks=grid_blocks(blocks, -(-N // variant["BLOCK_N"]), block_m, w.shape[0],
+                                                         None if topk is None else T * topk),
+                                 tokens=T, topk=topk or 1, a_rows=a.numel() // K if K else 0, block_m=block_m,
+                                 flags=flags)
 
 
 def topk_of(x):

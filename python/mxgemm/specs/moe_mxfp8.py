@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import routing
+from ..ops.moe_mxfp8 import grid_blocks
 from .base import Call, Case, Contract, Inputs, OpSpec, Smoke, Work, grid, mx_bytes, sorted_ids, waves
 
 OP = "moe_mxfp8_grouped_gemm"
@@ -21,15 +22,17 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
 def work(kernel, v, tokens, topk, experts, N, K) -> Work:
     srt, _, active = Inputs("empty").routing(tokens, topk, experts, BLOCK_M)
     n_valid = int(srt.num_valid_ids[0])
-    blocks = srt.sorted_expert_ids.numel()
     ids = srt.sorted_token_ids[:n_valid].view(-1, BLOCK_M) & 0xFFFFFF
     live = (ids < tokens).view(n_valid // BLOCK_M, -1, v["M_CHUNK"]).any(2)   # chunks with a real row
-    g = grid(kernel, v, N=N, blocks=blocks)
+    # gemm1's call: a is [T, K] with no weights, so the op does not know the top-k
+    rows = grid_blocks(srt.sorted_expert_ids.numel(), -(-N // v["BLOCK_N"]), BLOCK_M, experts, None)
+    g = grid(kernel, v, N=N, grid_blocks=rows)
+    chunks = live.sum(1)                                          # live chunks per block; row y takes y, y + rows, ...
+    per_row = torch.zeros(rows, dtype=chunks.dtype).index_add_(0, torch.arange(chunks.numel()) % rows, chunks)
     iters = -(-K // (32 * 256 // v["BLOCK_N"]))                  # 256 / BLOCK_N lanes per weight row
-    rows = tokens * topk
-    return Work(2.0 * rows * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * n_valid * N,
-                "fp8", g, g[0] * (n_valid // BLOCK_M), g[0] * waves(kernel) * int(live.sum()) * iters,
-                iters * int(live.sum(1).max()))
+    return Work(2.0 * tokens * topk * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * n_valid * N,
+                "fp8", g, g[0] * min(rows, chunks.numel()), g[0] * waves(kernel) * int(live.sum()) * iters,
+                iters * int(per_row.max()))
 
 
 def race(kernel, v) -> list:

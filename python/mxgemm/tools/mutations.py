@@ -72,6 +72,12 @@ CATALOGUE = (
     Mutation("smallm-moe-drop-topk-weight", (MOE,), (
         (SMALLM_SRC, "if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];", "(void)topk_weights;"),),
         "MoE grouped GEMM ignores the top-k weight"),
+    Mutation("smallm-gemv-prefetch-next-a", (GEMV, MOE), (
+        (SMALLM_SRC, "const RawBlock am = kAhead ? aq[m] :", "const RawBlock am = kAhead ? an[m] :"),),
+        "GEMV core multiplies the next step's A block (the one in flight) with this step's B"),
+    Mutation("smallm-moe-no-block-stride", (MOE,), (
+        (SMALLM_SRC, "blk += (uint32_t)grid_blocks) {", "blk += 0x40000000u) {"),),
+        "MoE workgroup row computes only its first sorted block"),
     Mutation("smallm-delete-lds-barrier", (GEMV, MOE), (
         (SMALLM_SRC, "red[(grp * V + v) * k_lanes + klane] = vals[v];\n  syncthreads();",
          "red[(grp * V + v) * k_lanes + klane] = vals[v];"),),

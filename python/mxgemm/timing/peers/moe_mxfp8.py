@@ -33,7 +33,7 @@ GEMMS = {"gemm1": (1536, 6144, False), "gemm2": (6144, 768, True)}
 # (docs/peers/moe_mxfp8.md)
 CELLS = (("gemm2", 32, 1, 1), ("gemm2", 256, 8, 1), ("gemm2", 256, 8, 32),
          ("gemm1", 32, 1, 1), ("gemm1", 256, 8, 1), ("gemm1", 256, 8, 32))
-ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`)
+ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`), XCD 0's alone
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,7 +115,7 @@ def time_peer(a, sa, w, sw, topk_ids, weights=None, machine="mi355x", rounds=ROU
     asm, lds, launch = compile_as_launched(_grouped_gemm_mx(), args, consts, warps)
     emu = Emulator(arch="gfx950", race_check=False, timing=machine)
     grid = (-(-ids.numel() // PEER_BLOCK_M), -(-N // block_n))
-    launch_triton(emu, asm, "grouped_gemm_mx", launch, grid, warps, lds, rounds=rounds)
+    launch_triton(emu, asm, "grouped_gemm_mx", launch, grid, warps, lds, rounds=rounds, xcd0=True)
     return c, emu.last_timing
 
 
@@ -197,7 +197,7 @@ def run(cell, machine="mi355x", rounds=ROUNDS) -> dict:
     mine, us, symbol, t = time_ours(lambda: mxgemm.moe_mxfp8_grouped_gemm(
         a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw,
         block_m=OUR_BLOCK_M, out_dtype=torch.float32 if per_route else torch.bfloat16, fallback="error"),
-        machine, rounds)
+        machine, rounds, xcd0=True)
     pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
     theirs, tp = time_peer(pa, psa, w, sw, ids, tw, machine, rounds)
     want = reference(a, sa, w, sw, srt, T, k, tw)
