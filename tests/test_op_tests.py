@@ -48,7 +48,7 @@ def test_mx_gemm_emulator_cases_pass():
     assert len(cases) == 3 and all(": ok: max 0 ulp, 100.00% bit-exact" in l for l in cases), out
 
 
-CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "us", "source", "runner_up",
+CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "K_LANES", "us", "source", "runner_up",
               "runner_up_us", "peer_us"]
 SHIPPED_CSV = ROOT / "python" / "mxgemm" / "configs" / "smallm_mxfp8_gfx950.csv"
 
@@ -61,7 +61,7 @@ def csv_rows(path):
 
 def row_variant(r) -> dict:
     """A row's variant: its non-blank parameter columns as ints."""
-    return {p: int(r[p]) for p in CSV_HEADER[5:8] if r[p] != ""}
+    return {p: int(r[p]) for p in CSV_HEADER[5:9] if r[p] != ""}
 
 
 def csv_problems(path) -> list[str]:
@@ -116,12 +116,12 @@ def test_shipped_config_csv_rows_are_valid_buildable_configs():
 def test_config_csv_check_rejects_broken_rows(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text(",".join(CSV_HEADER) + "\n"
-                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic,,,\n"
-                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,heuristic,,,\n"
-                   "gfx950,8,1280,8200,nosuch,16,,4,,heuristic,,,\n"
-                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,heuristic,,,\n"
-                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,measured,,,\n"
-                   "gfx950,32,1280,8192,smallm_mxfp8_mfma,32,,4,3.5,simulated,,,\n")
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,,heuristic,,,\n"
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,,heuristic,,,\n"
+                   "gfx950,8,1280,8200,nosuch,16,,4,,,heuristic,,,\n"
+                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,,heuristic,,,\n"
+                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,,measured,,,\n"
+                   "gfx950,32,1280,8192,smallm_mxfp8_mfma,32,,4,,3.5,simulated,,,\n")
     assert csv_problems(bad) == [
         "line 3: duplicate shape 4x1280x8192",
         "line 4: shape 8x1280x8200 (positive, K a multiple of the MX block 32)",

@@ -26,7 +26,7 @@ def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(t
                               rounds=smallm.ROUNDS)[1], k, v) for k, v in op.candidates(M, N, K))
     assert len(times) == 4
     (us, kernel, variant), runner = times[0], times[1]
-    assert (r["kernel"], op._variant_of(r["kernel"], r), r["source"]) == (kernel, variant, "simulated")
+    assert (r["kernel"], op._variant_of(r), r["source"]) == (kernel, variant, "simulated")
     assert float(r["us"]) == round(us, 2) and float(r["runner_up_us"]) == round(runner[0], 2)
     assert r["runner_up"] == ",".join([runner[1], *(f"{p}={x}" for p, x in runner[2].items())])
     peer_us = smallm.time_peer(a, sa, b, sb)[1]["us"]

@@ -155,16 +155,21 @@ MXGEMM_DEVICE __bf16 to_bf16(float x) { return (__bf16)x; }  // RNE: v_cvt_pk_bf
 #endif  // __gfx950__
 
 // ---------------------------------------------------------------------------------------------
-// smallm_mxfp8_gemv: M_TILE rows of A x (16 lane groups x N_SUB) rows of B per workgroup.
-// 16 lanes share one group of N_SUB B rows and split its K blocks; the 16 partial sums are
-// combined through LDS. Grid: (ceil(N / (16 * N_SUB)), ceil(M / M_TILE)).
+// smallm_mxfp8_gemv: M_TILE rows of A x (256 / K_LANES lane groups x N_SUB) rows of B per
+// workgroup. K_LANES lanes (16 unless the variant sets it) share one group of N_SUB B rows and
+// split its K blocks; their partial sums are combined through LDS. More lanes per row means
+// fewer rows per workgroup and more workgroups: narrow layers at M = 1 fill the chip.
+// Grid: (ceil(N / (256 / K_LANES * N_SUB)), ceil(M / M_TILE)).
 // ---------------------------------------------------------------------------------------------
 #if defined(N_SUB)
+#if !defined(K_LANES)
+#define K_LANES 16
+#endif
 SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_gemv)(const uint8_t* __restrict__ a, const uint8_t* __restrict__ a_scale,
                                  const uint8_t* __restrict__ b, const uint8_t* __restrict__ b_scale,
                                  __bf16* __restrict__ out, int M, int N, int K) {
 #if defined(__gfx950__)
-  constexpr uint32_t MT = M_TILE, NS = N_SUB, KL = 16, BLOCK_N = kThreads / KL * NS;
+  constexpr uint32_t MT = M_TILE, NS = N_SUB, KL = K_LANES, BLOCK_N = kThreads / KL * NS;
   __shared__ float red[kThreads * MT * NS];
   const uint32_t t = thread_x(), um = M, un = N, uk = K;
   const uint32_t n0 = block_x() * BLOCK_N, m0 = block_y() * MT;

@@ -24,7 +24,7 @@ GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
 _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
 ARCH, = set(_GEMV.archs) | set(_MFMA.archs)   # the family's one arch: the CSV is tuned for it
 CONFIG_CSV = tuned.table_path("smallm_mxfp8", ARCH)
-CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K")   # variant columns of the CSV (blank = unused)
+CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K", "K_LANES")   # variant columns of the CSV (blank = unset)
 # a tuner's row: the config and its time; simulated rows also carry the runner-up's and the peer's
 CSV_FIELDS = ("arch", "M", "N", "K", "kernel", *CSV_PARAMS, "us", "source", "runner_up", "runner_up_us", "peer_us")
 M_MAX = max(_GEMV.m_range[1], _MFMA.m_range[1])
@@ -46,7 +46,9 @@ def heuristic_config(M: int, N: int, K: int):
         GEMV's (M <= 16): GEMV. Its VALU work grows with M while the weight stream does not,
         so from M = 8 the scaled MFMA wins. M_TILE = the smallest tile >= M; N_SUB = 2 (two
         weight rows per lane group, reusing the decoded A block) once N gives at least 2
-        workgroups per CU with it, else 1.
+        workgroups per CU with it; else, when 16 lanes per row leave under 1 workgroup per CU
+        and K gives each of 64 lanes at least 2 MX blocks (K >= 4096), K_LANES = 64 (4 rows per
+        workgroup, 4x the workgroups) where the tile has it; else N_SUB = 1.
       * within the MFMA kernel's envelope (8 <= M <= 64) and K % 128 == 0: MFMA, M_TILE = the
         smallest tile >= M, SPLIT_K = the smallest that gives >= NUM_CUS workgroups (the
         largest when none does), capped by the number of 128-wide K steps so no wave idles.
@@ -55,8 +57,12 @@ def heuristic_config(M: int, N: int, K: int):
         return None
     if M < _MFMA.m_range[0] or (K % _MFMA.k_align and M <= _GEMV.m_range[1]):
         m_tile = _at_least(M, _GEMV.values("M_TILE"))
-        n_sub = 2 if {"M_TILE": m_tile, "N_SUB": 2} in _GEMV.variants and N >= 2 * NUM_CUS * 32 else 1
-        return Choice(GEMV, {"M_TILE": m_tile, "N_SUB": n_sub}, "heuristic: GEMV (M < 8 or K % 128 != 0)")
+        variant = {"M_TILE": m_tile, "N_SUB": 1}
+        if {"M_TILE": m_tile, "N_SUB": 2} in _GEMV.variants and N >= 2 * NUM_CUS * 32:
+            variant["N_SUB"] = 2
+        elif N < NUM_CUS * 16 and K >= 64 * 2 * 32 and variant | {"K_LANES": 64} in _GEMV.variants:
+            variant["K_LANES"] = 64
+        return Choice(GEMV, variant, "heuristic: GEMV (M < 8 or K % 128 != 0)")
     if K % _MFMA.k_align:
         return None
     m_tile = _at_least(M, _MFMA.values("M_TILE"))
@@ -72,8 +78,8 @@ def _workgroups(m_tile, split, M, N) -> int:
     return gx * gy
 
 
-def _variant_of(kernel: str, row: dict) -> dict:
-    return {k: int(row[k]) for k in registry.get(kernel).variants[0]}
+def _variant_of(row: dict) -> dict:
+    return {k: int(row[k]) for k in CSV_PARAMS if row.get(k)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,7 +88,7 @@ def tuned_table() -> dict:
     table: dict = {}
     for row in tuned.read_rows(CONFIG_CSV):
         key = (row["arch"], int(row["N"]), int(row["K"]))
-        table.setdefault(key, []).append((int(row["M"]), row["kernel"], _variant_of(row["kernel"], row), row["source"]))
+        table.setdefault(key, []).append((int(row["M"]), row["kernel"], _variant_of(row), row["source"]))
     for rows in table.values():
         rows.sort(key=lambda r: r[0])
     return table
@@ -117,7 +123,7 @@ def tuned_config(M: int, N: int, K: int, arch: str = ARCH):
     return None
 
 
-CONFIG = ConfigGrammar("smallm_mxfp8_gemm", {"kernel": str, "M_TILE": int, "N_SUB": int, "SPLIT_K": int})
+CONFIG = ConfigGrammar("smallm_mxfp8_gemm", {"kernel": str, **{p: int for p in CSV_PARAMS}})
 
 
 def parse_config(config) -> tuple | None:

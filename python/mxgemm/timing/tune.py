@@ -79,10 +79,10 @@ def _smallm():
             if r["source"] != "simulated":
                 continue
             M, N, K, us = int(r["M"]), int(r["N"]), int(r["K"]), float(r["us"])
-            w = work(r["kernel"], op._variant_of(r["kernel"], r), M, N, K)
+            w = work(r["kernel"], op._variant_of(r), M, N, K)
             roof = f"{w.bytes / (us * 1e-6) / (LIMITS['gfx950']['hbm_tbps'] * 1e12):.2f}" \
                 if N * K * 33 / 32 > 16e6 else ""
-            cfg = label(r["kernel"], op._variant_of(r["kernel"], r)).replace("smallm_mxfp8_", "")
+            cfg = label(r["kernel"], op._variant_of(r)).replace("smallm_mxfp8_", "")
             lines.append(f"| {layer.get((N, K), '')} | {M} | {N} | {K} | {us:.2f} | {cfg} | {r['runner_up_us']} | "
                          f"{r['peer_us']} | {float(r['peer_us']) / us:.2f} | {roof} |")
         return "\n".join(lines)

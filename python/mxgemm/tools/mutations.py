@@ -76,7 +76,7 @@ CATALOGUE = (
         (SMALLM_SRC, "const RawBlock am = kAhead ? aq[m] :", "const RawBlock am = kAhead ? an[m] :"),),
         "GEMV core multiplies the next step's A block (the one in flight) with this step's B"),
     Mutation("smallm-moe-no-block-stride", (MOE,), (
-        (SMALLM_SRC, "blk += (uint32_t)grid_blocks) {", "blk += 0x40000000u) {"),),
+        (SMALLM_SRC, "blk += (uint32_t)grid_blocks) {", "blk = n_valid) {"),),
         "MoE workgroup row computes only its first sorted block"),
     Mutation("smallm-delete-lds-barrier", (GEMV, MOE), (
         (SMALLM_SRC, "red[(grp * V + v) * k_lanes + klane] = vals[v];\n  syncthreads();",
