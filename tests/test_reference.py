@@ -136,6 +136,22 @@ def test_mx_gemm_single_block_is_correctly_rounded():
                          torch.from_numpy(exact.astype(f32)), "single block")
 
 
+def test_mx_gemm_k_lanes_sums_each_lane_then_the_lanes():
+    """Chunk sums 1, 2^-24, -1 (one non-zero product per 32-block, scales 2^0, 2^-24, 2^0): in K
+    order 1 + 2^-24 rounds to 1 (a tie, to even) and the sum is 0; with 2 lanes, lane 0 holds
+    1 + -1 = 0 and lane 1 2^-24, so the sum is 2^-24; with 3 lanes each holds one chunk and the
+    lane-order sum is the K-order one."""
+    a = torch.zeros(1, 96)
+    a[0, 0], a[0, 32], a[0, 64] = 1.0, 1.0, -1.0
+    b = torch.zeros(1, 96)
+    b[0, 0], b[0, 32], b[0, 64] = 1.0, 1.0, 1.0
+    sa = torch.tensor([[127, 127 - 24, 127]], dtype=torch.uint8)
+    sb = torch.full((1, 3), 127, dtype=torch.uint8)
+    fp8 = TORCH_FP8["e4m3"]
+    got = {k: R.mx_gemm_ref(a.to(fp8), sa, b.to(fp8), sb, out_dtype=torch.float32, k_lanes=k).item() for k in (1, 2, 3)}
+    assert got == {1: 0.0, 2: 2.0 ** -24, 3: 0.0}
+
+
 def test_smallm_mxfp8_is_e4m3_mx_gemm():
     g = gen(2)
     a, b = rand_codes((2, 128), "e4m3", g), rand_codes((16, 128), "e4m3", g)
