@@ -107,9 +107,9 @@ def test_more_experts_larger_blocks_and_num_valid_pair():
 @pytest.mark.parametrize("T,topk,E,block_m", [(1, 1, 32, 16), (1, 8, 256, 16), (3, 2, 4, 4), (32, 8, 256, 16),
                                               (64, 4, 8, 16), (200, 1, 3, 8), (5, 9, 384, 32)])
 def test_grid_rows_cover_every_live_block(T, topk, E, block_m):
-    """The launch's workgroup rows (each striding over the blocks) are never fewer than the
-    blocks moe_sorting fills, for skewed and uniform routings, and equal them at decode (one
-    expert per route: no dead rows)."""
+    """With the route count known (and one column group, so the resident-workgroup cap does not
+    bind) the launch's rows are never fewer than the blocks moe_sorting fills, for random and
+    round-robin routings, and equal them at decode (one expert per route: no dead rows)."""
     g = torch.Generator().manual_seed(T * 1000 + E)
     for ids in (torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)]),
                 torch.arange(T * topk).view(T, topk) % E):

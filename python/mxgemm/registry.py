@@ -147,9 +147,9 @@ register(Kernel(
     # 256 / K_LANES lane groups of K_LANES threads (16 when unset), each owning N_SUB weight rows
     tile=lambda v: {"N": 256 // v.get("K_LANES", 16) * v["N_SUB"], "M": v["M_TILE"]},
     # M_TILE=16 with N_SUB=2 needs > 256 VGPRs and spills, so it is not offered. K_LANES 64: 4 rows
-    # per workgroup, for narrow layers at M <= 2 (4x the workgroups of 16 lanes).
+    # per workgroup, for narrow layers at M <= 4 (4x the workgroups of 16 lanes).
     variants=variant_grid(M_TILE=(1, 2, 4, 8), N_SUB=(1, 2)) + variant_grid(M_TILE=(16,), N_SUB=(1,))
-    + variant_grid(M_TILE=(1, 2), N_SUB=(1,), K_LANES=(64,)),
+    + variant_grid(M_TILE=(1, 2, 4), N_SUB=(1,), K_LANES=(64,)),
     doc="MXFP8 GEMV, M <= M_TILE per workgroup row, 16*N_SUB weight rows per workgroup; packed FMA"))
 register(Kernel(
     name="smallm_mxfp8_mfma", language="hip", source=_SMALLM_SRC, symbol="smallm_mxfp8_mfma",

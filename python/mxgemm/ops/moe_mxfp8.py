@@ -25,15 +25,16 @@ RESIDENT_WGS = NUM_CUS * 8   # 256-thread workgroups a full chip holds at once (
 
 
 def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int | None) -> int:
-    """Workgroup rows of the launch (the kernel strides over the live blocks, so fewer rows than the
-    buffer's worst-case blocks still cover them all). With the route count known: the most blocks
-    the routes can fill, m + (routes - m) // block_m for m = min(routes, experts) (every expert
-    holding a route pads at most block_m - 1 rows); else as many rows as keep the chip's resident
-    workgroups busy, each looping over its share."""
-    if routes is None:
-        return max(1, min(blocks, RESIDENT_WGS // col_groups))
-    m = min(routes, experts)
-    return max(1, min(blocks, m + (routes - m) // block_m))
+    """Workgroup rows of the launch; the kernel strides over the live blocks, so fewer rows than the
+    buffer's worst-case blocks still cover them all. At most as many rows as the chip's resident
+    workgroups need (each row then loops over its share, and no row launches past them), and with
+    the route count known at most the blocks the routes can fill, m + (routes - m) // block_m for
+    m = min(routes, experts) (every expert holding a route pads at most block_m - 1 rows)."""
+    rows = min(blocks, RESIDENT_WGS // col_groups)
+    if routes is not None:
+        m = min(routes, experts)
+        rows = min(rows, m + (routes - m) // block_m)
+    return max(1, rows)
 
 
 CONFIG = ConfigGrammar("moe_mxfp8_grouped_gemm", {"BLOCK_N": int, "M_CHUNK": int}, required=True)

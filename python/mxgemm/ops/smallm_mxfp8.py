@@ -46,7 +46,7 @@ def heuristic_config(M: int, N: int, K: int):
         GEMV's (M <= 16): GEMV. Its VALU work grows with M while the weight stream does not,
         so from M = 8 the scaled MFMA wins. M_TILE = the smallest tile >= M; N_SUB = 2 (two
         weight rows per lane group, reusing the decoded A block) once N gives at least 2
-        workgroups per CU with it; else, when 16 lanes per row leave under 1 workgroup per CU
+        workgroups per CU with it; else, when 16 lanes per row leave under 1.5 workgroups per CU
         and K gives each of 64 lanes at least 2 MX blocks (K >= 4096), K_LANES = 64 (4 rows per
         workgroup, 4x the workgroups) where the tile has it; else N_SUB = 1.
       * within the MFMA kernel's envelope (8 <= M <= 64) and K % 128 == 0: MFMA, M_TILE = the
@@ -60,7 +60,7 @@ def heuristic_config(M: int, N: int, K: int):
         variant = {"M_TILE": m_tile, "N_SUB": 1}
         if {"M_TILE": m_tile, "N_SUB": 2} in _GEMV.variants and N >= 2 * NUM_CUS * 32:
             variant["N_SUB"] = 2
-        elif N < NUM_CUS * 16 and K >= 64 * 2 * 32 and variant | {"K_LANES": 64} in _GEMV.variants:
+        elif 2 * N < 3 * NUM_CUS * 16 and K >= 64 * 2 * 32 and variant | {"K_LANES": 64} in _GEMV.variants:
             variant["K_LANES"] = 64
         return Choice(GEMV, variant, "heuristic: GEMV (M < 8 or K % 128 != 0)")
     if K % _MFMA.k_align:
