@@ -153,18 +153,14 @@ def mx_gemm_ref(a, a_scale, b, b_scale, a_fmt: str = "e4m3", b_fmt: str = "e4m3"
         return _out(_mx_dot(a, a_scale, b, b_scale, a_fmt, b_fmt), out_dtype)
     parts = _mx_chunks(a, a_scale, b, b_scale, a_fmt, b_fmt, chunk)
     if k_lanes > 1:
-        acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
-        for lane in range(k_lanes):
-            partial = torch.zeros_like(acc)
-            for p in parts[lane::k_lanes]:
-                partial = partial + p
-            acc = acc + partial
-        return _out(acc, out_dtype)
-    per = max(-(-len(parts) // splits), 1)   # K = 0: no chunk, the empty sum
+        groups = [parts[lane::k_lanes] for lane in range(k_lanes)]
+    else:
+        per = max(-(-len(parts) // splits), 1)   # K = 0: no chunk, the empty sum
+        groups = [parts[s:s + per] for s in range(0, len(parts), per)]
     acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
-    for s in range(0, len(parts), per):
+    for group in groups:
         partial = torch.zeros_like(acc)
-        for p in parts[s:s + per]:
+        for p in group:
             partial = partial + p
         acc = acc + partial
     return _out(acc, out_dtype)
