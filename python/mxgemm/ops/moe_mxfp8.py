@@ -24,16 +24,21 @@ def moe_heuristic_config(num_tokens: int, N: int, live_blocks: int):
 RESIDENT_WGS = NUM_CUS * 8   # 256-thread workgroups a full chip holds at once (8 per CU: 32 wave slots)
 
 
+def route_blocks(routes: int, experts: int, block_m: int) -> int:
+    """The most sorted blocks the routes can fill: m + (routes - m) // block_m for m =
+    min(routes, experts) (every expert holding a route pads at most block_m - 1 rows)."""
+    m = min(routes, experts)
+    return m + (routes - m) // block_m
+
+
 def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int | None) -> int:
     """Workgroup rows of the launch; the kernel strides over the live blocks, so fewer rows than the
     buffer's worst-case blocks still cover them all. At most as many rows as the chip's resident
     workgroups need (each row then loops over its share, and no row launches past them), and with
-    the route count known at most the blocks the routes can fill, m + (routes - m) // block_m for
-    m = min(routes, experts) (every expert holding a route pads at most block_m - 1 rows)."""
+    the route count known at most route_blocks."""
     rows = min(blocks, RESIDENT_WGS // col_groups)
     if routes is not None:
-        m = min(routes, experts)
-        rows = min(rows, m + (routes - m) // block_m)
+        rows = min(rows, route_blocks(routes, experts, block_m))
     return max(1, rows)
 
 
@@ -89,7 +94,7 @@ def _plan(x) -> Plan:
         why = "config given by the caller"
     else:
         # the routes' blocks (without the top-k, at least one route per token)
-        choice = moe_heuristic_config(T, N, grid_blocks(blocks, 1, block_m, w.shape[0], T * (topk or 1)))
+        choice = moe_heuristic_config(T, N, max(1, min(blocks, route_blocks(T * (topk or 1), w.shape[0], block_m))))
         variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
