@@ -262,20 +262,27 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     if fmt_a in HALF:
         v8half = ir.VectorType.get([8], b.bf16 if fmt_a == "bf16" else ir.F16Type.get())
         mfma_half = fx.rocdl.mfma_f32_16x16x32_bf16 if fmt_a == "bf16" else fx.rocdl.mfma_f32_16x16x32_f16
+    # global loads run `depth` steps ahead: at 128 x 128 (2 waves per SIMD) one step's MFMAs do not cover a load.
+    # The others keep one: 64 x 64 hides loads with 4 waves per SIMD (a second step's registers would cost one),
+    # 256 x 128's would overflow its SGPR file into spills, and GRAN=block's per-step scales would take 128 x 128
+    # past 256 VGPRs (half the occupancy)
+    depth = 2 if (bm, bn) == (128, 128) and gran != "block" else 1
+    n_acc, n_a = mi_n * nj_n, len(A.slots)
     stage(b.c(0), load(b.c(0)))
+    ahead = [r for kt in range(1, depth) for regs in load(b.c(kt)) for r in regs]   # steps 1 .. depth-1, flat
     workgroup_barrier()
     zero = b.splat(b.v4f32, 0.0)
-    loop, body = b.for_range(steps, [zero] * (mi_n * nj_n))
+    loop, body = b.for_range(steps, [zero] * n_acc + ahead)
     with ir.InsertionPoint(body):
         kt = Int(arith.index_cast(b.i32, loop.induction_variable))
-        acc = list(loop.inner_iter_args)
+        acc, ahead = list(loop.inner_iter_args[:n_acc]), list(loop.inner_iter_args[n_acc:])
         nxt = kt + 1
         if gran == "block":                               # this step's scales, issued before the prefetch
             sa, sb = sc.load(b, lanes, kt)
         elif gran == "mx":   # per MFMA of the step: its four 32-blocks (block 4 (halves kt + h) + lane / 16)
             mx = [sc.mx_load(b, lanes, (kt * halves + h) * (BK // MX_BLOCK), Int(c_len) * halves, lane)
                   for h in range(halves)]
-        regs = load(nxt)                                  # prefetch; all-zero past the last step
+        regs = load(kt + depth)                           # prefetch; all-zero past the last step
         buf = buffer(kt)
         a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
         b_ops = [B.mfma_operand(b, buf, r0, lane) for r0 in b_r0]
@@ -300,10 +307,11 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                                       FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
                         acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) \
                             if gran == "block" else p
-        stage(nxt, regs)
+        flat = ahead + regs[0] + regs[1]                  # steps kt+1 .. kt+depth, A's chunks then B's per step
+        stage(nxt, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))
         workgroup_barrier()
-        scf.YieldOp(acc)
-    acc = list(loop.results)
+        scf.YieldOp(acc + flat[n_a + len(B.slots):])
+    acc = list(loop.results)[:n_acc]
 
     scale = sc.load(b, sc.lanes(b, sc_tile, lane, a_r0, b_r0)) if gran == "row" else None
     _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows)
@@ -445,7 +453,7 @@ def _offset(b, group_offs, g):
     stores may not be scalar loads; readfirstlane keeps the buffer resources built from them in
     SGPRs (no waterfall loops)."""
     return rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
-        b.i64, b.gep(group_offs, arith.muli(b.u64(g), b.c(8, b.i64))))))
+        b.i64, b.gep(group_offs, arith.muli(b.u64(g), b.c(8, b.i64))), invariant=True)))
 
 
 def _group_bounds(b, group_offs, g):

@@ -63,7 +63,7 @@ def test_variable_k_op_bit_exact_with_given_offsets():
 def test_explain_names_kernel_tiles_and_grid():
     p = mxgemm.explain("grouped_gemm_fp8_kernel", **rows_case(lens=(300, 212), n=128), num_cu=3)
     assert (p.kernel, p.variant["LAYOUT"], p.variant["BM"], p.variant["BN"], p.grid) == \
-        ("train_grouped_gemm", "NT", 256, 128, (3, 1, 1))
+        ("train_grouped_gemm", "NT", 128, 128, (3, 1, 1))
     p = mxgemm.explain("grouped_gemm_fp8_variable_k", **variable_k_case(m=128, n=128), out_dtype=torch.float16)
     assert (p.variant["LAYOUT"], p.variant["OUT"], p.variant["BM"], p.grid) == ("TN", "f16", 64, (3 * 2 * 2, 1, 1))
     assert "variable-K" in str(p)
