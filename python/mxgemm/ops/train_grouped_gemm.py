@@ -221,8 +221,8 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     - groups along the rows (NT / NN / TT): 128 x 128 on a persistent grid of the two workgroups
       a CU holds (``PERSISTENT=2``). The grid of one workgroup per possible tile over-provisions
       a row tile per group, which the host cannot size without reading group_lens. On the timing
-      model (DeepSeek-V3 Down forward, 8 x 512 rows, K 2048) 128 x 128 persistent took 70.9 us,
-      256 x 128 persistent 88.9 us (one 4-wave workgroup per CU waits on its loads);
+      model (gpt-oss Down forward, 8 x 512 rows, N = K = 2880) 128 x 128 persistent took 71.4 us,
+      256 x 128 persistent 78.4 us (one 4-wave workgroup per CU waits on its loads);
     - the wgrad (TN), whose grid is exact: 256 x 128 once the rows reach 256 (fewer B re-reads
       per row), else 128 x 128, one workgroup per tile.
     GROUP_M = 2: a band of two row tiles re-reads each B column tile from L2."""
