@@ -59,8 +59,8 @@ grouped_gemm_bf16_variable_k_ref) model exactly this order.
 
 Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
 block of 16 x 16 MFMA tiles. Per 128-byte contraction step (128 fp8 or 64 bf16 / fp16 elements) both
-operand tiles go global -> VGPR (16-byte buffer loads, prefetched one step ahead) -> LDS (two
-ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
+operand tiles go global -> VGPR (16-byte buffer loads, prefetched one step ahead, two at 128 x 128
+without block scales) -> LDS (two ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
 contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
 reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
 (contraction bytes 16(l/16) and 64 + 16(l/16)) form the fp8 MFMA's operand, or the operands of
@@ -449,9 +449,10 @@ def _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a
 
 
 def _offset(b, group_offs, g):
-    """group_offs[g] as a uniform i32 (row counts stay below 2^31). Loads after the tile loop's
-    stores may not be scalar loads; readfirstlane keeps the buffer resources built from them in
-    SGPRs (no waterfall loops)."""
+    """group_offs[g] as a uniform i32 (row counts stay below 2^31). The kernel never writes
+    group_offs: marked invariant, the loads stay scalar after the tile loop's stores (the per-tile
+    group scan waits on the scalar cache, not on L2); readfirstlane keeps the buffer resources built
+    from them in SGPRs (no waterfall loops)."""
     return rocdl.readfirstlane(b.i32, arith.trunci(b.i32, llvm.load(
         b.i64, b.gep(group_offs, arith.muli(b.u64(g), b.c(8, b.i64))), invariant=True)))
 

@@ -255,6 +255,16 @@ def test_autograd_op_fp32_inputs_and_guards():
         mxgemm.grouped_gemm_fp8(x.bfloat16(), w.bfloat16(), torch.tensor([4]), format="e3m4")
 
 
+def test_heuristic_persistent_128_tiles_loop_bit_exact():
+    """The heuristic's forward: 128 x 128 tiles (loads two steps ahead) on a persistent grid; with
+    num_cu = 2 each workgroup runs five tiles of two groups in a row, K 400 ends in a partial step."""
+    c = rows_case(lens=(300, 0, 212), n=256, k=400)
+    p = mxgemm.explain("grouped_gemm_fp8_kernel", **c, num_cu=2)
+    assert (p.variant["BM"], p.variant["BN"], p.grid[0]) == (128, 128, 2)
+    ref = reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], offsets([300, 0, 212]))
+    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2), ref, "persistent 128 x 128")
+
+
 def test_forced_config_same_bits_and_explained():
     """Configs change speed, never bits: a persistent GROUP_M=1 grid of 64 x 64 tiles gives the
     heuristic's output; explain names the config and where it came from."""
