@@ -4,7 +4,7 @@ Kernel modules import it by name: the build loads kernels with their own directo
 sys.path, and every file here is part of each FlyDSL kernel's build-cache key.
 """
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import arith, llvm, rocdl
+from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 
 INVALID_OFFSET = 0x80000000       # raw-buffer voffset out of range -> loads 0, stores dropped
 BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
@@ -98,6 +98,46 @@ def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
     dma_step(kn, live)
     rocdl.s_waitcnt(WAIT_LGKMCNT0)
     return tile, nxt
+
+
+def k_loop(k_steps, acc, regs, run_step, unroll=2):
+    """The K loop of the kernels whose prefetched operands go from registers straight to the
+    MFMAs. unroll 2: two steps per iteration, each step's prefetch landing in the register set
+    the other step reads, then an odd last step. With one step per iteration (unroll 1) the loop
+    copies the prefetched registers at its back edge, and the copy waits for the loads, so they
+    overlap only other workgroups' work; the pair's second register set costs VGPRs.
+    run_step(kt, acc, cur) -> (acc, step kt+1's registers); acc, regs: nested lists of values.
+    Returns acc (k_steps >= 0, i32)."""
+    i32, idx = ir.IntegerType.get_signless(32), ir.IndexType.get()
+    if unroll == 1:
+        iterations = k_steps
+    else:
+        two = arith.constant(i32, 2)
+        iterations = arith.divsi(k_steps, two)
+    carried = (acc, regs)
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, iterations), arith.constant(idx, 1),
+                     flatten(carried))
+    with ir.InsertionPoint(loop.body):
+        kt = Int(arith.index_cast(i32, loop.induction_variable))
+        acc, regs = unflatten(loop.inner_iter_args, carried)
+        if unroll == 1:
+            acc, regs = run_step(kt, acc, regs)
+        else:
+            kt = Int(arith.muli(kt, two))
+            acc, other = run_step(kt, acc, regs)
+            acc, regs = run_step(kt + 1, acc, other)
+        scf.YieldOp(flatten((acc, regs)))
+    acc, regs = unflatten(loop.results, carried)
+    if unroll == 1:
+        return acc
+    kt = Int(arith.muli(arith.divsi(k_steps, two), two))
+    flat = flatten(acc)
+    tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, kt, k_steps), [x.type for x in flat], has_else=True)
+    with ir.InsertionPoint(tail.then_block):
+        scf.YieldOp(flatten(run_step(kt, acc, regs)[0]))
+    with ir.InsertionPoint(tail.else_block):
+        scf.YieldOp(flat)
+    return unflatten(tail.results, acc)
 
 
 class Builder:

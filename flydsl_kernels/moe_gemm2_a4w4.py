@@ -31,7 +31,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, flatten, pipelined_step, unflatten
+from ir_builder import INVALID_OFFSET, k_loop, pipelined_step
 from ir_builder import Builder as _B
 
 THREADS = 256
@@ -187,28 +187,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     regs0 = load_step(b.c(0), true)
     dma_step(b.c(0), true)
 
-    # Pairs of steps with two alternating register sets, then an odd tail step.
-    idx = ir.IndexType.get()
-    pairs = arith.index_cast(idx, arith.divsi(k_steps, b.c(2)))
-    carried = (acc, regs0)
-    loop = scf.ForOp(arith.constant(idx, 0), pairs, arith.constant(idx, 1), flatten(carried))
-    with ir.InsertionPoint(loop.body):
-        kt = b.mul(arith.index_cast(b.i32, loop.induction_variable), b.c(2))
-        acc, regs0 = unflatten(loop.inner_iter_args, carried)
-        acc, regs1 = run_step(kt, acc, regs0)
-        acc, regs0 = run_step(b.add(kt, b.c(1)), acc, regs1)
-        scf.YieldOp(flatten((acc, regs0)))
-    acc, regs0 = unflatten(loop.results, carried)
-    kt = b.mul(arith.divsi(k_steps, b.c(2)), b.c(2))
-    acc_flat = [x for row_ in acc for x in row_]
-    tail = scf.IfOp(b.cmp("slt", kt, k_steps), [x.type for x in acc_flat], has_else=True)
-    with ir.InsertionPoint(tail.then_block):
-        acc_t, _ = run_step(kt, acc, regs0)
-        scf.YieldOp([x for row_ in acc_t for x in row_])
-    with ir.InsertionPoint(tail.else_block):
-        scf.YieldOp(acc_flat)
-    acc_flat = list(tail.results)
-    acc = [acc_flat[i * m_tiles:(i + 1) * m_tiles] for i in range(N_TILES)]
+    acc = k_loop(k_steps, acc, regs0, run_step)
 
     # Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
     # columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.

@@ -176,7 +176,8 @@ def _check(d, ref, written, fp32_product, name, pad=SENTINEL, max_diff=1e-3):
 CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row", i % 2 == 1) for i, v in enumerate(SMALL)] + [
     (SMALL[0], [45], 32, "mn", False), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn", True),
     (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
-    (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row", False)]
+    (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row", False),
+    (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True)]
 
 
 @pytest.mark.parametrize("variant,group_rows,n,sfa_layout,zero_padding", CONTIGUOUS,
@@ -194,7 +195,9 @@ def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout, zero_p
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}", 0.0)
 
 
-PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336)]
+# K blocks 3, 2 and 1: the K loop runs its steps in pairs, then an odd last one
+PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336),
+             (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), 1, 336), (dict(BM=64, BN=128, UE8M0=1, OUT="bf16"), 1, 112)]
 
 
 @pytest.mark.parametrize("variant,masked,k", PARTIAL_K,
@@ -709,8 +712,9 @@ def test_explain_covers_both_ops():
 
 
 def test_default_tile_heuristic():
-    """Deterministic default: the largest tile whose grid fills the MI355X's 256 CUs, else the
-    one with the most workgroups; 32 x 32 only when no larger tile divides N; 128 x 64 is bf16 only."""
+    """Deterministic default: of the tiles whose grid fills the MI355X's 256 CUs, the one computing
+    the fewest rows past the live ones, then the largest; else the one with the most workgroups;
+    32 x 32 only when no larger tile divides N; 128 x 64 and 64 x 128 are bf16 only."""
     def plan(rows, n, out=torch.bfloat16, masked=False):
         G, k = 8, 256
         a = torch.empty(G, rows, k) if masked else torch.empty(rows, k)
@@ -725,6 +729,11 @@ def test_default_tile_heuristic():
     assert plan(8 * 128, 2048) == ("128x64", (32, 8, 1))
     assert plan(8 * 256, 2048) == ("128x128", (16, 16, 1))
     assert plan(64, 2048, masked=True) == ("128x64", (32, 8, 1))
+    # masked buffers of 64 rows: 128-row tiles would compute 64 dead rows each
+    assert plan(64, 7168, masked=True) == ("64x128", (56, 8, 1))
+    assert plan(64, 7168, out=torch.float16, masked=True) == ("128x128", (56, 8, 1))
+    assert plan(512, 7168, masked=True) == ("128x128", (56, 32, 1))
+    assert plan(100, 7168, masked=True) == ("128x128", (56, 8, 1))   # two 64-row tiles: as many rows
     assert plan(8 * 128, 2048, out=torch.float16) == ("128x128", (16, 8, 1))   # no f16 128 x 64
     assert plan(8 * 128, 96) == ("32x32", (3, 32, 1))
     with pytest.raises(guards.GuardError, match=r"\[config\] tile 128x64 is not a registered tile dividing N = 96"):

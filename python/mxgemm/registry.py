@@ -201,9 +201,11 @@ register(Kernel(
           "sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1", "sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1", "sfb_shift"),
     grid=("N", "m_tiles"), tile=lambda v: {"N": v["BN"]}, k_align=16, n_align=32,
     # tiles (the op's config space): 128 x 128, 128 x 64 for grids too small to fill the GPU with
-    # 128 x 128 (bf16, DeepGEMM's output), 32 x 32 for N % 64 != 0 (and fast emulator tests)
+    # 128 x 128 and 64 x 128 for masked buffers of 64 rows (bf16, DeepGEMM's output), 32 x 32 for
+    # N % 64 != 0 (and fast emulator tests)
     variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
     + variant_grid(BM=(128,), BN=(64,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
+    + variant_grid(BM=(64,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
     + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
     # DeepGEMM's unscaled BF16 grouped GEMMs (A_FMT bf16: a and b bf16, no scales, bf16 d): m_indices,
     # psum and masked layouts, 128 x 128 (hardware) and 32 x 32 (emulator)

@@ -35,9 +35,10 @@ def parse_config(config) -> tuple | None:
 def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     """(BM, BN, why): the caller's config, else the deterministic default over the registered
     tiles (``tiles``, for this call's layout, scales and output) with N % BN == 0: the 32 x 32
-    tile only when no larger one divides N; else the largest tile whose grid has at least NUM_CUS
-    workgroups; else (a grid too small for the GPU) the tile with the most workgroups.
-    ``m_tiles(BM)``: row tiles of the call."""
+    tile only when no larger one divides N; else, of the tiles whose grid has at least NUM_CUS
+    workgroups, the one computing the fewest rows past the row tiles' live rows (masked buffers
+    of 64 rows: 64-row tiles), then the largest; else (a grid too small for the GPU) the tile
+    with the most workgroups. ``m_tiles(BM)``: row tiles of the call."""
     fits = [t for t in tiles if N % t[1] == 0]
     forced = parse_config(config)
     if forced is not None:
@@ -49,9 +50,10 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     if not big:
         return (*SMALL_TILE, f"no larger registered tile divides N = {N}")
     grid = {t: m_tiles(t[0]) * (N // t[1]) for t in big}
-    full = [t for t in big if grid[t] >= NUM_CUS]
+    full = sorted((t for t in big if grid[t] >= NUM_CUS), key=lambda t: m_tiles(t[0]) * t[0])
     if full:
-        return (*full[0], f"largest tile whose grid ({grid[full[0]]} workgroups) fills {NUM_CUS} CUs")
+        return (*full[0], f"largest tile of the fewest rows whose grid ({grid[full[0]]} workgroups) fills "
+                          f"{NUM_CUS} CUs")
     best = max(big, key=lambda t: (grid[t], t[0] * t[1]))
     return (*best, f"no tile's grid fills {NUM_CUS} CUs: the most workgroups ({grid[best]})")
 
@@ -257,7 +259,7 @@ def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor | None, b: tor
     out bf16 or f16 (RNE; the psum and FP4 forms bf16 only).
     validate: check m_indices / grouped_layout / masked_m before the launch (a sync on a GPU);
     False skips it.
-    config: the tile "BM=..,BN=.." (registered: 128x128; 128x64 for bf16 out; 32x32); default: see
+    config: the tile "BM=..,BN=.." (registered: 128x128; 128x64 and 64x128 for bf16 out; 32x32); default: see
     choose_tile. N % 32 == 0 (N % BN).
     K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales
     still ceil(K/128) per row) loads its 16-byte chunks past K as zeros, so the kernel needs K in

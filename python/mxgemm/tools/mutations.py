@@ -20,6 +20,7 @@ DEQUANT_FLY = "flydsl_kernels/mxfp8_dequant.py"
 BLOCKSCALE = "flydsl_kernels/blockscale_grouped_gemm.py"
 TRAIN_GROUPED = "flydsl_kernels/train_grouped_gemm.py"
 MX_GEMM = "flydsl_kernels/mx_gemm.py"
+IR_BUILDER = "flydsl_kernels/ir_builder.py"
 VALU = "python/mxgemm/emu/valu.py"
 ATOMICS = "python/mxgemm/emu/float_atomics.py"
 EMU_LAUNCH = "python/mxgemm/emu/launch.py"
@@ -155,6 +156,13 @@ CATALOGUE = (
         (BLOCKSCALE, "sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]",
          "sfb_voff = [sfb_group + c * sfb_sn for c in cols]"),),
         "FP4 weight scales: every lane reads the first 32-K block's scale of its 128-K block"),
+    Mutation("k-loop-pair-second-step-stale", ("blockscale_grouped_gemm", "moe_gemm2_a4w4_flydsl"), (
+        (IR_BUILDER, "acc, regs = run_step(kt + 1, acc, other)", "acc, regs = run_step(kt + 1, acc, regs)"),),
+        "K loop in pairs: the second step multiplies the first step's prefetched operands again"),
+    Mutation("k-loop-pair-odd-step-dropped", ("blockscale_grouped_gemm", "moe_gemm2_a4w4_flydsl"), (
+        (IR_BUILDER, "arith.cmpi(arith.CmpIPredicate.slt, kt, k_steps)",
+         "arith.cmpi(arith.CmpIPredicate.sgt, kt, k_steps)"),),
+        "K loop in pairs: an odd number of K steps loses its last step"),
     Mutation("deep-gemm-padding-tiles-skipped", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "active = arith.ori(run, pad)", "active = run"),),
         "ensure_zero_padding: tiles made only of padding rows exit without writing their zeros"),
