@@ -74,7 +74,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, loads_done_barrier, pipelined_step
+from ir_builder import INVALID_OFFSET, Builder, Int, flatten, k_loop, loads_done_barrier, pipelined_step
 
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
@@ -84,6 +84,16 @@ TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 A_FMTS = ("e4m3", "bf16")
+
+
+def load_depth(bm, bn, bf16: bool) -> int:
+    """K steps whose loads are in flight while one computes (LDS buffers: one more). Two for the FP8
+    forms' 128 x 64 tile, the one for grids too small to fill the GPU with 128 x 128 (a workgroup
+    per CU: one step's MFMAs hide little of a load; contiguous m 64 per group, N 2048, K 512: 4.50
+    -> 4.04 us on the model), and for 32 x 32. One for 64 x 128 (masked buffers of 64 rows, bound
+    by HBM: the third register set costs its third workgroup per CU, 7.06 -> 7.18 us at N 7168,
+    K 512) and 128 x 128 (past 256 VGPRs); bf16 keeps its third workgroup per CU."""
+    return 2 if not bf16 and (bm, bn) in ((128, 64), (32, 32)) else 1
 
 
 def _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out):
@@ -188,7 +198,8 @@ def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok
         row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st, run=run, pad=pad,
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
         dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
-        buf_bytes=bm * BLOCK_K)
+        buf_bytes=bm * BLOCK_K, depth=load_depth(bm, bn, b_fmt == "bf16"))
+    t.buffers = t.depth + 1
     t.tid = Int(fx.thread_idx.x.ir_value())
     lane = t.tid % 64
     t.wave = Int(rocdl.readfirstlane(B.i32, t.tid // 64))
@@ -267,14 +278,30 @@ def _loaders(t, a, sfa, b, sfb, d):
             return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb]
         return bw, sa, [B.gload(B.f32, sfb_row, k_block(Int(B.sel(live, kt, B.c(0))), sfb_sk4, sfb_sk1), 4)]
 
-    def dma_step(kt, live):
-        lds_buf = B.gep(t.lds, (kt & 1) * t.buf_bytes)
+    def dma_step(kt, live, slot):
+        lds_buf = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
         rs = llvm.select(live, a_rsrc, t.null_rsrc)
         for j in range(t.dmas):
             dst = B.gep(lds_buf, B.c(j * THREADS * 16) + t.wave * 1024)
             voff = B.sel(B.cmp("eq", kt, t.last), dma_voff_last[j], dma_voff[j])
-            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, kt * BLOCK_K, B.c(0), aux=B.c_attr(0))
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, kt * BLOCK_K, B.c(0), aux=B.c_attr(0),
+                                          **_scopes(t, slot))
     return load_step, dma_step
+
+
+def _scopes(t, slot) -> dict:
+    """Alias scopes of LDS buffer ``slot`` (the A DMA writing it, the reads of it): with them the
+    compiler's wait before a buffer's reads covers that buffer's DMA only, not the later steps'
+    DMA into the other buffers (without them it waits for every DMA: vmcnt(0)). One buffer pair
+    (depth 1): none needed."""
+    if t.depth == 1:
+        return {}
+    if not hasattr(t, "lds_scopes"):
+        domain = '#llvm.alias_scope_domain<id = distinct[0]<>, description = "A buffers">'
+        t.lds_scopes = list(ir.ArrayAttr(ir.Attribute.parse("[" + ", ".join(
+            f'#llvm.alias_scope<id = distinct[{i + 1}]<>, domain = {domain}>' for i in range(t.buffers)) + "]")))
+    return dict(alias_scopes=ir.ArrayAttr.get([t.lds_scopes[slot]]),
+                noalias_scopes=ir.ArrayAttr.get([x for i, x in enumerate(t.lds_scopes) if i != slot]))
 
 
 def _a_dma_offsets(t):
@@ -318,15 +345,18 @@ def _k_loop(t, load_step, dma_step):
 
     v8bf16 = ir.VectorType.get([8], B.bf16)
 
-    def read_tile(kt):
-        tile = B.gep(t.lds, (kt & 1) * t.buf_bytes)
-        halves = [[llvm.load(B.v4i32, B.gep(tile, t.a_lds_off[mt][h]), alignment=16) for h in range(2)]
+    def read_tile(kt, slot):
+        tile = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
+        halves = [[llvm.load(B.v4i32, B.gep(tile, t.a_lds_off[mt][h]), alignment=16, **_scopes(t, slot))
+                   for h in range(2)]
                   for mt in range(t.m_tiles)]
         return halves if t.bf16 else [_cat(B, hs) for hs in halves]
 
-    def run_step(kt, acc, cur):
-        af, nxt = pipelined_step(B, kt, t.kb, read_tile, load_step, dma_step)
-        bw, sa, sb = cur
+    def run_step(kt, acc, cur, slot, in_flight):
+        af, nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot), load_step,
+                                 lambda kt, live: dma_step(kt, live, (slot + t.depth) % t.buffers), t.depth, in_flight)
+        bw, sa, sb = cur[0]
+        nxt = (*cur[1:], nxt)
         acc = [list(x) for x in acc]
         if t.bf16:  # K half h of the block: bytes 16g + 64h of each row, one 16x16x32 MFMA
             for h in range(2):
@@ -351,12 +381,22 @@ def _k_loop(t, load_step, dma_step):
         return acc, nxt
 
     first = B.c(1, B.i1) if t.run is None else t.run
-    regs = load_step(B.c(0), first)
-    dma_step(B.c(0), first)
+    regs = []
+    for kt in range(t.depth):   # the prologue: steps 0 .. depth-1 in flight
+        live = first if kt == 0 else arith.andi(first, B.cmp("slt", B.c(kt), t.kb))
+        regs.append(load_step(B.c(kt), live))
+        dma_step(B.c(kt), live, kt)
+    # a step's vector-memory ops, the ones the barrier may leave pending (fp32 sfb not counted:
+    # it may be a scalar load; counting fewer only waits longer); in the last steps only the DMA
+    # remains of a step's loads (the registers' loads past the end are dead code)
+    bw, sa, sb = regs[0]
+    in_flight = 0 if t.depth == 1 else len(flatten(bw)) + len(sa) + (len(sb) if t.ue8m0 else 0) + t.dmas
+    in_flight_last = 0 if t.depth == 1 else t.dmas
     # bf16: the pair's second register set takes 128 x 128 to 170 VGPRs (2 workgroups per CU, not 3), which
     # costs more than the overlap gains (masked m 512, N 7168, K 256: 24.33 -> 25.32 us on the model)
-    return k_loop(t.kb, [[zero_acc] * t.m_tiles for _ in range(t.n_tiles)], regs, run_step,
-                  unroll=1 if t.bf16 else 2)
+    return k_loop(t.kb, [[zero_acc] * t.m_tiles for _ in range(t.n_tiles)], regs,
+                  lambda *a: run_step(*a, in_flight), unroll=1 if t.bf16 else t.depth + 1,
+                  tail_step=lambda *a: run_step(*a, in_flight_last))
 
 
 def _epilogue(t, acc):
@@ -403,7 +443,7 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", 
 
     @fx.struct
     class SharedStorage:
-        buf: fx.Array[fx.Int8, 2 * bm * BLOCK_K, 16]
+        buf: fx.Array[fx.Int8, (load_depth(bm, bn, a_fmt == "bf16") + 1) * bm * BLOCK_K, 16]
 
     @flyc.kernel(name=symbol)
     def blockscale_grouped_gemm_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,

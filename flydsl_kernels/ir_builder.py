@@ -65,11 +65,23 @@ def workgroup_barrier():
     llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
 
 
-def loads_done_barrier():
-    """Wait for this wave's buffer loads (incl. buffer->LDS DMA), then a workgroup barrier: every
-    wave's DMA data is visible after it."""
-    rocdl.s_waitcnt(WAIT_VMCNT0)
-    workgroup_barrier()
+def loads_done_barrier(in_flight=0):
+    """Wait for this wave's buffer loads (incl. buffer->LDS DMA) but the last ``in_flight``, then a
+    workgroup barrier: every wave's DMA data up to there is visible after it. With loads left in
+    flight the barrier has no release fence: the compiler makes that fence wait for every LDS DMA
+    (vmcnt(0)), and what it would order, this wave's earlier LDS reads and the DMA just waited
+    for, is complete already (the K steps wait for their LDS reads)."""
+    rocdl.s_waitcnt(wait_vmcnt(in_flight))
+    if in_flight:
+        rocdl.s_barrier()
+        llvm.fence(llvm.AtomicOrdering.acquire, syncscope="workgroup")
+    else:
+        workgroup_barrier()
+
+
+def wait_vmcnt(n: int) -> int:
+    """s_waitcnt operand: vmcnt(n) alone (n <= 63; expcnt and lgkmcnt at their no-wait maxima)."""
+    return WAIT_VMCNT0 | (n & 0xF) | (n >> 4) << 14
 
 
 def flatten(tree) -> list:
@@ -86,13 +98,14 @@ def unflatten(values, like):
     return take(like)
 
 
-def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
-    """The K-step skeleton of the double-buffered kernels: barrier (step kt's data has landed),
-    read step kt's LDS tile, issue step kt+1's loads (empty resources past the end), wait for
-    the LDS reads. Returns (tile registers, step kt+1's prefetched registers)."""
-    loads_done_barrier()
+def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step, depth=1, in_flight=0):
+    """The K-step skeleton of the multi-buffered kernels: barrier (step kt's data has landed: at
+    most ``in_flight`` vector-memory ops, the later steps' loads, still pending), read step kt's
+    LDS tile, issue step kt+depth's loads (empty resources past the end), wait for the LDS
+    reads. Returns (tile registers, step kt+depth's prefetched registers)."""
+    loads_done_barrier(in_flight)
     tile = read_tile(kt)
-    kn = b.add(kt, b.c(1))
+    kn = b.add(kt, b.c(depth))
     live = b.cmp("slt", kn, k_steps)
     nxt = load_step(kn, live)
     dma_step(kn, live)
@@ -100,41 +113,45 @@ def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step):
     return tile, nxt
 
 
-def k_loop(k_steps, acc, regs, run_step, unroll=2):
+def k_loop(k_steps, acc, regs, run_step, unroll=2, tail_step=None):
     """The K loop of the kernels whose prefetched operands go from registers straight to the
-    MFMAs. unroll 2: two steps per iteration, each step's prefetch landing in the register set
-    the other step reads, then an odd last step. With one step per iteration (unroll 1) the loop
-    copies the prefetched registers at its back edge, and the copy waits for the loads, so they
-    overlap only other workgroups' work; the pair's second register set costs VGPRs.
-    run_step(kt, acc, cur) -> (acc, step kt+1's registers); acc, regs: nested lists of values.
-    Returns acc (k_steps >= 0, i32)."""
+    MFMAs: ``unroll`` steps per iteration, one per register set (each step's prefetch lands in a
+    set no step in flight reads), then the last k_steps % unroll steps. With one step per
+    iteration (unroll 1) the loop copies the prefetched registers at its back edge, and the copy
+    waits for the loads, so they overlap only other workgroups' work; each extra register set
+    costs VGPRs. run_step(kt, acc, cur, slot) -> (acc, the registers of the steps after kt); acc, regs:
+    nested lists of values; slot: kt % unroll, known at trace time (the step's buffer). tail_step
+    (default run_step): the same for the last steps, whose prefetches are past the end (their
+    register loads are dead code the compiler removes). Returns acc (k_steps >= 0, i32)."""
     i32, idx = ir.IntegerType.get_signless(32), ir.IndexType.get()
-    if unroll == 1:
-        iterations = k_steps
-    else:
-        two = arith.constant(i32, 2)
-        iterations = arith.divsi(k_steps, two)
+    u = arith.constant(i32, unroll)
+    iterations = k_steps if unroll == 1 else arith.divsi(k_steps, u)
     carried = (acc, regs)
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, iterations), arith.constant(idx, 1),
                      flatten(carried))
     with ir.InsertionPoint(loop.body):
         kt = Int(arith.index_cast(i32, loop.induction_variable))
+        kt = kt if unroll == 1 else Int(arith.muli(kt, u))
         acc, regs = unflatten(loop.inner_iter_args, carried)
-        if unroll == 1:
-            acc, regs = run_step(kt, acc, regs)
-        else:
-            kt = Int(arith.muli(kt, two))
-            acc, other = run_step(kt, acc, regs)
-            acc, regs = run_step(kt + 1, acc, other)
+        for j in range(unroll):
+            acc, regs = run_step(kt + j if j else kt, acc, regs, j)
         scf.YieldOp(flatten((acc, regs)))
     acc, regs = unflatten(loop.results, carried)
     if unroll == 1:
         return acc
-    kt = Int(arith.muli(arith.divsi(k_steps, two), two))
+    return _k_tail(Int(arith.muli(arith.divsi(k_steps, u), u)), 0, k_steps, acc, regs, tail_step or run_step,
+                   unroll - 1)
+
+
+def _k_tail(kt, slot, k_steps, acc, regs, run_step, left):
+    """k_loop's last steps: step kt (in ``slot``) if kt < k_steps, then (nested) up to left - 1 more."""
     flat = flatten(acc)
     tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, kt, k_steps), [x.type for x in flat], has_else=True)
     with ir.InsertionPoint(tail.then_block):
-        scf.YieldOp(flatten(run_step(kt, acc, regs)[0]))
+        acc_t, regs_t = run_step(kt, acc, regs, slot)
+        if left > 1:
+            acc_t = _k_tail(kt + 1, slot + 1, k_steps, acc_t, regs_t, run_step, left - 1)
+        scf.YieldOp(flatten(acc_t))
     with ir.InsertionPoint(tail.else_block):
         scf.YieldOp(flat)
     return unflatten(tail.results, acc)

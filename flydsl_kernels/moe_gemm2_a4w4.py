@@ -166,7 +166,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         return [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
                 for mt in range(m_tiles)]
 
-    def run_step(kt, acc, cur):
+    def run_step(kt, acc, cur, slot):
         """One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched.
         Returns (acc, prefetched registers)."""
         af, nxt = pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step)

@@ -79,10 +79,11 @@ LOOPS = [
      (512, 1024)),
     ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
     ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
+    # 32 x 32 runs three K blocks of 128 per iteration: K in whole iterations
     ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
-     (512, 1024)),
+     (384, 768)),
     ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 1, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
-     (1024, 2048)),
+     (768, 1536)),
     ("train_grouped_gemm", {"LAYOUT": "NT", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
     ("train_grouped_gemm", {"LAYOUT": "NN", **_NT64}, dict(groups=1, m=64, N=64), "K", (256, 512)),
     ("train_grouped_gemm", {"LAYOUT": "TN", **_NT64}, dict(groups=1, N=64, K=64), "m", (128, 256)),

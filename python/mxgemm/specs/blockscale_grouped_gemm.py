@@ -75,17 +75,17 @@ def work(kernel, v, groups, m, N, K) -> Work:
 
 def race(kernel, v) -> list:
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows, or psum), K = 1, 6 and 7 blocks of 128 bytes, the 7th partial
-    (848 bytes; 864 for FP4 b, K % 32, and bf16, K % 16: K = 64, 384, 432 elements) (the compiler unrolls the
-    K loop: 6 and 7 leave remainder steps for unroll factors 2 and 4; with 6 the dead prefetch DMA
-    of the last step lands in LDS buffer 0, where the epilogue's C tile goes; 1 takes the path
-    that skips the unrolled loop); contiguous calls with K = 6 blocks write their padding rows as
-    zeros (padding-only tiles run with no K loop)."""
+    each group padded to 128 rows, or psum), K = 1, 6 and 8 blocks of 128 bytes, the 8th partial
+    (976 bytes; 992 for FP4 b, K % 32, and bf16, K % 16: K = 64, 384, 496 elements) (the K loop runs
+    2 or 3 steps per iteration, then the remainder: 8 leaves 2 steps after groups of 3, 1 takes
+    the path that skips the loop; with 6 the dead prefetch DMA of the last step lands in LDS
+    buffer 0, where the epilogue's C tile goes); contiguous calls with K = 6 blocks write their
+    padding rows as zeros (padding-only tiles run with no K loop)."""
     rows = torch.tensor([40, 0, 23])
     bf16 = v.get("A_FMT") == "bf16"
     return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K // 2 if bf16 else K,
                   f"BM={v['BM']},BN={v['BN']}", zero_padding=K == 768)
-            for K in (128, 768, 864 if bf16 or v.get("B_FMT") == "e2m1" else 848)]
+            for K in (128, 768, 992 if bf16 or v.get("B_FMT") == "e2m1" else 976)]
 
 
 def decode(inp: Inputs) -> dict:
