@@ -163,6 +163,9 @@ CATALOGUE = (
         (IR_BUILDER, "arith.cmpi(arith.CmpIPredicate.slt, kt, k_steps)",
          "arith.cmpi(arith.CmpIPredicate.sgt, kt, k_steps)"),),
         "K loop in pairs: an odd number of K steps loses its last step"),
+    Mutation("deep-gemm-wait-one-op-short", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "(len(sb) if t.ue8m0 else 0) + t.dmas\n", "(len(sb) if t.ue8m0 else 0) + t.dmas + 1\n"),),
+        "loads two steps ahead: the step's barrier leaves one op too many in flight (its oldest DMA unwaited)"),
     Mutation("deep-gemm-padding-tiles-skipped", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "active = arith.ori(run, pad)", "active = run"),),
         "ensure_zero_padding: tiles made only of padding rows exit without writing their zeros"),
