@@ -44,8 +44,10 @@ compile-time variants:
             tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
 
 Per K block of 128: A (BM x 128 bytes) goes to LDS by 16-byte buffer->LDS DMA (LDS chunk
-c of row r holds memory chunk c ^ (r & 7)), double-buffered; B comes from global straight
-into registers; B, sfa and sfb are loaded one K block ahead. MFMA operands: src0 = B rows (n),
+c of row r holds memory chunk c ^ (r & 7)); B comes from global straight into registers; A, B,
+sfa and sfb are loaded one K block ahead (two A buffers), or two for the FP8 forms' 128 x 64 and
+32 x 32 tiles (three; load_depth). The K loop runs one register set per step of a group of
+depth + 1 steps (bf16: one step per iteration). MFMA operands: src0 = B rows (n),
 src1 = A rows (m), so lane l accumulates D^T[n = 4(l/16) + i][m = l%16], i.e. 4 consecutive
 columns of one output row. Epilogue (CShuffle): the tile, converted, goes through LDS and is
 written as 16-byte row chunks (rows out of the group get an out-of-range offset: the store is
@@ -337,8 +339,8 @@ def _cat(B, halves):
 
 
 def _k_loop(t, load_step, dma_step):
-    """The double-buffered K loop: per K block, the MFMAs of the block loaded one step earlier
-    while the next is prefetched. -> the fp32 accumulators [n-tile][m-tile]."""
+    """The K loop: per K block, the MFMAs of the block loaded t.depth steps earlier while step
+    kt + t.depth is prefetched. -> the fp32 accumulators [n-tile][m-tile]."""
     B = t.B
     zero_acc = B.splat(B.v4f32, 0.0)
     one = B.c(E8M0_ONE)
@@ -387,8 +389,8 @@ def _k_loop(t, load_step, dma_step):
         regs.append(load_step(B.c(kt), live))
         dma_step(B.c(kt), live, kt)
     # a step's vector-memory ops, the ones the barrier may leave pending (fp32 sfb not counted:
-    # it may be a scalar load; counting fewer only waits longer); in the last steps only the DMA
-    # remains of a step's loads (the registers' loads past the end are dead code)
+    # it may be a scalar load; counting fewer only waits longer); in the last steps the DMA only:
+    # the registers' loads there are past the end, dead code the compiler removes
     bw, sa, sb = regs[0]
     in_flight = 0 if t.depth == 1 else len(flatten(bw)) + len(sa) + (len(sb) if t.ue8m0 else 0) + t.dmas
     in_flight_last = 0 if t.depth == 1 else t.dmas

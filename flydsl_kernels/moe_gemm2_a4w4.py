@@ -168,7 +168,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
 
     def run_step(kt, acc, cur, slot):
         """One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched.
-        Returns (acc, prefetched registers)."""
+        Returns (acc, prefetched registers). slot (kt & 1): k_loop's; the buffers follow kt."""
         af, nxt = pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step)
         wf, ws, as_ = cur
         acc = [list(x) for x in acc]
