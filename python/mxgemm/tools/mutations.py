@@ -156,13 +156,14 @@ CATALOGUE = (
         (BLOCKSCALE, "sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]",
          "sfb_voff = [sfb_group + c * sfb_sn for c in cols]"),),
         "FP4 weight scales: every lane reads the first 32-K block's scale of its 128-K block"),
-    Mutation("k-loop-pair-second-step-stale", ("blockscale_grouped_gemm", "moe_gemm2_a4w4_flydsl"), (
-        (IR_BUILDER, "acc, regs = run_step(kt + 1, acc, other)", "acc, regs = run_step(kt + 1, acc, regs)"),),
-        "K loop in pairs: the second step multiplies the first step's prefetched operands again"),
-    Mutation("k-loop-pair-odd-step-dropped", ("blockscale_grouped_gemm", "moe_gemm2_a4w4_flydsl"), (
+    Mutation("k-loop-steps-reuse-first-registers", ("blockscale_grouped_gemm", "moe_gemm2_a4w4_flydsl"), (
+        (IR_BUILDER, "acc, regs = run_step(kt + j if j else kt, acc, regs, j)",
+         "acc, _ = run_step(kt + j if j else kt, acc, regs, j)"),),
+        "K loop in groups of steps: every step of an iteration multiplies the first step's operands"),
+    Mutation("k-loop-remainder-dropped", ("blockscale_grouped_gemm", "moe_gemm2_a4w4_flydsl"), (
         (IR_BUILDER, "arith.cmpi(arith.CmpIPredicate.slt, kt, k_steps)",
          "arith.cmpi(arith.CmpIPredicate.sgt, kt, k_steps)"),),
-        "K loop in pairs: an odd number of K steps loses its last step"),
+        "K loop in groups of steps: the remainder loses its steps"),
     Mutation("deep-gemm-wait-one-op-short", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "(len(sb) if t.ue8m0 else 0) + t.dmas\n", "(len(sb) if t.ue8m0 else 0) + t.dmas + 1\n"),),
         "loads two steps ahead: the step's barrier leaves one op too many in flight (its oldest DMA unwaited)"),
