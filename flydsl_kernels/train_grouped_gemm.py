@@ -57,8 +57,8 @@ Then ACCUM=1 adds (fp32) out's value, and the result is rounded to bf16 / fp16 (
 mxgemm.reference.grouped_gemm_fp8_ref / grouped_gemm_fp8_variable_k_ref (and grouped_gemm_bf16_ref /
 grouped_gemm_bf16_variable_k_ref) model exactly this order.
 
-Tiles: a workgroup of 4 waves (2 x 2) owns a BM x BN output tile; each wave a (BM/2) x (BN/2)
-block of 16 x 16 MFMA tiles. Per 128-byte contraction step (128 fp8 or 64 bf16 / fp16 elements) both
+Tiles: a workgroup of waves(BM) waves (4: 2 x 2; 8 at BM 256: 4 x 2) owns a BM x BN output tile;
+each wave a (BM / rows of waves) x (BN/2) block of 16 x 16 MFMA tiles. Per 128-byte contraction step (128 fp8 or 64 bf16 / fp16 elements) both
 operand tiles go global -> VGPR (16-byte buffer loads, prefetched one step ahead, two at 128 x 128
 without block scales) -> LDS (two ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
 contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
@@ -107,7 +107,7 @@ acc in order, so the model is GRAN=mx's with 128-wide chunks of elements. K % 32
 group_offs entry a multiple of 32 (NTK): a 16-byte chunk is a whole 32-block, masked whole. NTK:
 TN's tile order and [G, M, N] output on K-major a [M, sum_k/2] and b [N, sum_k/2] (Primus-Turbo's
 column-quantised wgrad operands), the group's first byte offs[g] / 2, its scale block offs[g] / 32.
-Launch: block = (256, 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
+Launch: block = (64 waves(BM), 1, 1); grid = (grid, 1, 1) for any grid >= 1 (the argument must equal the
 launch's workgroup count: the kernel strides its tile loop by it).
 Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one format code per
 source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 and f16 with f16 only (16-bit
@@ -121,9 +121,19 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, Int, workgroup_barrier
+from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, workgroup_barrier
 
-THREADS = 256
+WAVE = 64
+XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
+
+
+def waves(bm: int) -> int:
+    """Waves per workgroup, two across the tile's columns: 8 for 256-row tiles (each wave a 64-row
+    block, as at 128 x 128; 4 waves there would each hold 128 rows and, one workgroup per CU,
+    leave the K loop's loads uncovered), else 4."""
+    return 8 if bm == 256 else 4
+
+
 BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; 16-bit: two K-32 MFMAs)
 PAD = 16                          # LDS row padding (bytes) against bank conflicts
 FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m1": 4}  # MFMA cbsz / blgp
@@ -164,17 +174,17 @@ class _Operand:
     at base + (c * ld + r) es. `rows` is how many BMN rows of this tile exist; lds_off the
     operand's region inside one LDS buffer."""
 
-    def __init__(self, b, bmn, k_major, lds_off, es):
+    def __init__(self, b, bmn, k_major, lds_off, es, threads):
         self.bmn, self.k_major, self.lds_off, self.es = bmn, k_major, lds_off, es
         self.bke = BK // es                                      # contraction elements per step
         self.stride = BK + PAD if k_major else bmn * es + PAD  # LDS row stride (bytes)
         self.lds_bytes = (bmn if k_major else self.bke) * self.stride
-        self.chunks = bmn * BK // (THREADS * 16)                 # 16-byte loads per thread and step
+        self.chunks = bmn * BK // (threads * 16)                 # 16-byte loads per thread and step
         per_row = (BK if k_major else bmn * es) // 16
         tid = Int(fx.thread_idx.x.ir_value())
         self.slots = []                                          # (row-dim index, contraction index, LDS byte)
         for p in range(self.chunks):
-            q = tid + p * THREADS
+            q = tid + p * threads
             line, chunk = q // per_row, q % per_row
             r, c = (line, chunk * (16 // es)) if k_major else (chunk * (16 // es), line)
             self.slots.append((r, c, line * self.stride + chunk * 16))
@@ -234,9 +244,10 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     tid = Int(fx.thread_idx.x.ir_value())
     lane = tid % 64
     wave = Int(rocdl.readfirstlane(b.i32, tid // 64))
-    wm, wn = wave // 2, wave % 2
-    mi_n, nj_n = bm // 32, bn // 32
-    a_r0 = [wm * (bm // 2) + 16 * i for i in range(mi_n)]
+    wm, wn = wave // 2, wave % 2                          # waves(bm) // 2 rows x 2 columns of waves
+    w_rows = bm // (waves(bm) // 2)
+    mi_n, nj_n = w_rows // 16, bn // 32
+    a_r0 = [wm * w_rows + 16 * i for i in range(mi_n)]
     b_r0 = [wn * (bn // 2) + 16 * j for j in range(nj_n)]
     buf_bytes = A.lds_bytes + B.lds_bytes
     steps = b.ceil_div(c_len, A.bke)
@@ -262,21 +273,19 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     if fmt_a in HALF:
         v8half = ir.VectorType.get([8], b.bf16 if fmt_a == "bf16" else ir.F16Type.get())
         mfma_half = fx.rocdl.mfma_f32_16x16x32_bf16 if fmt_a == "bf16" else fx.rocdl.mfma_f32_16x16x32_f16
-    # global loads run `depth` steps ahead: at 128 x 128 (2 waves per SIMD) one step's MFMAs do not cover a load.
-    # The others keep one: 64 x 64 hides loads with 4 waves per SIMD (a second step's registers would cost one),
-    # 256 x 128's would overflow its SGPR file into spills, and GRAN=block's per-step scales would take 128 x 128
-    # past 256 VGPRs (half the occupancy)
-    depth = 2 if (bm, bn) == (128, 128) and gran != "block" else 1
-    n_acc, n_a = mi_n * nj_n, len(A.slots)
+    # global loads run `depth` steps ahead: at 128 x 128 and 256 x 128 (2 waves per SIMD) one step's MFMAs do not
+    # cover a load. The others keep one: 64 x 64 hides loads with 4 waves per SIMD (a second step's registers would
+    # cost one), and GRAN=block's per-step scales would take 128 x 128 past 256 VGPRs (half the occupancy)
+    depth = 2 if (bm, bn) in ((128, 128), (256, 128)) and gran != "block" else 1
+    n_a = len(A.slots)
     stage(b.c(0), load(b.c(0)))
     ahead = [r for kt in range(1, depth) for regs in load(b.c(kt)) for r in regs]   # steps 1 .. depth-1, flat
     workgroup_barrier()
     zero = b.splat(b.v4f32, 0.0)
-    loop, body = b.for_range(steps, [zero] * n_acc + ahead)
-    with ir.InsertionPoint(body):
-        kt = Int(arith.index_cast(b.i32, loop.induction_variable))
-        acc, ahead = list(loop.inner_iter_args[:n_acc]), list(loop.inner_iter_args[n_acc:])
-        nxt = kt + 1
+
+    def step(kt, acc, ahead, slot):
+        """Contraction step kt: prefetch step kt+depth, MFMAs on buffer kt & 1, stage step kt+1."""
+        acc = list(acc)
         if gran == "block":                               # this step's scales, issued before the prefetch
             sa, sb = sc.load(b, lanes, kt)
         elif gran == "mx":   # per MFMA of the step: its four 32-blocks (block 4 (halves kt + h) + lane / 16)
@@ -307,11 +316,16 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                                       FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
                         acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) \
                             if gran == "block" else p
-        flat = ahead + regs[0] + regs[1]                  # steps kt+1 .. kt+depth, A's chunks then B's per step
-        stage(nxt, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))
+        flat = list(ahead) + regs[0] + regs[1]            # steps kt+1 .. kt+depth, A's chunks then B's per step
+        stage(kt + 1, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))
         workgroup_barrier()
-        scf.YieldOp(acc + flat[n_a + len(B.slots):])
-    acc = list(loop.results)[:n_acc]
+        return acc, flat[n_a + len(B.slots):]
+
+    # depth 2 with fp8 / fp4 operands and epilogue scales: a register set per step in flight, two steps per loop
+    # iteration (no copy at the back edge, which waits for the loads). 16-bit operands and mx scales keep one
+    # step per iteration: their second set would pass 256 VGPRs (half the occupancy, or spills at 256 x 128)
+    unroll = depth if fmt_a not in HALF and gran == "row" else 1
+    acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), ahead, step, unroll=unroll)
 
     scale = sc.load(b, sc.lanes(b, sc_tile, lane, a_r0, b_r0)) if gran == "row" else None
     _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows)
@@ -478,6 +492,17 @@ def _group_scan(b, group_offs, G, bm, n_tiles, tile):
     return loop.results
 
 
+def _xcd_pairs(b, v, total):
+    """The tile workgroup slot v runs. Workgroups go to the XCDS XCDs in turn (slot v on XCD v % XCDS), so
+    consecutive tiles, which share a column tile of B (a band's row tiles) or a row tile of A, would each
+    bring it into their own XCD's L2; here each XCD runs two consecutive tiles, over the whole blocks of
+    2 XCDS tiles (the rest keep their order). A permutation of [0, total)."""
+    span = 2 * XCDS
+    r = Int(arith.remui(v, b.c(span)))
+    t = Int(arith.subi(v, r)) + r % XCDS * 2 + r // XCDS
+    return arith.select(b.cmp("ult", v, arith.subi(total, arith.remui(total, b.c(span)))), t, v)
+
+
 def _swizzle(b, local, m_tiles, n_tiles, group_m):
     """(m-tile, n-tile) of a group-local tile index: bands of group_m m-tiles, n-major inside a band."""
     per_band = arith.muli(group_m, n_tiles)
@@ -494,8 +519,8 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
     # contraction in _Operand elements (e2m1: bytes, the packed pairs; K itself counts elements)
     k_ops = arith.shrui(K, b.c(1)) if fmt in PER_BYTE else K
     ka, kb = K_MAJOR[layout]
-    A = _Operand(b, bm, ka, 0, es)
-    B = _Operand(b, bn, kb, A.lds_bytes, es)
+    A = _Operand(b, bm, ka, 0, es, WAVE * waves(bm))
+    B = _Operand(b, bn, kb, A.lds_bytes, es, WAVE * waves(bm))
     ops = (A, B)
     sc = None if gran == "none" else _Scales(b, a_scale, b_scale, scale_strides, layout, gran)
     ebytes = lambda x: x if es == 1 else arith.muli(x, b.c(es, b.i64))  # noqa: E731   element offset -> bytes
@@ -547,6 +572,7 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
             c_ops = arith.shrui(arith.subi(e, s), b.c(1)) if fmt in PER_BYTE else arith.subi(e, s)
             _tile(b, cfg, ops, lds, a_base, k_ops, rows, b_base, k_ops, cols, c_ops, out_base, N, sc, sc_tile)
         else:
+            tile = _xcd_pairs(b, tile, total)
             grouped, g, local, s, e = _group_scan(b, group_offs, G, bm, n_tiles, tile)
             tail = b.cmp("sge", tile, grouped)
             g, local = arith.select(tail, b.c(0), g), arith.select(tail, arith.subi(tile, grouped), local)
@@ -614,7 +640,7 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
                          stream: fx.Stream = fx.Stream(None)):
         train_grouped_gemm_kernel(a, a_scale, b, b_scale, group_offs, out, G, M, N, K, group_m, grid, sa_sg, sa_si,
                                 sa_sk, sb_sg, sb_sj, sb_sk, sb_shift).launch(
-            grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream)
+            grid=(grid, 1, 1), block=(WAVE * waves(bm), 1, 1), stream=stream)
 
     return train_grouped_gemm
 

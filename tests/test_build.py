@@ -99,7 +99,7 @@ def test_registry_workgroup_size_is_the_one_each_artefact_requires():
     """The launch block comes from the registry (threads_for); the runtime and the emulator
     refuse any other size than a kernel's .reqd_workgroup_size."""
     wrong = {(a.kernel, a.arch, a.isa().workgroup_size) for a in build.build(progress=False)
-             if a.isa().workgroup_size not in (None, registry.get(a.kernel).threads_for(a.arch))}
+             if a.isa().workgroup_size not in (None, registry.get(a.kernel).threads_for(a.arch, a.variant))}
     assert not wrong
 
 

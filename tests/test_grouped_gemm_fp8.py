@@ -19,6 +19,8 @@ Beyond 4 GB (sparse emulator buffers): A and out (NT/NN), A and B (TN) whole; B 
 the TN output through a workgroup window running one tile.
 Launches go through mxgemm.launcher.launch (artefact + grid/block/kernel arguments).
 """
+import re
+
 import pytest
 import torch
 
@@ -354,6 +356,10 @@ CASES = [
     ("NN", "e5m2/e4m3", "bf16", [3, 70, 0], 96, 48, 3, 2, "shuffled"),
     ("TN", "e5m2/e4m3", "bf16", [130, 0, 57], 48, 80, None, 1, "linear"),
     ("TN", "e4m3/e5m2", "bf16", [200], 80, 112, 2, 2, "shuffled"),
+    # 45 tiles: workgroup slots past the first 32 (two whole blocks of 16 handed to the XCDs in pairs) keep
+    # their tile order
+    ("NN", "e4m3", "bf16", [130, 70, 0, 200], 320, 64, 16, 2, "shuffled"),
+    ("NT", "e5m2", "bf16", [130, 70, 0, 200], 320, 64, None, 4, "linear"),
 ]
 
 
@@ -444,8 +450,12 @@ def test_code_object(variant):
     assert 0 < info.lds_bytes <= LDS_LIMIT
     assert info.occupancy(256) >= 1
     loops = asm_facts.loop_bodies(art.asm, KERNEL)
-    # the contraction loop: MFMAs between barriers, a whole number of (BM/32) x (BN/32) steps
-    per_step = (variant["BM"] // 32) * (variant["BN"] // 32)
+    # the contraction loop: MFMAs between barriers, a whole number of steps of a wave's 16 x 16 tiles (waves in
+    # 2 columns, 4 waves; 8 at 256 rows, as many as the registry launches)
+    waves = registry.get(KERNEL).threads_for("gfx950", variant) // 64
+    assert waves == (8 if variant["BM"] == 256 else 4)
+    a_tiles, b_tiles = variant["BM"] // (8 * waves), variant["BN"] // 32
+    per_step = a_tiles * b_tiles
     # GRAN=mx: the scaled opcode (e8m0 scale VGPRs); the others: constant-0 scales fold to the unscaled one
     mfma = "v_mfma_scale_f32_16x16x128_f8f6f4" if variant.get("GRAN") == "mx" else "v_mfma_f32_16x16x128_f8f6f4"
     k_loops = [body for body in loops if any(l.startswith(mfma) for l in body)]
@@ -455,9 +465,18 @@ def test_code_object(variant):
     assert barriers >= 1 and mfmas == per_step * barriers
     tr_reads = sum(l.startswith("ds_read_b64_tr_b8") for l in inner)
     # 16-row operand tiles per wave and step read through ds_read_b64_tr_b8 (4 reads each)
-    transposed = {"NT": 0, "NN": variant["BN"] // 32, "TN": (variant["BM"] + variant["BN"]) // 32,
-                  "TT": variant["BM"] // 32}
+    transposed = {"NT": 0, "NN": b_tiles, "TN": a_tiles + b_tiles, "TT": a_tiles}
     assert tr_reads == 4 * barriers * transposed[variant["LAYOUT"]]
+    # fp8 128 x 128 and 256 x 128 with epilogue scales run two steps per iteration, a register set per step
+    # in flight: their waits keep the later step's loads in flight, and no loaded register is copied (a copy at
+    # the back edge waits for its load)
+    if variant["BN"] == 128 and "GRAN" not in variant:
+        waits = [int(n) for l in inner for n in re.findall(r"s_waitcnt vmcnt\((\d+)\)", l)]
+        assert barriers == 2 and waits and min(waits) > 0, (barriers, waits)
+        loaded = {r for l in inner for a, b in re.findall(r"buffer_load_dwordx4 v\[(\d+):(\d+)\]", l)
+                  for r in range(int(a), int(b) + 1)}
+        copied = {int(a) for l in inner for a in re.findall(r"v_mov_b(?:32|64)_e32 v\S+, v\[?(\d+)", l)}
+        assert not loaded & copied, sorted(loaded & copied)
     # no waterfall loop around a buffer access (every buffer resource is uniform)
     assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)
                    for body in loops)

@@ -209,7 +209,7 @@ def launch_variant(kernel: str, variant: dict, arch: str, backend: str, writes=(
     workgroup size from the registry, ``values`` = its kernel arguments and grid dims by name."""
     from . import build, registry
     k = registry.get(kernel)
-    launch(build.artifact(kernel, variant, arch), k.launch_grid(variant, **values), (k.threads_for(arch),),
+    launch(build.artifact(kernel, variant, arch), k.launch_grid(variant, **values), (k.threads_for(arch, variant),),
            k.ordered_args(**values), backend, writes=writes)
 
 

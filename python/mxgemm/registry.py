@@ -44,7 +44,7 @@ class Kernel:
     grid: tuple = ()                # problem dims mapped to grid x, y, z
     tile: Callable[[dict], dict] = lambda variant: {}   # variant -> {dim: extent per workgroup}
     cluster: Callable[[dict], tuple] = lambda variant: (1, 1, 1)   # variant -> workgroups per cluster (x, y, z)
-    threads: int = 256              # workgroup size (x)
+    threads: Callable[[dict], int] = lambda variant: 256   # variant -> workgroup size (x)
     arch_threads: dict = field(default_factory=dict)   # arch -> its own workgroup size, replacing `threads`
     k_align: int = 32               # K must be a multiple of this
     n_align: int = 1                # N must be a multiple of this
@@ -72,9 +72,9 @@ class Kernel:
         """The variants built for ``arch``."""
         return self.arch_variants.get(arch, self.variants)
 
-    def threads_for(self, arch: str) -> int:
-        """The workgroup size (x) of the ``arch`` build."""
-        return self.arch_threads.get(arch, self.threads)
+    def threads_for(self, arch: str, variant: dict) -> int:
+        """The workgroup size (x) of ``variant``'s ``arch`` build."""
+        return self.arch_threads.get(arch) or self.threads(variant)
 
     def values(self, param: str) -> tuple:
         """Sorted values a variant parameter takes: values("BM") -> (16, 32)."""
@@ -309,6 +309,7 @@ register(Kernel(
           "sa_sg", "sa_si", "sa_sk", "sb_sg", "sb_sj", "sb_sk", "sb_shift"),
     # persistent or not is the launch's choice: the kernel strides its tile loop by its grid argument
     grid=("grid",), tile=lambda v: {"M": v["BM"], "N": v["BN"]}, k_align=16, n_align=16,
+    threads=lambda v: 512 if v["BM"] == 256 else 256,   # the kernel's waves(BM): 8 waves at 256 rows
     variants=_train_grouped_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _train_grouped_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)

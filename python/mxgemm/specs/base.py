@@ -122,9 +122,9 @@ def mx_bytes(rows, k, bits):         # payload + e8m0 scales (one per 32)
     return rows * k * bits // 8 + rows * (k // 32)
 
 
-def waves(kernel: str, arch: str = "gfx950") -> int:
+def waves(kernel: str, variant: dict, arch: str = "gfx950") -> int:
     from .. import asm_facts
-    return -(-registry.get(kernel).threads_for(arch) // asm_facts.LIMITS[arch]["wave_size"])
+    return -(-registry.get(kernel).threads_for(arch, variant) // asm_facts.LIMITS[arch]["wave_size"])
 
 
 @lru_cache(maxsize=None)
@@ -139,7 +139,7 @@ def _k_per_iteration(kernel: str, variant_items: tuple, tile_m: int, tile_n: int
     lines = asm_facts.loop_profile(art.asm, art.symbol).lines
     mfmas = [l for l in lines if classify(base_mnemonic(l.split()[0]))[0] == "mfma"]
     mnk = sum(math.prod(map(int, asm_facts.MFMA_SHAPE.search(l.split()[0]).groups())) for l in mfmas)
-    return mnk * waves(kernel) // (tile_m * tile_n)
+    return mnk * waves(kernel, dict(variant_items)) // (tile_m * tile_n)
 
 
 def k_per_iteration(kernel: str, variant: dict, tile_m: int, tile_n: int) -> int:

@@ -65,12 +65,12 @@ def work(kernel, v, groups, m, N, K) -> Work:
     fp4, bf16 = v.get("B_FMT") == "e2m1", v.get("A_FMT") == "bf16"
     if bf16:
         return Work(2.0 * rows * N * K, 2 * rows * K + 2 * groups * N * K + 2 * rows * N, "bf16", g, wgs,
-                    wgs * waves(kernel) * iters, iters)
+                    wgs * waves(kernel, v) * iters, iters)
     b_bytes = groups * N * K // 2 + groups * N * (K // 32) if fp4 else \
         groups * N * K + groups * -(-N // 128) * (K // 128) * 4
     scales = rows * (K // 128) * (1 if v["UE8M0"] else 4)
     return Work(2.0 * rows * N * K, rows * K + b_bytes + scales + 2 * rows * N, "fp8", g, wgs,
-                wgs * waves(kernel) * iters, iters)
+                wgs * waves(kernel, v) * iters, iters)
 
 
 def race(kernel, v) -> list:

@@ -43,7 +43,7 @@ def work(kernel, v, M, N, K, splits=1) -> Work:
     out_bytes = {"bf16": 2, "f16": 2, "f32": 4}[v["OUT"]] * (2 if splits > 1 else 1)
     rate = min(RATE[v["A_FMT"]], RATE[v["B_FMT"]], key=RATES.index)
     return Work(2.0 * M * N * K, mx_bytes(M, K, MX_BITS[v["A_FMT"]]) + mx_bytes(N, K, MX_BITS[v["B_FMT"]])
-                + out_bytes * M * N, rate, g, wgs, wgs * waves(kernel) * iters, iters)
+                + out_bytes * M * N, rate, g, wgs, wgs * waves(kernel, v) * iters, iters)
 
 
 def race(kernel, v) -> list:

@@ -16,7 +16,7 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
 
 def work(kernel, v, M, K) -> Work:
     g = grid(kernel, v, elements=M * K)
-    return Work(0.0, M * K + M * K // 32 + 4 * M * K, "fp8", g, g[0], g[0] * waves(kernel), 1)
+    return Work(0.0, M * K + M * K // 32 + 4 * M * K, "fp8", g, g[0], g[0] * waves(kernel, v), 1)
 
 
 def race(kernel, v) -> list:

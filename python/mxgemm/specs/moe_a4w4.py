@@ -32,7 +32,7 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
     iters = -(-K // k_per_iteration(kernel, v, v["BM"], 256))     # a workgroup owns BM rows x 256 columns
     rows = tokens * topk
     return Work(2.0 * rows * N * K, mx_bytes(rows, K, 4) + mx_bytes(active * N, K, 4) + 2 * 2 * tokens * N,
-                "mxfp4", g, live, live * waves(kernel) * iters, iters)
+                "mxfp4", g, live, live * waves(kernel, v) * iters, iters)
 
 
 def race(kernel, v) -> list:

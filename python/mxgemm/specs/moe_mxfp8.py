@@ -31,7 +31,7 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
     per_row = torch.zeros(rows, dtype=chunks.dtype).index_add_(0, torch.arange(chunks.numel()) % rows, chunks)
     iters = -(-K // (32 * 256 // v["BLOCK_N"]))                  # 256 / BLOCK_N lanes per weight row
     return Work(2.0 * tokens * topk * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * n_valid * N,
-                "fp8", g, g[0] * min(rows, chunks.numel()), g[0] * waves(kernel) * int(live.sum()) * iters,
+                "fp8", g, g[0] * min(rows, chunks.numel()), g[0] * waves(kernel, v) * int(live.sum()) * iters,
                 iters * int(per_row.max()))
 
 

@@ -17,7 +17,7 @@ def work(kernel, v, M, N, K) -> Work:
     # GEMV: 16 lanes split a row's K blocks (32 wide); MFMA: SPLIT_K waves share 128-wide K steps
     iters = -(-K // 512) if kernel.endswith("gemv") else -(-K // (128 * v["SPLIT_K"]))
     return Work(2.0 * M * N * K, mx_bytes(M, K, 8) + mx_bytes(N, K, 8) + 2 * M * N, "fp8", g, wgs,
-                wgs * waves(kernel) * iters, iters)
+                wgs * waves(kernel, v) * iters, iters)
 
 
 def race(kernel, v) -> list:

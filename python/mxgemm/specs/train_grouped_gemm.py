@@ -124,7 +124,7 @@ def work(kernel, v, groups, m, N, K) -> Work:
         operands = groups * m * (N + K) if tn else groups * m * K + groups * N * K
         nbytes -= operands // 2 - operands // 32
     rate = {"bf16": "bf16", "f16": "bf16", "e2m1": "mxfp4"}.get(v["FMT"], "fp8")   # fp16: the bf16 MFMA rate
-    return Work(flops, nbytes, rate, grid(kernel, v, grid=bound), tiles, tiles * waves(kernel) * iters, iters)
+    return Work(flops, nbytes, rate, grid(kernel, v, grid=bound), tiles, tiles * waves(kernel, v) * iters, iters)
 
 
 def race(kernel, v) -> list:

@@ -66,8 +66,8 @@ def predict(case: Case, arch: str = "gfx950", mca: bool = True) -> dict:
     t_flops, t_mem = w.flops / peak, w.bytes / (lim["hbm_tbps"] * 1e12)
     t_roof = max(t_flops, t_mem)
 
-    waves_per_wg = waves(case.kernel, arch)
-    occ = info.occupancy(kern.threads_for(arch))                  # waves per SIMD
+    waves_per_wg = waves(case.kernel, case.variant, arch)
+    occ = info.occupancy(kern.threads_for(arch, case.variant))                # waves per SIMD
     wgs_per_cu = max(1, occ * lim["simds_per_cu"] // waves_per_wg)
     slots = lim["cus"] * wgs_per_cu
     rounds = max(1, -(-w.live_wgs // slots))
