@@ -71,8 +71,8 @@ def kernel_plan(op: str, kernel: str, variant: dict, device, reason: str, out_sh
     if variant not in k.variants_for(arch):   # per-arch grids: the planner chose another arch's variant
         guards.fail("arch", f"{kernel} has no {arch} variant {variant}; this op plans for "
                             f"{', '.join(a for a in k.archs if variant in k.variants_for(a))}")
-    return Plan(op, kernel, variant, backend, arch, k.launch_grid(variant, **dims), (k.threads_for(arch, variant), 1, 1),
-                reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
+    return Plan(op, kernel, variant, backend, arch, k.launch_grid(variant, **dims),
+                (k.threads_for(arch, variant), 1, 1), reason, args=dims, out_shape=out_shape, out_dtype=out_dtype)
 
 
 NUM_CUS = LIMITS["gfx950"]["cus"]   # the MI355X's compute units: the planners size grids against them
