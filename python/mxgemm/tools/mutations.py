@@ -213,8 +213,8 @@ CATALOGUE = (
          "FMT_CODE[fmt_a], FMT_CODE[fmt_b], 0, scales[0]"),),
         "the MFMA decodes a with b's format code and b with a's (mixed e4m3 x e5m2 only)"),
     Mutation("grouped-fp8-prefetch-stages-newest-step", ("train_grouped_gemm",), (
-        (TRAIN_GROUPED, "stage(nxt, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))",
-         "stage(nxt, (flat[-n_a - len(B.slots):][:n_a], flat[-len(B.slots):]))"),),
+        (TRAIN_GROUPED, "stage(kt + 1, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))",
+         "stage(kt + 1, (flat[-n_a - len(B.slots):][:n_a], flat[-len(B.slots):]))"),),
         "128 x 128 (two steps in flight): step kt+1's LDS buffer receives step kt+2's loads"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
