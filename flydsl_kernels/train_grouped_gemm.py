@@ -60,8 +60,8 @@ grouped_gemm_bf16_variable_k_ref) model exactly this order.
 Tiles: a workgroup of waves(BM) waves (4: 2 x 2; 8 at BM 256: 4 x 2) owns a BM x BN output tile;
 each wave a (BM / rows of waves) x (BN/2) block of 16 x 16 MFMA tiles. Per 128-byte contraction
 step (128 fp8 or 64 bf16 / fp16 elements) both operand tiles go global -> VGPR (16-byte buffer
-loads, prefetched one step ahead, two at 128 x 128 and 256 x 128 without block scales; fp8 / fp4
-with epilogue scales then run two steps per loop iteration, a register set each) -> LDS (two
+loads, prefetched one step ahead, two at 128 x 128 and 256 x 128 without block scales; fp8 with
+row / tensorwise scales then runs two steps per loop iteration, a register set each) -> LDS (two
 ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
 contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
 reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
