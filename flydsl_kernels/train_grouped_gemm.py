@@ -323,7 +323,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         workgroup_barrier()
         return acc, flat[n_a + len(B.slots):]
 
-    # depth 2 with fp8 / fp4 operands and epilogue scales: a register set per step in flight, two steps per loop
+    # depth 2, fp8 with epilogue (row / tensorwise) scales: a register set per step in flight, two steps per loop
     # iteration (no copy at the back edge, which waits for the loads). 16-bit operands and mx scales keep one
     # step per iteration: their second set would pass 256 VGPRs (half the occupancy, or spills at 256 x 128)
     unroll = depth if fmt_a not in HALF and gran == "row" else 1
