@@ -81,19 +81,20 @@ def wave_index(b, wave):
 
 
 class Operand:
-    """One operand tile in LDS: `rows` rows (BM for A, BN for B) of one K step each."""
+    """One operand tile in LDS: `rows` rows (BM for A, BN for B) of `steps` K steps each."""
 
-    def __init__(self, rows, fmt, lds_off, pad=0):
+    def __init__(self, rows, fmt, lds_off, pad=0, steps=1):
         self.rows, self.fmt, self.lds_off = rows, fmt, lds_off
         self.bits = BITS[fmt]
         self.step_bytes = BK * self.bits // 8                     # bytes of one row per K step
-        self.chunks = self.step_bytes // 16                       # 16-byte chunks per row
+        self.row_bytes = steps * self.step_bytes                  # bytes of one row per stage
+        self.chunks = self.row_bytes // 16                        # 16-byte chunks per row
         self.frag_bytes = 32 * self.bits // 8                     # one lane's 32 values of a row
-        self.row_stride = self.step_bytes + pad                   # LDS bytes from row to row
+        self.row_stride = self.row_bytes + pad                    # LDS bytes from row to row
         self.lds_bytes = rows * self.row_stride
 
     def swizzle(self, byte, row):
-        """Where chunk-aligned byte `byte` of row `row`'s step sits in LDS (an involution): chunk
+        """Where chunk-aligned byte `byte` of row `row`'s stage sits in LDS (an involution): chunk
         c ^ (row % chunks) for a power-of-two chunk count, spreading a column of rows over LDS
         banks; FP6 rows (6 chunks, whose 24-byte fragments straddle chunks) are not swizzled."""
         return byte ^ Int(row) % self.chunks * 16 if self.chunks & (self.chunks - 1) == 0 else byte
@@ -118,26 +119,30 @@ class Gfx950:
 
     def dma_plan(self, op, tid, rows_left, row_bytes, base):
         """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk, None
-        or the wave-uniform condition of a last partial issue). Slot s = 4096 j + 16 tid: row s /
-        chunks, LDS chunk s % chunks holds memory chunk `op.swizzle` of it."""
+        or the wave-uniform condition of a last partial issue, the voffset for a stage whose first K
+        step is the last (out of range past that step; None with one step per stage)). Slot
+        s = 4096 j + 16 tid: row s / chunks, LDS chunk s % chunks holds memory chunk `op.swizzle` of it."""
         b, t, wave_bytes = self.b, self.threads(), 16 * self.wave
         plan, wave = [], wave_index(b, self.wave)
         for j in range(-(-op.lds_bytes // (16 * t))):
             s = j * t + Int(tid)
             row = s // op.chunks
-            voff = b.sel(b.cmp("slt", row, rows_left), row * row_bytes + op.swizzle(s % op.chunks * 16, row),
-                         b.c(INVALID_OFFSET))
+            byte = op.swizzle(s % op.chunks * 16, row)
+            voff = b.sel(b.cmp("slt", row, rows_left), row * row_bytes + byte, b.c(INVALID_OFFSET))
+            first = None if op.row_bytes == op.step_bytes else \
+                b.sel(b.cmp("ult", byte, b.c(op.step_bytes)), voff, b.c(INVALID_OFFSET))
             waves = (op.lds_bytes - j * t * 16) // wave_bytes        # waves with a slice of the tile left
             live = None if waves >= WAVES else b.cmp("slt", wave, b.c(waves))
-            plan.append((op.lds_off + j * t * 16 + wave * wave_bytes, voff, live))
+            plan.append((op.lds_off + j * t * 16 + wave * wave_bytes, voff, live, first))
         return plan
 
-    def stage_loads(self, rsrc, plan, buf, kt, op):
+    def stage_loads(self, rsrc, plan, buf, kt, op, first_only=None):
         b = self.b
-        for dst, voff, live in plan:
+        for dst, voff, live, first in plan:
+            voff = voff if first_only is None else b.sel(first_only, first, voff)
             branch = None if live is None else scf.IfOp(live, [], has_else=False)
             with ir.InsertionPoint(branch.then_block) if branch else contextlib.nullcontext():
-                rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, Int(kt) * op.step_bytes,
+                rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, Int(kt) * op.row_bytes,
                                               b.c(0), aux=b.c_attr(0))
                 if branch:
                     scf.YieldOp([])
@@ -158,26 +163,35 @@ class Gfx950:
                 for r, left in zip(rows, lefts)]
 
     def issue(self, stage, kt, live):
-        """Stage kt's operand tiles -> LDS and its scale bytes -> VGPRs (empty resources past the end)."""
+        """Stage kt's operand tiles -> LDS and its scale bytes -> VGPRs (empty resources past the end):
+        per K step of the stage, the A rows' then the B rows'. A half-full last stage loads its
+        first step only."""
         b = self.b
+        first_only = None if stage.steps == 1 else arith.andi(stage.half_last, b.cmp("eq", kt, stage.last))
         sel = {k: llvm.select(live, v, stage.null) for k, v in stage.rs.items()}
         buf = stage.buffer(kt)
-        self.stage_loads(sel["a"], stage.a_dma, buf, kt, stage.A)
-        self.stage_loads(sel["b"], stage.b_dma, buf, kt, stage.B)
-        soff = Int(kt) * (BK // SCALE_BLOCK)
-        return [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, sel[k], v, soff, aux=b.c_attr(0)))
-                for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:])) for v in voffs]
+        self.stage_loads(sel["a"], stage.a_dma, buf, kt, stage.A, first_only)
+        self.stage_loads(sel["b"], stage.b_dma, buf, kt, stage.B, first_only)
+        blocks = BK // SCALE_BLOCK
+        scales = []
+        for u in range(stage.steps):
+            rs = sel if u == 0 else {k: llvm.select(first_only, stage.null, v) for k, v in sel.items()}
+            scales += [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, rs[k], v, Int(kt) * (stage.steps * blocks)
+                                                                    + u * blocks, aux=b.c_attr(0)))
+                       for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:]))
+                       for v in voffs]
+        return scales
 
-    def fragment(self, op, buf, row):
-        """v8i32 MMA operand of LDS row `row` (this lane's, lane group g): fp8 chunks g and g + 4
-        (bytes 16g.. and 64 + 16g..); fp4 / fp6 the 16 / 24 bytes of K 32g .. 32g + 31 (K-contiguous,
+    def fragment(self, op, buf, row, u=0):
+        """v8i32 MMA operand of K step u of LDS row `row` (this lane's, lane group g): fp8 chunks g and
+        g + 4 of the step (bytes 16g.. and 64 + 16g..); fp4 / fp6 the 16 / 24 bytes of K 32g .. 32g + 31 (K-contiguous,
         docs/gfx950_isa.md §1.3; fp6 in three 8-byte reads, as its fragments straddle chunks) in the
         low dwords, zeros above (the MFMA reads 4 / 6 of the 8 VGPRs)."""
         b = self.b
         g = Int(fx.thread_idx.x.ir_value()) % self.wave // 16
         size = 8 if op.frag_bytes % 16 else 16
-        starts = ([16 * (g + 4 * h) for h in range(2)] if op.bits == 8 else
-                  [g * op.frag_bytes + size * p for p in range(op.frag_bytes // size)])
+        starts = ([u * op.step_bytes + 16 * (g + 4 * h) for h in range(2)] if op.bits == 8 else
+                  [u * op.step_bytes + g * op.frag_bytes + size * p for p in range(op.frag_bytes // size)])
         vt = ir.VectorType.get([size // 4], b.i32)
         base = op.lds_off + Int(row) * op.row_stride
         parts = [llvm.load(vt, b.gep(buf, base + op.swizzle(s, row)), alignment=size) for s in starts]
@@ -264,8 +278,8 @@ class Gfx1250:
         h_rows = op.rows // halves
         b = self.b
         return [Piece(b.gep(base, arith.extui(b.i64, b.c(h * h_rows) * row_bytes)), Int(rows_left) - h * h_rows,
-                      row_bytes, op.step_bytes, h_rows, 1, op.step_bytes,
-                      op.lds_off + h * h_rows * op.row_stride, op.row_stride - op.step_bytes, mask)
+                      row_bytes, op.row_bytes, h_rows, 1, op.row_bytes,
+                      op.lds_off + h * h_rows * op.row_stride, op.row_stride - op.row_bytes, mask)
                 for h in range(halves)]
 
     def scale_plan(self, st, rows, lefts, kb, bases):
@@ -365,13 +379,13 @@ class Gfx1250:
         b = self.b
         return [llvm.load(b.i32, b.gep(buf, op_off + Int(r) * 4), alignment=4) for r in rows]
 
-    def fragment(self, op, buf, row):
-        """v16i32 (fp8) / v8i32 (fp4) operand of LDS row `row`: the row's 16-byte chunks g, g + 2, ...
-        for lane group g (docs/gfx1250_isa.md §3.2)."""
+    def fragment(self, op, buf, row, u=0):
+        """v16i32 (fp8) / v8i32 (fp4) operand of K step u of LDS row `row`: the step's 16-byte chunks g,
+        g + 2, ... for lane group g (docs/gfx1250_isa.md §3.2)."""
         b = self.b
         g = self.lane() // 16
-        base = op.lds_off + (Int(row) * op.row_stride + g * 16)
-        parts = [llvm.load(b.v4i32, b.gep(buf, base + 32 * s), alignment=16) for s in range(op.chunks // 2)]
+        base = op.lds_off + (Int(row) * op.row_stride + (u * op.step_bytes + g * 16))
+        parts = [llvm.load(b.v4i32, b.gep(buf, base + 32 * s), alignment=16) for s in range(op.step_bytes // 32)]
         while len(parts) > 1:
             n = ir.VectorType(parts[0].type).shape[0]
             t = ir.VectorType.get([2 * n], b.i32)
@@ -400,10 +414,11 @@ class Gfx1250:
 TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
 
 
-def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, scale_path="tdm", cluster_m=1,
-           cluster_n=1, f4_wide=0):
+def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps=1, scale_path="tdm",
+           cluster_m=1, cluster_n=1, f4_wide=0):
     ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
-          and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1))
+          and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1)
+          and stage_steps in (1, 2) and (stage_steps == 1 or arch == "gfx950" and not splitk))
     if arch == "gfx1250":
         ok = ok and BITS[a_fmt] != 6 and BITS[b_fmt] != 6         # its fragment reads know fp8 / fp4 rows
         # buffer scale paths: every thread stages (BM + BN) / 128 scale words
@@ -416,9 +431,11 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, sc
     if not ok:
         raise ValueError(
             f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
-            f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} SCALE_PATH={scale_path} CLUSTER_M={cluster_m} "
+            f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} STAGE_STEPS={stage_steps} SCALE_PATH={scale_path} "
+            f"CLUSTER_M={cluster_m} "
             f"CLUSTER_N={cluster_n} F4_WIDE={f4_wide}: formats in {tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
-            f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32); gfx950: NUM_BUFFERS 2 and no gfx1250 option; gfx1250: no FP6, "
+            f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32), STAGE_STEPS 1 or 2 (2: gfx950, SPLITK 0); gfx950: "
+            f"NUM_BUFFERS 2 and no gfx1250 option; gfx1250: no FP6, "
             f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 
@@ -434,10 +451,10 @@ def _body(target, cfg, a, a_scale, bp, b_scale, out, M, N, K, splits, lds):
 def _tile(target, cfg, M, N, K, splits):
     """The workgroup's tile: operands, waves, its rows and columns, its share of the K steps."""
     t = SimpleNamespace(target=target, b=target.b, M=M, N=N)
-    t.a_fmt, t.b_fmt, t.bm, t.bn, t.out_t, t.splitk, t.num_buffers, t.b_streaming = cfg
+    t.a_fmt, t.b_fmt, t.bm, t.bn, t.out_t, t.splitk, t.num_buffers, t.b_streaming, t.steps = cfg
     b = t.b
-    t.A = Operand(t.bm, t.a_fmt, 0, target.pad)
-    t.B = Operand(t.bn, t.b_fmt, t.A.lds_bytes, target.pad)
+    t.A = Operand(t.bm, t.a_fmt, 0, target.pad, t.steps)
+    t.B = Operand(t.bn, t.b_fmt, t.A.lds_bytes, target.pad, t.steps)
     t.stage_bytes = stage_lds_bytes(target, t.A, t.B)
     t.tid = fx.thread_idx.x.ir_value()
     wave = wave_index(b, target.wave)
@@ -445,9 +462,13 @@ def _tile(target, cfg, M, N, K, splits):
     t.n0 = Int(fx.block_idx.x.ir_value()) * t.bn
     t.m0 = Int(fx.block_idx.y.ir_value()) * t.bm
     steps = Int(K) // BK
-    per_split = (steps + (Int(splits) + -1)) // splits
-    t.k_lo = Int(arith.minui(Int(fx.block_idx.z.ir_value()) * per_split, steps))
-    t.nsteps = Int(arith.minui(t.k_lo + per_split, steps)) - t.k_lo
+    # stages of STAGE_STEPS K steps; with 2, an odd step count leaves the last stage half full
+    stages = steps if t.steps == 1 else (steps + 1) // 2
+    per_split = (stages + (Int(splits) + -1)) // splits
+    lo = Int(arith.minui(Int(fx.block_idx.z.ir_value()) * per_split, stages))
+    t.nsteps = Int(arith.minui(lo + per_split, stages)) - lo     # stages of this split
+    t.k_lo = lo if t.steps == 1 else lo * 2                     # its first K step
+    t.half_last = None if t.steps == 1 else b.cmp("ne", steps & 1, b.c(0))
     t.kblocks = Int(K) // SCALE_BLOCK
     return t
 
@@ -474,7 +495,9 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
     t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
-    stage = t.stage = SimpleNamespace(A=A, B=B, rs=rs, null=null, m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
+    stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, last=Int(t.nsteps) - 1,
+                                      rs=rs,
+                                      null=null, m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
                                       sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
     stage.a_dma = target.dma_plan(A, t.tid, t.m_left, a_row, bases["a"])
     stage.b_dma = target.dma_plan(B, t.tid, t.n_left, b_row, bases["b"])
@@ -496,8 +519,9 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
 
 
 def _k_loop(t):
-    """Prologue (the first `depth` steps in flight), then per K step: wait for its stage, read
-    its fragments, issue step kt + depth, the MMAs. -> the accumulators."""
+    """Prologue (the first `depth` stages in flight), then per stage: wait for it, read its
+    fragments, issue stage kt + depth, the MMAs; a half-full last stage (STAGE_STEPS 2, odd K
+    steps) runs after the loop with its first step's MMAs only. -> the accumulators."""
     b, target, stage, depth, nsteps = t.b, t.target, t.stage, t.depth, t.nsteps
     zero = b.splat(target.acc_t, 0.0)
     if target.cluster:
@@ -512,34 +536,45 @@ def _k_loop(t):
     idx = ir.IndexType.get()
     t.g = target.b_tiles                   # B tiles (16 columns each) one MMA covers
     na = t.mi * t.nj // t.g                # accumulators: one per (A tile, group of g B tiles)
-    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1),
+    full = nsteps if t.half_last is None else Int(nsteps) - arith.extui(b.i32, t.half_last)
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, full), arith.constant(idx, 1),
                      [zero] * na + scales)
     with ir.InsertionPoint(loop.body):
         kt = arith.index_cast(b.i32, loop.induction_variable)
         carried = list(loop.inner_iter_args)
-        acc, nxt = _mma_step(t, kt, carried[:na], carried[na:])
+        acc, nxt = _mma_step(t, kt, carried[:na], carried[na:], t.steps)
         scf.YieldOp(acc + nxt)
-    return list(loop.results)[:na]
+    res = list(loop.results)
+    if t.half_last is None:
+        return res[:na]
+    last = scf.IfOp(t.half_last, [v.type for v in res[:na]], has_else=True)
+    with ir.InsertionPoint(last.then_block):
+        scf.YieldOp(_mma_step(t, full, res[:na], res[na:], 1)[0])
+    with ir.InsertionPoint(last.else_block):
+        scf.YieldOp(res[:na])
+    return list(last.results)
 
 
-def _mma_step(t, kt, acc, scales):
-    """One K step of the loop body -> (accumulators, the next step's scale registers)."""
+def _mma_step(t, kt, acc, scales, steps):
+    """Stage kt of the loop body, its first `steps` K steps -> (accumulators, the next stage's
+    scale registers). Every fragment of the stage is read before the next stage's DMA is
+    issued: LLVM waits for all LDS DMA before an LDS read."""
     b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
     a_fmt, b_fmt, a_rows, b_rows = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows
     target.stage_wait(t.depth)
     buf = t.buffer(kt)
     if target.scales_in_lds:
         scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
-    a_frag = [target.fragment(A, buf, r) for r in a_rows]
-    b_frag = None if t.b_streaming else [target.fragment(B, buf, r) for r in b_rows]
+    a_frag = [[target.fragment(A, buf, r, u) for r in a_rows] for u in range(steps)]
+    b_frag = None if t.b_streaming else [[target.fragment(B, buf, r, u) for r in b_rows] for u in range(steps)]
     kn = Int(kt) + t.depth
     nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
     target.fragments_wait()
 
-    def b_operand(frags, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
+    def b_operand(frags, sc, j):   # the MMA's B operand and scales: one tile, or g stacked tiles
         if g == 1:
-            return frags[j], scales[mi + j]
-        return [frags[j + u] for u in range(g)], scales[mi + j:mi + j + g]
+            return frags[j], sc[mi + j]
+        return [frags[j + u] for u in range(g)], sc[mi + j:mi + j + g]
 
     if t.b_streaming:
         # one B group at a time: the next group's LDS reads overlap this group's WMMAs
@@ -551,14 +586,16 @@ def _mma_step(t, kt, acc, scales):
             cur, frags = frags, group(j + g) if j + g < nj else None
             fx.rocdl.sched_barrier(0)
             for i in range(mi):
-                acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
-                                                    *b_operand(cur, j), b_fmt)
+                acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[0][i], scales[i], a_fmt,
+                                                    *b_operand(cur, scales, j), b_fmt)
             fx.rocdl.sched_barrier(0)
     else:
-        for i in range(mi):
-            for j in range(0, nj, g):
-                acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[i], scales[i], a_fmt,
-                                                    *b_operand(b_frag, j), b_fmt)
+        for u in range(steps):             # K steps in increasing K: the accumulation order
+            sc = scales[u * (mi + nj):]
+            for i in range(mi):
+                for j in range(0, nj, g):
+                    acc[(i * nj + j) // g] = target.mma(acc[(i * nj + j) // g], a_frag[u][i], sc[i], a_fmt,
+                                                        *b_operand(b_frag[u], sc, j), b_fmt)
     fx.rocdl.sched_barrier(0)
     if target.scales_in_lds:
         target.commit(stage, nxt, t.buffer(kn))
@@ -607,25 +644,26 @@ def stage_lds_bytes(target, A, B):
     return A.lds_bytes + B.lds_bytes + (4 * (A.rows + B.rows) if target.scales_in_lds else 0)
 
 
-def lds_bytes(arch, a_fmt, b_fmt, bm, bn, num_buffers):
+def lds_bytes(arch, a_fmt, b_fmt, bm, bn, num_buffers, stage_steps=1):
     target = TARGETS[arch]
-    return num_buffers * stage_lds_bytes(target, Operand(bm, a_fmt, 0, target.pad), Operand(bn, b_fmt, 0, target.pad))
+    return num_buffers * stage_lds_bytes(target, Operand(bm, a_fmt, 0, target.pad, stage_steps),
+                                         Operand(bn, b_fmt, 0, target.pad, stage_steps))
 
 
 def build(symbol, arch, a_fmt="e4m3", b_fmt="e4m3", bm=128, bn=128, out="bf16", splitk=0, num_buffers=2,
-          b_streaming=0, **opts):
+          b_streaming=0, stage_steps=1, **opts):
     """The ``@flyc.jit`` launcher for one variant on ``arch`` (compile-only use; see compile_for_build).
     ``opts``: the target's own options (gfx1250: scale_path, cluster_m, cluster_n)."""
-    _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, **opts)
+    _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps, **opts)
     target_cls = TARGETS[arch]
-    cfg = (a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming)
+    cfg = (a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps)
     threads = WAVES * target_cls.wave
     cluster = (opts.get("cluster_n", 1), opts.get("cluster_m", 1), 1)
     clustered = cluster != (1, 1, 1)
 
     @fx.struct
     class SharedStorage:
-        buf: fx.Array[fx.Int8, lds_bytes(arch, a_fmt, b_fmt, bm, bn, num_buffers), 16]
+        buf: fx.Array[fx.Int8, lds_bytes(arch, a_fmt, b_fmt, bm, bn, num_buffers, stage_steps), 16]
 
     @flyc.kernel(name=symbol)
     def mx_gemm_kernel(a: fx.Pointer, a_scale: fx.Pointer, b: fx.Pointer, b_scale: fx.Pointer, out: fx.Pointer,

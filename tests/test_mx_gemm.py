@@ -72,11 +72,13 @@ def test_fp6_tails_multi_tile(fmts):
 
 @pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
 def test_variant_bitwise(v):
-    # a partial row tile and a partial column tile; 2 K steps (both LDS stages), or 3 steps
-    # in 2 uneven K splits
+    # a partial row tile and a partial column tile; 2 K steps (both LDS stages), 3 steps in 2
+    # uneven K splits, or with two steps per stage 5 (both stages, then a half-full one, whose
+    # second step would read past a's last row)
     M, N = v["BM"] - 5, max(32, v["BN"] - 32)
     splits = 2 if v["SPLITK"] else 1
-    got, ref = run(v, M, N, 128 * (2 + v["SPLITK"]), seed=1, splits=splits)
+    steps = 5 if v.get("STAGE_STEPS", 1) == 2 else 2 + v["SPLITK"]
+    got, ref = run(v, M, N, 128 * steps, seed=1, splits=splits)
     assert got.dtype == OUT[v["OUT"]] and got.shape == (M, N)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
@@ -95,6 +97,15 @@ def test_shapes_at_and_off_tile_multiples(M, N, K):
 def test_fp4_tails_multi_tile(fmts):
     v = dict(A_FMT=fmts[0], B_FMT=fmts[1], BM=64, BN=64, OUT="f32", SPLITK=0, NUM_BUFFERS=2)
     got, ref = run(v, 67, 96, 384, seed=3)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("K", [128, 256, 768])
+def test_fp4_two_step_stages(K):
+    """MXFP4 128 x 128 stages two K steps: one half-full stage only, one full stage, three full
+    stages (the ring wraps); two row tiles, the second of 2 rows."""
+    v = next(v for v in KERNEL.variants_for("gfx950") if v.get("STAGE_STEPS") == 2 and v["BM"] == 128)
+    got, ref = run(v, 130, 96, K, seed=4)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
@@ -217,18 +228,19 @@ def test_isa(v):
     info = art.isa()
     print(f"\nmx_gemm [{vid(v)}]: {info.summary(256)}")
     assert info.spills == 0 and info.scratch_bytes == 0
-    a_tile, b_tile = (rows * 128 * BITS[v[f]] // 8 for rows, f in ((v["BM"], "A_FMT"), (v["BN"], "B_FMT")))
+    per_stage = v.get("STAGE_STEPS", 1)           # K steps of 128 per LDS stage
+    a_tile, b_tile = (rows * 128 * per_stage * BITS[v[f]] // 8 for rows, f in ((v["BM"], "A_FMT"), (v["BN"], "B_FMT")))
     assert info.lds_bytes == 2 * (a_tile + b_tile) <= 160 * 1024
     assert info.occupancy(256) >= 1
     lines = asm_facts.hot_loop(art.asm, art.symbol)    # FP6's partial DMA branches: the widest back-edge
     loop = " ".join(lines)
-    # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave, one
-    # 16-byte buffer -> LDS DMA per 4 KiB of the stage (a last partial one, FP6: 6 KiB tiles),
-    # one scale byte per tile row of A and B
+    # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave and
+    # one scale byte per tile row of A and B; per stage one 16-byte buffer -> LDS DMA per 4 KiB
+    # (a last partial one, FP6: 6 KiB tiles)
     mfmas = [ln for ln in lines if ln.startswith("v_mfma_scale_f32_16x16x128_f8f6f4")]
     steps = len(mfmas) // ((v["BM"] // 32) * (v["BN"] // 32))
-    assert steps >= 1 and len(mfmas) == steps * (v["BM"] // 32) * (v["BN"] // 32)
-    assert loop.count("offen lds") == steps * (-(-a_tile // 4096) - (-b_tile // 4096))
+    assert steps >= 1 and len(mfmas) == steps * (v["BM"] // 32) * (v["BN"] // 32) and steps % per_stage == 0
+    assert loop.count("offen lds") == steps // per_stage * (-(-a_tile // 4096) - (-b_tile // 4096))
     assert loop.count("buffer_load_ubyte") == steps * (v["BM"] + v["BN"]) // 32
     assert ("buffer_atomic_add_f32" in art.asm) == bool(v["SPLITK"])
     # src0 = B rows, src1 = A rows: cbsz is B's format code, blgp A's (0 is not printed); an

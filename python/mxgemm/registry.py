@@ -326,7 +326,8 @@ register(Kernel(
 # One FlyDSL body; the target picks the MMA atom and the load path (flydsl_kernels/mx_gemm.py).
 # Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
 # f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
-# partials of grid-z K ranges with atomics (OUT=f32).
+# partials of grid-z K ranges with atomics (OUT=f32). MXFP4 at 128 x 128 and 256 x 128 stages two
+# K steps (STAGE_STEPS=2): a row's 128 bytes, a whole cache line, where one step reads half a line.
 _MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3"),
              ("e5m2", "e2m1"), ("e2m1", "e4m3"), ("e2m1", "e5m2"))
 # FP6 (e2m3, e3m2) with every format: 64 x 64 bf16 only (one build and emulator run per pair).
@@ -335,7 +336,8 @@ _MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"
 
 
 def _mx_variants(pairs, tiles, outs, splitk):
-    return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
+    return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2,
+                      **({"STAGE_STEPS": 2} if fa == fb == "e2m1" and bm >= 128 else {}))
                  for fa, fb in pairs for bm, bn in tiles for o in outs)
 
 
