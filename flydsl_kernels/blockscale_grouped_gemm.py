@@ -76,7 +76,16 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, Int, flatten, k_loop, loads_done_barrier, pipelined_step
+from ir_builder import (
+    INVALID_OFFSET,
+    Builder,
+    Int,
+    flatten,
+    k_loop,
+    lds_alias_scopes,
+    loads_done_barrier,
+    pipelined_step,
+)
 
 THREADS = 256
 BLOCK_K = 128                     # one scale block = one MFMA 16x16x128
@@ -292,18 +301,13 @@ def _loaders(t, a, sfa, b, sfb, d):
 
 
 def _scopes(t, slot) -> dict:
-    """Alias scopes of LDS buffer ``slot`` (the A DMA writing it, the reads of it): with them the
-    compiler's wait before a buffer's reads covers that buffer's DMA only, not the later steps'
-    DMA into the other buffers (without them it waits for every DMA: vmcnt(0)). One buffer pair
-    (depth 1): none needed."""
+    """Alias scopes of LDS buffer ``slot`` (the A DMA writing it, the reads of it); one buffer
+    pair (depth 1): none needed."""
     if t.depth == 1:
         return {}
     if not hasattr(t, "lds_scopes"):
-        domain = '#llvm.alias_scope_domain<id = distinct[0]<>, description = "A buffers">'
-        t.lds_scopes = list(ir.ArrayAttr(ir.Attribute.parse("[" + ", ".join(
-            f'#llvm.alias_scope<id = distinct[{i + 1}]<>, domain = {domain}>' for i in range(t.buffers)) + "]")))
-    return dict(alias_scopes=ir.ArrayAttr.get([t.lds_scopes[slot]]),
-                noalias_scopes=ir.ArrayAttr.get([x for i, x in enumerate(t.lds_scopes) if i != slot]))
+        t.lds_scopes = lds_alias_scopes(t.buffers, "A buffers")
+    return t.lds_scopes[slot]
 
 
 def _a_dma_offsets(t):

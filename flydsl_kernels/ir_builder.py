@@ -79,6 +79,18 @@ def loads_done_barrier(in_flight=0):
         workgroup_barrier()
 
 
+def lds_alias_scopes(buffers: int, description: str) -> list:
+    """Per LDS ring buffer, the alias-scope attributes (keyword arguments of its DMA and of its reads)
+    that tell the compiler the buffers do not alias: its wait before a buffer's reads then covers
+    that buffer's DMA only, not the later steps' DMA into the other buffers (without them it waits
+    for every LDS DMA: vmcnt(0)). The slot must be known at trace time."""
+    domain = f'#llvm.alias_scope_domain<id = distinct[0]<>, description = "{description}">'
+    scopes = list(ir.ArrayAttr(ir.Attribute.parse("[" + ", ".join(
+        f"#llvm.alias_scope<id = distinct[{i + 1}]<>, domain = {domain}>" for i in range(buffers)) + "]")))
+    return [dict(alias_scopes=ir.ArrayAttr.get([x]), noalias_scopes=ir.ArrayAttr.get(scopes[:i] + scopes[i + 1:]))
+            for i, x in enumerate(scopes)]
+
+
 def wait_vmcnt(n: int) -> int:
     """s_waitcnt operand: vmcnt(n) alone (n <= 63; expcnt and lgkmcnt at their no-wait maxima)."""
     return WAIT_VMCNT0 | (n & 0xF) | (n >> 4) << 14

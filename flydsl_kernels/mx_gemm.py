@@ -11,8 +11,10 @@ bits) is a parameter of the one body: a row's K step is 128 / 96 / 64 bytes (8 /
 The seam. The body (`_body`) owns everything that does not depend on the target: the tiling
 (a BM x BN output tile per workgroup, 4 waves as 2 x 2, each wave (BM/2) x (BN/2) in 16 x 16
 tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring of
-NUM_BUFFERS stages, the K loop (wait for stage kt, read its fragments, issue stage kt+1, MMA)
-and the epilogue (masked stores, or fp32 atomics for split-K). A target object supplies the
+NUM_BUFFERS stages of STAGE_STEPS K steps each, the K loop (wait for stage kt, read its
+fragments, issue stage kt+1, MMA) and the epilogue (masked stores, or fp32 atomics for split-K).
+STAGE_STEPS 2 (MXFP4) makes a row's stage 128 bytes, a whole cache line: with one 64-byte step
+per stage, the next step fetches the same lines again. A target object supplies the
 rest, chosen by `compile_for_build(arch, ...)` from TARGETS:
   wave                     lanes per wave
   stage_loads(...)         global -> LDS of one operand's K step (and its scale bytes)
@@ -24,7 +26,8 @@ gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds
 c ^ (r % chunks_per_row) for 8 or 4 chunks; FP6's 6 chunks stay in place), a wave-uniform
 branch skipping the waves past the tile in a last partial DMA issue (FP6 64-row tiles: 6 KiB),
 FP6 fragments as three 8-byte LDS reads (24 bytes per lane, 6 VGPRs of the 8 the MFMA
-operand is given; docs/gfx950_isa.md §1.3), scale bytes by buffer loads into VGPRs one step ahead,
+operand is given; docs/gfx950_isa.md §1.3), scale bytes by buffer loads into VGPRs one step ahead
+(NUM_BUFFERS 3: the DMA two stages ahead, the buffers told apart by alias scopes),
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
 out[m = l % 16][n = 4 (l / 16) + i], i < 4.
 gfx1250 (`Gfx1250`; run on the gfx1250 emulator, docs/gfx1250_isa.md): wave32 (128
@@ -52,8 +55,8 @@ a_scale, BN rows of b, BM rows of out.
 Kernel arguments: a, a_scale, b, b_scale, out (pointers), M, N, K, splits (int32).
 Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (4 * wave, 1, 1).
 Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK (0, 1; 1 needs
-OUT=f32), NUM_BUFFERS (2; gfx1250 2..4); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M,
-CLUSTER_N, F4_WIDE.
+OUT=f32), NUM_BUFFERS (gfx950 2, or 3 without FP6; gfx1250 2..4), STAGE_STEPS (1; gfx950 2 without
+SPLITK); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
 """
 import contextlib
 from types import SimpleNamespace
@@ -62,7 +65,17 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf, vector
-from ir_builder import BUFFER_FLAGS, INVALID_OFFSET, WAIT_LGKMCNT0, Builder, Int, loads_done_barrier, workgroup_barrier
+from ir_builder import (
+    BUFFER_FLAGS,
+    INVALID_OFFSET,
+    WAIT_LGKMCNT0,
+    Builder,
+    Int,
+    k_loop,
+    lds_alias_scopes,
+    loads_done_barrier,
+    workgroup_barrier,
+)
 
 BK = 128                           # K per step = the MMA's K
 SCALE_BLOCK = 32
@@ -136,19 +149,21 @@ class Gfx950:
             plan.append((op.lds_off + j * t * 16 + wave * wave_bytes, voff, live, first))
         return plan
 
-    def stage_loads(self, rsrc, plan, buf, kt, op, first_only=None):
+    def stage_loads(self, rsrc, plan, buf, kt, op, first_only=None, scopes=None):
         b = self.b
         for dst, voff, live, first in plan:
             voff = voff if first_only is None else b.sel(first_only, first, voff)
             branch = None if live is None else scf.IfOp(live, [], has_else=False)
             with ir.InsertionPoint(branch.then_block) if branch else contextlib.nullcontext():
                 rocdl.raw_ptr_buffer_load_lds(rsrc, b.gep(buf, dst), b.c(16), voff, Int(kt) * op.row_bytes,
-                                              b.c(0), aux=b.c_attr(0))
+                                              b.c(0), aux=b.c_attr(0), **(scopes or {}))
                 if branch:
                     scf.YieldOp([])
 
-    def stage_wait(self, depth):
-        loads_done_barrier()
+    def stage_wait(self, depth, stage):
+        """The stage's DMA and scale loads have landed: with two stages in flight, the next stage's
+        DMA (issued last) may still be pending."""
+        loads_done_barrier(0 if depth == 1 else len(stage.a_dma) + len(stage.b_dma))
 
     def fragments_wait(self):
         rocdl.s_waitcnt(WAIT_LGKMCNT0)
@@ -166,12 +181,21 @@ class Gfx950:
         """Stage kt's operand tiles -> LDS and its scale bytes -> VGPRs (empty resources past the end):
         per K step of the stage, the A rows' then the B rows'. A half-full last stage loads its
         first step only."""
+        self.issue_dma(stage, kt, live, stage.buffer(kt))
+        return self.issue_scales(stage, kt, live)
+
+    def _first_only(self, stage, kt):
+        return None if stage.steps == 1 else arith.andi(stage.half_last, self.b.cmp("eq", kt, stage.last))
+
+    def issue_dma(self, stage, kt, live, buf, scopes=None):
+        first_only = self._first_only(stage, kt)
+        for k, plan, op in (("a", stage.a_dma, stage.A), ("b", stage.b_dma, stage.B)):
+            self.stage_loads(llvm.select(live, stage.rs[k], stage.null), plan, buf, kt, op, first_only, scopes)
+
+    def issue_scales(self, stage, kt, live):
         b = self.b
-        first_only = None if stage.steps == 1 else arith.andi(stage.half_last, b.cmp("eq", kt, stage.last))
-        sel = {k: llvm.select(live, v, stage.null) for k, v in stage.rs.items()}
-        buf = stage.buffer(kt)
-        self.stage_loads(sel["a"], stage.a_dma, buf, kt, stage.A, first_only)
-        self.stage_loads(sel["b"], stage.b_dma, buf, kt, stage.B, first_only)
+        first_only = self._first_only(stage, kt)
+        sel = {k: llvm.select(live, stage.rs[k], stage.null) for k in ("sa", "sb")}
         blocks = BK // SCALE_BLOCK
         scales = []
         for u in range(stage.steps):
@@ -182,7 +206,7 @@ class Gfx950:
                        for v in voffs]
         return scales
 
-    def fragment(self, op, buf, row, u=0):
+    def fragment(self, op, buf, row, u=0, scopes=None):
         """v8i32 MMA operand of K step u of LDS row `row` (this lane's, lane group g): fp8 chunks g and
         g + 4 of the step (bytes 16g.. and 64 + 16g..); fp4 / fp6 the 16 / 24 bytes of K 32g .. 32g + 31 (K-contiguous,
         docs/gfx950_isa.md §1.3; fp6 in three 8-byte reads, as its fragments straddle chunks) in the
@@ -194,7 +218,8 @@ class Gfx950:
                   [u * op.step_bytes + g * op.frag_bytes + size * p for p in range(op.frag_bytes // size)])
         vt = ir.VectorType.get([size // 4], b.i32)
         base = op.lds_off + Int(row) * op.row_stride
-        parts = [llvm.load(vt, b.gep(buf, base + op.swizzle(s, row)), alignment=size) for s in starts]
+        parts = [llvm.load(vt, b.gep(buf, base + op.swizzle(s, row)), alignment=size, **(scopes or {}))
+                 for s in starts]
         zero = arith.constant(vt, ir.DenseElementsAttr.get_splat(vt, ir.IntegerAttr.get(b.i32, 0)))
         parts += [zero] * (32 // size - len(parts))
         while len(parts) > 1:             # pairwise concatenation up to v8i32
@@ -354,7 +379,7 @@ class Gfx1250:
             scf.YieldOp([])
         rocdl.s_barrier_wait(CLUSTER_BARRIER)
 
-    def stage_wait(self, depth):
+    def stage_wait(self, depth, stage):
         """This wave's TDM loads of the step have landed (each wave issues one per step, `depth`
         steps are in flight), every wave's are visible after the workgroup barrier; with
         multicast, no workgroup of the cluster still reads the stage the next issue overwrites."""
@@ -379,7 +404,7 @@ class Gfx1250:
         b = self.b
         return [llvm.load(b.i32, b.gep(buf, op_off + Int(r) * 4), alignment=4) for r in rows]
 
-    def fragment(self, op, buf, row, u=0):
+    def fragment(self, op, buf, row, u=0, scopes=None):
         """v16i32 (fp8) / v8i32 (fp4) operand of K step u of LDS row `row`: the step's 16-byte chunks g,
         g + 2, ... for lane group g (docs/gfx1250_isa.md §3.2)."""
         b = self.b
@@ -426,8 +451,9 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, st
             scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
             f4_wide in (0, 1) and (not f4_wide or a_fmt == b_fmt == "e2m1"))
     else:
-        ok = ok and num_buffers == 2 and not b_streaming and (scale_path, cluster_m, cluster_n, f4_wide) == (
-            "tdm", 1, 1, 0)
+        # three buffers: the wait counts the DMA, so every wave issues each one (no FP6 partial issue)
+        ok = ok and (num_buffers == 2 or num_buffers == 3 and 6 not in (BITS[a_fmt], BITS[b_fmt])) \
+            and not b_streaming and (scale_path, cluster_m, cluster_n, f4_wide) == ("tdm", 1, 1, 0)
     if not ok:
         raise ValueError(
             f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
@@ -435,7 +461,7 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, st
             f"CLUSTER_M={cluster_m} "
             f"CLUSTER_N={cluster_n} F4_WIDE={f4_wide}: formats in {tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
             f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32), STAGE_STEPS 1 or 2 (2: gfx950, SPLITK 0); gfx950: "
-            f"NUM_BUFFERS 2 and no gfx1250 option; gfx1250: no FP6, "
+            f"NUM_BUFFERS 2 (3 without FP6) and no gfx1250 option; gfx1250: no FP6, "
             f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 
@@ -516,14 +542,31 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
         return b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)
 
     t.buffer = stage.buffer = buffer
+    t.slot_buffer = lambda slot: b.gep(lds, b.c(slot * t.stage_bytes))
+    t.scopes = lds_alias_scopes(t.num_buffers, "mx_gemm stages") if t.depth > 1 and not target.scales_in_lds else None
 
 
 def _k_loop(t):
     """Prologue (the first `depth` stages in flight), then per stage: wait for it, read its
     fragments, issue stage kt + depth, the MMAs; a half-full last stage (STAGE_STEPS 2, odd K
-    steps) runs after the loop with its first step's MMAs only. -> the accumulators."""
+    steps) runs after the loop with its first step's MMAs only. gfx950 with two stages in flight:
+    the loop runs num_buffers stages per iteration, each on its own buffer (alias scopes need
+    the slot at trace time), and a half-full last stage runs both steps, the second on the
+    zeros its out-of-range loads left (+0 leaves an accumulator, never -0, as it is).
+    -> the accumulators."""
     b, target, stage, depth, nsteps = t.b, t.target, t.stage, t.depth, t.nsteps
     zero = b.splat(target.acc_t, 0.0)
+    t.g = target.b_tiles                   # B tiles (16 columns each) one MMA covers
+    na = t.mi * t.nj // t.g                # accumulators: one per (A tile, group of g B tiles)
+    if t.scopes:
+        # stage 0's DMA and scales, stage 1's DMA; each stage then issues stage kt + 1's scales and
+        # stage kt + 2's DMA, so the wait leaves one stage's DMA pending
+        live = [b.cmp("slt", b.c(s), nsteps) for s in range(2)]
+        target.issue_dma(stage, b.c(0), live[0], t.slot_buffer(0), t.scopes[0])
+        scales = target.issue_scales(stage, b.c(0), live[0])
+        target.issue_dma(stage, b.c(1), live[1], t.slot_buffer(1), t.scopes[1])
+        return k_loop(nsteps, [zero] * na, scales, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, t.steps, slot),
+                      unroll=t.num_buffers)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
     scales = target.issue(stage, b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
@@ -534,8 +577,6 @@ def _k_loop(t):
         target.commit(stage, scales, t.buffer(b.c(depth - 1)))
         scales = []
     idx = ir.IndexType.get()
-    t.g = target.b_tiles                   # B tiles (16 columns each) one MMA covers
-    na = t.mi * t.nj // t.g                # accumulators: one per (A tile, group of g B tiles)
     full = nsteps if t.half_last is None else Int(nsteps) - arith.extui(b.i32, t.half_last)
     loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, full), arith.constant(idx, 1),
                      [zero] * na + scales)
@@ -555,20 +596,28 @@ def _k_loop(t):
     return list(last.results)
 
 
-def _mma_step(t, kt, acc, scales, steps):
+def _mma_step(t, kt, acc, scales, steps, slot=None):
     """Stage kt of the loop body, its first `steps` K steps -> (accumulators, the next stage's
     scale registers). Every fragment of the stage is read before the next stage's DMA is
-    issued: LLVM waits for all LDS DMA before an LDS read."""
+    issued: LLVM waits for all LDS DMA before an LDS read, but for the DMA into other buffers
+    (slot: this stage's buffer, known at trace time, whose alias scopes say so)."""
     b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
     a_fmt, b_fmt, a_rows, b_rows = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows
-    target.stage_wait(t.depth)
-    buf = t.buffer(kt)
+    scopes = None if slot is None else t.scopes[slot]
+    target.stage_wait(t.depth, stage)
+    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot)
     if target.scales_in_lds:
         scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
-    a_frag = [[target.fragment(A, buf, r, u) for r in a_rows] for u in range(steps)]
-    b_frag = None if t.b_streaming else [[target.fragment(B, buf, r, u) for r in b_rows] for u in range(steps)]
+    a_frag = [[target.fragment(A, buf, r, u, scopes) for r in a_rows] for u in range(steps)]
+    b_frag = None if t.b_streaming else [[target.fragment(B, buf, r, u, scopes) for r in b_rows]
+                                         for u in range(steps)]
     kn = Int(kt) + t.depth
-    nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
+    if slot is None:
+        nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
+    else:
+        k1, dst = Int(kt) + 1, (slot + t.depth) % t.num_buffers
+        nxt = target.issue_scales(stage, k1, b.cmp("slt", k1, t.nsteps))
+        target.issue_dma(stage, kn, b.cmp("slt", kn, t.nsteps), t.slot_buffer(dst), t.scopes[dst])
     target.fragments_wait()
 
     def b_operand(frags, sc, j):   # the MMA's B operand and scales: one tile, or g stacked tiles

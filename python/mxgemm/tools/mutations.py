@@ -324,7 +324,7 @@ CATALOGUE = (
         (MX_GEMM, '"e2m3": 2, "e3m2": 3,', '"e2m3": 3, "e3m2": 2,'),),
         "cbsz / blgp of the FP6 formats swapped: e2m3 payloads decoded as e3m2 and back"),
     Mutation("mx-gemm-fp6-fragment-stride-32", ("mx_gemm",), (
-        (MX_GEMM, "[g * op.frag_bytes + size * p", "[g * (op.frag_bytes + 8 * (op.bits == 6)) + size * p"),),
+        (MX_GEMM, "+ g * op.frag_bytes + size * p", "+ g * (op.frag_bytes + 8 * (op.bits == 6)) + size * p"),),
         "an FP6 lane group reads its 24-byte fragment at a 32-byte stride (as if FP8 halves)"),
     Mutation("mx-gemm-fp6-partial-dma-every-wave", ("mx_gemm",), (
         (MX_GEMM, 'live = None if waves >= WAVES else b.cmp("slt", wave, b.c(waves))', "live = None"),),
@@ -334,8 +334,20 @@ CATALOGUE = (
         (MX_GEMM, "b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)", "b.gep(lds, b.c(0))"),),
         "one LDS stage: step kt+1's DMA overwrites the tile other waves are still reading"),
     Mutation("mx-gemm-split-floor", ("mx_gemm",), (
-        (MX_GEMM, "per_split = (steps + (Int(splits) + -1)) // splits", "per_split = steps // splits"),),
+        (MX_GEMM, "per_split = (stages + (Int(splits) + -1)) // splits", "per_split = stages // splits"),),
         "K steps per split rounded down: an uneven split-K drops its last steps"),
+    Mutation("mx-gemm-stage-steps-read-first-step", ("mx_gemm",), (
+        (MX_GEMM, "[u * op.step_bytes + g * op.frag_bytes + size * p", "[g * op.frag_bytes + size * p"),),
+        "with two K steps per stage, the second step's fp4 fragments are read from the first step's bytes"),
+    Mutation("mx-gemm-half-stage-loads-second-step", ("mx_gemm",), (
+        (MX_GEMM, "voff = voff if first_only is None else b.sel(first_only, first, voff)", "voff = voff"),),
+        "a half-full last stage DMAs its missing second step too: bytes past K (the next row, past the last "
+        "row the end of the operand)"),
+    Mutation("mx-gemm-three-buffers-wait-for-none", ("mx_gemm",), (
+        (MX_GEMM, "loads_done_barrier(0 if depth == 1 else len(stage.a_dma) + len(stage.b_dma))",
+         "loads_done_barrier(0 if depth == 1 else 2 * (len(stage.a_dma) + len(stage.b_dma)))"),),
+        "with two stages in flight the barrier leaves the stage it needs pending too: its reads may see "
+        "the DMA unfinished"),
     Mutation("mx-gemm-row-tail-unmasked", ("mx_gemm",), (
         (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, t.m_left), b.cmp(\"slt\", col, t.n_left))",
          "ok = b.cmp(\"slt\", col, t.n_left)"),),
