@@ -9,7 +9,8 @@ formats change. Written here after that design and compiled for gfx950 by the Tr
 (docs/peers/mx_gemm.md).
 
 Large cells are timed at two smaller K on both sides and extrapolated linearly to the cell's K
-(the K loop is both kernels' steady state), as ``time --calibrate`` does (docs/timing_model.md §3)."""
+(the K loop is both kernels' steady state), as ``time --calibrate`` does (docs/timing_model.md §3);
+the two K are large enough for each kernel's loop to run several iterations."""
 from __future__ import annotations
 
 import functools
@@ -23,10 +24,13 @@ PEER_WARPS, PEER_STAGES, PEER_MFMA = 8, 2, 16
 PEER = ("Triton tl.dot_scaled GEMM (Triton's CDNA4 block-scaled matmul tutorial), BLOCK 128/128/256, 8 warps, "
         "2 stages, 16x16 MFMA, pre-shuffled scales")
 FORMATS = (("MXFP8", "e4m3", "e4m3"), ("MXFP4", "e2m1", "e2m1"), ("A8W4", "e4m3", "e2m1"))
-# M = N = K. Cut for the ~40-minute budget on the shared cores (the 8192^3 cells took 367 s (MXFP8)
-# and 743 s (MXFP4) at K 256 + 512): 4096^3 (between the extremes), 16384^3, and A8W4 at 8192^3.
+# M = N = K. Cut for the ~40-minute budget on the shared cores (the 8192^3 cells take about 13 minutes
+# each at K 1536 + 3072, ours and the peer): 4096^3 (between the extremes), 16384^3, and A8W4 at 8192^3.
 SIZES = {"MXFP8": (1024, 8192), "MXFP4": (1024, 8192), "A8W4": (1024,)}
-EXTRAPOLATE_FROM = (256, 512)      # the two K simulated for cells of larger K (time --calibrate's)
+# the two K simulated for cells of larger K: 6 and 12 of the three-buffer loop's 256-K stages (two
+# of its iterations and four); at K 256 / 512 that loop never runs, and each row's scale bytes
+# share cache lines with the next rows' (K / 32 bytes a row), which hides their line traffic
+EXTRAPOLATE_FROM = (1536, 3072)
 ROUNDS = 3
 PER_BYTE = {"e4m3": 1, "e2m1": 2}
 
