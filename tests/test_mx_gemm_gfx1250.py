@@ -127,7 +127,8 @@ def _module():
     ("gfx1250", dict(bm=64, bn=128, scale_path="buffer_lds_stage"), "\\(BM \\+ BN\\) % 128"),
     ("gfx1250", dict(a_fmt="e4m3", f4_wide=1), "F4_WIDE only for e2m1 x e2m1"),
     ("gfx950", dict(b_streaming=1), "no gfx1250 option"),
-    ("gfx950", dict(num_buffers=3), "gfx950: NUM_BUFFERS 2"),
+    ("gfx950", dict(num_buffers=4), "gfx950: NUM_BUFFERS 2 \\(3 without FP6\\)"),
+    ("gfx950", dict(a_fmt="e2m3", num_buffers=3), "gfx950: NUM_BUFFERS 2 \\(3 without FP6\\)"),
 ])
 def test_bad_target_options_are_rejected_before_compiling(arch, opts, rule):
     with pytest.raises(ValueError, match=rule):
