@@ -738,8 +738,8 @@ def build(symbol, arch, a_fmt="e4m3", b_fmt="e4m3", bm=128, bn=128, out="bf16", 
 def compile_for_build(arch: str, symbol: str, A_FMT="e4m3", B_FMT="e4m3", BM=128, BN=128, OUT="bf16",
                       SPLITK=0, NUM_BUFFERS=2, **target_opts):
     """Trace + compile once for ``arch`` (also FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
-    ``target_opts``: the target's own variant keys (gfx1250: SCALE_PATH, B_STREAMING, CLUSTER_M,
-    CLUSTER_N). Null pointers and Python ints are compile placeholders: nothing touches a device."""
+    ``target_opts``: the other variant keys (STAGE_STEPS; gfx1250: SCALE_PATH, B_STREAMING, CLUSTER_M,
+    CLUSTER_N, F4_WIDE). Null pointers and Python ints are compile placeholders: nothing touches a device."""
     fn = build(symbol, arch, A_FMT, B_FMT, BM, BN, OUT, SPLITK, NUM_BUFFERS,
                **{k.lower(): v for k, v in target_opts.items()})
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
