@@ -91,8 +91,10 @@ LOOPS = [
     ("mxfp8_dequant_flydsl", {}, dict(K=1024), "M", (8, 16)),
 ]
 if "mx_gemm" in registry.KERNELS:   # the MX GEMM joins the registry from its own branch
-    LOOPS += [("mx_gemm", dict(A_FMT=f, B_FMT=f, BM=bm, BN=bn, OUT="bf16", SPLITK=0, NUM_BUFFERS=2),
-               dict(M=bm, N=bn), "K", (k, 2 * k)) for f, bm, bn, k in (("e4m3", 64, 64, 512), ("e2m1", 128, 128, 512))]
+    # MXFP4 stages two K steps (256 K); at 256 x 128 three stages per iteration (768 K)
+    LOOPS += [("mx_gemm", dict(A_FMT=f, B_FMT=f, BM=bm, BN=bn, OUT="bf16", SPLITK=0, NUM_BUFFERS=nb)
+               | ({"STAGE_STEPS": 2} if f == "e2m1" else {}), dict(M=bm, N=bn), "K", (k, 2 * k))
+              for f, bm, bn, nb, k in (("e4m3", 64, 64, 2, 512), ("e2m1", 128, 128, 2, 512), ("e2m1", 256, 128, 3, 1536))]
 
 
 @pytest.mark.parametrize("kernel,variant,shape,dim,values", LOOPS,
