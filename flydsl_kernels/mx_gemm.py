@@ -521,9 +521,9 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
     t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
-    stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, last=Int(t.nsteps) - 1,
-                                      rs=rs,
-                                      null=null, m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
+    stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, rs=rs, null=null,
+                                      last=None if t.steps == 1 else Int(t.nsteps) - 1,
+                                      m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
                                       sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
     stage.a_dma = target.dma_plan(A, t.tid, t.m_left, a_row, bases["a"])
     stage.b_dma = target.dma_plan(B, t.tid, t.n_left, b_row, bases["b"])
