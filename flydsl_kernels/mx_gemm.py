@@ -84,6 +84,7 @@ BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}        # element 
 TILES = (64, 128, 256)
 OUTS = ("bf16", "f16", "f32")
 WAVES = 4                          # 2 x 2 per workgroup
+WINDOW_BUFFERS = 1                 # scale window (three buffers) = loop iteration, in ring turns
 SCALE_PATHS = ("tdm", "buffer_lds_stage", "buffer_lds_stage_ab_split")   # gfx1250
 CLUSTER_BARRIER = -3               # s_barrier_signal / _wait id of the cluster barrier (docs/gfx1250_isa.md §5)
 
@@ -204,6 +205,49 @@ class Gfx950:
                                                                     + u * blocks, aux=b.c_attr(0)))
                        for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:]))
                        for v in voffs]
+        return scales
+
+    def window_plan(self, stage, rows, lefts, span):
+        """voffset of this lane's piece of a scale window (`span` stages) per 16-row tile: lane
+        group h holds stages h * per .. h * per + per - 1 (per = ceil(span / 4)), 4 * steps K-block
+        bytes each, of its row; lane groups past the window hold none."""
+        b, h = self.b, self.lane_rows()[1]
+        stage.per = -(-span // 4)
+        group = b.cmp("slt", h * stage.per, b.c(span))
+        return [b.sel(arith.andi(b.cmp("slt", r, left), group),
+                      Int(r) * stage.kblocks + h * (4 * stage.steps * stage.per), b.c(INVALID_OFFSET))
+                for r, left in zip(rows, lefts)]
+
+    def issue_window(self, stage, kt0):
+        """The scale window of the stages from kt0 -> VGPRs (A tiles, then B tiles): a line touch per
+        row per window, where per-stage byte loads touch it every stage (the operand DMA evicts it
+        from L1 in between). Resources rebased at stage kt0 end with the scale tensor (past it:
+        zeros; soffset is not range checked)."""
+        b, sb, n = self.b, 4 * stage.steps, stage.per * stage.steps
+        vt = b.i32 if n == 1 else ir.VectorType.get([n], b.i32)
+        off = Int(kt0) * sb
+        win = []
+        for k, voffs in (("sa", stage.window[:stage.mi]), ("sb", stage.window[stage.mi:])):
+            left = arith.maxsi(Int(stage.records[k]) - off, b.c(0))
+            rs = rocdl.make_buffer_rsrc(b.rsrc_t, b.gep(stage.bases[k], b.u64(off)), b.c(0, b.i16), b.u64(left),
+                                        b.c(self.buffer_flags))
+            win += [rocdl.raw_ptr_buffer_load(vt, rs, v, b.c(0), aux=b.c_attr(0)) for v in voffs]
+        return win
+
+    def window_scales(self, stage, win, j, kt):
+        """The scale operands of window stage j (= stage kt), per K step the A then the B tiles: lane
+        (row, group g) takes the step's dword from lane (row, group j // per) (ds_bpermute) and
+        its byte g. A half-full last stage's second step gets 0 (its bytes are the next row's)."""
+        b, n = self.b, stage.per * stage.steps
+        lane = Int(fx.thread_idx.x.ir_value()) % self.wave
+        src, shift = (lane % 16 + 16 * (j // stage.per)) * 4, lane // 16 * 8
+        first_only = self._first_only(stage, kt)
+        scales = []
+        for u in range(stage.steps):
+            d = j % stage.per * stage.steps + u
+            for w in win:
+                x = arith.shrui(rocdl.ds_bpermute(b.i32, src, w if n == 1 else llvm.extractelement(w, b.c(d))), shift)
+                scales.append(x if u == 0 else b.sel(first_only, b.c(0), x))
         return scales
 
     def fragment(self, op, buf, row, u=0, scopes=None):
@@ -521,7 +565,10 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
     t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
+    records = {"sa": t.m_left * kblocks - k_lo * (BK // SCALE_BLOCK),        # scale bytes from the bases on
+               "sb": t.n_left * kblocks - k_lo * (BK // SCALE_BLOCK)}
     stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, rs=rs, null=null,
+                                      bases=bases, records=records,
                                       last=None if t.steps == 1 else Int(t.nsteps) - 1,
                                       m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
                                       sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
@@ -537,6 +584,10 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     t.mi, t.nj = len(t.a_rows), len(t.b_rows)
     stage.mi = t.mi
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
+    if t.depth > 1 and not target.scales_in_lds:    # scale windows of one loop iteration
+        t.span = WINDOW_BUFFERS * t.num_buffers
+        stage.window = target.window_plan(stage, t.a_rows + t.b_rows,
+                                          [t.m_left] * t.mi + [t.n_left] * t.nj, t.span)
 
     def buffer(kt):
         return b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)
@@ -559,14 +610,16 @@ def _k_loop(t):
     t.g = target.b_tiles                   # B tiles (16 columns each) one MMA covers
     na = t.mi * t.nj // t.g                # accumulators: one per (A tile, group of g B tiles)
     if t.scopes:
-        # stage 0's DMA and scales, stage 1's DMA; each stage then issues stage kt + 1's scales and
-        # stage kt + 2's DMA, so the wait leaves one stage's DMA pending
+        # stage 0's DMA, the first scale window, stage 1's DMA; each stage then issues stage
+        # kt + 2's DMA (the iteration's last stage the next window first), so the wait leaves one
+        # stage's DMA pending
         live = [b.cmp("slt", b.c(s), nsteps) for s in range(2)]
         target.issue_dma(stage, b.c(0), live[0], t.slot_buffer(0), t.scopes[0])
-        scales = target.issue_scales(stage, b.c(0), live[0])
+        window = target.issue_window(stage, b.c(0))
+        fx.rocdl.sched_barrier(0)          # the window before the DMA: the wait counts on it
         target.issue_dma(stage, b.c(1), live[1], t.slot_buffer(1), t.scopes[1])
-        return k_loop(nsteps, [zero] * na, scales, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, t.steps, slot),
-                      unroll=t.num_buffers)
+        return k_loop(nsteps, [zero] * na, window, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, t.steps, slot),
+                      unroll=t.span)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
     scales = target.issue(stage, b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
@@ -600,14 +653,18 @@ def _mma_step(t, kt, acc, scales, steps, slot=None):
     """Stage kt of the loop body, its first `steps` K steps -> (accumulators, the next stage's
     scale registers). Every fragment of the stage is read before the next stage's DMA is
     issued: LLVM waits for all LDS DMA before an LDS read, but for the DMA into other buffers
-    (slot: this stage's buffer, known at trace time, whose alias scopes say so)."""
+    (slot: this stage's buffer, known at trace time, whose alias scopes say so; `scales` is then
+    the iteration's scale window, replaced by the next one in its last stage)."""
     b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
     a_fmt, b_fmt, a_rows, b_rows = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows
-    scopes = None if slot is None else t.scopes[slot]
+    scopes = None if slot is None else t.scopes[slot % t.num_buffers]
     target.stage_wait(t.depth, stage)
-    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot)
+    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot % t.num_buffers)
     if target.scales_in_lds:
         scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
+    window = scales
+    if slot is not None:
+        scales = target.window_scales(stage, window, slot, kt)
     a_frag = [[target.fragment(A, buf, r, u, scopes) for r in a_rows] for u in range(steps)]
     b_frag = None if t.b_streaming else [[target.fragment(B, buf, r, u, scopes) for r in b_rows]
                                          for u in range(steps)]
@@ -615,8 +672,11 @@ def _mma_step(t, kt, acc, scales, steps, slot=None):
     if slot is None:
         nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
     else:
-        k1, dst = Int(kt) + 1, (slot + t.depth) % t.num_buffers
-        nxt = target.issue_scales(stage, k1, b.cmp("slt", k1, t.nsteps))
+        dst = (slot + t.depth) % t.num_buffers
+        nxt = window
+        if slot == t.span - 1:
+            nxt = target.issue_window(stage, Int(kt) + 1)
+            fx.rocdl.sched_barrier(0)      # the window before the DMA: the wait counts on it
         target.issue_dma(stage, kn, b.cmp("slt", kn, t.nsteps), t.slot_buffer(dst), t.scopes[dst])
     target.fragments_wait()
 

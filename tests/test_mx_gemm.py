@@ -100,16 +100,36 @@ def test_fp4_tails_multi_tile(fmts):
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("bm,K", [(128, 128), (128, 256), (128, 768), (256, 128), (256, 768), (256, 1152),
-                                  (256, 1536)])
+@pytest.mark.parametrize("bm,K", [(128, 128), (128, 256), (128, 768), (256, 128), (256, 768), (256, 1536),
+                                  (256, 2816), (256, 3200)])
 def test_fp4_two_step_stages(bm, K):
-    """MXFP4 128 x 128 and 256 x 128 stage two K steps: one half-full stage only, one full stage,
-    three stages (128 x 128 wraps its two buffers; 256 x 128, three buffers, runs one loop
-    iteration of three stages), five stages (one iteration and two more, the last half full),
-    six (two iterations); two row tiles, the second of 2 rows."""
+    """MXFP4 128 x 128 and 256 x 128 stage two K steps. 128 x 128: one half-full stage only, one
+    full stage, three (wrapping its two buffers). 256 x 128 (three buffers, six stages and one
+    scale window a loop iteration): a half stage only, three stages (no iteration), six (one),
+    eleven (one, then five from its last window), thirteen (two, then a half stage). Two row
+    tiles, the second of 2 rows, whose scale windows reach past the scale tensor's end."""
     v = next(v for v in KERNEL.variants_for("gfx950") if v.get("STAGE_STEPS") == 2 and v["BM"] == bm)
     got, ref = run(v, bm + 2, 96, K, seed=4)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bm", [128, 256])
+def test_nan_scale_stays_in_its_row(bm):
+    """A NaN scale (0xff) in the first K block of A row 1 and of B row 1, 5 K steps: rows and
+    columns 1 are NaN, nothing else. The half-full last stage's second step lies past row 0's
+    scale bytes, where row 1's begin; a kernel that took them as row 0's scales (times zero
+    operands, still NaN) would poison row and column 0."""
+    v = next(v for v in KERNEL.variants_for("gfx950") if v.get("STAGE_STEPS") == 2 and v["BM"] == bm)
+    g = torch.Generator().manual_seed(11)
+    a, sa = operand(bm + 2, 640, "e2m1", g)
+    b, sb = operand(96, 640, "e2m1", g)
+    sa[1, 0] = sb[1, 0] = 0xFF
+    got = mxgemm.mx_gemm(a, sa, b, sb, a_format="e2m1", b_format="e2m1", config={"BM": bm, "BN": v["BN"]})
+    ref = reference.mx_gemm_ref(a, sa, b, sb, "e2m1", "e2m1", torch.bfloat16, chunk=reference.MX_MMA_K)
+    nan = torch.zeros_like(ref, dtype=torch.bool)
+    nan[1, :] = nan[:, 1] = True
+    assert torch.equal(ref.isnan(), nan) and torch.equal(got.isnan(), nan)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("splits,K", [(3, 640), (4, 384)], ids=["uneven", "empty-split"])
@@ -238,13 +258,20 @@ def test_isa(v):
     lines = asm_facts.hot_loop(art.asm, art.symbol)    # FP6's partial DMA branches: the widest back-edge
     loop = " ".join(lines)
     # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave and
-    # one scale byte per tile row of A and B; per stage one 16-byte buffer -> LDS DMA per 4 KiB
-    # (a last partial one, FP6: 6 KiB tiles)
+    # one scale byte per tile row of A and B (three buffers: per loop iteration, of three stages,
+    # one window load per tile row, and per step one ds_bpermute per tile row); per stage one
+    # 16-byte buffer -> LDS DMA per 4 KiB (a last partial one, FP6: 6 KiB tiles)
     mfmas = [ln for ln in lines if ln.startswith("v_mfma_scale_f32_16x16x128_f8f6f4")]
     steps = len(mfmas) // ((v["BM"] // 32) * (v["BN"] // 32))
     assert steps >= 1 and len(mfmas) == steps * (v["BM"] // 32) * (v["BN"] // 32) and steps % per_stage == 0
     assert loop.count("offen lds") == steps // per_stage * (-(-a_tile // 4096) - (-b_tile // 4096))
-    assert loop.count("buffer_load_ubyte") == steps * (v["BM"] + v["BN"]) // 32
+    tile_rows = (v["BM"] + v["BN"]) // 32
+    if v["NUM_BUFFERS"] == 3:
+        window = "buffer_load_dword " if per_stage == 1 else f"buffer_load_dwordx{per_stage} "
+        assert loop.count(window) == steps // (3 * per_stage) * tile_rows and "buffer_load_ubyte" not in loop
+        assert loop.count("ds_bpermute_b32") == steps * tile_rows
+    else:
+        assert loop.count("buffer_load_ubyte") == steps * tile_rows
     assert ("buffer_atomic_add_f32" in art.asm) == bool(v["SPLITK"])
     # src0 = B rows, src1 = A rows: cbsz is B's format code, blgp A's (0 is not printed); an
     # operand of b-bit elements spans 32 b / 32 VGPRs (FP6: 6)
