@@ -20,13 +20,18 @@ rest, chosen by `compile_for_build(arch, ...)` from TARGETS:
   stage_loads(...)         global -> LDS of one operand's K step (and its scale bytes)
   stage_wait()             the wait + workgroup barrier that makes a stage visible
   fragment(op, buf, r0)    LDS -> the MMA operand registers of rows r0 .. r0+15
-  scale_voffsets / mma     the scaled 16x16x128 MMA atom and where its scale bytes come from
+  mma                      the scaled 16x16x128 MMA atom
+  window_* / scale_plan... where its scale bytes come from (VGPR windows on gfx950, LDS on gfx1250)
   acc_coords(lane)         (row, first column) of a lane's accumulator elements (consecutive)
 gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds memory chunk
 c ^ (r % chunks_per_row) for 8 or 4 chunks; FP6's 6 chunks stay in place), a wave-uniform
 branch skipping the waves past the tile in a last partial DMA issue (FP6 64-row tiles: 6 KiB),
 FP6 fragments as three 8-byte LDS reads (24 bytes per lane, 6 VGPRs of the 8 the MFMA
-operand is given; docs/gfx950_isa.md §1.3), scale bytes by buffer loads into VGPRs one step ahead
+operand is given; docs/gfx950_isa.md §1.3), scale windows: a loop iteration is NUM_BUFFERS
+stages, each on a buffer known at trace time; its last stage loads the next iteration's K-block
+bytes of each row into VGPRs, spread over the 4 lane groups, and each stage takes its bytes from
+the lane group holding them (ds_bpermute): one touch of a row's scale line per iteration, where
+per-stage byte loads touched it every stage, after the operand DMA had evicted it from L1
 (NUM_BUFFERS 3: the DMA two stages ahead, the buffers told apart by alias scopes),
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
 out[m = l % 16][n = 4 (l / 16) + i], i < 4.
@@ -84,7 +89,6 @@ BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}        # element 
 TILES = (64, 128, 256)
 OUTS = ("bf16", "f16", "f32")
 WAVES = 4                          # 2 x 2 per workgroup
-WINDOW_BUFFERS = 1                 # scale window (three buffers) = loop iteration, in ring turns
 SCALE_PATHS = ("tdm", "buffer_lds_stage", "buffer_lds_stage_ab_split")   # gfx1250
 CLUSTER_BARRIER = -3               # s_barrier_signal / _wait id of the cluster barrier (docs/gfx1250_isa.md §5)
 
@@ -119,7 +123,7 @@ class Gfx950:
     wave = 64
     acc_width = 4                  # accumulator floats per lane per 16 x 16 tile
     pad = 0                        # LDS bytes after each operand row
-    scales_in_lds = False          # scale bytes travel in VGPRs, one step ahead
+    scales_in_lds = False          # scale bytes travel in VGPRs, a window per loop iteration
     b_tiles = 1                    # 16-column B tiles per MMA
     cluster = None
     buffer_flags = BUFFER_FLAGS
@@ -172,60 +176,34 @@ class Gfx950:
     def drain(self):
         """Nothing: the epilogue stores only registers."""
 
-    def scale_plan(self, stage, rows, lefts, kb, bases):
-        """voffset of this lane's scale byte (row, K block kb of the step) per 16-row tile."""
-        b, kblocks = self.b, stage.kblocks
-        return [b.sel(b.cmp("slt", r, left), Int(r) * kblocks + kb, b.c(INVALID_OFFSET))
-                for r, left in zip(rows, lefts)]
-
-    def issue(self, stage, kt, live):
-        """Stage kt's operand tiles -> LDS and its scale bytes -> VGPRs (empty resources past the end):
-        per K step of the stage, the A rows' then the B rows'. A half-full last stage loads its
-        first step only."""
-        self.issue_dma(stage, kt, live, stage.buffer(kt))
-        return self.issue_scales(stage, kt, live)
-
     def _first_only(self, stage, kt):
         return None if stage.steps == 1 else arith.andi(stage.half_last, self.b.cmp("eq", kt, stage.last))
 
     def issue_dma(self, stage, kt, live, buf, scopes=None):
+        """Stage kt's operand tiles -> LDS (empty resources past the end); a half-full last stage
+        loads its first step only."""
         first_only = self._first_only(stage, kt)
         for k, plan, op in (("a", stage.a_dma, stage.A), ("b", stage.b_dma, stage.B)):
             self.stage_loads(llvm.select(live, stage.rs[k], stage.null), plan, buf, kt, op, first_only, scopes)
 
-    def issue_scales(self, stage, kt, live):
-        b = self.b
-        first_only = self._first_only(stage, kt)
-        sel = {k: llvm.select(live, stage.rs[k], stage.null) for k in ("sa", "sb")}
-        blocks = BK // SCALE_BLOCK
-        scales = []
-        for u in range(stage.steps):
-            rs = sel if u == 0 else {k: llvm.select(first_only, stage.null, v) for k, v in sel.items()}
-            scales += [arith.extui(b.i32, rocdl.raw_ptr_buffer_load(b.i8, rs[k], v, Int(kt) * (stage.steps * blocks)
-                                                                    + u * blocks, aux=b.c_attr(0)))
-                       for k, voffs in (("sa", stage.scales[:stage.mi]), ("sb", stage.scales[stage.mi:]))
-                       for v in voffs]
-        return scales
-
     def window_plan(self, stage, rows, lefts, span):
-        """voffset of this lane's piece of a scale window (`span` stages) per 16-row tile: lane
-        group h holds stages h * per .. h * per + per - 1 (per = ceil(span / 4)), 4 * steps K-block
-        bytes each, of its row; lane groups past the window hold none."""
+        """voffset of this lane's piece of a scale window per 16-row tile: a row's window is the
+        span * steps dwords of its K-block bytes (one dword a K step), lane group h holds dwords
+        h * n .. h * n + n - 1 (n = ceil(span * steps / 4)); lane groups past the window hold none."""
         b, h = self.b, self.lane_rows()[1]
-        stage.per = -(-span // 4)
-        group = b.cmp("slt", h * stage.per, b.c(span))
-        return [b.sel(arith.andi(b.cmp("slt", r, left), group),
-                      Int(r) * stage.kblocks + h * (4 * stage.steps * stage.per), b.c(INVALID_OFFSET))
-                for r, left in zip(rows, lefts)]
+        stage.n = -(-span * stage.steps // 4)
+        group = b.cmp("slt", h * stage.n, b.c(span * stage.steps))
+        return [b.sel(arith.andi(b.cmp("slt", r, left), group), Int(r) * stage.kblocks + h * (4 * stage.n),
+                      b.c(INVALID_OFFSET)) for r, left in zip(rows, lefts)]
 
     def issue_window(self, stage, kt0):
         """The scale window of the stages from kt0 -> VGPRs (A tiles, then B tiles): a line touch per
         row per window, where per-stage byte loads touch it every stage (the operand DMA evicts it
         from L1 in between). Resources rebased at stage kt0 end with the scale tensor (past it:
         zeros; soffset is not range checked)."""
-        b, sb, n = self.b, 4 * stage.steps, stage.per * stage.steps
+        b, n = self.b, stage.n
         vt = b.i32 if n == 1 else ir.VectorType.get([n], b.i32)
-        off = Int(kt0) * sb
+        off = Int(kt0) * (4 * stage.steps)
         win = []
         for k, voffs in (("sa", stage.window[:stage.mi]), ("sb", stage.window[stage.mi:])):
             left = arith.maxsi(Int(stage.records[k]) - off, b.c(0))
@@ -236,17 +214,19 @@ class Gfx950:
 
     def window_scales(self, stage, win, j, kt):
         """The scale operands of window stage j (= stage kt), per K step the A then the B tiles: lane
-        (row, group g) takes the step's dword from lane (row, group j // per) (ds_bpermute) and
+        (row, group g) takes the step's dword d from lane (row, group d // n) (ds_bpermute) and
         its byte g. A half-full last stage's second step gets 0 (its bytes are the next row's)."""
-        b, n = self.b, stage.per * stage.steps
+        b, n = self.b, stage.n
         lane = Int(fx.thread_idx.x.ir_value()) % self.wave
-        src, shift = (lane % 16 + 16 * (j // stage.per)) * 4, lane // 16 * 8
+        shift = lane // 16 * 8
         first_only = self._first_only(stage, kt)
         scales = []
         for u in range(stage.steps):
-            d = j % stage.per * stage.steps + u
+            d = j * stage.steps + u
+            src = (lane % 16 + 16 * (d // n)) * 4
             for w in win:
-                x = arith.shrui(rocdl.ds_bpermute(b.i32, src, w if n == 1 else llvm.extractelement(w, b.c(d))), shift)
+                x = arith.shrui(rocdl.ds_bpermute(b.i32, src, w if n == 1 else llvm.extractelement(w, b.c(d % n))),
+                                shift)
                 scales.append(x if u == 0 else b.sel(first_only, b.c(0), x))
         return scales
 
@@ -579,84 +559,67 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     r16, kb = target.lane_rows()
     t.a_rows = [t.wm * (t.bm // 2) + (16 * i + r16) for i in range(t.bm // 32)]
     t.b_rows = [t.wn * (t.bn // 2) + (16 * j + r16) for j in range(t.bn // 32)]
-    stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows,
-                                     [t.m_left] * len(t.a_rows) + [t.n_left] * len(t.b_rows), kb, bases)
     t.mi, t.nj = len(t.a_rows), len(t.b_rows)
     stage.mi = t.mi
+    lefts = [t.m_left] * t.mi + [t.n_left] * t.nj
+    if target.scales_in_lds:
+        stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows, lefts, kb, bases)
+    else:
+        t.span = t.num_buffers             # stages per scale window and loop iteration
+        stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.span)
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
-    if t.depth > 1 and not target.scales_in_lds:    # scale windows of one loop iteration
-        t.span = WINDOW_BUFFERS * t.num_buffers
-        stage.window = target.window_plan(stage, t.a_rows + t.b_rows,
-                                          [t.m_left] * t.mi + [t.n_left] * t.nj, t.span)
 
     def buffer(kt):
         return b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)
 
     t.buffer = stage.buffer = buffer
     t.slot_buffer = lambda slot: b.gep(lds, b.c(slot * t.stage_bytes))
-    t.scopes = lds_alias_scopes(t.num_buffers, "mx_gemm stages") if t.depth > 1 and not target.scales_in_lds else None
+    t.scopes = lds_alias_scopes(t.num_buffers, "mx_gemm stages") if t.depth > 1 and not target.scales_in_lds \
+        else [None] * t.num_buffers
 
 
 def _k_loop(t):
     """Prologue (the first `depth` stages in flight), then per stage: wait for it, read its
-    fragments, issue stage kt + depth, the MMAs; a half-full last stage (STAGE_STEPS 2, odd K
-    steps) runs after the loop with its first step's MMAs only. gfx950 with two stages in flight:
-    the loop runs num_buffers stages per iteration, each on its own buffer (alias scopes need
-    the slot at trace time), and a half-full last stage runs both steps, the second on the
-    zeros its out-of-range loads left (+0 leaves an accumulator, never -0, as it is).
-    -> the accumulators."""
+    fragments, issue stage kt + depth, the MMAs. gfx950: the loop runs a scale window of stages
+    per iteration, each on a buffer known at trace time (alias scopes, with two stages in
+    flight, tell the buffers apart), and a half-full last stage (STAGE_STEPS 2, odd K steps)
+    runs both steps, the second on the zeros its out-of-range loads left (+0 leaves an
+    accumulator, never -0, as it is). -> the accumulators."""
     b, target, stage, depth, nsteps = t.b, t.target, t.stage, t.depth, t.nsteps
     zero = b.splat(target.acc_t, 0.0)
     t.g = target.b_tiles                   # B tiles (16 columns each) one MMA covers
     na = t.mi * t.nj // t.g                # accumulators: one per (A tile, group of g B tiles)
-    if t.scopes:
-        # stage 0's DMA, the first scale window, stage 1's DMA; each stage then issues stage
-        # kt + 2's DMA (the iteration's last stage the next window first), so the wait leaves one
-        # stage's DMA pending
-        live = [b.cmp("slt", b.c(s), nsteps) for s in range(2)]
-        target.issue_dma(stage, b.c(0), live[0], t.slot_buffer(0), t.scopes[0])
-        window = target.issue_window(stage, b.c(0))
-        fx.rocdl.sched_barrier(0)          # the window before the DMA: the wait counts on it
-        target.issue_dma(stage, b.c(1), live[1], t.slot_buffer(1), t.scopes[1])
-        return k_loop(nsteps, [zero] * na, window, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, t.steps, slot),
+    if not target.scales_in_lds:
+        # stage 0's DMA, the first scale window, (two in flight) stage 1's DMA; each stage then
+        # issues stage kt + depth's DMA (the iteration's last stage the next window first), so a
+        # wait for all but one stage's DMA covers the window
+        for s in range(depth):
+            target.issue_dma(stage, b.c(s), b.cmp("slt", b.c(s), nsteps), t.slot_buffer(s), t.scopes[s])
+            if s == 0:
+                window = target.issue_window(stage, b.c(0))
+                fx.rocdl.sched_barrier(0)
+        return k_loop(nsteps, [zero] * na, window, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, slot),
                       unroll=t.span)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
-    scales = target.issue(stage, b.c(0), b.cmp("sgt", nsteps, b.c(0)))   # a split past the last step loads nothing
-    for s in range(1, depth):              # deeper rings: steps 1 .. depth-1 in flight too
-        target.commit(stage, scales, t.buffer(b.c(s - 1)))
-        scales = target.issue(stage, b.c(s), b.cmp("slt", b.c(s), nsteps))
-    if target.scales_in_lds:
-        target.commit(stage, scales, t.buffer(b.c(depth - 1)))
-        scales = []
+    for s in range(depth):                 # steps 0 .. depth-1 in flight
+        target.commit(stage, target.issue(stage, b.c(s), b.cmp("slt", b.c(s), nsteps)), t.buffer(b.c(s)))
     idx = ir.IndexType.get()
-    full = nsteps if t.half_last is None else Int(nsteps) - arith.extui(b.i32, t.half_last)
-    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, full), arith.constant(idx, 1),
-                     [zero] * na + scales)
+    loop = scf.ForOp(arith.constant(idx, 0), arith.index_cast(idx, nsteps), arith.constant(idx, 1), [zero] * na)
     with ir.InsertionPoint(loop.body):
         kt = arith.index_cast(b.i32, loop.induction_variable)
-        carried = list(loop.inner_iter_args)
-        acc, nxt = _mma_step(t, kt, carried[:na], carried[na:], t.steps)
-        scf.YieldOp(acc + nxt)
-    res = list(loop.results)
-    if t.half_last is None:
-        return res[:na]
-    last = scf.IfOp(t.half_last, [v.type for v in res[:na]], has_else=True)
-    with ir.InsertionPoint(last.then_block):
-        scf.YieldOp(_mma_step(t, full, res[:na], res[na:], 1)[0])
-    with ir.InsertionPoint(last.else_block):
-        scf.YieldOp(res[:na])
-    return list(last.results)
+        scf.YieldOp(_mma_step(t, kt, list(loop.inner_iter_args), [])[0])
+    return list(loop.results)
 
 
-def _mma_step(t, kt, acc, scales, steps, slot=None):
-    """Stage kt of the loop body, its first `steps` K steps -> (accumulators, the next stage's
-    scale registers). Every fragment of the stage is read before the next stage's DMA is
-    issued: LLVM waits for all LDS DMA before an LDS read, but for the DMA into other buffers
-    (slot: this stage's buffer, known at trace time, whose alias scopes say so; `scales` is then
-    the iteration's scale window, replaced by the next one in its last stage)."""
+def _mma_step(t, kt, acc, scales, slot=None):
+    """Stage kt of the loop body -> (accumulators, the scale registers of the stages after it).
+    Every fragment of the stage is read before the next stage's DMA is issued: LLVM waits for
+    all LDS DMA before an LDS read, but for the DMA into other buffers (alias scopes say which).
+    gfx950: slot is the stage's place in the loop iteration (its buffer slot % NUM_BUFFERS),
+    `scales` the iteration's scale window, replaced by the next one in its last stage."""
     b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
-    a_fmt, b_fmt, a_rows, b_rows = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows
+    a_fmt, b_fmt, a_rows, b_rows, steps = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows, t.steps
     scopes = None if slot is None else t.scopes[slot % t.num_buffers]
     target.stage_wait(t.depth, stage)
     buf = t.buffer(kt) if slot is None else t.slot_buffer(slot % t.num_buffers)

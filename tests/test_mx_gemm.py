@@ -113,6 +113,17 @@ def test_fp4_two_step_stages(bm, K):
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("K", [256, 384, 896])
+def test_mxfp8_three_buffers(K):
+    """MXFP8 256 x 128 keeps two stages in flight (three buffers, a scale window of three
+    stages a loop iteration): two stages (no iteration), three (one), seven (two, then one from
+    the last window). Two row tiles, the second of 2 rows."""
+    v = next(v for v in KERNEL.variants_for("gfx950") if v["A_FMT"] == v["B_FMT"] == "e4m3" and v["BM"] == 256)
+    assert v["NUM_BUFFERS"] == 3
+    got, ref = run(v, 258, 96, K, seed=12)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bm", [128, 256])
 def test_nan_scale_stays_in_its_row(bm):
     """A NaN scale (0xff) in the first K block of A row 1 and of B row 1, 5 K steps: rows and
@@ -257,21 +268,19 @@ def test_isa(v):
     assert info.occupancy(256) >= 1
     lines = asm_facts.hot_loop(art.asm, art.symbol)    # FP6's partial DMA branches: the widest back-edge
     loop = " ".join(lines)
-    # per K step (the compiler may unroll the loop): one MFMA per 16 x 16 tile of the wave and
-    # one scale byte per tile row of A and B (three buffers: per loop iteration, of three stages,
-    # one window load per tile row, and per step one ds_bpermute per tile row); per stage one
+    # per K step: one MFMA per 16 x 16 tile of the wave and one ds_bpermute (its scale dword)
+    # per tile row of A and B; per loop iteration, a scale window of 2 (two buffers) or 3 (three)
+    # stages, one load per tile row of the window's dwords over 4 lane groups; per stage one
     # 16-byte buffer -> LDS DMA per 4 KiB (a last partial one, FP6: 6 KiB tiles)
     mfmas = [ln for ln in lines if ln.startswith("v_mfma_scale_f32_16x16x128_f8f6f4")]
     steps = len(mfmas) // ((v["BM"] // 32) * (v["BN"] // 32))
     assert steps >= 1 and len(mfmas) == steps * (v["BM"] // 32) * (v["BN"] // 32) and steps % per_stage == 0
     assert loop.count("offen lds") == steps // per_stage * (-(-a_tile // 4096) - (-b_tile // 4096))
-    tile_rows = (v["BM"] + v["BN"]) // 32
-    if v["NUM_BUFFERS"] == 3:
-        window = "buffer_load_dword " if per_stage == 1 else f"buffer_load_dwordx{per_stage} "
-        assert loop.count(window) == steps // (3 * per_stage) * tile_rows and "buffer_load_ubyte" not in loop
-        assert loop.count("ds_bpermute_b32") == steps * tile_rows
-    else:
-        assert loop.count("buffer_load_ubyte") == steps * tile_rows
+    tile_rows, span = (v["BM"] + v["BN"]) // 32, v["NUM_BUFFERS"]
+    n = -(-span * per_stage // 4)
+    window = [ln for ln in lines if ln.startswith("buffer_load_dword" + (f"x{n} " if n > 1 else " ")) and " lds" not in ln]
+    assert steps == span * per_stage and len(window) == tile_rows and "buffer_load_ubyte" not in loop
+    assert loop.count("ds_bpermute_b32") == steps * tile_rows
     assert ("buffer_atomic_add_f32" in art.asm) == bool(v["SPLITK"])
     # src0 = B rows, src1 = A rows: cbsz is B's format code, blgp A's (0 is not printed); an
     # operand of b-bit elements spans 32 b / 32 VGPRs (FP6: 6)

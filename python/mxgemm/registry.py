@@ -327,8 +327,8 @@ register(Kernel(
 # Every format pair and output at 64 x 64 (emulator-sized); 128 x 128 for bf16 (and MXFP8 e4m3
 # f16 / f32); 256 x 128 for bf16 e4m3 and MXFP4; SPLITK=1 (64 x 64, every pair) adds fp32
 # partials of grid-z K ranges with atomics (OUT=f32). MXFP4 at 128 x 128 and 256 x 128 stages two
-# K steps (STAGE_STEPS=2): a row's 128 bytes, a whole cache line, where one step reads half a line;
-# 256 x 128 keeps two stages in flight (NUM_BUFFERS=3, 144 KiB of LDS).
+# K steps (STAGE_STEPS=2): a row's 128 bytes, a whole cache line, where one step reads half a line.
+# MXFP8 and MXFP4 256 x 128 keep two stages in flight (NUM_BUFFERS=3, 144 KiB of LDS).
 _MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3"),
              ("e5m2", "e2m1"), ("e2m1", "e4m3"), ("e2m1", "e5m2"))
 # FP6 (e2m3, e3m2) with every format: 64 x 64 bf16 only (one build and emulator run per pair).
@@ -336,12 +336,10 @@ _MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"
                       for fb in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1") if "e2m3" in (fa, fb) or "e3m2" in (fa, fb))
 
 
-_MXFP4_STAGES = {128: dict(STAGE_STEPS=2), 256: dict(NUM_BUFFERS=3, STAGE_STEPS=2)}   # by BM
-
-
 def _mx_variants(pairs, tiles, outs, splitk):
     return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
-                 | (_MXFP4_STAGES.get(bm, {}) if fa == fb == "e2m1" else {})
+                 | (dict(NUM_BUFFERS=3) if bm == 256 else {})
+                 | (dict(STAGE_STEPS=2) if fa == fb == "e2m1" and bm >= 128 else {})
                  for fa, fb in pairs for bm, bn in tiles for o in outs)
 
 

@@ -308,8 +308,18 @@ CATALOGUE = (
         (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale", "FMT_CODE[a_fmt], FMT_CODE[b_fmt], 0, b_scale"),),
         "cbsz / blgp swapped: mixed-format operands (A8W4, e4m3 x e5m2) decoded in each other's format"),
     Mutation("mx-gemm-scale-next-k-block", ("mx_gemm",), (
-        (MX_GEMM, "Int(r) * kblocks + kb", "Int(r) * kblocks + kb + 1"),),
-        "each lane loads the scale of the next 32-block (off by one in the K-block index)"),
+        (MX_GEMM, "shift = lane // 16 * 8", "shift = (lane // 16 + 1) % 4 * 8"),),
+        "each lane takes the scale byte of the next 32-block of its step (off by one in the K-block index)"),
+    Mutation("mx-gemm-window-first-stage-only", ("mx_gemm",), (
+        (MX_GEMM, "d = j * stage.steps + u", "d = u"),),
+        "every stage of a loop iteration takes the scale dwords of the window's first stage"),
+    Mutation("mx-gemm-window-half-stage-scale-kept", ("mx_gemm",), (
+        (MX_GEMM, "scales.append(x if u == 0 else b.sel(first_only, b.c(0), x))", "scales.append(x)"),),
+        "a half-full last stage's second step keeps the window's bytes past the row's end (the next row's "
+        "scales) instead of 0: zero operands times a NaN scale poison the row"),
+    Mutation("mx-gemm-window-past-tensor-end", ("mx_gemm",), (
+        (MX_GEMM, "left = arith.maxsi(Int(stage.records[k]) - off, b.c(0))", "left = b.c(0x7FFFFFFF)"),),
+        "scale windows unbounded: the last rows' windows read past the scale tensor's end"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
         (MX_GEMM, "half), v))",
          "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
@@ -331,7 +341,8 @@ CATALOGUE = (
         "every wave issues an FP6 64-row tile's last partial DMA: waves past the tile write into the next "
         "operand's or stage's LDS"),
     Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
-        (MX_GEMM, "b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)", "b.gep(lds, b.c(0))"),),
+        (MX_GEMM, "b.gep(lds, Int(kt) % t.num_buffers * t.stage_bytes)", "b.gep(lds, b.c(0))"),
+        (MX_GEMM, "b.gep(lds, b.c(slot * t.stage_bytes))", "b.gep(lds, b.c(0))"),),
         "one LDS stage: step kt+1's DMA overwrites the tile other waves are still reading"),
     Mutation("mx-gemm-split-floor", ("mx_gemm",), (
         (MX_GEMM, "per_split = (stages + (Int(splits) + -1)) // splits", "per_split = stages // splits"),),
@@ -347,8 +358,8 @@ CATALOGUE = (
         (MX_GEMM, "loads_done_barrier(0 if depth == 1 else len(stage.a_dma) + len(stage.b_dma))",
          "loads_done_barrier(0 if depth == 1 else 4 * (len(stage.a_dma) + len(stage.b_dma)))"),),
         "with two stages in flight the barrier leaves part of the stage it needs pending (after a stage's "
-        "DMA come its scale loads and the next stage's DMA: 3 x 12 ops at MXFP4 256 x 128, so 4 x 12 "
-        "leaves 12 of its own): its reads may see the DMA unfinished"),
+        "DMA come at most a scale window and the next stage's DMA: 2 x 12 ops at 256 x 128, so 4 x 12 "
+        "leaves 24 of its own): its reads may see the DMA unfinished"),
     Mutation("mx-gemm-row-tail-unmasked", ("mx_gemm",), (
         (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, t.m_left), b.cmp(\"slt\", col, t.n_left))",
          "ok = b.cmp(\"slt\", col, t.n_left)"),),
