@@ -565,8 +565,7 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     if target.scales_in_lds:
         stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows, lefts, kb, bases)
     else:
-        t.span = t.num_buffers             # stages per scale window and loop iteration
-        stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.span)
+        stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.num_buffers)
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
 
     def buffer(kt):
@@ -580,10 +579,10 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
 
 def _k_loop(t):
     """Prologue (the first `depth` stages in flight), then per stage: wait for it, read its
-    fragments, issue stage kt + depth, the MMAs. gfx950: the loop runs a scale window of stages
-    per iteration, each on a buffer known at trace time (alias scopes, with two stages in
-    flight, tell the buffers apart), and a half-full last stage (STAGE_STEPS 2, odd K steps)
-    runs both steps, the second on the zeros its out-of-range loads left (+0 leaves an
+    fragments, issue stage kt + depth, the MMAs. gfx950: the loop runs NUM_BUFFERS stages (a
+    scale window) per iteration, each on a buffer known at trace time (alias scopes, with two
+    stages in flight, tell the buffers apart), and a half-full last stage (STAGE_STEPS 2, odd K
+    steps) runs both steps, the second on the zeros its out-of-range loads left (+0 leaves an
     accumulator, never -0, as it is). -> the accumulators."""
     b, target, stage, depth, nsteps = t.b, t.target, t.stage, t.depth, t.nsteps
     zero = b.splat(target.acc_t, 0.0)
@@ -599,7 +598,7 @@ def _k_loop(t):
                 window = target.issue_window(stage, b.c(0))
                 fx.rocdl.sched_barrier(0)
         return k_loop(nsteps, [zero] * na, window, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, slot),
-                      unroll=t.span)
+                      unroll=t.num_buffers)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
     for s in range(depth):                 # steps 0 .. depth-1 in flight
@@ -616,13 +615,13 @@ def _mma_step(t, kt, acc, scales, slot=None):
     """Stage kt of the loop body -> (accumulators, the scale registers of the stages after it).
     Every fragment of the stage is read before the next stage's DMA is issued: LLVM waits for
     all LDS DMA before an LDS read, but for the DMA into other buffers (alias scopes say which).
-    gfx950: slot is the stage's place in the loop iteration (its buffer slot % NUM_BUFFERS),
-    `scales` the iteration's scale window, replaced by the next one in its last stage."""
+    gfx950: slot is the stage's place in the loop iteration and its buffer, `scales` the
+    iteration's scale window, replaced by the next one in its last stage."""
     b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
     a_fmt, b_fmt, a_rows, b_rows, steps = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows, t.steps
-    scopes = None if slot is None else t.scopes[slot % t.num_buffers]
+    scopes = None if slot is None else t.scopes[slot]
     target.stage_wait(t.depth, stage)
-    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot % t.num_buffers)
+    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot)
     if target.scales_in_lds:
         scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
     window = scales
@@ -637,7 +636,7 @@ def _mma_step(t, kt, acc, scales, slot=None):
     else:
         dst = (slot + t.depth) % t.num_buffers
         nxt = window
-        if slot == t.span - 1:
+        if slot == t.num_buffers - 1:
             nxt = target.issue_window(stage, Int(kt) + 1)
             fx.rocdl.sched_barrier(0)      # the window before the DMA: the wait counts on it
         target.issue_dma(stage, kn, b.cmp("slt", kn, t.nsteps), t.slot_buffer(dst), t.scopes[dst])
