@@ -545,10 +545,7 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
     t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
-    records = {"sa": t.m_left * kblocks - k_lo * (BK // SCALE_BLOCK),        # scale bytes from the bases on
-               "sb": t.n_left * kblocks - k_lo * (BK // SCALE_BLOCK)}
-    stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, rs=rs, null=null,
-                                      bases=bases, records=records,
+    stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, rs=rs, null=null, bases=bases,
                                       last=None if t.steps == 1 else Int(t.nsteps) - 1,
                                       m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
                                       sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
@@ -565,6 +562,8 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     if target.scales_in_lds:
         stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows, lefts, kb, bases)
     else:
+        stage.records = {"sa": t.m_left * kblocks - k_lo * (BK // SCALE_BLOCK),   # scale bytes from the bases on
+                         "sb": t.n_left * kblocks - k_lo * (BK // SCALE_BLOCK)}
         stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.num_buffers)
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
 
