@@ -9,8 +9,8 @@ bits) is a parameter of the one body: a row's K step is 128 / 96 / 64 bytes (8 /
 16 bytes).
 
 The seam. The body (`_body`) owns everything that does not depend on the target: the tiling
-(a BM x BN output tile per workgroup, 4 waves as 2 x 2, each wave (BM/2) x (BN/2) in 16 x 16
-tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring of
+(a BM x BN output tile per workgroup, WAVES waves as WAVES/2 x 2, each wave (2 BM / WAVES) x
+(BN/2) in 16 x 16 tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring of
 NUM_BUFFERS stages of STAGE_STEPS K steps each, the K loop (wait for stage kt, read its
 fragments, issue stage kt+1, MMA) and the epilogue (masked stores, or fp32 atomics for split-K).
 STAGE_STEPS 2 (MXFP4) makes a row's stage 128 bytes, a whole cache line: with one 64-byte step
@@ -27,8 +27,9 @@ gfx950 (`Gfx950`): wave64, 16-byte buffer -> LDS DMA (LDS chunk c of row r holds
 c ^ (r % chunks_per_row) for 8 or 4 chunks; FP6's 6 chunks stay in place), a wave-uniform
 branch skipping the waves past the tile in a last partial DMA issue (FP6 64-row tiles: 6 KiB),
 FP6 fragments as three 8-byte LDS reads (24 bytes per lane, 6 VGPRs of the 8 the MFMA
-operand is given; docs/gfx950_isa.md §1.3), scale windows: a loop iteration is NUM_BUFFERS
-stages, each on a buffer known at trace time; its last stage loads the next iteration's K-block
+operand is given; docs/gfx950_isa.md §1.3), scale windows: a loop iteration is WINDOW_TURNS
+turns of the NUM_BUFFERS-stage ring, each stage on a buffer known at trace time; its last stage
+loads the next iteration's K-block
 bytes of each row into VGPRs, spread over the 4 lane groups, and each stage takes its bytes from
 the lane group holding them (ds_bpermute): one touch of a row's scale line per iteration, where
 per-stage byte loads touched it every stage, after the operand DMA had evicted it from L1
@@ -58,10 +59,13 @@ first row (and the split's first K step), so a 32-bit voffset spans one tile: BM
 a_scale, BN rows of b, BM rows of out.
 
 Kernel arguments: a, a_scale, b, b_scale, out (pointers), M, N, K, splits (int32).
-Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (4 * wave, 1, 1).
+Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (WAVES * wave, 1, 1).
 Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK (0, 1; 1 needs
 OUT=f32), NUM_BUFFERS (gfx950 2, or 3 without FP6; gfx1250 2..4), STAGE_STEPS (1; gfx950 2 without
-SPLITK); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
+SPLITK); gfx950 also WAVES (4, or 8: twice the waves per CU, twice the LDS reads of B) and
+WINDOW_TURNS (1, 2: a scale window of two ring turns touches a row's scale line half as often,
+for twice its VGPRs); gfx1250
+also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
 """
 import contextlib
 from types import SimpleNamespace
@@ -88,7 +92,7 @@ FMT_CODE = {"e4m3": 0, "e5m2": 1, "e2m3": 2, "e3m2": 3, "e2m1": 4}   # MMA cbsz 
 BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}        # element bits
 TILES = (64, 128, 256)
 OUTS = ("bf16", "f16", "f32")
-WAVES = 4                          # 2 x 2 per workgroup
+WAVES = 4                          # per workgroup, as WAVES / 2 rows x 2 columns (gfx950 option WAVES: 4 or 8)
 SCALE_PATHS = ("tdm", "buffer_lds_stage", "buffer_lds_stage_ab_split")   # gfx1250
 CLUSTER_BARRIER = -3               # s_barrier_signal / _wait id of the cluster barrier (docs/gfx1250_isa.md §5)
 
@@ -128,12 +132,12 @@ class Gfx950:
     cluster = None
     buffer_flags = BUFFER_FLAGS
 
-    def __init__(self, b):
-        self.b = b
+    def __init__(self, b, waves=WAVES, window_turns=1):
+        self.b, self.waves, self.window_turns = b, waves, window_turns
         self.acc_t = b.v4f32
 
     def threads(self):
-        return WAVES * self.wave
+        return self.waves * self.wave
 
     def dma_plan(self, op, tid, rows_left, row_bytes, base):
         """Per DMA issue j: (LDS byte of this wave's 1 KiB slice, voffset of this lane's chunk, None
@@ -150,7 +154,7 @@ class Gfx950:
             first = None if op.row_bytes == op.step_bytes else \
                 b.sel(b.cmp("ult", byte, b.c(op.step_bytes)), voff, b.c(INVALID_OFFSET))
             waves = (op.lds_bytes - j * t * 16) // wave_bytes        # waves with a slice of the tile left
-            live = None if waves >= WAVES else b.cmp("slt", wave, b.c(waves))
+            live = None if waves >= self.waves else b.cmp("slt", wave, b.c(waves))
             plan.append((op.lds_off + j * t * 16 + wave * wave_bytes, voff, live, first))
         return plan
 
@@ -294,13 +298,13 @@ class Gfx1250:
     buffer_flags = BUFFER_FLAGS | 1 << 24 | 3 << 28
 
     def __init__(self, b, scale_path="tdm", cluster_m=1, cluster_n=1, f4_wide=0):
-        self.b, self.scale_path = b, scale_path
+        self.b, self.scale_path, self.waves = b, scale_path, WAVES
         self.cluster = (cluster_m, cluster_n) if cluster_m * cluster_n > 1 else None
         self.b_tiles = 2 if f4_wide else 1
         self.acc_t = ir.VectorType.get([8 * self.b_tiles], b.f32)
 
     def threads(self):
-        return WAVES * self.wave
+        return self.waves * self.wave
 
     def lane(self):
         return Int(fx.thread_idx.x.ir_value()) % self.wave
@@ -464,28 +468,33 @@ TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
 
 
 def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps=1, scale_path="tdm",
-           cluster_m=1, cluster_n=1, f4_wide=0):
+           cluster_m=1, cluster_n=1, f4_wide=0, waves=WAVES, window_turns=1):
     ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
           and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1)
           and stage_steps in (1, 2) and (stage_steps == 1 or arch == "gfx950" and not splitk))
     if arch == "gfx1250":
-        ok = ok and BITS[a_fmt] != 6 and BITS[b_fmt] != 6         # its fragment reads know fp8 / fp4 rows
+        # its fragment reads know fp8 / fp4 rows; its scales are staged in LDS
+        ok = ok and BITS[a_fmt] != 6 and BITS[b_fmt] != 6 and waves == WAVES and window_turns == 1
         # buffer scale paths: every thread stages (BM + BN) / 128 scale words
         ok = ok and 2 <= num_buffers <= 4 and scale_path in SCALE_PATHS and cluster_m * cluster_n <= 16 and (
             scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
             f4_wide in (0, 1) and (not f4_wide or a_fmt == b_fmt == "e2m1"))
     else:
         # three buffers: the wait counts the DMA, so every wave issues each one (no FP6 partial issue)
+        # eight waves: 4 x 2, a wave's rows whole 16-row tiles
         ok = ok and (num_buffers == 2 or num_buffers == 3 and 6 not in (BITS[a_fmt], BITS[b_fmt])) \
-            and not b_streaming and (scale_path, cluster_m, cluster_n, f4_wide) == ("tdm", 1, 1, 0)
+            and waves in (4, 8) and bm // (waves // 2) % 16 == 0 and window_turns in (1, 2) and not b_streaming \
+            and (scale_path, cluster_m, cluster_n, f4_wide) == ("tdm", 1, 1, 0)
     if not ok:
         raise ValueError(
             f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
             f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} STAGE_STEPS={stage_steps} SCALE_PATH={scale_path} "
-            f"CLUSTER_M={cluster_m} "
-            f"CLUSTER_N={cluster_n} F4_WIDE={f4_wide}: formats in {tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
+            f"CLUSTER_M={cluster_m} CLUSTER_N={cluster_n} F4_WIDE={f4_wide} WAVES={waves} "
+            f"WINDOW_TURNS={window_turns}: formats in "
+            f"{tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
             f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32), STAGE_STEPS 1 or 2 (2: gfx950, SPLITK 0); gfx950: "
-            f"NUM_BUFFERS 2 (3 without FP6) and no gfx1250 option; gfx1250: no FP6, "
+            f"NUM_BUFFERS 2 (3 without FP6), WAVES 4 or 8 (BM >= 64), WINDOW_TURNS 1 or 2 and no gfx1250 option; "
+            f"gfx1250: no FP6, WAVES 4, WINDOW_TURNS 1, "
             f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 
@@ -509,6 +518,7 @@ def _tile(target, cfg, M, N, K, splits):
     t.tid = fx.thread_idx.x.ir_value()
     wave = wave_index(b, target.wave)
     t.wm, t.wn = wave >> 1, wave & 1
+    t.wave_rows = t.bm // (target.waves // 2)     # A rows (output rows) per wave
     t.n0 = Int(fx.block_idx.x.ir_value()) * t.bn
     t.m0 = Int(fx.block_idx.y.ir_value()) * t.bm
     steps = Int(K) // BK
@@ -539,9 +549,11 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     t.flags = flags = target.buffer_flags
     k_lo, kblocks = t.k_lo, t.kblocks
     rs = {"a": b.rsrc_rebased(base("a", a, t.m0, a_row, k_lo * A.step_bytes), flags),
-          "b": b.rsrc_rebased(base("b", bp, t.n0, b_row, k_lo * B.step_bytes), flags),
-          "sa": b.rsrc_rebased(base("sa", a_scale, t.m0, kblocks, k_lo * (BK // SCALE_BLOCK)), flags),
-          "sb": b.rsrc_rebased(base("sb", b_scale, t.n0, kblocks, k_lo * (BK // SCALE_BLOCK)), flags)}
+          "b": b.rsrc_rebased(base("b", bp, t.n0, b_row, k_lo * B.step_bytes), flags)}
+    for k, ptr, row0 in (("sa", a_scale, t.m0), ("sb", b_scale, t.n0)):
+        base(k, ptr, row0, kblocks, k_lo * (BK // SCALE_BLOCK))
+        if target.scales_in_lds:       # gfx950 makes its scale resources per window
+            rs[k] = b.rsrc_rebased(bases[k], flags)
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
                                   b.c(flags))
     t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
@@ -554,7 +566,7 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
 
     # This lane's fragment rows and scale sources per 16-row tile.
     r16, kb = target.lane_rows()
-    t.a_rows = [t.wm * (t.bm // 2) + (16 * i + r16) for i in range(t.bm // 32)]
+    t.a_rows = [t.wm * t.wave_rows + (16 * i + r16) for i in range(t.wave_rows // 16)]
     t.b_rows = [t.wn * (t.bn // 2) + (16 * j + r16) for j in range(t.bn // 32)]
     t.mi, t.nj = len(t.a_rows), len(t.b_rows)
     stage.mi = t.mi
@@ -564,7 +576,8 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     else:
         stage.records = {"sa": t.m_left * kblocks - k_lo * (BK // SCALE_BLOCK),   # scale bytes from the bases on
                          "sb": t.n_left * kblocks - k_lo * (BK // SCALE_BLOCK)}
-        stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.num_buffers)
+        t.window = t.num_buffers * target.window_turns
+        stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.window)
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed
 
     def buffer(kt):
@@ -578,8 +591,8 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
 
 def _k_loop(t):
     """Prologue (the first `depth` stages in flight), then per stage: wait for it, read its
-    fragments, issue stage kt + depth, the MMAs. gfx950: the loop runs NUM_BUFFERS stages (a
-    scale window) per iteration, each on a buffer known at trace time (alias scopes, with two
+    fragments, issue stage kt + depth, the MMAs. gfx950: the loop runs WINDOW_TURNS x NUM_BUFFERS
+    stages (a scale window) per iteration, each on a buffer known at trace time (alias scopes, with two
     stages in flight, tell the buffers apart), and a half-full last stage (STAGE_STEPS 2, odd K
     steps) runs both steps, the second on the zeros its out-of-range loads left (+0 leaves an
     accumulator, never -0, as it is). -> the accumulators."""
@@ -597,7 +610,7 @@ def _k_loop(t):
                 window = target.issue_window(stage, b.c(0))
                 fx.rocdl.sched_barrier(0)
         return k_loop(nsteps, [zero] * na, window, lambda kt, acc, cur, slot: _mma_step(t, kt, acc, cur, slot),
-                      unroll=t.num_buffers)
+                      unroll=t.window)
     if target.cluster:
         target.cluster_barrier()           # no workgroup multicasts into a peer that has not started
     for s in range(depth):                 # steps 0 .. depth-1 in flight
@@ -614,13 +627,13 @@ def _mma_step(t, kt, acc, scales, slot=None):
     """Stage kt of the loop body -> (accumulators, the scale registers of the stages after it).
     Every fragment of the stage is read before the next stage's DMA is issued: LLVM waits for
     all LDS DMA before an LDS read, but for the DMA into other buffers (alias scopes say which).
-    gfx950: slot is the stage's place in the loop iteration and its buffer, `scales` the
+    gfx950: slot is the stage's place in the loop iteration (its buffer modulo NUM_BUFFERS), `scales` the
     iteration's scale window, replaced by the next one in its last stage."""
     b, target, stage, A, B, g, mi, nj = t.b, t.target, t.stage, t.A, t.B, t.g, t.mi, t.nj
     a_fmt, b_fmt, a_rows, b_rows, steps = t.a_fmt, t.b_fmt, t.a_rows, t.b_rows, t.steps
-    scopes = None if slot is None else t.scopes[slot]
+    scopes = None if slot is None else t.scopes[slot % t.num_buffers]
     target.stage_wait(t.depth, stage)
-    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot)
+    buf = t.buffer(kt) if slot is None else t.slot_buffer(slot % t.num_buffers)
     if target.scales_in_lds:
         scales = target.scales(stage, buf, a_rows, stage.sa_off) + target.scales(stage, buf, b_rows, stage.sb_off)
     window = scales
@@ -635,7 +648,7 @@ def _mma_step(t, kt, acc, scales, slot=None):
     else:
         dst = (slot + t.depth) % t.num_buffers
         nxt = window
-        if slot == t.num_buffers - 1:
+        if slot == t.window - 1:
             nxt = target.issue_window(stage, Int(kt) + 1)
             fx.rocdl.sched_barrier(0)      # the window before the DMA: the wait counts on it
         target.issue_dma(stage, kn, b.cmp("slt", kn, t.nsteps), t.slot_buffer(dst), t.scopes[dst])
@@ -685,7 +698,7 @@ def _epilogue(t, acc, out, N):
     width = target.acc_width
     packed_t = ir.VectorType.get([width // 2], b.i32)
     for i in range(t.mi):
-        row = t.wm * (t.bm // 2) + (16 * i + row_l)
+        row = t.wm * t.wave_rows + (16 * i + row_l)
         for j in range(nj):
             col = t.wn * (t.bn // 2) + (16 * j + col_l)
             ok = arith.andi(b.cmp("slt", row, t.m_left), b.cmp("slt", col, t.n_left))
@@ -727,7 +740,7 @@ def build(symbol, arch, a_fmt="e4m3", b_fmt="e4m3", bm=128, bn=128, out="bf16", 
     _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps, **opts)
     target_cls = TARGETS[arch]
     cfg = (a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps)
-    threads = WAVES * target_cls.wave
+    threads = opts.get("waves", WAVES) * target_cls.wave
     cluster = (opts.get("cluster_n", 1), opts.get("cluster_m", 1), 1)
     clustered = cluster != (1, 1, 1)
 

@@ -105,20 +105,21 @@ def test_fp4_tails_multi_tile(fmts):
 def test_fp4_two_step_stages(bm, K):
     """MXFP4 128 x 128 and 256 x 128 stage two K steps. 128 x 128 (two stages, one scale window,
     a loop iteration): one half-full stage only, one full stage, three (one iteration and one
-    more). 256 x 128 (three stages an iteration): a half stage only, two stages (no iteration),
-    three (one), six (two), eleven (three, then two from the last window), thirteen (four, then
-    a half stage). Two row tiles, the second of 2 rows, whose scale windows reach past the scale
+    more). 256 x 128 (three buffers, eight waves, a scale window of two ring turns: six stages an
+    iteration): a half stage only, two stages, three (no iteration), six (one), eleven (one, then
+    five from the last window), thirteen (two, then a half stage). Two row tiles, the second of 2 rows, whose scale windows reach past the scale
     tensor's end."""
     v = next(v for v in KERNEL.variants_for("gfx950") if v.get("STAGE_STEPS") == 2 and v["BM"] == bm)
     got, ref = run(v, bm + 2, 96, K, seed=4)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("K", [256, 384, 896])
+@pytest.mark.parametrize("K", [256, 384, 768, 896, 1920])
 def test_mxfp8_three_buffers(K):
-    """MXFP8 256 x 128 keeps two stages in flight (three buffers, a scale window of three
-    stages a loop iteration): two stages (no iteration), three (one), seven (two, then one from
-    the last window). Two row tiles, the second of 2 rows."""
+    """MXFP8 256 x 128 keeps two stages in flight (three buffers, eight waves, a scale window of
+    two ring turns: six stages a loop iteration): two stages, three (no iteration), six (one),
+    seven (one, then one from the last window), fifteen (two, then three). Two row tiles, the
+    second of 2 rows."""
     v = next(v for v in KERNEL.variants_for("gfx950") if v["A_FMT"] == v["B_FMT"] == "e4m3" and v["BM"] == 256)
     assert v["NUM_BUFFERS"] == 3
     got, ref = run(v, 258, 96, K, seed=12)
@@ -260,24 +261,26 @@ def test_guard_tile_voffset():
 @pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
 def test_isa(v):
     art = build.artifact("mx_gemm", v)
-    info = art.isa()
-    print(f"\nmx_gemm [{vid(v)}]: {info.summary(256)}")
+    info, threads = art.isa(), KERNEL.threads_for("gfx950", v)
+    print(f"\nmx_gemm [{vid(v)}]: {info.summary(threads)}")
     assert info.spills == 0 and info.scratch_bytes == 0
     per_stage = v.get("STAGE_STEPS", 1)           # K steps of 128 per LDS stage
     a_tile, b_tile = (rows * 128 * per_stage * BITS[v[f]] // 8 for rows, f in ((v["BM"], "A_FMT"), (v["BN"], "B_FMT")))
     assert info.lds_bytes == v["NUM_BUFFERS"] * (a_tile + b_tile) <= 160 * 1024
-    assert info.occupancy(256) >= 1
+    assert info.occupancy(threads) >= 1
     lines = asm_facts.hot_loop(art.asm, art.symbol)    # FP6's partial DMA branches: the widest back-edge
     loop = " ".join(lines)
-    # per K step: one MFMA per 16 x 16 tile of the wave and one ds_bpermute (its scale dword)
-    # per tile row of A and B; per loop iteration, a scale window of 2 (two buffers) or 3 (three)
-    # stages, one load per tile row of the window's dwords over 4 lane groups; per stage one
-    # 16-byte buffer -> LDS DMA per 4 KiB (a last partial one, FP6: 6 KiB tiles)
+    # per K step: one MFMA per 16 x 16 tile of the wave (WAVES / 2 x 2 waves) and one ds_bpermute
+    # (its scale dword) per tile row of A and B; per loop iteration, a scale window of 2 (two
+    # buffers) or 3 (three) stages a ring turn, one load per tile row of the window's dwords over 4 lane
+    # groups; per stage one 16-byte buffer -> LDS DMA per 16 bytes a thread (a last partial one,
+    # FP6: 6 KiB tiles)
+    mi, nj = v["BM"] // (threads // 128) // 16, v["BN"] // 32      # the wave's tile rows of A and B
     mfmas = [ln for ln in lines if ln.startswith("v_mfma_scale_f32_16x16x128_f8f6f4")]
-    steps = len(mfmas) // ((v["BM"] // 32) * (v["BN"] // 32))
-    assert steps >= 1 and len(mfmas) == steps * (v["BM"] // 32) * (v["BN"] // 32) and steps % per_stage == 0
-    assert loop.count("offen lds") == steps // per_stage * (-(-a_tile // 4096) - (-b_tile // 4096))
-    tile_rows, span = (v["BM"] + v["BN"]) // 32, v["NUM_BUFFERS"]
+    steps = len(mfmas) // (mi * nj)
+    assert steps >= 1 and len(mfmas) == steps * mi * nj and steps % per_stage == 0
+    assert loop.count("offen lds") == steps // per_stage * (-(-a_tile // (16 * threads)) - (-b_tile // (16 * threads)))
+    tile_rows, span = mi + nj, v["NUM_BUFFERS"] * v.get("WINDOW_TURNS", 1)
     n = -(-span * per_stage // 4)
     window = [ln for ln in lines if ln.startswith("buffer_load_dword" + (f"x{n} " if n > 1 else " ")) and " lds" not in ln]
     assert steps == span * per_stage and len(window) == tile_rows and "buffer_load_ubyte" not in loop

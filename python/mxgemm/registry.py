@@ -338,14 +338,16 @@ _MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"
 
 def _mx_variants(pairs, tiles, outs, splitk):
     return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
-                 | (dict(NUM_BUFFERS=3) if bm == 256 else {})
+                 | (dict(NUM_BUFFERS=3, WAVES=8) if bm == 256 else {})
                  | (dict(STAGE_STEPS=2) if fa == fb == "e2m1" and bm >= 128 else {})
+                 | (dict(WINDOW_TURNS=2) if bm == 256 else {})
                  for fa, fb in pairs for bm, bn in tiles for o in outs)
 
 
 register(Kernel(
     name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
     archs=("gfx950", "gfx1250"), arch_threads={"gfx1250": 128},    # 4 waves: wave64 on gfx950, wave32 on gfx1250
+    threads=lambda v: 64 * v.get("WAVES", 4),
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
     cluster=lambda v: (v.get("CLUSTER_N", 1), v.get("CLUSTER_M", 1), 1),

@@ -317,6 +317,13 @@ CATALOGUE = (
         (MX_GEMM, "scales.append(x if u == 0 else b.sel(first_only, b.c(0), x))", "scales.append(x)"),),
         "a half-full last stage's second step keeps the window's bytes past the row's end (the next row's "
         "scales) instead of 0: zero operands times a NaN scale poison the row"),
+    Mutation("mx-gemm-window-one-turn", ("mx_gemm",), (
+        (MX_GEMM, "if slot == t.window - 1:", "if slot == t.num_buffers - 1:"),),
+        "a two-turn scale window is replaced after its first ring turn: the second turn's stages take "
+        "the scales of the stages after them"),
+    Mutation("mx-gemm-eight-waves-as-two-rows", ("mx_gemm",), (
+        (MX_GEMM, "t.wave_rows = t.bm // (target.waves // 2)", "t.wave_rows = t.bm // 2"),),
+        "eight waves tile the output as 2 x 2: waves 4-7 compute rows past the tile, half its rows stay unwritten"),
     Mutation("mx-gemm-window-past-tensor-end", ("mx_gemm",), (
         (MX_GEMM, "left = arith.maxsi(Int(stage.records[k]) - off, b.c(0))", "left = b.c(0x7FFFFFFF)"),),
         "scale windows unbounded: the last rows' windows read past the scale tensor's end"),
@@ -337,7 +344,7 @@ CATALOGUE = (
         (MX_GEMM, "+ g * op.frag_bytes + size * p", "+ g * (op.frag_bytes + 8 * (op.bits == 6)) + size * p"),),
         "an FP6 lane group reads its 24-byte fragment at a 32-byte stride (as if FP8 halves)"),
     Mutation("mx-gemm-fp6-partial-dma-every-wave", ("mx_gemm",), (
-        (MX_GEMM, 'live = None if waves >= WAVES else b.cmp("slt", wave, b.c(waves))', "live = None"),),
+        (MX_GEMM, 'live = None if waves >= self.waves else b.cmp("slt", wave, b.c(waves))', "live = None"),),
         "every wave issues an FP6 64-row tile's last partial DMA: waves past the tile write into the next "
         "operand's or stage's LDS"),
     Mutation("mx-gemm-one-lds-stage", ("mx_gemm",), (
