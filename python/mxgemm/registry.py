@@ -338,9 +338,8 @@ _MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"
 
 def _mx_variants(pairs, tiles, outs, splitk):
     return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
-                 | (dict(NUM_BUFFERS=3, WAVES=8) if bm == 256 else {})
+                 | (dict(NUM_BUFFERS=3, WAVES=8, WINDOW_TURNS=2) if bm == 256 else {})
                  | (dict(STAGE_STEPS=2) if fa == fb == "e2m1" and bm >= 128 else {})
-                 | (dict(WINDOW_TURNS=2) if bm == 256 else {})
                  for fa, fb in pairs for bm, bn in tiles for o in outs)
 
 
@@ -355,7 +354,7 @@ register(Kernel(
     + _mx_variants(_MX_PAIRS, ((128, 128),), ("bf16",), 0)
     + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
     + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
-    + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1")), ((256, 128),), ("bf16",), 0)
+    + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1")), ((256, 128),), ("bf16",), 0)
     + _mx_variants(_MX_FP6_PAIRS, ((64, 64),), ("bf16",), 0),
     # gfx1250: one variant per option value, kept small so the build, ISA and emulator tests stay
     # quick; every variant also names the target options.
