@@ -63,8 +63,8 @@ Launch: grid = (ceil(N / BN), ceil(M / BM), splits), block = (WAVES * wave, 1, 1
 Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK (0, 1; 1 needs
 OUT=f32), NUM_BUFFERS (gfx950 2, or 3 without FP6; gfx1250 2..4), STAGE_STEPS (1; gfx950 2 without
 SPLITK); gfx950 also WAVES (4, or 8: twice the waves per CU, twice the LDS reads of B) and
-WINDOW_TURNS (1, 2: a scale window of two ring turns touches a row's scale line half as often,
-for twice its VGPRs); gfx1250
+WINDOW_TURNS (1..4: a scale window of n ring turns touches a row's scale line 1/n as often, for
+up to n times its VGPRs); gfx1250
 also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
 """
 import contextlib
@@ -483,7 +483,7 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, st
         # three buffers: the wait counts the DMA, so every wave issues each one (no FP6 partial issue)
         # eight waves: 4 x 2, a wave's rows whole 16-row tiles
         ok = ok and (num_buffers == 2 or num_buffers == 3 and 6 not in (BITS[a_fmt], BITS[b_fmt])) \
-            and waves in (4, 8) and bm // (waves // 2) % 16 == 0 and window_turns in (1, 2) and not b_streaming \
+            and waves in (4, 8) and bm // (waves // 2) % 16 == 0 and 1 <= window_turns <= 4 and not b_streaming \
             and (scale_path, cluster_m, cluster_n, f4_wide) == ("tdm", 1, 1, 0)
     if not ok:
         raise ValueError(
@@ -493,7 +493,7 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, st
             f"WINDOW_TURNS={window_turns}: formats in "
             f"{tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
             f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32), STAGE_STEPS 1 or 2 (2: gfx950, SPLITK 0); gfx950: "
-            f"NUM_BUFFERS 2 (3 without FP6), WAVES 4 or 8 (BM >= 64), WINDOW_TURNS 1 or 2 and no gfx1250 option; "
+            f"NUM_BUFFERS 2 (3 without FP6), WAVES 4 or 8 (BM >= 64), WINDOW_TURNS 1..4 and no gfx1250 option; "
             f"gfx1250: no FP6, WAVES 4, WINDOW_TURNS 1, "
             f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")

@@ -114,14 +114,15 @@ def test_fp4_two_step_stages(bm, K):
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("K", [256, 384, 768, 896, 1920])
-def test_mxfp8_three_buffers(K):
-    """MXFP8 256 x 128 keeps two stages in flight (three buffers, eight waves, a scale window of
-    two ring turns: six stages a loop iteration): two stages, three (no iteration), six (one),
-    seven (one, then one from the last window), fifteen (two, then three). Two row tiles, the
-    second of 2 rows."""
-    v = next(v for v in KERNEL.variants_for("gfx950") if v["A_FMT"] == v["B_FMT"] == "e4m3" and v["BM"] == 256)
-    assert v["NUM_BUFFERS"] == 3
+@pytest.mark.parametrize("K", [256, 896, 1536, 1920, 3456])
+@pytest.mark.parametrize("fmts", [("e4m3", "e4m3"), ("e4m3", "e2m1")], ids=["mxfp8", "a8w4"])
+def test_one_step_stages_at_256(fmts, K):
+    """MXFP8 and A8W4 256 x 128 keep two stages in flight (three buffers, eight waves, a scale
+    window of four ring turns: twelve stages a loop iteration): two stages, seven (no iteration),
+    twelve (one), fifteen (one, then three from the last window), twenty-seven (two, then three).
+    Two row tiles, the second of 2 rows."""
+    v = next(v for v in KERNEL.variants_for("gfx950") if (v["A_FMT"], v["B_FMT"]) == fmts and v["BM"] == 256)
+    assert (v["NUM_BUFFERS"], v["WINDOW_TURNS"]) == (3, 4)
     got, ref = run(v, 258, 96, K, seed=12)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 

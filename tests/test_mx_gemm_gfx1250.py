@@ -130,7 +130,7 @@ def _module():
     ("gfx950", dict(num_buffers=4), "gfx950: NUM_BUFFERS 2 \\(3 without FP6\\)"),
     ("gfx950", dict(a_fmt="e2m3", num_buffers=3), "gfx950: NUM_BUFFERS 2 \\(3 without FP6\\)"),
     ("gfx950", dict(waves=16), "WAVES 4 or 8"),
-    ("gfx950", dict(bm=64, waves=8, window_turns=3), "WINDOW_TURNS 1 or 2"),
+    ("gfx950", dict(bm=64, waves=8, window_turns=5), "WINDOW_TURNS 1..4"),
     ("gfx1250", dict(waves=8), "gfx1250: no FP6, WAVES 4, WINDOW_TURNS 1"),
 ])
 def test_bad_target_options_are_rejected_before_compiling(arch, opts, rule):

@@ -337,10 +337,13 @@ _MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"
 
 
 def _mx_variants(pairs, tiles, outs, splitk):
-    return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2)
-                 | (dict(NUM_BUFFERS=3, WAVES=8, WINDOW_TURNS=2) if bm == 256 else {})
-                 | (dict(STAGE_STEPS=2) if fa == fb == "e2m1" and bm >= 128 else {})
-                 for fa, fb in pairs for bm, bn in tiles for o in outs)
+    """MXFP4 stages two K steps from 128 x 128 up; 256 x 128 runs eight waves, three buffers and a
+    scale window of 12 K steps (three dwords a lane group: the VGPRs two waves per SIMD leave)."""
+    return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2) | steps
+                 | (dict(NUM_BUFFERS=3, WAVES=8, WINDOW_TURNS=12 // 3 // steps.get("STAGE_STEPS", 1))
+                    if bm == 256 else {})
+                 for fa, fb in pairs for bm, bn in tiles for o in outs
+                 for steps in [dict(STAGE_STEPS=2) if fa == fb == "e2m1" and bm >= 128 else {}])
 
 
 register(Kernel(

@@ -365,8 +365,8 @@ CATALOGUE = (
         (MX_GEMM, "loads_done_barrier(0 if depth == 1 else len(stage.a_dma) + len(stage.b_dma))",
          "loads_done_barrier(0 if depth == 1 else 4 * (len(stage.a_dma) + len(stage.b_dma)))"),),
         "with two stages in flight the barrier leaves part of the stage it needs pending (after a stage's "
-        "DMA come at most a scale window and the next stage's DMA: 2 x 12 ops at 256 x 128, so 4 x 12 "
-        "leaves 24 of its own): its reads may see the DMA unfinished"),
+        "DMA come at most a scale window and the next stage's DMA: 8 + 6 ops a wave at 256 x 128 with eight "
+        "waves, so 4 x 6 leaves all 6 of its own): its reads may see the DMA unfinished"),
     Mutation("mx-gemm-row-tail-unmasked", ("mx_gemm",), (
         (MX_GEMM, "ok = arith.andi(b.cmp(\"slt\", row, t.m_left), b.cmp(\"slt\", col, t.n_left))",
          "ok = b.cmp(\"slt\", col, t.n_left)"),),
