@@ -10,8 +10,8 @@ bits) is a parameter of the one body: a row's K step is 128 / 96 / 64 bytes (8 /
 
 The seam. The body (`_body`) owns everything that does not depend on the target: the tiling
 (a BM x BN output tile per workgroup, WAVES waves as WAVES/2 x 2, each wave (2 BM / WAVES) x
-(BN/2) in 16 x 16 tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS ring of
-NUM_BUFFERS stages of STAGE_STEPS K steps each, the K loop (wait for stage kt, read its
+(BN/2) in 16 x 16 tiles), the split of the K steps over grid z, 64-bit tile rebasing, the LDS
+ring of NUM_BUFFERS stages of STAGE_STEPS K steps each, the K loop (wait for stage kt, read its
 fragments, issue stage kt+1, MMA) and the epilogue (masked stores, or fp32 atomics for split-K).
 STAGE_STEPS 2 (MXFP4) makes a row's stage 128 bytes, a whole cache line: with one 64-byte step
 per stage, the next step fetches the same lines again. A target object supplies the
@@ -29,11 +29,10 @@ branch skipping the waves past the tile in a last partial DMA issue (FP6 64-row 
 FP6 fragments as three 8-byte LDS reads (24 bytes per lane, 6 VGPRs of the 8 the MFMA
 operand is given; docs/gfx950_isa.md §1.3), scale windows: a loop iteration is WINDOW_TURNS
 turns of the NUM_BUFFERS-stage ring, each stage on a buffer known at trace time; its last stage
-loads the next iteration's K-block
-bytes of each row into VGPRs, spread over the 4 lane groups, and each stage takes its bytes from
-the lane group holding them (ds_bpermute): one touch of a row's scale line per iteration, where
-per-stage byte loads touched it every stage, after the operand DMA had evicted it from L1
-(NUM_BUFFERS 3: the DMA two stages ahead, the buffers told apart by alias scopes),
+loads the next iteration's K-block bytes of each row into VGPRs, spread over the 4 lane groups,
+and each stage takes its bytes from the lane group holding them (ds_bpermute): one touch of a
+row's scale line per iteration, where per-stage byte loads touched it every stage, after the
+operand DMA had evicted it from L1 (NUM_BUFFERS 3: the DMA two stages ahead, the buffers told apart by alias scopes),
 v_mfma_scale_f32_16x16x128_f8f6f4 with src0 = B rows and src1 = A rows, so lane l accumulates
 out[m = l % 16][n = 4 (l / 16) + i], i < 4.
 gfx1250 (`Gfx1250`; run on the gfx1250 emulator, docs/gfx1250_isa.md): wave32 (128
@@ -64,8 +63,7 @@ Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK 
 OUT=f32), NUM_BUFFERS (gfx950 2, or 3 without FP6; gfx1250 2..4), STAGE_STEPS (1; gfx950 2 without
 SPLITK); gfx950 also WAVES (4, or 8: twice the waves per CU, twice the LDS reads of B) and
 WINDOW_TURNS (1..4: a scale window of n ring turns touches a row's scale line 1/n as often, for
-up to n times its VGPRs); gfx1250
-also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
+up to n times its VGPRs); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
 """
 import contextlib
 from types import SimpleNamespace
