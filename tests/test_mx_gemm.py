@@ -107,8 +107,8 @@ def test_fp4_two_step_stages(bm, K):
     a loop iteration): one half-full stage only, one full stage, three (one iteration and one
     more). 256 x 128 (three buffers, eight waves, a scale window of two ring turns: six stages an
     iteration): a half stage only, two stages, three (no iteration), six (one), eleven (one, then
-    five from the last window), thirteen (two, then a half stage). Two row tiles, the second of 2 rows, whose scale windows reach past the scale
-    tensor's end."""
+    five from the last window), thirteen (two, then a half stage). Two row tiles, the second of 2
+    rows, whose scale windows reach past the scale tensor's end."""
     v = next(v for v in KERNEL.variants_for("gfx950") if v.get("STAGE_STEPS") == 2 and v["BM"] == bm)
     got, ref = run(v, bm + 2, 96, K, seed=4)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)

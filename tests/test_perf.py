@@ -91,12 +91,12 @@ LOOPS = [
     ("mxfp8_dequant_flydsl", {}, dict(K=1024), "M", (8, 16)),
 ]
 if "mx_gemm" in registry.KERNELS:   # the MX GEMM joins the registry from its own branch
-    # MXFP4 stages two K steps (256 K); at 256 x 128 (eight waves) a loop iteration is two turns of
-    # three stages (1536 K)
-    LOOPS += [("mx_gemm", dict(A_FMT=f, B_FMT=f, BM=bm, BN=bn, OUT="bf16", SPLITK=0, NUM_BUFFERS=nb)
-               | ({"STAGE_STEPS": 2} if f == "e2m1" else {}) | ({"WAVES": 8, "WINDOW_TURNS": 2} if bm == 256 else {}),
+    # the registered variants; K: whole loop iterations (MXFP4 stages two K steps, 256 K; at
+    # 256 x 128 a loop iteration is two turns of three stages, 1536 K)
+    LOOPS += [("mx_gemm", next(v for v in registry.get("mx_gemm").variants
+                               if (v["A_FMT"], v["B_FMT"], v["BM"], v["BN"], v["OUT"], v["SPLITK"]) == (f, f, bm, bn, "bf16", 0)),
                dict(M=bm, N=bn), "K", (k, 2 * k))
-              for f, bm, bn, nb, k in (("e4m3", 64, 64, 2, 512), ("e2m1", 128, 128, 2, 512), ("e2m1", 256, 128, 3, 1536))]
+              for f, bm, bn, k in (("e4m3", 64, 64, 512), ("e2m1", 128, 128, 512), ("e2m1", 256, 128, 1536))]
 
 
 @pytest.mark.parametrize("kernel,variant,shape,dim,values", LOOPS,

@@ -348,8 +348,8 @@ def _mx_variants(pairs, tiles, outs, splitk):
 
 register(Kernel(
     name="mx_gemm", language="flydsl", source="flydsl_kernels/mx_gemm.py", symbol="mx_gemm",
-    archs=("gfx950", "gfx1250"), arch_threads={"gfx1250": 128},    # 4 waves: wave64 on gfx950, wave32 on gfx1250
-    threads=lambda v: 64 * v.get("WAVES", 4),
+    archs=("gfx950", "gfx1250"), arch_threads={"gfx1250": 128},    # gfx1250: 4 waves of 32
+    threads=lambda v: 64 * v.get("WAVES", 4),                       # gfx950: WAVES (default 4) of 64
     args=("a", "a_scale", "b", "b_scale", "out", "M", "N", "K", "splits"),
     grid=("N", "M", "splits"), tile=lambda v: {"N": v["BN"], "M": v["BM"]}, k_align=128, n_align=32,
     cluster=lambda v: (v.get("CLUSTER_N", 1), v.get("CLUSTER_M", 1), 1),
