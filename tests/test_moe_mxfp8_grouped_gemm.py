@@ -104,6 +104,28 @@ def test_more_experts_larger_blocks_and_num_valid_pair():
              num_valid_len=2)
 
 
+@pytest.mark.parametrize("variant", [{"BLOCK_N": 8, "M_CHUNK": 2}, {"BLOCK_N": 64, "M_CHUNK": 4}],
+                         ids=registry.variant_id)
+def test_blocks_over_64_rows_with_padding_rows_anywhere(variant):
+    """The kernel reads a block's ids 64 rows at a time: 96-row blocks (two segments), rows
+    shuffled within each block so that padding rows sit between routes, in both segments."""
+    block_m = 96
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(T=150, E=3, topk=2, N=72, K=128, block_m=block_m, seed=4)
+    g = torch.Generator().manual_seed(5)
+    n = int(srt.num_valid_ids[0])
+    perm = torch.cat([b * block_m + torch.randperm(block_m, generator=g) for b in range(n // block_m)])
+    ids, sw = srt.sorted_token_ids.clone(), srt.sorted_weights.clone()
+    ids[:n], sw[:n] = ids[:n][perm], sw[:n][perm]
+    srt = srt._replace(sorted_token_ids=ids, sorted_weights=sw)
+    part = (ids[:n].view(-1, block_m)[1::2] & 0xFFFFFF).lt(150)  # each expert: a full block, then 54 routes
+    assert part[:, :64].any(1).all() and part[:, 64:].any(1).all() and not part[:, :64].all(1).any()
+    got = mxgemm.moe_mxfp8_grouped_gemm(
+        a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
+        topk_weights=tw, block_m=block_m, config=variant, fallback="error")
+    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, True, f"{variant}",
+                            k_lanes=256 // variant["BLOCK_N"])
+
+
 @pytest.mark.parametrize("T,topk,E,block_m", [(1, 1, 32, 16), (1, 8, 256, 16), (3, 2, 4, 4), (32, 8, 256, 16),
                                               (64, 4, 8, 16), (200, 1, 3, 8), (5, 9, 384, 32)])
 def test_grid_rows_cover_every_live_block(T, topk, E, block_m):

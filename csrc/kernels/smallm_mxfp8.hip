@@ -290,6 +290,7 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
   const uint32_t n0 = block_x() * BLOCK_N;
   const uint32_t w_row[1] = {min_u32(n0 + t / KL, un - 1u)};
   const bool per_slot = flags & 2;
+  const uint32_t lane = t % 64u;
   for (uint32_t blk = block_y(); blk * bm < n_valid; blk += (uint32_t)grid_blocks) {
     const uint32_t row0 = blk * bm;
     const int32_t expert = sorted_expert_ids[blk];
@@ -299,25 +300,32 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
     const uint32_t rows_end = min_u32(row0 + bm, n_valid);
     const buffer_rsrc rw = make_buffer(w + (uint64_t)e * un * uk, un * uk);
     const buffer_rsrc rsw = make_buffer(w_scale + (uint64_t)e * un * k_blocks, un * k_blocks);
-    for (uint32_t r0 = row0; r0 < rows_end; r0 += MC) {
-      uint32_t a_row[MC];
-      bool any = false;
+    // The block's sorted ids, 64 rows at a time, one per lane of every wave: the chunks below
+    // take theirs by lane exchange, so a chunk (padding or not) waits on no memory for its ids.
+    for (uint32_t seg = row0; seg < rows_end; seg += 64u) {
+      const uint32_t seg_rows = min_u32(rows_end - seg, 64u);
+      const uint32_t my_id = lane < seg_rows ? (uint32_t)sorted_token_ids[seg + lane] : 0xFFFFFFu;
+      const uint64_t live = __builtin_amdgcn_ballot_w64((my_id & 0xFFFFFFu) < ut);
+      for (uint32_t r0 = seg; r0 < seg + seg_rows; r0 += MC) {
+        const bool any = (live >> (r0 - seg)) & ((1u << MC) - 1u);
+        if (any) {
+          uint32_t a_row[MC];
 #pragma unroll
-      for (uint32_t i = 0; i < MC; ++i) {  // uniform: scalar loads
-        const uint32_t id = r0 + i < rows_end ? (uint32_t)sorted_token_ids[r0 + i] : 0xFFFFFFu;
-        const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
-        any |= token < ut;
-        a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
-      }
-      if (any) {
-        float acc[MC][1] = {};
-        gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
-        lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
-      }
-      if (t < BLOCK_N * MC) {  // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group)
+          for (uint32_t i = 0; i < MC; ++i) {  // uniform: read from one lane
+            const uint32_t id = (uint32_t)__builtin_amdgcn_readlane((int)my_id, (int)(r0 - seg + i));
+            const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
+            a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
+          }
+          float acc[MC][1] = {};
+          gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
+          lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
+        }
+        // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group); every lane takes part in
+        // the exchange, and only the slot's lanes store.
         const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
-        if (r < rows_end && n < un) {
-          const uint32_t id = (uint32_t)sorted_token_ids[r], token = id & 0xFFFFFFu;
+        const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r - seg)), (int)my_id);
+        if (t < BLOCK_N * MC && r < rows_end && n < un) {
+          const uint32_t token = id & 0xFFFFFFu;
           float v = 0.0f;
           if (token < ut) {
             v = red_sum(red, t, KL);
@@ -326,8 +334,8 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
           if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
           else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
         }
+        if (any) syncthreads();  // red is rewritten by the next chunk (of this block or the next)
       }
-      if (any) syncthreads();  // red is rewritten by the next chunk (of this block or the next)
     }
   }
 #endif

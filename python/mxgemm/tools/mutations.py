@@ -79,6 +79,13 @@ CATALOGUE = (
     Mutation("smallm-moe-no-block-stride", (MOE,), (
         (SMALLM_SRC, "blk += (uint32_t)grid_blocks) {", "blk = n_valid) {"),),
         "MoE workgroup row computes only its first sorted block"),
+    Mutation("smallm-moe-ids-first-segment-only", (MOE,), (
+        (SMALLM_SRC, "(uint32_t)sorted_token_ids[seg + lane]", "(uint32_t)sorted_token_ids[row0 + lane]"),),
+        "MoE blocks of more than 64 rows reuse their first 64 rows' ids"),
+    Mutation("smallm-moe-store-id-of-chunk-row-0", (MOE,), (
+        (SMALLM_SRC, "ds_bpermute((int)(4u * (r - seg)), (int)my_id)",
+         "ds_bpermute((int)(4u * (r0 - seg)), (int)my_id)"),),
+        "MoE epilogue weights / zeroes every row of a chunk by the chunk's first row"),
     Mutation("smallm-delete-lds-barrier", (GEMV, MOE), (
         (SMALLM_SRC, "red[(grp * V + v) * k_lanes + klane] = vals[v];\n  syncthreads();",
          "red[(grp * V + v) * k_lanes + klane] = vals[v];"),),
