@@ -42,8 +42,17 @@ def moe_problem(T=5, E=4, topk=2, N=48, K=256, block_m=4, seed=0, per_slot_a=Fal
     return a, a_scale, w, w_scale, srt, weights, ids
 
 
-def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name, k_lanes=1):
-    """k_lanes: the variant's lanes per weight row (256 / BLOCK_N), the K split the reference models."""
+def numerics(variant) -> dict:
+    """The reference's model of a variant's sums: the GEMV core's K split over 256 / BLOCK_N lanes,
+    or (M_CHUNK 16) one rounding per scaled 16 x 16 x 128 MFMA."""
+    if variant["M_CHUNK"] == op.MFMA_CHUNK:
+        return dict(chunk=reference.MX_MMA_K)
+    return dict(k_lanes=256 // variant["BLOCK_N"])
+
+
+def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name, k_lanes=1,
+                            chunk=reference.MX_BLOCK):
+    """k_lanes, chunk: the variant's numerics (numerics())."""
     n = int(srt.num_valid_ids[0])
     T = a.shape[0]
     a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
@@ -54,12 +63,13 @@ def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, 
     if a.dim() == 2:  # the reference op itself (gemm1 layout)
         ref = reference.moe_mxfp8_grouped_gemm_ref(
             a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
-            block_m, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype, k_lanes=k_lanes)
+            block_m, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype, k_lanes=k_lanes,
+            chunk=chunk)
     else:             # one A row per (token, slot): the reference GEMM per row
         ref = torch.zeros(n, w.shape[1], dtype=got.dtype)
         for p in real.nonzero().squeeze(1).tolist():
             acc = reference.mx_gemm_ref(a2[row[p]][None], s2[row[p]][None], w[exp[p]], w_scale[exp[p]],
-                                        out_dtype=torch.float32, k_lanes=k_lanes)
+                                        out_dtype=torch.float32, k_lanes=k_lanes, chunk=chunk)
             acc = acc * srt.sorted_weights[p] if weights else acc
             ref[p] = acc[0].to(got.dtype) if got.dtype == torch.float32 else reference.F.bf16_rne(acc[0])
     assert bool((got[:n][~real] == 0).all()), f"{name}: padding rows must be 0"
@@ -72,14 +82,14 @@ def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, 
 
 
 def run_case(variant, *, weights=True, out_dtype=torch.bfloat16, block_m=4, **kw):
+    block_m = max(block_m, variant["M_CHUNK"])
     a, a_scale, w, w_scale, srt, tw, _ = moe_problem(block_m=block_m, **kw)
     got = mxgemm.moe_mxfp8_grouped_gemm(
         a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
         topk_weights=tw if weights else None, block_m=block_m, out_dtype=out_dtype,
         config=variant, fallback="error")
     assert got.shape == (srt.sorted_token_ids.shape[0], w.shape[1]) and got.dtype == out_dtype
-    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, f"{variant}",
-                            k_lanes=256 // variant["BLOCK_N"])
+    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, f"{variant}", **numerics(variant))
     return got
 
 
@@ -104,8 +114,8 @@ def test_more_experts_larger_blocks_and_num_valid_pair():
              num_valid_len=2)
 
 
-@pytest.mark.parametrize("variant", [{"BLOCK_N": 8, "M_CHUNK": 2}, {"BLOCK_N": 64, "M_CHUNK": 4}],
-                         ids=registry.variant_id)
+@pytest.mark.parametrize("variant", [{"BLOCK_N": 8, "M_CHUNK": 2}, {"BLOCK_N": 64, "M_CHUNK": 4},
+                                     {"BLOCK_N": 64, "M_CHUNK": 16}], ids=registry.variant_id)
 def test_blocks_over_64_rows_with_padding_rows_anywhere(variant):
     """The kernel reads a block's ids 64 rows at a time: 96-row blocks (two segments), rows
     shuffled within each block so that padding rows sit between routes, in both segments."""
@@ -122,8 +132,7 @@ def test_blocks_over_64_rows_with_padding_rows_anywhere(variant):
     got = mxgemm.moe_mxfp8_grouped_gemm(
         a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
         topk_weights=tw, block_m=block_m, config=variant, fallback="error")
-    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, True, f"{variant}",
-                            k_lanes=256 // variant["BLOCK_N"])
+    check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, True, f"{variant}", **numerics(variant))
 
 
 @pytest.mark.parametrize("T,topk,E,block_m", [(1, 1, 32, 16), (1, 8, 256, 16), (3, 2, 4, 4), (32, 8, 256, 16),

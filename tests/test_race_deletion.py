@@ -34,6 +34,9 @@ _WAVE_LOCAL = ("M_TILE * N_SUB = 16 gives 256 output slots, slot o read by threa
 _MOE_WAVE_LOCAL = ("BLOCK_N * M_CHUNK = 256 output slots, slot o read by thread o from the 4 lanes of its own "
                    "weight row, threads 4 * (o / 4) .. + 3 of its own wave: no LDS data crosses waves, before the "
                    "reads or before the next chunk's writes")
+_MOE_MFMA_LGKM = ("the MFMA chunk uses no LDS but ds_bpermute (lane exchange, no memory shared between waves), and "
+                  "each ds_bpermute's result is waited for before it is read; the expert id's s_load is retired "
+                  "right after it is issued: no LGKM operation whose result is still to be read is outstanding here")
 REDUNDANT = (
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
@@ -58,6 +61,10 @@ REDUNDANT = (
      _MOE_WAVE_LOCAL),
     ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK4",), "s_barrier", "global_load_dword", _MOE_WAVE_LOCAL),
     ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK4",), "s_barrier", "s_load_dword", _MOE_WAVE_LOCAL),
+    ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK16",), "s_waitcnt lgkmcnt(1)", "global_load_dword",
+     _MOE_MFMA_LGKM),
+    ("smallm_mxfp8_moe_grouped_gemm", ("BLOCK_N64_M_CHUNK16",), "s_waitcnt lgkmcnt(0)", "ds_bpermute_b32",
+     _MOE_MFMA_LGKM),
     ("smallm_mxfp8_mfma", ("M_TILE16_SPLIT_K2",), "s_waitcnt lgkmcnt(0)", "global_store_short",
      "epilog store i > 0: it runs only if store 0 (a smaller row, same column) ran, whose wait "
      "retired the split-K ds_read"),

@@ -264,15 +264,58 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 //   out[p, n] = (topk_weights[token, slot] if flags & 1) * sum_k A[a_row, k] W[expert, n, k]
 //   (MX scales as above), a_row = token * topk + slot if flags & 2 (one A row per (token, slot)),
 //   else token; out[p, :] = 0 for padding rows. Rows p >= num_valid_ids[0] are not written.
-// A workgroup owns BLOCK_N weight rows of one sorted block; 256 / BLOCK_N lanes split K per
-// weight row (the GEMV core); sorted rows are taken M_CHUNK at a time and all-padding chunks
-// skip the K loop (a uniform branch), so padded blocks cost one zero store.
+// A workgroup owns BLOCK_N weight rows of one sorted block; sorted rows are taken M_CHUNK at a
+// time and all-padding chunks skip the K loop (a uniform branch), so padded blocks cost one zero
+// store. M_CHUNK 2 / 4: 256 / BLOCK_N lanes split K per weight row (the GEMV core). M_CHUNK 16
+// (BLOCK_N 64, K % 128 == 0): the chunk is one scaled MFMA tile, each wave 16 of the columns.
 // Grid: (ceil(N / BLOCK_N), grid_blocks): workgroup row y takes sorted blocks y, y + grid_blocks,
 // ... below num_valid_ids[0], so the host may launch fewer rows than the worst-case buffer has
 // blocks (decode: a few live blocks in a buffer of E * block_m rows) and every live block is still
 // covered. flags bit 2: fp32 output (else bf16).
 // ---------------------------------------------------------------------------------------------
 #if defined(BLOCK_N)
+#if defined(__gfx950__)
+namespace {
+// One M_CHUNK of 16 sorted rows x the workgroup's 64 columns on scaled MFMAs: wave w owns columns
+// n0 + 16 w .. + 15, lane r = lane % 16 gathers A row r of the chunk (its sorted id by lane
+// exchange), K runs in 128-wide steps. Padding rows are stored as 0, a chunk with no route
+// (any == false) only stores them.
+MXGEMM_DEVICE void moe_mfma_chunk(void* out, buffer_rsrc ra, buffer_rsrc rsa, buffer_rsrc rw,
+                                  buffer_rsrc rsw, const float* topk_weights, uint32_t my_id, bool any,
+                                  uint32_t seg, uint32_t r0, uint32_t rows_end, uint32_t n0, uint32_t un,
+                                  uint32_t uk, uint32_t ut, uint32_t utopk, bool per_slot, int flags) {
+  const uint32_t t = thread_x(), lane = t % 64u, r = lane % kMfmaRows, k_blocks = uk / kMxBlock;
+  const uint32_t n = n0 + (t / 64u) * kMfmaRows + r, w_row = min_u32(n, un - 1u);
+  f32x4 acc = f32x4{0.f, 0.f, 0.f, 0.f};
+  if (any) {
+    const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r0 - seg + r)), (int)my_id);
+    const uint32_t token = id & 0xFFFFFFu;
+    const uint32_t a_row = token < ut ? (per_slot ? token * utopk + (id >> 24) : token) : 0u;
+    const uint32_t kb_lane = mfma_scale_block(lane);
+    for (uint32_t k0 = 0; k0 < uk; k0 += kMfmaK) {
+      const uint32_t kb = k0 / kMxBlock + kb_lane;
+      const i32x8 wv = mfma_fp8_operand(load_b128(rw, w_row * uk + k0 + mfma_fp8_k_offset(lane, 0)),
+                                        load_b128(rw, w_row * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+      const i32x8 av = mfma_fp8_operand(load_b128(ra, a_row * uk + k0 + mfma_fp8_k_offset(lane, 0)),
+                                        load_b128(ra, a_row * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+      acc = mfma_scale_16x16x128_e4m3(av, wv, acc, load_u8(rsa, a_row * k_blocks + kb),
+                                      load_u8(rsw, w_row * k_blocks + kb));
+    }
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < 4; ++i) {
+    const uint32_t row = r0 + 4u * (lane / 16u) + i;  // D layout: see mfma.h
+    const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (row - seg)), (int)my_id);
+    const uint32_t token = id & 0xFFFFFFu;
+    if (row < rows_end && n < un) {
+      const float v = token >= ut ? 0.0f : (flags & 1) ? acc[i] * topk_weights[token * utopk + (id >> 24)] : acc[i];
+      if (flags & 4) static_cast<float*>(out)[row * un + n] = v;
+      else static_cast<__bf16*>(out)[row * un + n] = to_bf16(v);
+    }
+  }
+}
+}  // namespace
+#endif  // __gfx950__
 SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
     const uint8_t* __restrict__ a, const uint8_t* __restrict__ a_scale,
     const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale,
@@ -282,7 +325,8 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
     int grid_blocks) {
 #if defined(__gfx950__)
   constexpr uint32_t KL = kThreads / BLOCK_N, MC = M_CHUNK;
-  __shared__ float red[kThreads * MC];
+  static_assert(MC != kMfmaRows || BLOCK_N == 4 * kMfmaRows, "the MFMA chunk is 4 waves x 16 columns");
+  __shared__ float red[MC == kMfmaRows ? 1 : kThreads * MC];  // the GEMV core's K-lane partials
   const uint32_t t = thread_x(), un = N, uk = K, k_blocks = uk / kMxBlock;
   const uint32_t n_valid = (uint32_t)num_valid_ids[0], bm = block_m;
   const buffer_rsrc ra = make_buffer(a, (uint32_t)a_rows * uk);
@@ -308,33 +352,38 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
       const uint64_t live = __builtin_amdgcn_ballot_w64((my_id & 0xFFFFFFu) < ut);
       for (uint32_t r0 = seg; r0 < seg + seg_rows; r0 += MC) {
         const bool any = (live >> (r0 - seg)) & ((1u << MC) - 1u);
-        if (any) {
-          uint32_t a_row[MC];
+        if constexpr (MC == kMfmaRows) {
+          moe_mfma_chunk(out, ra, rsa, rw, rsw, topk_weights, my_id, any, seg, r0, rows_end, n0, un, uk,
+                         ut, utopk, per_slot, flags);
+        } else {
+          if (any) {
+            uint32_t a_row[MC];
 #pragma unroll
-          for (uint32_t i = 0; i < MC; ++i) {  // uniform: read from one lane
-            const uint32_t id = (uint32_t)__builtin_amdgcn_readlane((int)my_id, (int)(r0 - seg + i));
-            const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
-            a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
+            for (uint32_t i = 0; i < MC; ++i) {  // uniform: read from one lane
+              const uint32_t id = (uint32_t)__builtin_amdgcn_readlane((int)my_id, (int)(r0 - seg + i));
+              const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
+              a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
+            }
+            float acc[MC][1] = {};
+            gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
+            lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
           }
-          float acc[MC][1] = {};
-          gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
-          lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
-        }
-        // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group); every lane takes part in
-        // the exchange, and only the slot's lanes store.
-        const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
-        const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r - seg)), (int)my_id);
-        if (t < BLOCK_N * MC && r < rows_end && n < un) {
-          const uint32_t token = id & 0xFFFFFFu;
-          float v = 0.0f;
-          if (token < ut) {
-            v = red_sum(red, t, KL);
-            if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];
+          // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group); every lane takes part in
+          // the exchange, and only the slot's lanes store.
+          const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
+          const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r - seg)), (int)my_id);
+          if (t < BLOCK_N * MC && r < rows_end && n < un) {
+            const uint32_t token = id & 0xFFFFFFu;
+            float v = 0.0f;
+            if (token < ut) {
+              v = red_sum(red, t, KL);
+              if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];
+            }
+            if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
+            else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
           }
-          if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
-          else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
+          if (any) syncthreads();  // red is rewritten by the next chunk (of this block or the next)
         }
-        if (any) syncthreads();  // red is rewritten by the next chunk (of this block or the next)
       }
     }
   }

@@ -185,21 +185,21 @@ def _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, nu
 def moe_mxfp8_grouped_gemm_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
                                num_valid_ids, block_m: int, sorted_weights: Optional[torch.Tensor] = None,
                                out_dtype: torch.dtype = torch.bfloat16, fmt: str = "e4m3",
-                               k_lanes: int = 1) -> torch.Tensor:
+                               k_lanes: int = 1, chunk: int = MX_BLOCK) -> torch.Tensor:
     """MoE grouped GEMM (gemm1 style) on the moe_sorting layout.
 
     a: [T, K] e4m3 (one row per token), a_scale [T, K/32] e8m0; w: [E, N, K], w_scale
     [E, N, K/32]. Output row p (sorted position, p < num_valid) is
       acc = A[token(p)] . W[expert(block p // block_m)]^T     (fp32, module model)
       acc = acc * sorted_weights[p]                         (fp32, only if given)
-    -> [num_valid, N] out_dtype; padding rows (token id >= T) are 0. k_lanes: as mx_gemm_ref.
+    -> [num_valid, N] out_dtype; padding rows (token id >= T) are 0. k_lanes, chunk: as mx_gemm_ref.
     """
     tok, _, exp, real = _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, a.shape[0])
     acc = torch.zeros(len(tok), w.shape[1], dtype=torch.float32)
     for e in exp[real].unique().tolist():
         rows = (real & (exp == e)).nonzero().squeeze(1)
         acc[rows] = mx_gemm_ref(a[tok[rows]], a_scale[tok[rows]], w[e], w_scale[e], fmt, fmt, torch.float32,
-                                k_lanes=k_lanes)
+                                chunk=chunk, k_lanes=k_lanes)
     if sorted_weights is not None:
         acc = acc * sorted_weights[:len(tok)].float()[:, None]
     return _out(acc, out_dtype)

@@ -164,7 +164,8 @@ register(Kernel(
     args=("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
           "topk_weights", "out", "tokens", "topk", "N", "K", "a_rows", "block_m", "flags", "grid_blocks"),
     grid=("N", "grid_blocks"), tile=lambda v: {"N": v["BLOCK_N"]},
-    variants=variant_grid(BLOCK_N=(8, 16, 32, 64), M_CHUNK=(2, 4)),
+    # M_CHUNK 16: the chunk is one scaled-MFMA tile (4 waves x 16 columns; K % 128, checked by the op)
+    variants=variant_grid(BLOCK_N=(8, 16, 32, 64), M_CHUNK=(2, 4)) + ({"BLOCK_N": 64, "M_CHUNK": 16},),
     doc="MXFP8 MoE grouped GEMM over sorted_token_ids; optional top-k weights; bf16/fp32 out"))
 
 # --- a4w4 MXFP4 MoE gemm2 ---

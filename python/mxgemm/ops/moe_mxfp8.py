@@ -10,13 +10,19 @@ from . import _mxfp8 as mx
 from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, op
 
 MOE = "smallm_mxfp8_moe_grouped_gemm"
+MFMA_CHUNK, MFMA_K = 16, 128   # the M_CHUNK whose chunk is one scaled 16 x 16 x 128 MFMA tile
 
 
-def moe_heuristic_config(num_tokens: int, N: int, live_blocks: int):
+def moe_heuristic_config(num_tokens: int, N: int, K: int, block_m: int, live_blocks: int):
     """BLOCK_N: the widest (fewer, fuller workgroups, each lane a longer run of K) that still
-    launches 3 workgroups per CU over the blocks the routes fill, else 8; M_CHUNK = 4 when an
-    expert gets >= 4 rows on average (T >= 4), else 2 so padding-heavy decode blocks skip more."""
+    launches 3 workgroups per CU over the blocks the routes fill, else 8. When BLOCK_N 64 does,
+    M_CHUNK 16, the MFMA core (when K and block_m allow it): it has no K split, so it needs that
+    many workgroups to keep HBM busy, and then it streams the weights faster than the GEMV core
+    (docs/peers/moe_mxfp8.md). Else M_CHUNK = 4 when an expert gets >= 4 rows on average (T >= 4),
+    else 2 so padding-heavy decode blocks skip more."""
     wide = [bn for bn in (64, 32, 16) if -(-N // bn) * live_blocks >= 3 * NUM_CUS]
+    if wide and wide[0] == 64 and K % MFMA_K == 0 and block_m % MFMA_CHUNK == 0:
+        return Choice(MOE, {"BLOCK_N": 64, "M_CHUNK": MFMA_CHUNK}, "heuristic (moe_heuristic_config)")
     return Choice(MOE, {"BLOCK_N": wide[0] if wide else 8, "M_CHUNK": 4 if num_tokens >= 4 else 2},
                   "heuristic (moe_heuristic_config)")
 
@@ -94,10 +100,13 @@ def _plan(x) -> Plan:
         why = "config given by the caller"
     else:
         # the routes' blocks (without the top-k, at least one route per token)
-        choice = moe_heuristic_config(T, N, max(1, min(blocks, route_blocks(T * (topk or 1), w.shape[0], block_m))))
+        choice = moe_heuristic_config(T, N, K, block_m,
+                                      max(1, min(blocks, route_blocks(T * (topk or 1), w.shape[0], block_m))))
         variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
+    if variant["M_CHUNK"] == MFMA_CHUNK and K % MFMA_K:
+        guards.fail("shape", f"K = {K} must be a multiple of {MFMA_K} for M_CHUNK = {MFMA_CHUNK} (scaled MFMA steps)")
     # One resource per expert slice: the weights are rebased per expert in the kernel.
     expert = (w[0], x.w_scale[0]) if w.shape[0] else (w, x.w_scale)
     named = (("a", a), ("a_scale", x.a_scale), ("w[expert]", expert[0]), ("w_scale[expert]", expert[1]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import routing
-from ..ops.moe_mxfp8 import grid_blocks
+from ..ops.moe_mxfp8 import MFMA_CHUNK, MFMA_K, grid_blocks
 from .base import Call, Case, Contract, Inputs, OpSpec, Smoke, Work, grid, mx_bytes, sorted_ids, waves
 
 OP = "moe_mxfp8_grouped_gemm"
@@ -29,20 +29,23 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
     g = grid(kernel, v, N=N, grid_blocks=rows)
     chunks = live.sum(1)                                          # live chunks per block; row y takes y, y + rows, ...
     per_row = torch.zeros(rows, dtype=chunks.dtype).index_add_(0, torch.arange(chunks.numel()) % rows, chunks)
-    iters = -(-K // (32 * 256 // v["BLOCK_N"]))                  # 256 / BLOCK_N lanes per weight row
+    # a wave's K steps: 128-wide MFMA steps, or the GEMV core's 256 / BLOCK_N lanes per weight row
+    iters = -(-K // (MFMA_K if v["M_CHUNK"] == MFMA_CHUNK else 32 * 256 // v["BLOCK_N"]))
     return Work(2.0 * tokens * topk * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * n_valid * N,
                 "fp8", g, g[0] * min(rows, chunks.numel()), g[0] * waves(kernel, v) * int(live.sum()) * iters,
                 iters * int(per_row.max()))
 
 
 def race(kernel, v) -> list:
-    """Expert 0: 6 real rows + 2 padding rows (two live M_CHUNKs); expert 1: one row."""
-    T, K, N = 7, 256, v["BLOCK_N"]
+    """Expert 0: 6 real rows + padding (two live M_CHUNKs of 2 or 4); expert 1: one row. Blocks of
+    8 rows, or of the chunk when it is larger (16)."""
+    T, K, N, bm = 7, 256, v["BLOCK_N"], max(8, v["M_CHUNK"])
     srt = routing.moe_sorting(torch.tensor([[0], [0], [0], [1], [0], [0], [0]]),
-                              torch.rand(T, 1, generator=torch.Generator().manual_seed(10)) + 0.5, 2, block_m=8)
+                              torch.rand(T, 1, generator=torch.Generator().manual_seed(10)) + 0.5, 2, block_m=bm)
     inp = Inputs(seed=3)
     args = (*inp.mx(T, K), *inp.mx(2, N, K), *sorted_ids(srt, "cpu"))
-    return [Call(OP, args, dict(topk_weights=srt.sorted_weights.new_ones(T, 1), block_m=8, config=v, fallback="error"))]
+    kw = dict(topk_weights=srt.sorted_weights.new_ones(T, 1), block_m=bm, config=v, fallback="error")
+    return [Call(OP, args, kw)]
 
 
 def decode(inp: Inputs) -> dict:

@@ -73,6 +73,13 @@ CATALOGUE = (
     Mutation("smallm-moe-drop-topk-weight", (MOE,), (
         (SMALLM_SRC, "if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];", "(void)topk_weights;"),),
         "MoE grouped GEMM ignores the top-k weight"),
+    Mutation("smallm-moe-mfma-drop-topk-weight", (MOE,), (
+        (SMALLM_SRC, "(flags & 1) ? acc[i] * topk_weights[token * utopk + (id >> 24)] : acc[i]", "acc[i]"),),
+        "MoE MFMA chunk ignores the top-k weight"),
+    Mutation("smallm-moe-mfma-a-row-of-lane-0", (MOE,), (
+        (SMALLM_SRC, "ds_bpermute((int)(4u * (r0 - seg + r)), (int)my_id)",
+         "ds_bpermute((int)(4u * (r0 - seg)), (int)my_id)"),),
+        "MoE MFMA chunk multiplies the chunk's first row into all 16"),
     Mutation("smallm-gemv-prefetch-next-a", (GEMV, MOE), (
         (SMALLM_SRC, "const RawBlock am = kAhead ? aq[m] :", "const RawBlock am = kAhead ? an[m] :"),),
         "GEMV core multiplies the next step's A block (the one in flight) with this step's B"),
