@@ -282,3 +282,28 @@ def test_guard_expert_id_beyond_w(problem):
     eids[0] = 99
     assert "sorted_expert_ids[0] = 99 but w holds 4 experts" in _rejects("expert-id", a, sa, w, sw, ids, eids, nv,
                                                                         out=out, block_m=4)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_mfma_chunk_is_bitwise(out_dtype):
+    """M_CHUNK 16 sums each 128-K MFMA step exactly and rounds once (reference chunk 128): every
+    output bit equals the reference's, top-k weights, padding and per-slot A rows included."""
+    variant = {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(T=40, E=4, topk=2, N=128, K=512, block_m=16, seed=7,
+                                                     per_slot_a=True)
+    got = mxgemm.moe_mxfp8_grouped_gemm(
+        a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
+        topk_weights=tw, block_m=16, out_dtype=out_dtype, config=variant, fallback="error")
+    n = int(srt.num_valid_ids[0])
+    tok, slot = routing.decode_sorted_id(srt.sorted_token_ids[:n].long())
+    real = tok < a.shape[0]
+    rows = torch.where(real, tok * a.shape[1] + slot, 0)
+    a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
+    exp = srt.sorted_expert_ids.long()[torch.arange(n) // 16]
+    want = torch.zeros(n, w.shape[1], dtype=torch.float32)
+    for p in real.nonzero().squeeze(1).tolist():
+        want[p] = reference.mx_gemm_ref(a2[rows[p]][None], s2[rows[p]][None], w[exp[p]], w_scale[exp[p]],
+                                        out_dtype=torch.float32, chunk=reference.MX_MMA_K)[0] * srt.sorted_weights[p]
+    want = want if out_dtype == torch.float32 else reference.F.bf16_rne(want)
+    assert torch.equal(got[:n].view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32))
