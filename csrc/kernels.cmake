@@ -32,6 +32,7 @@ set(MXGEMM_HIP_KERNELS
   "smallm_mxfp8_moe_grouped_gemm|BLOCK_N32_M_CHUNK4|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=32,M_CHUNK=4"
   "smallm_mxfp8_moe_grouped_gemm|BLOCK_N64_M_CHUNK2|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=64,M_CHUNK=2"
   "smallm_mxfp8_moe_grouped_gemm|BLOCK_N64_M_CHUNK4|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=64,M_CHUNK=4"
+  "smallm_mxfp8_moe_grouped_gemm|BLOCK_N64_M_CHUNK16|csrc/kernels/smallm_mxfp8.hip|gfx950|BLOCK_N=64,M_CHUNK=16"
   "moe_gemm2_a4w4|BM16_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=16,NT=0"
   "moe_gemm2_a4w4|BM16_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=16,NT=1"
   "moe_gemm2_a4w4|BM32_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=32,NT=0"
