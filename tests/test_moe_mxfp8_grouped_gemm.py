@@ -222,6 +222,18 @@ def test_guard_block_m_multiple_of_chunk():
                                      config={"BLOCK_N": 8, "M_CHUNK": 4})
 
 
+def test_guard_mfma_chunk_needs_k_multiple_of_128():
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(K=160, block_m=16)
+    out = torch.full((srt.sorted_token_ids.shape[0], w.shape[1]), 5.0, dtype=torch.bfloat16)
+    args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
+    assert "K = 160 must be a multiple of 128" in _rejects("shape", *args, out=out, block_m=16,
+                                                          config={"BLOCK_N": 64, "M_CHUNK": 16})
+    kw = dict(block_m=16, out=out, fallback="error")
+    assert op.moe_heuristic_config(5, 64 * 12, 160, 16, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
+    assert op.moe_heuristic_config(5, 64 * 12, 256, 16, 64).variant == {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
+    assert op.moe_heuristic_config(5, 64 * 12, 256, 8, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
+    mxgemm.moe_mxfp8_grouped_gemm(*args, **kw)   # the heuristic's choice at K 160 runs
+
 def test_guard_expert_block_count(problem):
     (a, sa, w, sw, ids, eids, nv), tw, out = problem
     assert "blocks" in _rejects("shape", a, sa, w, sw, ids, eids[:1], nv, out=out, block_m=4)
