@@ -151,6 +151,13 @@ MXGEMM_DEVICE float red_sum(const float* red, uint32_t slot, uint32_t k_lanes) {
 
 MXGEMM_DEVICE __bf16 to_bf16(float x) { return (__bf16)x; }  // RNE: v_cvt_pk_bf16_f32
 
+// One row's e4m3 operand of a scaled 16x16x128 MFMA step at K offset k0 (the lane's two 16-byte
+// pieces, mfma.h's layout).
+MXGEMM_DEVICE i32x8 load_mfma_row(buffer_rsrc r, uint32_t row, uint32_t K, uint32_t k0, uint32_t lane) {
+  return mfma_fp8_operand(load_b128(r, row * K + k0 + mfma_fp8_k_offset(lane, 0)),
+                          load_b128(r, row * K + k0 + mfma_fp8_k_offset(lane, 1)));
+}
+
 }  // namespace
 #endif  // __gfx950__
 
@@ -221,13 +228,11 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
   for (uint32_t mi = 0; mi < MI; ++mi) acc[mi] = f32x4{0.f, 0.f, 0.f, 0.f};
   for (uint32_t step = ks; step < uk / kMfmaK; step += SPLIT_K) {
     const uint32_t k0 = step * kMfmaK, kb = k0 / kMxBlock + kb_lane;
-    const i32x8 bv = mfma_fp8_operand(load_b128(rb, b_row * uk + k0 + mfma_fp8_k_offset(lane, 0)),
-                                      load_b128(rb, b_row * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+    const i32x8 bv = load_mfma_row(rb, b_row, uk, k0, lane);
     const uint32_t sb = load_u8(rsb, b_row * k_blocks + kb);
 #pragma unroll
     for (uint32_t mi = 0; mi < MI; ++mi) {
-      const i32x8 av = mfma_fp8_operand(load_b128(ra, a_row[mi] * uk + k0 + mfma_fp8_k_offset(lane, 0)),
-                                        load_b128(ra, a_row[mi] * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+      const i32x8 av = load_mfma_row(ra, a_row[mi], uk, k0, lane);
       acc[mi] = mfma_scale_16x16x128_e4m3(av, bv, acc[mi], load_u8(rsa, a_row[mi] * k_blocks + kb), sb);
     }
   }
@@ -294,10 +299,7 @@ MXGEMM_DEVICE void moe_mfma_chunk(void* out, buffer_rsrc ra, buffer_rsrc rsa, bu
     const uint32_t kb_lane = mfma_scale_block(lane);
     for (uint32_t k0 = 0; k0 < uk; k0 += kMfmaK) {
       const uint32_t kb = k0 / kMxBlock + kb_lane;
-      const i32x8 wv = mfma_fp8_operand(load_b128(rw, w_row * uk + k0 + mfma_fp8_k_offset(lane, 0)),
-                                        load_b128(rw, w_row * uk + k0 + mfma_fp8_k_offset(lane, 1)));
-      const i32x8 av = mfma_fp8_operand(load_b128(ra, a_row * uk + k0 + mfma_fp8_k_offset(lane, 0)),
-                                        load_b128(ra, a_row * uk + k0 + mfma_fp8_k_offset(lane, 1)));
+      const i32x8 wv = load_mfma_row(rw, w_row, uk, k0, lane), av = load_mfma_row(ra, a_row, uk, k0, lane);
       acc = mfma_scale_16x16x128_e4m3(av, wv, acc, load_u8(rsa, a_row * k_blocks + kb),
                                       load_u8(rsw, w_row * k_blocks + kb));
     }
