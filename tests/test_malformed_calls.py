@@ -184,16 +184,18 @@ def test_malformed_routing_is_refused_before_launch(op, case):
     rejects(rule, lambda: call_flat(op, flat), t["out"])
 
 
-def test_moe_mxfp8_slot_check_follows_what_the_op_reads():
-    """2-D a without topk_weights reads no slot: any slot is fine; with 3-D a the slot picks a's row."""
+def test_moe_mxfp8_slot_is_checked_against_topk_from_weights_or_the_argument():
+    """The slot names out's row (token * topk + slot): a slot >= topk is rejected whether topk
+    comes from topk_weights or, for 2-D a without them, from the topk argument."""
     flat, t = _moe(MOE[0])
     x = OPS[MOE[0]].namespace(flat)
-    assert x.topk_weights is not None and x.topk_weights.shape[1] == 1
+    assert x.topk_weights is not None and x.topk_weights.shape[1] == 1 and x.a.dim() == 2
     p = _first_real(t["sorted_token_ids"], x.a.shape[0])
     t["sorted_token_ids"][p] |= 1 << 24
     rejects("sorted_token_ids", lambda: call_flat(MOE[0], flat))
     flat[OPS[MOE[0]].names.index("topk_weights")] = None
-    call_flat(MOE[0], flat)
+    flat[OPS[MOE[0]].names.index("topk")] = 1
+    rejects("sorted_token_ids", lambda: call_flat(MOE[0], flat))
 
 
 def _topk(op, flat):

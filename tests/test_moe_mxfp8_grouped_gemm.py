@@ -1,9 +1,10 @@
 """mxgemm.moe_mxfp8_grouped_gemm: MXFP8 MoE grouped GEMM over the expert-sorted layout.
 
 Spec: for each sorted row p < num_valid_ids[0] with (token, slot) = decode(sorted_token_ids[p])
-and expert = sorted_expert_ids[p // block_m]:
-    out[p] = topk_weights[token, slot] * A[token] @ W[expert]^T    (MX-scaled, fp32 accumulate)
-padding rows (token >= T, or expert -1) are 0 and rows past num_valid_ids[0] are not written.
+and expert = sorted_expert_ids[p // block_m] of a route (token < T, expert >= 0):
+    out[token, slot] = topk_weights[token, slot] * A[token] @ W[expert]^T  (MX-scaled, fp32 accumulate)
+out is [T, topk, N] in route order; padding rows write nothing, and routes no sorted row below
+num_valid_ids[0] holds are left as they were.
 Every kernel variant runs on the emulator in race mode against mxgemm.reference (which takes
 the routing's sorted_weights: sorted_weights[p] == topk_weights[token, slot]). The contract
 (nearly bitwise: bf16 >= 99.9% bit-exact, every bf16 output of these cases is), the accuracy
@@ -50,45 +51,58 @@ def numerics(variant) -> dict:
     return dict(k_lanes=256 // variant["BLOCK_N"])
 
 
-def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name, k_lanes=1,
-                            chunk=reference.MX_BLOCK):
-    """k_lanes, chunk: the variant's numerics (numerics())."""
+def sorted_routes(srt, block_m, T, topk):
+    """(tok, slot, expert, real, route) of the sorted rows below num_valid_ids[0]: real marks a
+    route (token < T, its block's expert >= 0), route its row token * topk + slot of out."""
     n = int(srt.num_valid_ids[0])
-    T = a.shape[0]
-    a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
     tok, slot = routing.decode_sorted_id(srt.sorted_token_ids[:n].long())
-    row = tok * a.shape[1] + slot if a.dim() == 3 else tok
     exp = srt.sorted_expert_ids.long()[torch.arange(n) // block_m]
     real = (tok < T) & (exp >= 0)
-    if a.dim() == 2:  # the reference op itself (gemm1 layout)
+    return tok, slot, exp, real, tok * topk + slot
+
+
+def check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, name, k_lanes=1,
+                            chunk=reference.MX_BLOCK, before=0.0):
+    """got: [T, topk, N] in route order; routes no sorted row holds must still be ``before``.
+    k_lanes, chunk: the variant's numerics (numerics())."""
+    T, topk, N = got.shape
+    n = int(srt.num_valid_ids[0])
+    a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
+    tok, slot, exp, real, route = sorted_routes(srt, block_m, T, topk)
+    row = route if a.dim() == 3 else tok
+    flat = got.reshape(T * topk, N)
+    held = torch.zeros(T * topk, dtype=torch.bool)
+    held[route[real]] = True
+    assert bool((flat[~held] == before).all()), f"{name}: routes no sorted row holds must stay untouched"
+    mine = torch.zeros(n, N, dtype=got.dtype)
+    mine[real] = flat[route[real]]
+    if a.dim() == 2:  # the reference op itself (gemm1 layout), taken back to sorted rows
         ref = reference.moe_mxfp8_grouped_gemm_ref(
             a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
-            block_m, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype, k_lanes=k_lanes,
-            chunk=chunk)
+            block_m, topk, sorted_weights=srt.sorted_weights if weights else None, out_dtype=got.dtype,
+            k_lanes=k_lanes, chunk=chunk).reshape(T * topk, N)[torch.where(real, route, 0)]
     else:             # one A row per (token, slot): the reference GEMM per row
-        ref = torch.zeros(n, w.shape[1], dtype=got.dtype)
+        ref = torch.zeros(n, N, dtype=got.dtype)
         for p in real.nonzero().squeeze(1).tolist():
             acc = reference.mx_gemm_ref(a2[row[p]][None], s2[row[p]][None], w[exp[p]], w_scale[exp[p]],
                                         out_dtype=torch.float32, k_lanes=k_lanes, chunk=chunk)
             acc = acc * srt.sorted_weights[p] if weights else acc
             ref[p] = acc[0].to(got.dtype) if got.dtype == torch.float32 else reference.F.bf16_rne(acc[0])
-    assert bool((got[:n][~real] == 0).all()), f"{name}: padding rows must be 0"
-    assert bool((got[n:] == 0).all()), f"{name}: rows past num_valid_ids must stay untouched"
     for e in exp[real].unique().tolist():
         rows = (real & (exp == e)).nonzero().squeeze(1)
-        assert_matches_reference(got[rows], ref[rows], a2[row[rows]], s2[row[rows]], w[e], w_scale[e],
-                                 anchored_cols=torch.arange(0, w.shape[1], 2), name=f"{name} expert {e}",
+        assert_matches_reference(mine[rows], ref[rows], a2[row[rows]], s2[row[rows]], w[e], w_scale[e],
+                                 anchored_cols=torch.arange(0, N, 2), name=f"{name} expert {e}",
                                  row_weight=srt.sorted_weights[rows] if weights else None)
 
 
 def run_case(variant, *, weights=True, out_dtype=torch.bfloat16, block_m=4, **kw):
     block_m = max(block_m, variant["M_CHUNK"])
-    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(block_m=block_m, **kw)
+    a, a_scale, w, w_scale, srt, tw, ids = moe_problem(block_m=block_m, **kw)
     got = mxgemm.moe_mxfp8_grouped_gemm(
         a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,
-        topk_weights=tw if weights else None, block_m=block_m, out_dtype=out_dtype,
+        topk_weights=tw if weights else None, block_m=block_m, topk=ids.shape[1], out_dtype=out_dtype,
         config=variant, fallback="error")
-    assert got.shape == (srt.sorted_token_ids.shape[0], w.shape[1]) and got.dtype == out_dtype
+    assert got.shape == (*ids.shape, w.shape[1]) and got.dtype == out_dtype
     check_against_reference(got, a, a_scale, w, w_scale, srt, block_m, weights, f"{variant}", **numerics(variant))
     return got
 
@@ -153,8 +167,8 @@ def test_grid_rows_cover_every_live_block(T, topk, E, block_m):
 
 
 def test_a_workgroup_row_strides_over_the_blocks(monkeypatch):
-    """Without the top-k (2-D a, no weights) the rows are capped by the chip's resident
-    workgroups; capped to one row, that row computes every live block in turn."""
+    """The rows are capped by the chip's resident workgroups; capped to one row, that row
+    computes every live block in turn."""
     a, a_scale, w, w_scale, srt, _, _ = moe_problem(T=9, E=4, topk=2, N=32, K=256, block_m=4, seed=6)
     args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
     v = {"BLOCK_N": 16, "M_CHUNK": 2}
@@ -162,8 +176,8 @@ def test_a_workgroup_row_strides_over_the_blocks(monkeypatch):
     monkeypatch.setattr(op, "RESIDENT_WGS", 2)          # 2 column groups -> one row
     op.moe_mxfp8_grouped_gemm.clear_plans()
     try:
-        assert mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4, config=v).grid[:2] == (2, 1)
-        got = mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4, config=v, fallback="error")
+        assert mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4, topk=2, config=v).grid[:2] == (2, 1)
+        got = mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4, topk=2, config=v, fallback="error")
     finally:
         op.moe_mxfp8_grouped_gemm.clear_plans()
     check_against_reference(got, a, a_scale, w, w_scale, srt, 4, False, "one row", k_lanes=16)
@@ -182,9 +196,9 @@ def test_fallback_matches_reference():
     a, a_scale, w, w_scale, srt, tw, _ = moe_problem(seed=4)
     args = (a.to("meta"), a_scale.to("meta"), w.to("meta"), w_scale.to("meta"),
             srt.sorted_token_ids.to("meta"), srt.sorted_expert_ids.to("meta"), srt.num_valid_ids.to("meta"))
-    plan = mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4)
+    plan = mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=4, topk=2)
     assert plan.fallback and "arch" in plan.reason
-    out = torch.zeros(srt.sorted_token_ids.shape[0], w.shape[1], dtype=torch.bfloat16)
+    out = torch.zeros(a.shape[0], 2, w.shape[1], dtype=torch.bfloat16)
     moe = op.moe_mxfp8_grouped_gemm
     op._fallback(moe.namespace(moe.flatten((a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids,
                                             srt.num_valid_ids), dict(topk_weights=tw, block_m=4, out=out))), plan)
@@ -204,31 +218,61 @@ def _rejects(rule, *args, out, **kw):
 
 @pytest.fixture
 def problem():
-    a, a_scale, w, w_scale, srt, tw, _ = moe_problem()
-    out = torch.full((srt.sorted_token_ids.shape[0], w.shape[1]), 5.0, dtype=torch.bfloat16)
+    a, a_scale, w, w_scale, srt, tw, ids = moe_problem()
+    out = torch.full((*ids.shape, w.shape[1]), 5.0, dtype=torch.bfloat16)
     return (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids), tw, out
 
 
 def test_guard_sorted_ids_dtype(problem):
     (a, sa, w, sw, ids, eids, nv), tw, out = problem
-    assert "sorted_token_ids" in _rejects("dtype", a, sa, w, sw, ids.long(), eids, nv, out=out, block_m=4)
+    assert "sorted_token_ids" in _rejects("dtype", a, sa, w, sw, ids.long(), eids, nv, out=out, block_m=4,
+                                          topk_weights=tw)
+
+
+def test_guard_topk_needed_for_token_rows_without_weights(problem):
+    args, tw, out = problem
+    assert "topk must be given" in _rejects("topk", *args, out=out, block_m=4)
+    assert "topk = 3 but" in _rejects("topk", *args, out=out, block_m=4, topk_weights=tw, topk=3)
+
+
+def test_guard_out_is_route_shaped(problem):
+    args, tw, out = problem
+    flat = out.view(-1, out.shape[-1])
+    assert "out has shape" in _rejects("shape", *args, out=flat, block_m=4, topk_weights=tw)
+
+
+@pytest.mark.parametrize("variant", [{"BLOCK_N": 16, "M_CHUNK": 4}, {"BLOCK_N": 64, "M_CHUNK": 16}],
+                         ids=registry.variant_id)
+def test_routes_past_num_valid_ids_are_untouched_and_padding_writes_nothing(variant):
+    """num_valid_ids cut to drop the last live block: its routes keep out's bytes, and no padding
+    row writes anywhere (every byte of out a route's, checked against the sentinel)."""
+    block_m = max(4, variant["M_CHUNK"])
+    a, a_scale, w, w_scale, srt, tw, ids = moe_problem(T=7, K=512, block_m=block_m, seed=8)
+    srt = srt._replace(num_valid_ids=srt.num_valid_ids - block_m)
+    out = torch.full((*ids.shape, w.shape[1]), 5.0, dtype=torch.bfloat16)
+    mxgemm.moe_mxfp8_grouped_gemm(a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids,
+                                  srt.num_valid_ids, topk_weights=tw, block_m=block_m, out=out, config=variant,
+                                  fallback="error")
+    assert int((out == 5.0).all(-1).sum()) >= 1, "the cut block held no route"
+    check_against_reference(out, a, a_scale, w, w_scale, srt, block_m, True, f"{variant}", before=5.0,
+                            **numerics(variant))
 
 
 def test_guard_block_m_multiple_of_chunk():
-    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(block_m=2)
-    out = torch.full((srt.sorted_token_ids.shape[0], w.shape[1]), 5.0, dtype=torch.bfloat16)
+    a, a_scale, w, w_scale, srt, tw, ids = moe_problem(block_m=2)
+    out = torch.full((*ids.shape, w.shape[1]), 5.0, dtype=torch.bfloat16)
     assert "M_CHUNK = 4" in _rejects("block_m", a, a_scale, w, w_scale, srt.sorted_token_ids,
                                      srt.sorted_expert_ids, srt.num_valid_ids, out=out, block_m=2,
-                                     config={"BLOCK_N": 8, "M_CHUNK": 4})
+                                     topk=2, config={"BLOCK_N": 8, "M_CHUNK": 4})
 
 
 def test_guard_mfma_chunk_needs_k_multiple_of_128():
-    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(K=160, block_m=16)
-    out = torch.full((srt.sorted_token_ids.shape[0], w.shape[1]), 5.0, dtype=torch.bfloat16)
+    a, a_scale, w, w_scale, srt, tw, ids = moe_problem(K=160, block_m=16)
+    out = torch.full((*ids.shape, w.shape[1]), 5.0, dtype=torch.bfloat16)
     args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
-    assert "K = 160 must be a multiple of 128" in _rejects("shape", *args, out=out, block_m=16,
+    assert "K = 160 must be a multiple of 128" in _rejects("shape", *args, out=out, block_m=16, topk=2,
                                                           config={"BLOCK_N": 64, "M_CHUNK": 16})
-    kw = dict(block_m=16, out=out, fallback="error")
+    kw = dict(block_m=16, topk=2, out=out, fallback="error")
     assert op.moe_heuristic_config(5, 64 * 12, 160, 16, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
     assert op.moe_heuristic_config(5, 64 * 12, 256, 16, 64).variant == {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
     assert op.moe_heuristic_config(5, 64 * 12, 256, 8, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
@@ -236,7 +280,7 @@ def test_guard_mfma_chunk_needs_k_multiple_of_128():
 
 def test_guard_expert_block_count(problem):
     (a, sa, w, sw, ids, eids, nv), tw, out = problem
-    assert "blocks" in _rejects("shape", a, sa, w, sw, ids, eids[:1], nv, out=out, block_m=4)
+    assert "blocks" in _rejects("shape", a, sa, w, sw, ids, eids[:1], nv, out=out, block_m=4, topk=2)
 
 
 def test_guard_topk_weights_shape(problem):
@@ -246,12 +290,13 @@ def test_guard_topk_weights_shape(problem):
 
 def test_guard_weight_k_mismatch(problem):
     (a, sa, w, sw, ids, eids, nv), tw, out = problem
-    assert "w has shape" in _rejects("shape", a, sa, w[:, :, :128], sw, ids, eids, nv, out=out, block_m=4)
+    assert "w has shape" in _rejects("shape", a, sa, w[:, :, :128], sw, ids, eids, nv, out=out, block_m=4,
+                                    topk=2)
 
 
 def test_guard_out_dtype(problem):
     args, tw, out = problem
-    assert "out has dtype" in _rejects("dtype", *args, out=out, block_m=4, out_dtype=torch.float32)
+    assert "out has dtype" in _rejects("dtype", *args, out=out, block_m=4, topk=2, out_dtype=torch.float32)
 
 
 def test_guard_2gb_voffset_is_per_expert_slice():
@@ -260,19 +305,19 @@ def test_guard_2gb_voffset_is_per_expert_slice():
     w_scale = torch.empty(1, N, K // 32, dtype=torch.uint8)
     a, a_scale = torch.zeros(T, K, dtype=torch.float8_e4m3fn), torch.zeros(T, K // 32, dtype=torch.uint8)
     srt = routing.moe_sorting(torch.zeros(T, 1, dtype=torch.int64), torch.ones(T, 1), 1, block_m=2)
-    out = torch.full((srt.sorted_token_ids.shape[0], 8), 5.0, dtype=torch.bfloat16)
+    out = torch.full((T, 1, N), 5.0, dtype=torch.bfloat16)
     args = (a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)
     with pytest.raises(guards.GuardError, match=r"\[2GB-voffset\] w\[expert\] spans 2147483648"):
-        mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=2, fallback="error")
+        mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=2, topk=1, out=out, fallback="error")
     assert torch.all(out == 5.0)
-    assert mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=2).fallback
+    assert mxgemm.explain("moe_mxfp8_grouped_gemm", *args, block_m=2, topk=1).fallback
 
 
 def test_guard_arch(problem):
     args, tw, out = problem
     meta = [t.to("meta") for t in args]
     with pytest.raises(guards.GuardError, match=r"\[arch\].*meta"):
-        mxgemm.moe_mxfp8_grouped_gemm(*meta, block_m=4, fallback="error")
+        mxgemm.moe_mxfp8_grouped_gemm(*meta, block_m=4, topk=2, fallback="error")
 
 
 # ------------------------------------------------------------------------------------------
@@ -293,7 +338,7 @@ def test_guard_expert_id_beyond_w(problem):
     eids = eids.clone()
     eids[0] = 99
     assert "sorted_expert_ids[0] = 99 but w holds 4 experts" in _rejects("expert-id", a, sa, w, sw, ids, eids, nv,
-                                                                        out=out, block_m=4)
+                                                                        out=out, block_m=4, topk=2)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -317,5 +362,5 @@ def test_mfma_chunk_is_bitwise(out_dtype):
         want[p] = reference.mx_gemm_ref(a2[rows[p]][None], s2[rows[p]][None], w[exp[p]], w_scale[exp[p]],
                                         out_dtype=torch.float32, chunk=reference.MX_MMA_K)[0] * srt.sorted_weights[p]
     want = want if out_dtype == torch.float32 else reference.F.bf16_rne(want)
-    assert torch.equal(got[:n].view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
-                       want.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32))
+    bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(got[tok[real], slot[real]].view(bits), want[real].view(bits))

@@ -516,23 +516,24 @@ def test_mx_gemm(data, bad):
 def test_moe_mxfp8_grouped_gemm(data, bad):
     if bad == "huge":   # a, a_scale, out and ONE expert's slice of w / w_scale under 2^31 bytes
         T, E, N, K, S = pick(data, [(2 ** 16, 1, 16, 2 ** 15, 64), (4, 2 ** 12, 2 ** 10, 2 ** 10, 64),
-                                    (4, 1, 2 ** 12, 2 ** 19, 64), (4, 1, 2 ** 16, 32, 2 ** 13)])
+                                    (4, 1, 2 ** 12, 2 ** 19, 64), (2 ** 13, 1, 2 ** 16, 32, 64)])
         out_dtype = pick(data, [torch.bfloat16, torch.float32])
         give_out = chance(data, 50)
         srt, _ = routes(Inputs(), 4, 1, 1, 16)
 
         def build(empty):
             meta = lambda t: t.to(empty(0, dtype=t.dtype).device)  # noqa: E731
-            ids = torch.full((S,), 4, dtype=torch.int32)
-            ids[:len(srt.sorted_token_ids)] = srt.sorted_token_ids
+            ids = torch.full((S,), T, dtype=torch.int32)   # padding: token T
+            live = srt.sorted_token_ids
+            ids[:len(live)] = torch.where((live & 0xFFFFFF) < 4, live, T)
             args = dict(a=empty(T, K, dtype=E4M3), a_scale=empty(T, K // 32, dtype=torch.uint8),
                         w=empty(E, N, K, dtype=E4M3), w_scale=empty(E, N, K // 32, dtype=torch.uint8),
                         sorted_token_ids=meta(ids), sorted_expert_ids=meta(torch.zeros(S // 16, dtype=torch.int32)),
                         num_valid_ids=meta(srt.num_valid_ids))
-            return args, dict(block_m=16, out_dtype=out_dtype, fallback="error",
-                              **(dict(out=empty(S, N, dtype=out_dtype)) if give_out else {}))
+            return args, dict(block_m=16, topk=1, out_dtype=out_dtype, fallback="error",
+                              **(dict(out=empty(T, 1, N, dtype=out_dtype)) if give_out else {}))
         return huge(data, "moe_mxfp8_grouped_gemm", build,
-                    max(T * K, N * K, S * N * out_dtype.itemsize) >= LIMIT)
+                    max(T * K, N * K, T * N * out_dtype.itemsize) >= LIMIT)
     inp = inputs(data)
     E = pick(data, [1, 2, 3])
     T, topk = pick(data, [0, 1, 2, 3, 5]), data.draw(st.integers(1, min(E, 2)))
@@ -559,15 +560,16 @@ def test_moe_mxfp8_grouped_gemm(data, bad):
     out_dtype = pick(data, [torch.bfloat16, torch.float32])
     kw = dict(block_m=block_m, out_dtype=out_dtype, fallback=pick(data, ["auto", "error"]),
               validate=bad == "routing" or not chance(data, 25))   # validate=False: the caller vouches for the routing
+    if not (three_d or weighted) or chance(data, 25):   # needed only for [T, K] a without weights
+        kw["topk"] = topk
     if chance(data, 25):
         kw["config"] = pick(data, ["BLOCK_N=8,M_CHUNK=2", {"BLOCK_N": 16, "M_CHUNK": 4}, "M_CHUNK=2,BLOCK_N=16"])
     if bad == "option":
         kw.update(pick(data, [dict(config="BLOCK_N=16"), dict(config="BLOCK_N=16,M_CHUNK=3"), dict(config="M_CHUNK"),
                               dict(config="BLOCK_N=16,M_CHUNK=4,X=1"), dict(block_m=0), dict(block_m=-4),
                               dict(block_m=3), dict(block_m=2 * block_m), dict(out_dtype=torch.float16),
-                              dict(fallback="never")]))
-    S = len(srt.sorted_token_ids)
-    out = draw_out(data, (S, N), kw["out_dtype"], args, bad == "out")
+                              dict(fallback="never"), dict(topk=0), dict(topk=256)]))
+    out = draw_out(data, (T, topk, N), kw["out_dtype"], args, bad == "out")
     before = out.clone() if isinstance(out, torch.Tensor) else None
 
     def ref(got):
@@ -585,11 +587,16 @@ def test_moe_mxfp8_grouped_gemm(data, bad):
         if weighted:
             weights = torch.zeros(n)
             weights[real] = args["topk_weights"][tok[real], slot[real]]
-        want = reference.moe_mxfp8_grouped_gemm_ref(a, sa, w, sw, ids, eids, nv, kw["block_m"], weights,
-                                                    kw["out_dtype"])
-        contract("moe_mxfp8_grouped_gemm", got[:n], want)
-        rest = before[n:] if before is not None else torch.zeros(S - n, N, dtype=kw["out_dtype"])
-        bitwise(got[n:], rest, "rows past num_valid_ids[0]")
+        want = reference.moe_mxfp8_grouped_gemm_ref(a, sa, w, sw, ids, eids, nv, kw["block_m"],
+                                                    1 if three_d else topk, weights, kw["out_dtype"])
+        # out in route order: the routes of live sorted rows in blocks with an expert, the rest untouched
+        routes = tok * topk + slot
+        held = torch.zeros(tokens * topk, dtype=torch.bool)
+        held[routes[real & (eids[torch.arange(n) // kw["block_m"]] >= 0)].long()] = True
+        flat, want = got.reshape(tokens * topk, N), want.reshape(tokens * topk, N)
+        contract("moe_mxfp8_grouped_gemm", flat[held], want[held])
+        rest = before.reshape(tokens * topk, N) if before is not None else torch.zeros_like(flat)
+        bitwise(flat[~held], rest[~held], "routes no live sorted row holds")
     check(lambda: mxgemm.moe_mxfp8_grouped_gemm(**args, **kw, **out_kw(out)), args, out, ref)
 
 
@@ -1091,12 +1098,12 @@ def test_dequantize_outless_output_over_2gb():
 
 
 def test_moe_mxfp8_outless_output_over_2gb():
-    S, N, K = 2 ** 13, 2 ** 16, 32   # out: S x N fp32 = 2^31 bytes; one expert's w: 2 MiB
-    args = (torch.empty(1, K, dtype=E4M3), torch.empty(1, 1, dtype=torch.uint8), torch.empty(1, N, K, dtype=E4M3),
-            torch.empty(1, N, 1, dtype=torch.uint8), torch.full((S,), 1, dtype=torch.int32),
-            torch.zeros(S // 16, dtype=torch.int32), torch.tensor([16], dtype=torch.int32))
-    kw = dict(block_m=16, out_dtype=torch.float32, fallback="error")
-    out = torch.empty(S, N)
+    T, N, K = 2 ** 13, 2 ** 16, 32   # out: T x 1 x N fp32 = 2^31 bytes; one expert's w: 2 MiB
+    args = (torch.empty(T, K, dtype=E4M3), torch.empty(T, 1, dtype=torch.uint8), torch.empty(1, N, K, dtype=E4M3),
+            torch.empty(1, N, 1, dtype=torch.uint8), torch.full((16,), T, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32), torch.tensor([16], dtype=torch.int32))
+    kw = dict(block_m=16, topk=1, out_dtype=torch.float32, fallback="error")
+    out = torch.empty(T, 1, N)
     assert rule_of(lambda: mxgemm.explain("moe_mxfp8_grouped_gemm", *args, **kw, out=out)) == "2GB-voffset"
     assert rule_of(lambda: mxgemm.explain("moe_mxfp8_grouped_gemm", *args, **kw)) == "2GB-voffset"
 
@@ -1107,8 +1114,8 @@ def test_moe_mxfp8_second_identical_meta_call():
     args = (m(2, 64), m(2, 2, dtype=torch.uint8), m(2, 16, 64), m(2, 16, 2, dtype=torch.uint8),
             *(t.to("meta") for t in (srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids)))
     OPS["moe_mxfp8_grouped_gemm"].clear_plans()
-    first = mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4)
-    assert mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4).shape == first.shape
+    first = mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4, topk=1)
+    assert mxgemm.moe_mxfp8_grouped_gemm(*args, block_m=4, topk=1).shape == first.shape == (2, 1, 16)
 
 
 def _wrong_scalar_calls():

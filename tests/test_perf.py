@@ -25,9 +25,9 @@ HAND = [
     ("smallm_mxfp8_mfma", {"M_TILE": 16, "SPLIT_K": 2}, dict(M=16, N=32, K=512),
      2 * 16 * 32 * 512, 16 * 512 + 16 * 16 + 32 * 512 + 32 * 16 + 2 * 16 * 32, (1, 1, 1), 2 * 4),
     # 3 tokens x top-4 of 4 experts: every expert active with 3 rows -> 4 live blocks of 16 sorted rows;
-    # the grid covers aiter's worst-case layout, ceil((3 * 4 + 4 * 16 - 4) / 16) = 5 blocks
+    # the grid has a row per block the 12 routes can fill, 4 + (12 - 4) // 16 = 4; out: the 12 routes' rows
     ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 16, "M_CHUNK": 2}, dict(tokens=3, topk=4, experts=4, N=16, K=512),
-     2 * 12 * 16 * 512, 3 * 512 + 3 * 16 + 4 * 16 * (512 + 16) + 2 * 64 * 16, (1, 5, 1), 4 * 2 * 4 * 1),
+     2 * 12 * 16 * 512, 3 * 512 + 3 * 16 + 4 * 16 * (512 + 16) + 2 * 12 * 16, (1, 4, 1), 4 * 2 * 4 * 1),
     # a4w4: 2 tokens x top-2 of 2 experts, fp4 rows of 512 bytes + 32 scales; out read + written;
     # grid: ceil((2 * 2 + 2 * 16 - 2) / 16) = 3 blocks; two 256-wide K steps per loop iteration
     ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256, K=1024),

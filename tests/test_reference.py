@@ -184,16 +184,15 @@ def test_moe_mxfp8_grouped_gemm(weighted):
     w, sw = rand_codes((E, N, K), "e4m3", g), rand_e8m0((E, N, K // 32), g)
     args = (a, sa, w, sw, s.sorted_token_ids, s.sorted_expert_ids, s.num_valid_ids, block_m)
     kw = {"sorted_weights": s.sorted_weights} if weighted else {}
-    out = R.moe_mxfp8_grouped_gemm_ref(*args, out_dtype=torch.float32, **kw)
-    rows = np_sorted_rows(s, block_m)
-    want = np.zeros((len(rows), N), f32)
+    out = R.moe_mxfp8_grouped_gemm_ref(*args, topk, out_dtype=torch.float32, **kw)
+    want = np.zeros((T, topk, N), f32)   # route order: every route is a sorted row's
     av, wv = np_vals(a, "e4m3"), np_vals(w, "e4m3")
-    for p, t, _, e in rows:
+    for p, t, slot, e in np_sorted_rows(s, block_m):
         if t < T:
-            want[p] = np_mx_dot(av[t:t + 1], np_e8m0(sa)[t:t + 1], wv[e], np_e8m0(sw)[e])[0]
-            want[p] *= f32(s.sorted_weights[p]) if weighted else f32(1)
+            want[t, slot] = np_mx_dot(av[t:t + 1], np_e8m0(sa)[t:t + 1], wv[e], np_e8m0(sw)[e])[0]
+            want[t, slot] *= f32(s.sorted_weights[p]) if weighted else f32(1)
     assert_bitwise_equal(out, torch.from_numpy(want), "moe gemm1 fp32")
-    assert_bitwise_equal(R.moe_mxfp8_grouped_gemm_ref(*args, **kw), to_bf16_torch(want), "moe gemm1 bf16")
+    assert_bitwise_equal(R.moe_mxfp8_grouped_gemm_ref(*args, topk, **kw), to_bf16_torch(want), "moe gemm1 bf16")
 
 
 @pytest.mark.parametrize("permute", [False, True])

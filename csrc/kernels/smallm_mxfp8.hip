@@ -265,13 +265,14 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 //   sorted_token_ids[p] = (slot << 24) | token, expert runs padded to block_m rows with token T;
 //   sorted_expert_ids[blk] = expert of rows [blk * block_m, +block_m) (-1: none);
 //   num_valid_ids[0] = number of sorted rows in use (padding included).
-// For p < num_valid_ids[0]:
-//   out[p, n] = (topk_weights[token, slot] if flags & 1) * sum_k A[a_row, k] W[expert, n, k]
+// For each route p < num_valid_ids[0] (token < T, in a block with an expert), in route order:
+//   out[token * topk + slot, n] = (topk_weights[token, slot] if flags & 1)
+//                                 * sum_k A[a_row, k] W[expert, n, k]
 //   (MX scales as above), a_row = token * topk + slot if flags & 2 (one A row per (token, slot)),
-//   else token; out[p, :] = 0 for padding rows. Rows p >= num_valid_ids[0] are not written.
+//   else token. Padding rows and rows p >= num_valid_ids[0] write nothing.
 // A workgroup owns BLOCK_N weight rows of one sorted block; sorted rows are taken M_CHUNK at a
-// time and all-padding chunks skip the K loop (a uniform branch), so padded blocks cost one zero
-// store. M_CHUNK 2 / 4: 256 / BLOCK_N lanes split K per weight row (the GEMV core). M_CHUNK 16
+// time and all-padding chunks are skipped (a uniform branch), so padding costs only its ids.
+// M_CHUNK 2 / 4: 256 / BLOCK_N lanes split K per weight row (the GEMV core). M_CHUNK 16
 // (BLOCK_N 64, K % 128 == 0): the chunk is one scaled MFMA tile, each wave 16 of the columns.
 // Grid: (ceil(N / BLOCK_N), grid_blocks): workgroup row y takes sorted blocks y, y + grid_blocks,
 // ... below num_valid_ids[0], so the host may launch fewer rows than the worst-case buffer has
@@ -283,36 +284,33 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 namespace {
 // One M_CHUNK of 16 sorted rows x the workgroup's 64 columns on scaled MFMAs: wave w owns columns
 // n0 + 16 w .. + 15, lane r = lane % 16 gathers A row r of the chunk (its sorted id by lane
-// exchange), K runs in 128-wide steps. Padding rows are stored as 0, a chunk with no route
-// (any == false) only stores them.
+// exchange), K runs in 128-wide steps; each route's row is stored at its route.
 MXGEMM_DEVICE void moe_mfma_chunk(void* out, buffer_rsrc ra, buffer_rsrc rsa, buffer_rsrc rw,
-                                  buffer_rsrc rsw, const float* topk_weights, uint32_t my_id, bool any,
-                                  uint32_t seg, uint32_t r0, uint32_t rows_end, uint32_t n0, uint32_t un,
-                                  uint32_t uk, uint32_t ut, uint32_t utopk, bool per_slot, int flags) {
+                                  buffer_rsrc rsw, const float* topk_weights, uint32_t my_id, uint32_t seg,
+                                  uint32_t r0, uint32_t rows_end, uint32_t n0, uint32_t un, uint32_t uk,
+                                  uint32_t ut, uint32_t utopk, bool per_slot, int flags) {
   const uint32_t t = thread_x(), lane = t % 64u, r = lane % kMfmaRows, k_blocks = uk / kMxBlock;
   const uint32_t n = n0 + (t / 64u) * kMfmaRows + r, w_row = min_u32(n, un - 1u);
   f32x4 acc = f32x4{0.f, 0.f, 0.f, 0.f};
-  if (any) {
-    const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r0 - seg + r)), (int)my_id);
-    const uint32_t token = id & 0xFFFFFFu;
-    const uint32_t a_row = token < ut ? (per_slot ? token * utopk + (id >> 24) : token) : 0u;
-    const uint32_t kb_lane = mfma_scale_block(lane);
-    for (uint32_t k0 = 0; k0 < uk; k0 += kMfmaK) {
-      const uint32_t kb = k0 / kMxBlock + kb_lane;
-      const i32x8 wv = load_mfma_row(rw, w_row, uk, k0, lane), av = load_mfma_row(ra, a_row, uk, k0, lane);
-      acc = mfma_scale_16x16x128_e4m3(av, wv, acc, load_u8(rsa, a_row * k_blocks + kb),
-                                      load_u8(rsw, w_row * k_blocks + kb));
-    }
+  const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r0 - seg + r)), (int)my_id);
+  const uint32_t token = id & 0xFFFFFFu;
+  const uint32_t a_row = token < ut ? (per_slot ? token * utopk + (id >> 24) : token) : 0u;
+  const uint32_t kb_lane = mfma_scale_block(lane);
+  for (uint32_t k0 = 0; k0 < uk; k0 += kMfmaK) {
+    const uint32_t kb = k0 / kMxBlock + kb_lane;
+    const i32x8 wv = load_mfma_row(rw, w_row, uk, k0, lane), av = load_mfma_row(ra, a_row, uk, k0, lane);
+    acc = mfma_scale_16x16x128_e4m3(av, wv, acc, load_u8(rsa, a_row * k_blocks + kb),
+                                    load_u8(rsw, w_row * k_blocks + kb));
   }
 #pragma unroll
   for (uint32_t i = 0; i < 4; ++i) {
     const uint32_t row = r0 + 4u * (lane / 16u) + i;  // D layout: see mfma.h
     const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (row - seg)), (int)my_id);
-    const uint32_t token = id & 0xFFFFFFu;
-    if (row < rows_end && n < un) {
-      const float v = token >= ut ? 0.0f : (flags & 1) ? acc[i] * topk_weights[token * utopk + (id >> 24)] : acc[i];
-      if (flags & 4) static_cast<float*>(out)[row * un + n] = v;
-      else static_cast<__bf16*>(out)[row * un + n] = to_bf16(v);
+    const uint32_t token = id & 0xFFFFFFu, route = token * utopk + (id >> 24);
+    if (row < rows_end && n < un && token < ut) {
+      const float v = (flags & 1) ? acc[i] * topk_weights[route] : acc[i];
+      if (flags & 4) static_cast<float*>(out)[route * un + n] = v;
+      else static_cast<__bf16*>(out)[route * un + n] = to_bf16(v);
     }
   }
 }
@@ -354,37 +352,33 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_moe_grouped_gemm)(
       const uint64_t live = __builtin_amdgcn_ballot_w64((my_id & 0xFFFFFFu) < ut);
       for (uint32_t r0 = seg; r0 < seg + seg_rows; r0 += MC) {
         const bool any = (live >> (r0 - seg)) & ((1u << MC) - 1u);
+        if (!any) continue;
         if constexpr (MC == kMfmaRows) {
-          moe_mfma_chunk(out, ra, rsa, rw, rsw, topk_weights, my_id, any, seg, r0, rows_end, n0, un, uk,
-                         ut, utopk, per_slot, flags);
+          moe_mfma_chunk(out, ra, rsa, rw, rsw, topk_weights, my_id, seg, r0, rows_end, n0, un, uk, ut, utopk,
+                         per_slot, flags);
         } else {
-          if (any) {
-            uint32_t a_row[MC];
+          uint32_t a_row[MC];
 #pragma unroll
-            for (uint32_t i = 0; i < MC; ++i) {  // uniform: read from one lane
-              const uint32_t id = (uint32_t)__builtin_amdgcn_readlane((int)my_id, (int)(r0 - seg + i));
-              const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
-              a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
-            }
-            float acc[MC][1] = {};
-            gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
-            lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
+          for (uint32_t i = 0; i < MC; ++i) {  // uniform: read from one lane
+            const uint32_t id = (uint32_t)__builtin_amdgcn_readlane((int)my_id, (int)(r0 - seg + i));
+            const uint32_t token = id & 0xFFFFFFu, slot = id >> 24;
+            a_row[i] = token < ut ? (per_slot ? token * utopk + slot : token) : 0u;
           }
+          float acc[MC][1] = {};
+          gemv_accumulate<MC, 1>(acc, ra, rsa, a_row, rw, rsw, w_row, uk, t % KL, KL);
+          lds_partials_store<MC>(red, reinterpret_cast<const float(&)[MC]>(acc), t, KL);
           // slot o = group * MC + i  ->  (sorted row r0 + i, n0 + group); every lane takes part in
-          // the exchange, and only the slot's lanes store.
+          // the exchange, and only the slot's lanes of a route store, at the route's row.
           const uint32_t i = t % MC, n = n0 + t / MC, r = r0 + i;
           const uint32_t id = (uint32_t)__builtin_amdgcn_ds_bpermute((int)(4u * (r - seg)), (int)my_id);
-          if (t < BLOCK_N * MC && r < rows_end && n < un) {
-            const uint32_t token = id & 0xFFFFFFu;
-            float v = 0.0f;
-            if (token < ut) {
-              v = red_sum(red, t, KL);
-              if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];
-            }
-            if (flags & 4) static_cast<float*>(out)[r * un + n] = v;
-            else static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);
+          const uint32_t token = id & 0xFFFFFFu, route = token * utopk + (id >> 24);
+          if (t < BLOCK_N * MC && r < rows_end && n < un && token < ut) {
+            float v = red_sum(red, t, KL);
+            if (flags & 1) v *= topk_weights[route];
+            if (flags & 4) static_cast<float*>(out)[route * un + n] = v;
+            else static_cast<__bf16*>(out)[route * un + n] = to_bf16(v);
           }
-          if (any) syncthreads();  // red is rewritten by the next chunk (of this block or the next)
+          syncthreads();  // red is rewritten by the next chunk (of this block or the next)
         }
       }
     }

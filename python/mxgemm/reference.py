@@ -183,18 +183,22 @@ def _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, nu
 
 
 def moe_mxfp8_grouped_gemm_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
-                               num_valid_ids, block_m: int, sorted_weights: Optional[torch.Tensor] = None,
+                               num_valid_ids, block_m: int, topk: int,
+                               sorted_weights: Optional[torch.Tensor] = None,
                                out_dtype: torch.dtype = torch.bfloat16, fmt: str = "e4m3",
                                k_lanes: int = 1, chunk: int = MX_BLOCK) -> torch.Tensor:
-    """MoE grouped GEMM (gemm1 style) on the moe_sorting layout.
+    """MoE grouped GEMM (gemm1 style) on the moe_sorting layout, out in route order.
 
     a: [T, K] e4m3 (one row per token), a_scale [T, K/32] e8m0; w: [E, N, K], w_scale
-    [E, N, K/32]. Output row p (sorted position, p < num_valid) is
+    [E, N, K/32]. For each sorted row p < num_valid of a route (token(p) < T, its block's
+    expert >= 0):
       acc = A[token(p)] . W[expert(block p // block_m)]^T     (fp32, module model)
       acc = acc * sorted_weights[p]                         (fp32, only if given)
-    -> [num_valid, N] out_dtype; padding rows (token id >= T) are 0. k_lanes, chunk: as mx_gemm_ref.
+      out[token(p), slot(p)] = acc
+    -> [T, topk, N] out_dtype; routes no sorted row holds are 0. k_lanes, chunk: as mx_gemm_ref.
     """
-    tok, _, exp, real = _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, a.shape[0])
+    T = a.shape[0]
+    tok, slot, exp, real = _sorted_rows(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m, T)
     acc = torch.zeros(len(tok), w.shape[1], dtype=torch.float32)
     for e in exp[real].unique().tolist():
         rows = (real & (exp == e)).nonzero().squeeze(1)
@@ -202,7 +206,9 @@ def moe_mxfp8_grouped_gemm_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_
                                 chunk=chunk, k_lanes=k_lanes)
     if sorted_weights is not None:
         acc = acc * sorted_weights[:len(tok)].float()[:, None]
-    return _out(acc, out_dtype)
+    out = torch.zeros(T * topk, w.shape[1], dtype=torch.float32)
+    out[tok[real] * topk + slot[real]] = acc[real]
+    return _out(out, out_dtype).reshape(T, topk, w.shape[1])
 
 
 def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights, sorted_expert_ids,

@@ -37,15 +37,12 @@ def route_blocks(routes: int, experts: int, block_m: int) -> int:
     return m + (routes - m) // block_m
 
 
-def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int | None) -> int:
+def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int) -> int:
     """Workgroup rows of the launch; the kernel strides over the live blocks, so fewer rows than the
     buffer's worst-case blocks still cover them all. At most as many rows as the chip's resident
-    workgroups need (each row then loops over its share, and no row launches past them), and with
-    the route count known at most route_blocks."""
-    rows = min(blocks, RESIDENT_WGS // col_groups)
-    if routes is not None:
-        rows = min(rows, route_blocks(routes, experts, block_m))
-    return max(1, rows)
+    workgroups need (each row then loops over its share, and no row launches past them), and at
+    most route_blocks."""
+    return max(1, min(blocks, RESIDENT_WGS // col_groups, route_blocks(routes, experts, block_m)))
 
 
 CONFIG = ConfigGrammar("moe_mxfp8_grouped_gemm", {"BLOCK_N": int, "M_CHUNK": int}, required=True)
@@ -76,22 +73,27 @@ def _plan(x) -> Plan:
     if x.sorted_expert_ids.shape[0] < blocks:
         guards.fail("shape", f"sorted_expert_ids has {x.sorted_expert_ids.shape[0]} blocks; "
                              f"{S} sorted rows / block_m {block_m} need {blocks}")
-    topk = a.shape[1] if a.dim() == 3 else None
     tw = x.topk_weights
     if tw is not None:
         guards.check_dtype(tw, "topk_weights", torch.float32)
-        guards.check_shape(tw, "topk_weights", (T, topk))
+        guards.check_shape(tw, "topk_weights", (T, a.shape[1] if a.dim() == 3 else None))
         guards.check_contiguous(tw, "topk_weights")
-        topk = tw.shape[1]
+    topk = topk_of(x)
+    if topk is None:
+        guards.fail("topk", "topk must be given when a is [T, K] and topk_weights is None: out is [T, topk, N]")
+    if not isinstance(topk, int) or topk < 1 or topk >= 256:
+        guards.fail("topk", f"topk must be an int in [1, 255] (the slot field of a sorted id); got {topk!r}")
+    if x.topk is not None and x.topk != topk:
+        guards.fail("topk", f"topk = {x.topk} but a / topk_weights have {topk} slots per token")
     if x.out_dtype not in (torch.bfloat16, torch.float32):
         guards.fail("dtype", f"out_dtype must be torch.bfloat16 or torch.float32; got {x.out_dtype}")
     if x.out is not None and x.out.dtype != x.out_dtype:
         guards.fail("dtype", f"out has dtype {x.out.dtype} but out_dtype is {x.out_dtype}")
-    mx.check_out(x.out, (S, N), (x.out_dtype,))
+    mx.check_out(x.out, (T, topk, N), (x.out_dtype,))
     device = guards.check_same_device(a=a, a_scale=x.a_scale, w=w, w_scale=x.w_scale, **ids,
                                       topk_weights=tw, out=x.out)
-    shape = dict(out_shape=(S, N), out_dtype=x.out_dtype)
-    if S == 0 or N == 0:
+    shape = dict(out_shape=(T, topk, N), out_dtype=x.out_dtype)
+    if S == 0 or N == 0 or T == 0:
         return empty_plan(name, **shape)
     variant = CONFIG.parse(x.config)
     if variant is not None:
@@ -99,9 +101,8 @@ def _plan(x) -> Plan:
             guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
         why = "config given by the caller"
     else:
-        # the routes' blocks (without the top-k, at least one route per token)
         choice = moe_heuristic_config(T, N, K, block_m,
-                                      max(1, min(blocks, route_blocks(T * (topk or 1), w.shape[0], block_m))))
+                                      max(1, min(blocks, route_blocks(T * topk, w.shape[0], block_m))))
         variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")
@@ -114,15 +115,17 @@ def _plan(x) -> Plan:
     flags = (1 if tw is not None else 0) | (2 if a.dim() == 3 else 0) | (4 if x.out_dtype == torch.float32 else 0)
     return mx.kernel_or_fallback(x.fallback, name, named, MOE, variant, device, why, **shape, N=N, K=K,
                                  grid_blocks=grid_blocks(blocks, -(-N // variant["BLOCK_N"]), block_m, w.shape[0],
-                                                         None if topk is None else T * topk),
-                                 tokens=T, topk=topk or 1, a_rows=a.numel() // K if K else 0, block_m=block_m,
+                                                         T * topk),
+                                 tokens=T, topk=topk, a_rows=a.numel() // K if K else 0, block_m=block_m,
                                  flags=flags)
 
 
 def topk_of(x):
-    """The top-k the op reads slots against: a's [T, topk, K] rows or topk_weights' columns;
-    None when it reads no slot (2-D a, no weights)."""
-    return x.a.shape[1] if x.a.dim() == 3 else None if x.topk_weights is None else x.topk_weights.shape[1]
+    """The top-k of the routes (out's rows are token * topk + slot): a's [T, topk, K] rows, else
+    topk_weights' columns, else the caller's topk (None: not given)."""
+    if x.a.dim() == 3:
+        return x.a.shape[1]
+    return x.topk if x.topk_weights is None else x.topk_weights.shape[1]
 
 
 def _check_routing(x, plan) -> None:
@@ -139,6 +142,7 @@ def _fallback(x, plan) -> None:
     exp = x.sorted_expert_ids.long()[torch.arange(n, device=ids.device) // x.block_m]
     real = (tok < a.shape[0]) & (exp >= 0)
     vals = torch.zeros(n, w.shape[1], dtype=torch.float32, device=a.device)
+    topk = topk_of(x)
     a2 = a.reshape(-1, a.shape[-1])
     s2 = a_scale.reshape(-1, a_scale.shape[-1])
     row = tok * a.shape[1] + slot if a.dim() == 3 else tok
@@ -148,16 +152,16 @@ def _fallback(x, plan) -> None:
     if x.topk_weights is not None:
         tw = x.topk_weights
         wt = tw[tok.clamp(max=a.shape[0] - 1), slot.clamp(max=tw.shape[1] - 1)]
-        vals = vals * torch.where(real, wt, torch.zeros_like(wt))[:, None]
-    out[:n].copy_(vals)
+        vals = vals * wt[:, None]
+    out.view(-1, out.shape[-1])[tok[real] * topk + slot[real]] = vals[real].to(out.dtype)
 
 
 @op(plan=_plan, fallback=_fallback, alloc=torch.zeros, convert={"config": CONFIG.text},
-    check_data=_check_routing, out_shape=lambda x: ((x.sorted_token_ids.shape[0], x.w.shape[1]), x.out_dtype))
+    check_data=_check_routing, out_shape=lambda x: ((x.a.shape[0], topk_of(x), x.w.shape[1]), x.out_dtype))
 def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                            sorted_token_ids: torch.Tensor, sorted_expert_ids: torch.Tensor,
                            num_valid_ids: torch.Tensor, *, topk_weights: torch.Tensor | None = None,
-                           block_m: int, out: torch.Tensor | None = None,
+                           block_m: int, topk: int | None = None, out: torch.Tensor | None = None,
                            out_dtype: torch.dtype = torch.bfloat16, config: str = "",
                            fallback: str = "auto", validate: bool = True) -> torch.Tensor:
     """MXFP8 MoE grouped GEMM over the expert-sorted layout of ``mxgemm.routing.moe_sorting``.
@@ -167,16 +171,19 @@ def moe_mxfp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
     sorted_token_ids: [S] int32, (slot << 24) | token, padding rows have token >= T
     sorted_expert_ids: [>= ceil(S / block_m)] int32, expert of each block of block_m rows (-1: none)
     num_valid_ids: [1] or [2] int32, num_valid_ids[0] = sorted rows in use (padding included)
-    topk_weights: optional [T, topk] fp32; row p is multiplied by topk_weights[token, slot]
-    -> out [S, N] out_dtype (bf16 or fp32) in sorted order: for p < num_valid_ids[0],
-       out[p] = weight * A[row(p)] @ W[expert(p)]^T (MX-scaled, fp32 accumulation); padding
-       rows are 0; rows p >= num_valid_ids[0] are left as they were (0 when out is None).
+    topk_weights: optional [T, topk] fp32; route (token, slot) is multiplied by topk_weights[token, slot]
+    topk: routes per token; needed only when a is [T, K] and topk_weights is None
+    -> out [T, topk, N] out_dtype (bf16 or fp32) in route order, as vLLM's fused MoE caches: for
+       each route of the sorted rows p < num_valid_ids[0] (token < T, its block's expert >= 0),
+       out[token, slot] = weight * A[row(p)] @ W[expert(p)]^T (MX-scaled, fp32 accumulation);
+       padding rows write nothing, routes no sorted row holds are left as they were (0 when out
+       is None). A [T, topk, N] out feeds the next GEMM as its [T, topk, K] a.
     config: force a variant, e.g. {"BLOCK_N": 16, "M_CHUNK": 4}. fallback: as smallm_mxfp8_gemm.
     The 2 GB rule applies to a, a_scale, out and ONE expert's slice of w / w_scale (the
     kernel rebases the weight resource per expert).
     validate: before the launch, check the routing metadata the kernel trusts (GuardError,
-    nothing written): 0 <= num_valid_ids[0] <= S; a live entry's slot < topk (a's or
-    topk_weights') unless its token is padding (>= T); a block holding live rows names an expert
+    nothing written): 0 <= num_valid_ids[0] <= S; a live entry's slot < topk unless its token is
+    padding (>= T); a block holding live rows names an expert
     < E. On a GPU that costs a device-to-host copy and a sync per call; validate=False skips it
     for metadata made by moe_sorting, and a malformed layout then reads out of bounds.
     """

@@ -16,7 +16,7 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
     T, topk, E, N, K = (shape[x] for x in ("tokens", "topk", "experts", "N", "K"))
     srt, _, _ = inp.routing(T, topk, E, BLOCK_M)
     args = (*inp.mx(T, K), *inp.mx(E, N, K), *sorted_ids(srt, inp.device))
-    return Call(OP, args, dict(block_m=BLOCK_M, config=v, fallback="error"))
+    return Call(OP, args, dict(block_m=BLOCK_M, topk=topk, config=v, fallback="error"))
 
 
 def work(kernel, v, tokens, topk, experts, N, K) -> Work:
@@ -24,14 +24,14 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
     n_valid = int(srt.num_valid_ids[0])
     ids = srt.sorted_token_ids[:n_valid].view(-1, BLOCK_M) & 0xFFFFFF
     live = (ids < tokens).view(n_valid // BLOCK_M, -1, v["M_CHUNK"]).any(2)   # chunks with a real row
-    # gemm1's call: a is [T, K] with no weights, so the op does not know the top-k
-    rows = grid_blocks(srt.sorted_expert_ids.numel(), -(-N // v["BLOCK_N"]), BLOCK_M, experts, None)
+    routes = tokens * topk
+    rows = grid_blocks(srt.sorted_expert_ids.numel(), -(-N // v["BLOCK_N"]), BLOCK_M, experts, routes)
     g = grid(kernel, v, N=N, grid_blocks=rows)
     chunks = live.sum(1)                                          # live chunks per block; row y takes y, y + rows, ...
     per_row = torch.zeros(rows, dtype=chunks.dtype).index_add_(0, torch.arange(chunks.numel()) % rows, chunks)
     # a wave's K steps: 128-wide MFMA steps, or the GEMV core's 256 / BLOCK_N lanes per weight row
     iters = -(-K // (MFMA_K if v["M_CHUNK"] == MFMA_CHUNK else 32 * 256 // v["BLOCK_N"]))
-    return Work(2.0 * tokens * topk * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * n_valid * N,
+    return Work(2.0 * routes * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * routes * N,
                 "fp8", g, g[0] * min(rows, chunks.numel()), g[0] * waves(kernel, v) * int(live.sum()) * iters,
                 iters * int(per_row.max()))
 
@@ -51,7 +51,8 @@ def race(kernel, v) -> list:
 def decode(inp: Inputs) -> dict:
     T, topk, E, K = 4, 8, 256, 4096
     srt, _, _ = inp.routing(T, topk, E, BLOCK_M)
-    return {OP: Call(OP, (*inp.mx(T, K), *inp.mx(E, 64, K), *sorted_ids(srt, inp.device)), dict(block_m=BLOCK_M))}
+    return {OP: Call(OP, (*inp.mx(T, K), *inp.mx(E, 64, K), *sorted_ids(srt, inp.device)),
+                     dict(block_m=BLOCK_M, topk=topk))}
 
 
 def smoke(device) -> list:
@@ -62,8 +63,8 @@ def smoke(device) -> list:
     w, ws = inp.mx(E, N, K)
     srt, tw, _ = Inputs(seed=1).routing(T, topk, E, bm)
     c = Call(OP, (x, xs, w, ws, *sorted_ids(srt, device)), dict(topk_weights=tw.to(device), block_m=bm))
-    ref = reference.moe_mxfp8_grouped_gemm_ref(*(t.cpu() for t in c.args), bm, sorted_weights=srt.sorted_weights)
-    return [Smoke(f"{OP} T={T} E={E} topk={topk} N={N} K={K}", lambda: c()[:ref.shape[0]].cpu(), ref)]
+    ref = reference.moe_mxfp8_grouped_gemm_ref(*(t.cpu() for t in c.args), bm, topk, sorted_weights=srt.sorted_weights)
+    return [Smoke(f"{OP} T={T} E={E} topk={topk} N={N} K={K}", lambda: c().cpu(), ref)]
 
 
 def preset_decode():

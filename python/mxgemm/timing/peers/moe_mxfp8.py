@@ -143,30 +143,21 @@ def routing(tokens, topk, E, seed=0):
     return ids, weights, moe_sorting(ids, weights, E, block_m=OUR_BLOCK_M)
 
 
-def in_route_order(out, srt, tokens, topk):
-    """Rows of our sorted output [S, N] at the peer's (token * topk + slot) positions."""
-    n = int(srt.num_valid_ids[0])
-    tok, slot = decode_sorted_id(srt.sorted_token_ids[:n])
-    real = (tok < tokens).nonzero().squeeze(1)
-    dense = torch.zeros(tokens * topk, out.shape[1], dtype=out.dtype)
-    dense[(tok[real] * topk + slot[real]).long()] = out[real]
-    return dense
-
-
 def reference(a, sa, w, sw, srt, tokens, topk, weights) -> torch.Tensor:
     """The exact product [tokens * topk, N] in (token, slot) order (mxgemm.reference's fp32 model;
     gemm1 bf16, gemm2 weighted fp32): gemm2's per-route rows are gemm1 rows of a [tokens * topk, K]
     input."""
     from ... import reference as ref
-    K, ids = a.shape[-1], srt.sorted_token_ids
-    if a.dim() == 3:
+    K, ids, slots = a.shape[-1], srt.sorted_token_ids, topk
+    if a.dim() == 3:   # each route its own token of one slot
         tok, slot = decode_sorted_id(ids)
         ids = torch.where(tok < tokens, tok * topk + slot, tokens * topk).to(torch.int32)
-        a, sa = a.reshape(-1, K), sa.reshape(-1, K // 32)
+        a, sa, slots = a.reshape(-1, K), sa.reshape(-1, K // 32), 1
     want = ref.moe_mxfp8_grouped_gemm_ref(a, sa, w, sw, ids, srt.sorted_expert_ids, srt.num_valid_ids, OUR_BLOCK_M,
+                                          slots,
                                           sorted_weights=srt.sorted_weights if weights is not None else None,
                                           out_dtype=torch.float32 if weights is not None else torch.bfloat16)
-    return in_route_order(want, srt, tokens, topk)
+    return want.reshape(tokens * topk, -1)
 
 
 def check(got, want, sampled: bool, who: str) -> None:
@@ -196,12 +187,12 @@ def run(cell, machine="mi355x", rounds=ROUNDS) -> dict:
     tw = weights if per_route else None
     mine, us, symbol, t = time_ours(lambda: mxgemm.moe_mxfp8_grouped_gemm(
         a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw,
-        block_m=OUR_BLOCK_M, out_dtype=torch.float32 if per_route else torch.bfloat16, fallback="error"),
+        block_m=OUR_BLOCK_M, topk=k, out_dtype=torch.float32 if per_route else torch.bfloat16, fallback="error"),
         machine, rounds, xcd0=True)
     pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
     theirs, tp = time_peer(pa, psa, w, sw, ids, tw, machine, rounds)
     want = reference(a, sa, w, sw, srt, T, k, tw)
-    check(in_route_order(mine, srt, T, k), want, t["sampled"], "ours")
+    check(mine.view(T * k, N), want, t["sampled"], "ours")
     check(theirs, want, tp["sampled"], "peer")
     return dict(ours_us=us, peer_us=tp["us"], ours_kernel=symbol, ours_limiter=t["limiter"],
                 peer_limiter=tp["limiter"], sampled=t["sampled"] or tp["sampled"])
