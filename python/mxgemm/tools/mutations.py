@@ -71,10 +71,10 @@ CATALOGUE = (
         (SMALLM_SRC, "a_row[m] = min_u32(m0 + m, um - 1u);", "a_row[m] = min_u32(m0 + m + 1u, um - 1u);"),),
         "GEMV reads the next A row"),
     Mutation("smallm-moe-drop-topk-weight", (MOE,), (
-        (SMALLM_SRC, "if (flags & 1) v *= topk_weights[token * utopk + (id >> 24)];", "(void)topk_weights;"),),
+        (SMALLM_SRC, "if (flags & 1) v *= topk_weights[route];", "(void)topk_weights;"),),
         "MoE grouped GEMM ignores the top-k weight"),
     Mutation("smallm-moe-mfma-drop-topk-weight", (MOE,), (
-        (SMALLM_SRC, "(flags & 1) ? acc[i] * topk_weights[token * utopk + (id >> 24)] : acc[i]", "acc[i]"),),
+        (SMALLM_SRC, "(flags & 1) ? acc[i] * topk_weights[route] : acc[i]", "acc[i]"),),
         "MoE MFMA chunk ignores the top-k weight"),
     Mutation("smallm-moe-mfma-a-row-of-lane-0", (MOE,), (
         (SMALLM_SRC, "ds_bpermute((int)(4u * (r0 - seg + r)), (int)my_id)",
@@ -92,7 +92,18 @@ CATALOGUE = (
     Mutation("smallm-moe-store-id-of-chunk-row-0", (MOE,), (
         (SMALLM_SRC, "ds_bpermute((int)(4u * (r - seg)), (int)my_id)",
          "ds_bpermute((int)(4u * (r0 - seg)), (int)my_id)"),),
-        "MoE epilogue weights / zeroes every row of a chunk by the chunk's first row"),
+        "MoE epilogue stores every row of a chunk at (and weighted as) the chunk's first row's route"),
+    Mutation("smallm-moe-store-at-sorted-row", (MOE,), (
+        (SMALLM_SRC, "static_cast<__bf16*>(out)[route * un + n] = to_bf16(v);\n          }",
+         "static_cast<__bf16*>(out)[r * un + n] = to_bf16(v);\n          }"),),
+        "MoE GEMV core stores bf16 rows at their sorted position instead of their route"),
+    Mutation("smallm-moe-mfma-store-at-sorted-row", (MOE,), (
+        (SMALLM_SRC, "static_cast<float*>(out)[route * un + n] = v;\n      else",
+         "static_cast<float*>(out)[row * un + n] = v;\n      else"),),
+        "MoE MFMA chunk stores fp32 rows at their sorted position instead of their route"),
+    Mutation("smallm-moe-padding-rows-store", (MOE,), (
+        (SMALLM_SRC, "r < rows_end && n < un && token < ut) {", "r < rows_end && n < un) {"),),
+        "MoE GEMV core stores padding rows too (at token T's route, past out)"),
     Mutation("smallm-delete-lds-barrier", (GEMV, MOE), (
         (SMALLM_SRC, "red[(grp * V + v) * k_lanes + klane] = vals[v];\n  syncthreads();",
          "red[(grp * V + v) * k_lanes + klane] = vals[v];"),),
