@@ -2,11 +2,14 @@
 runner-up and the peer's time, keeps other shapes' rows, and writes a table the planner reads."""
 from __future__ import annotations
 
+import torch
+
 import mxgemm
 from mxgemm import tuned
+from mxgemm.ops import moe_mxfp8 as moe
 from mxgemm.ops import smallm_mxfp8 as op
 from mxgemm.timing import tune
-from mxgemm.timing.peers import smallm, time_ours
+from mxgemm.timing.peers import moe_mxfp8, smallm, time_ours
 
 
 def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(tmp_path, capsys):
@@ -44,3 +47,38 @@ def test_every_candidate_serves_its_shape_at_its_smallest_tile():
         heuristic = op.heuristic_config(M, 1024, 1024)
         assert (heuristic.kernel, heuristic.variant) in cands      # the tuner can tell how good it was
     assert op.candidates(16, 1024, 96) == [(op.GEMV, {"M_TILE": 16, "N_SUB": 1})]   # K % 128: no MFMA
+
+
+def test_the_moe_tuner_writes_the_fastest_variant_the_planner_then_reads(tmp_path, capsys, monkeypatch):
+    """gemm2's call (a row per route, top-k weights, fp32 out) at 3 tokens x top-2 of 4 experts:
+    every variant timed on its own gives the same fastest and runner-up; the planner takes the row
+    at the nearest tuned token count >= T and falls back to the heuristic past it."""
+    path = tmp_path / "moe.csv"
+    T, k, E, N, K = 3, 2, 4, 64, 256
+    assert tune.main(["moe_mxfp8", "--shapes", f"{T}x{k}x{E}x{N}x{K}x1", "--out", str(path)]) == 0
+    assert "heuristic within 5 % of the best: " in capsys.readouterr().out
+    (r,) = tuned.read_rows(path)
+    ids, weights, srt = moe_mxfp8.routing(T, k, E)
+    a, sa, w, sw = moe_mxfp8.operands(T, k, E, N, K, True, srt)
+    times = sorted((time_ours(lambda: mxgemm.moe_mxfp8_grouped_gemm(
+        a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=weights,
+        block_m=16, out_dtype=torch.float32, config=v, fallback="error"), rounds=moe_mxfp8.ROUNDS, xcd0=True)[1],
+                    tuple(v.items())) for v in moe.candidates(K, 16))
+    assert len(times) == len(moe.registry.get(moe.MOE).variants)
+    (us, best), (runner_us, runner) = times[0], times[1]
+    assert {p: int(r[p]) for p in moe.CSV_PARAMS} == dict(best) and r["source"] == "simulated"
+    assert float(r["us"]) == round(us, 2) and float(r["runner_up_us"]) == round(runner_us, 2)
+    assert r["runner_up"] == ",".join(f"{p}={x}" for p, x in runner)
+    monkeypatch.setattr(moe, "CONFIG_CSV", path)
+    moe.tuned_table.cache_clear()
+    moe.moe_mxfp8_grouped_gemm.clear_plans()
+    try:
+        for tokens in (3, 2, 4):
+            ids, weights, srt = moe_mxfp8.routing(tokens, k, E)
+            a, sa, w, sw = moe_mxfp8.operands(tokens, k, E, N, K, True, srt)
+            plan = mxgemm.explain("moe_mxfp8_grouped_gemm", a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids,
+                                  srt.num_valid_ids, topk_weights=weights, block_m=16, out_dtype=torch.float32)
+            assert ("tuned CSV row tokens=3 " in plan.reason) == (tokens <= 3), plan
+    finally:
+        moe.tuned_table.cache_clear()
+        moe.moe_mxfp8_grouped_gemm.clear_plans()

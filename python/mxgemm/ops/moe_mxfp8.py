@@ -1,16 +1,57 @@
 """moe_mxfp8_grouped_gemm: MXFP8 MoE grouped GEMM over the expert-sorted layout of
 ``mxgemm.routing.moe_sorting`` (kernel smallm_mxfp8_moe_grouped_gemm in
-csrc/kernels/smallm_mxfp8.hip). Guards, formats and the fallback: ``ops/_mxfp8.py``."""
+csrc/kernels/smallm_mxfp8.hip). Guards, formats and the fallback: ``ops/_mxfp8.py``. Config
+choice (``mxgemm.explain`` prints it): the caller's, else a tuned CSV row (``python -m mxgemm tune
+moe_mxfp8``) for the same experts, top-k, a layout, N, K and block_m at the nearest tuned token
+count >= T, else ``moe_heuristic_config``."""
 from __future__ import annotations
+
+import functools
 
 import torch
 
-from .. import guards, registry
+from .. import guards, registry, tuned
 from . import _mxfp8 as mx
 from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, op
 
 MOE = "smallm_mxfp8_moe_grouped_gemm"
 MFMA_CHUNK, MFMA_K = 16, 128   # the M_CHUNK whose chunk is one scaled 16 x 16 x 128 MFMA tile
+ARCH, = registry.get(MOE).archs
+CONFIG_CSV = tuned.table_path("moe_mxfp8", ARCH)
+CSV_KEY = ("experts", "topk", "per_route_a", "N", "K", "block_m")   # per_route_a: a is [T, topk, K]
+CSV_PARAMS = ("BLOCK_N", "M_CHUNK")
+CSV_FIELDS = ("arch", "tokens", *CSV_KEY, *CSV_PARAMS, "us", "source", "runner_up", "runner_up_us", "peer_us")
+
+
+def candidates(K: int, block_m: int) -> list:
+    """The variants that run a call with this K and block_m: a tuner times each."""
+    return [v for v in registry.get(MOE).variants
+            if block_m % v["M_CHUNK"] == 0 and (v["M_CHUNK"] != MFMA_CHUNK or K % MFMA_K == 0)]
+
+
+@functools.lru_cache(maxsize=1)
+def tuned_table() -> dict:
+    """CSV rows keyed (arch, *CSV_KEY) -> list of (tokens, variant, source) by tokens. Read once."""
+    table: dict = {}
+    for row in tuned.read_rows(CONFIG_CSV):
+        key = (row["arch"], *(int(row[c]) for c in CSV_KEY))
+        table.setdefault(key, []).append((int(row["tokens"]), {p: int(row[p]) for p in CSV_PARAMS}, row["source"]))
+    for rows in table.values():
+        rows.sort(key=lambda r: r[0])
+    return table
+
+
+def tuned_config(tokens: int, experts: int, topk: int, per_route_a: bool, N: int, K: int, block_m: int,
+                 arch: str = ARCH):
+    """The Choice of the CSV row at the nearest tuned token count >= tokens with the same key, if
+    its variant runs K and block_m."""
+    for t, variant, source in tuned_table().get((arch, experts, topk, int(per_route_a), N, K, block_m), ()):
+        if t >= tokens:
+            if variant in candidates(K, block_m):
+                return Choice(MOE, variant, f"tuned CSV row tokens={t} experts={experts} topk={topk} N={N} K={K} "
+                                            f"(source={source})")
+            return None
+    return None
 
 
 def moe_heuristic_config(num_tokens: int, N: int, K: int, block_m: int, live_blocks: int):
@@ -101,8 +142,8 @@ def _plan(x) -> Plan:
             guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
         why = "config given by the caller"
     else:
-        choice = moe_heuristic_config(T, N, K, block_m,
-                                      max(1, min(blocks, route_blocks(T * topk, w.shape[0], block_m))))
+        choice = tuned_config(T, w.shape[0], topk, a.dim() == 3, N, K, block_m) or moe_heuristic_config(
+            T, N, K, block_m, max(1, min(blocks, route_blocks(T * topk, w.shape[0], block_m))))
         variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")

@@ -9,9 +9,14 @@ shape finishes; shapes whose row is already simulated are skipped unless --retun
 also reports whether the planner's heuristic picked a config within 5 % of the best (the
 heuristic was written without any timing: every tuned shape is held out from it).
 
-Families: smallm (smallm_mxfp8_gemm; python/mxgemm/configs/smallm_mxfp8_gfx950.csv; default
-shapes: the decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 64, the
-M_TILE boundaries, so every M up to 64 finds its row at the nearest tuned M above)."""
+Families:
+- smallm (smallm_mxfp8_gemm; python/mxgemm/configs/smallm_mxfp8_gfx950.csv; default shapes: the
+  decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 64, the M_TILE
+  boundaries, so every M up to 64 finds its row at the nearest tuned M above; --shapes MxNxK).
+- moe_mxfp8 (moe_mxfp8_grouped_gemm at block_m 16; python/mxgemm/configs/moe_mxfp8_gfx950.csv;
+  default shapes: the cells of mxgemm.timing.peers.moe_mxfp8; --shapes TxTOPKxExNxKxR, R 1 for
+  gemm2's call (a row per route, top-k weights, fp32 out), 0 for gemm1's (a row per token, bf16).
+  A call finds its row at the nearest tuned token count above)."""
 from __future__ import annotations
 
 import argparse
@@ -93,7 +98,84 @@ def _smallm():
                 run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 
 
-FAMILIES = {"smallm": _smallm}
+def _moe_mxfp8():
+    from ..ops import moe_mxfp8 as op
+    from .peers import moe_mxfp8 as peer
+    block_m = peer.OUR_BLOCK_M
+
+    def shapes():
+        return [(c["tokens"], c["topk"], c["E"], c["N"], c["K"], int(c["per_route"])) for c in peer.cells()]
+
+    def label(kernel, variant):
+        return ",".join(f"{k}={v}" for k, v in variant.items())
+
+    def inputs(shape):
+        """(topk_ids, layout, a, a_scale, w, w_scale, top-k weights or None) as the peer cells make them."""
+        T, k, E, N, K, per_route = shape
+        ids, weights, srt = peer.routing(T, k, E)
+        return (ids, srt, *peer.operands(T, k, E, N, K, per_route, srt), weights if per_route else None)
+
+    def call(shape, variant):
+        import mxgemm
+        T, k, E, N, K, per_route = shape
+        _, srt, a, sa, w, sw, tw = inputs(shape)
+        return lambda: mxgemm.moe_mxfp8_grouped_gemm(
+            a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw,
+            block_m=block_m, topk=k, out_dtype=torch.float32 if per_route else torch.bfloat16, config=variant,
+            fallback="error")
+
+    def run(shape, kernel, variant):
+        _, us, _, t = peer.time_ours(call(shape, variant), rounds=peer.ROUNDS, xcd0=True)
+        return us, t["limiter"]
+
+    def product(shape, kernel, variant):
+        from .. import launcher
+        T, k, E, N, K, _ = shape
+        with launcher.emulator_settings(race_check=False):
+            got = call(shape, variant)()
+        _, srt, a, sa, w, sw, tw = inputs(shape)
+        return got.view(T * k, N), peer.reference(a, sa, w, sw, srt, T, k, tw)
+
+    def run_peer(shape):
+        T, k, E, N, K, per_route = shape
+        ids, _, a, sa, w, sw, tw = inputs(shape)
+        pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
+        out, t = peer.time_peer(pa, psa, w, sw, ids, tw)
+        return t["us"], out
+
+    def heuristic(shape):
+        T, k, E, N, K, _ = shape
+        srt = inputs(shape)[1]
+        blocks = max(1, min(-(-srt.sorted_token_ids.numel() // block_m), op.route_blocks(T * k, E, block_m)))
+        return op.MOE, op.moe_heuristic_config(T, N, K, block_m, blocks).variant
+
+    def row(shape, best, runner, peer_us):
+        (us, _, variant), (T, k, E, N, K, per_route) = best, shape
+        r = {"arch": op.ARCH, "tokens": T, "experts": E, "topk": k, "per_route_a": per_route, "N": N, "K": K,
+             "block_m": block_m, **variant, "us": f"{us:.2f}", "source": "simulated",
+             "runner_up": label(*runner[1:]) if runner else "", "runner_up_us": f"{runner[0]:.2f}" if runner else "",
+             "peer_us": f"{peer_us:.2f}"}
+        return r
+
+    def table(rows):
+        lines = ["| tokens | top-k | E | N | K | a per route | ours (us) | our config | runner-up (us) | peer (us) | "
+                 "peer / ours |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["source"] == "simulated":
+                lines.append(f"| {r['tokens']} | {r['topk']} | {r['experts']} | {r['N']} | {r['K']} | "
+                             f"{r['per_route_a']} | {r['us']} | BLOCK_N {r['BLOCK_N']}, M_CHUNK {r['M_CHUNK']} | "
+                             f"{r['runner_up_us']} | {r['peer_us']} | {float(r['peer_us']) / float(r['us']):.2f} |")
+        return "\n".join(lines)
+
+    key = ("tokens", *op.CSV_KEY)
+    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS,
+                key=lambda r: (r["arch"], *(int(r[c]) for c in key)),
+                shape_key=lambda s: (op.ARCH, s[0], s[2], s[1], s[5], s[3], s[4], block_m), shapes=shapes,
+                candidates=lambda s: [(op.MOE, v) for v in op.candidates(s[4], block_m)],
+                run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
+
+
+FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8}
 
 
 def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> list:
@@ -143,7 +225,8 @@ def main(argv) -> int:
     p = argparse.ArgumentParser(prog="python -m mxgemm tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("family", choices=sorted(FAMILIES))
-    p.add_argument("--shapes", nargs="*", help="MxNxK triples (default: the family's shapes)")
+    p.add_argument("--shapes", nargs="*", help="shapes as x-separated integers, the family's form (default: "
+                                               "the family's shapes)")
     p.add_argument("--out", help="CSV to write (default: the shipped table of the family)")
     p.add_argument("--retune", action="store_true", help="also shapes whose row is already simulated")
     p.add_argument("--table", action="store_true", help="print the table's simulated rows as markdown")
