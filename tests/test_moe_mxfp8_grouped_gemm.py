@@ -364,3 +364,23 @@ def test_mfma_chunk_is_bitwise(out_dtype):
     want = want if out_dtype == torch.float32 else reference.F.bf16_rne(want)
     bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
     assert torch.equal(got[tok[real], slot[real]].view(bits), want[real].view(bits))
+
+
+# ------------------------------------------------------------------------------------------
+# Tuned-config CSV
+# ------------------------------------------------------------------------------------------
+def test_tuned_csv_rows_are_simulated_registered_variants_the_planner_takes():
+    """Every shipped row comes from the tuner (source simulated, its time no slower than its
+    runner-up's) with a variant that runs its K and block_m; a call of the row's shape gets it."""
+    from mxgemm import tuned
+    rows = tuned.read_rows(op.CONFIG_CSV)
+    assert rows and set(rows[0]) == set(op.CSV_FIELDS)
+    op.tuned_table.cache_clear()
+    for r in rows:
+        variant = {p: int(r[p]) for p in op.CSV_PARAMS}
+        K, block_m = int(r["K"]), int(r["block_m"])
+        assert r["source"] == "simulated" and float(r["us"]) <= float(r["runner_up_us"]), r
+        assert variant in op.candidates(K, block_m), r
+        key = [int(r[c]) for c in ("tokens", "experts", "topk", "per_route_a", "N", "K", "block_m")]
+        choice = op.tuned_config(key[0], *key[1:3], bool(key[3]), *key[4:])
+        assert choice is not None and choice.variant == variant, r
