@@ -78,6 +78,13 @@ def route_blocks(routes: int, experts: int, block_m: int) -> int:
     return m + (routes - m) // block_m
 
 
+def heuristic_choice(tokens: int, topk: int, experts: int, N: int, K: int, block_m: int, sorted_rows: int):
+    """moe_heuristic_config at the call's live blocks: the blocks the routes can fill, within the
+    sorted buffer's (at least one)."""
+    blocks = min(-(-sorted_rows // block_m), route_blocks(tokens * topk, experts, block_m))
+    return moe_heuristic_config(tokens, N, K, block_m, max(1, blocks))
+
+
 def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int) -> int:
     """Workgroup rows of the launch; the kernel strides over the live blocks, so fewer rows than the
     buffer's worst-case blocks still cover them all. At most as many rows as the chip's resident
@@ -142,8 +149,8 @@ def _plan(x) -> Plan:
             guards.fail("config", f"{MOE} has no variant {variant}; registered: {list(registry.get(MOE).variants)}")
         why = "config given by the caller"
     else:
-        choice = tuned_config(T, w.shape[0], topk, a.dim() == 3, N, K, block_m) or moe_heuristic_config(
-            T, N, K, block_m, max(1, min(blocks, route_blocks(T * topk, w.shape[0], block_m))))
+        choice = (tuned_config(T, w.shape[0], topk, a.dim() == 3, N, K, block_m)
+                  or heuristic_choice(T, topk, w.shape[0], N, K, block_m, S))
         variant, why = choice.variant, choice.why
     if block_m % variant["M_CHUNK"]:
         guards.fail("block_m", f"block_m = {block_m} must be a multiple of M_CHUNK = {variant['M_CHUNK']}")

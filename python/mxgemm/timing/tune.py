@@ -145,17 +145,15 @@ def _moe_mxfp8():
 
     def heuristic(shape):
         T, k, E, N, K, _ = shape
-        srt = inputs(shape)[1]
-        blocks = max(1, min(-(-srt.sorted_token_ids.numel() // block_m), op.route_blocks(T * k, E, block_m)))
-        return op.MOE, op.moe_heuristic_config(T, N, K, block_m, blocks).variant
+        rows = inputs(shape)[1].sorted_token_ids.numel()
+        return op.MOE, op.heuristic_choice(T, k, E, N, K, block_m, rows).variant
 
     def row(shape, best, runner, peer_us):
         (us, _, variant), (T, k, E, N, K, per_route) = best, shape
-        r = {"arch": op.ARCH, "tokens": T, "experts": E, "topk": k, "per_route_a": per_route, "N": N, "K": K,
-             "block_m": block_m, **variant, "us": f"{us:.2f}", "source": "simulated",
-             "runner_up": label(*runner[1:]) if runner else "", "runner_up_us": f"{runner[0]:.2f}" if runner else "",
-             "peer_us": f"{peer_us:.2f}"}
-        return r
+        return {"arch": op.ARCH, "tokens": T, "experts": E, "topk": k, "per_route_a": per_route, "N": N, "K": K,
+                "block_m": block_m, **variant, "us": f"{us:.2f}", "source": "simulated",
+                "runner_up": label(*runner[1:]) if runner else "",
+                "runner_up_us": f"{runner[0]:.2f}" if runner else "", "peer_us": f"{peer_us:.2f}"}
 
     def table(rows):
         lines = ["| tokens | top-k | E | N | K | a per route | ours (us) | our config | runner-up (us) | peer (us) | "
