@@ -99,6 +99,8 @@ def _smallm():
 
 
 def _moe_mxfp8():
+    import functools
+
     from ..ops import moe_mxfp8 as op
     from .peers import moe_mxfp8 as peer
     block_m = peer.OUR_BLOCK_M
@@ -109,6 +111,13 @@ def _moe_mxfp8():
     def label(kernel, variant):
         return ",".join(f"{k}={v}" for k, v in variant.items())
 
+    def fields(shape) -> dict:
+        """A shape's CSV key columns."""
+        T, k, E, N, K, per_route = shape
+        return {"arch": op.ARCH, "tokens": T, "experts": E, "topk": k, "per_route_a": per_route, "N": N, "K": K,
+                "block_m": block_m}
+
+    @functools.lru_cache(maxsize=1)   # one shape's candidates, product and peer share its operands
     def inputs(shape):
         """(topk_ids, layout, a, a_scale, w, w_scale, top-k weights or None) as the peer cells make them."""
         T, k, E, N, K, per_route = shape
@@ -116,13 +125,8 @@ def _moe_mxfp8():
         return (ids, srt, *peer.operands(T, k, E, N, K, per_route, srt), weights if per_route else None)
 
     def call(shape, variant):
-        import mxgemm
-        T, k, E, N, K, per_route = shape
         _, srt, a, sa, w, sw, tw = inputs(shape)
-        return lambda: mxgemm.moe_mxfp8_grouped_gemm(
-            a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw,
-            block_m=block_m, topk=k, out_dtype=torch.float32 if per_route else torch.bfloat16, config=variant,
-            fallback="error")
+        return lambda: peer.ours(a, sa, w, sw, srt, shape[1], tw, variant)
 
     def run(shape, kernel, variant):
         _, us, _, t = peer.time_ours(call(shape, variant), rounds=peer.ROUNDS, xcd0=True)
@@ -137,10 +141,8 @@ def _moe_mxfp8():
         return got.view(T * k, N), peer.reference(a, sa, w, sw, srt, T, k, tw)
 
     def run_peer(shape):
-        T, k, E, N, K, per_route = shape
         ids, _, a, sa, w, sw, tw = inputs(shape)
-        pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
-        out, t = peer.time_peer(pa, psa, w, sw, ids, tw)
+        out, t = peer.time_peer(a, sa, w, sw, ids, tw)
         return t["us"], out
 
     def heuristic(shape):
@@ -149,9 +151,8 @@ def _moe_mxfp8():
         return op.MOE, op.heuristic_choice(T, k, E, N, K, block_m, rows).variant
 
     def row(shape, best, runner, peer_us):
-        (us, _, variant), (T, k, E, N, K, per_route) = best, shape
-        return {"arch": op.ARCH, "tokens": T, "experts": E, "topk": k, "per_route_a": per_route, "N": N, "K": K,
-                "block_m": block_m, **variant, "us": f"{us:.2f}", "source": "simulated",
+        us, _, variant = best
+        return {**fields(shape), **variant, "us": f"{us:.2f}", "source": "simulated",
                 "runner_up": label(*runner[1:]) if runner else "",
                 "runner_up_us": f"{runner[0]:.2f}" if runner else "", "peer_us": f"{peer_us:.2f}"}
 
@@ -165,10 +166,11 @@ def _moe_mxfp8():
                              f"{r['runner_up_us']} | {r['peer_us']} | {float(r['peer_us']) / float(r['us']):.2f} |")
         return "\n".join(lines)
 
-    key = ("tokens", *op.CSV_KEY)
-    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS,
-                key=lambda r: (r["arch"], *(int(r[c]) for c in key)),
-                shape_key=lambda s: (op.ARCH, s[0], s[2], s[1], s[5], s[3], s[4], block_m), shapes=shapes,
+    def key(r):
+        return (r["arch"], *(int(r[c]) for c in ("tokens", *op.CSV_KEY)))
+
+    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS, key=key,
+                shape_key=lambda s: key(fields(s)), shapes=shapes,
                 candidates=lambda s: [(op.MOE, v) for v in op.candidates(s[4], block_m)],
                 run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 

@@ -99,11 +99,13 @@ def peer_layout(topk_ids, E: int) -> tuple:
 
 def time_peer(a, sa, w, sw, topk_ids, weights=None, machine="mi355x", rounds=ROUNDS) -> tuple:
     """(output [T * top_k, N] in route order, timing) of the Triton peer. gemm1: ``a`` [T, K], no
-    weights, bf16 out; gemm2: ``a`` [T * top_k, K] (a row per route), ``weights`` [T, top_k], fp32 out."""
+    weights, bf16 out; gemm2: ``a`` [T * top_k, K] or [T, top_k, K] (a row per route), ``weights``
+    [T, top_k], fp32 out."""
     from ...emu import Emulator
     E, N, K = w.shape
     T, top_k = topk_ids.shape
     per_route = weights is not None
+    a, sa = a.reshape(-1, K), sa.reshape(-1, K // 32)
     block_n, warps = peer_config(per_route, T * top_k, K)
     ids, experts, post = peer_layout(topk_ids, E)
     # NaN: what a rounds-sampled launch leaves unwritten (check compares the rest)
@@ -178,21 +180,26 @@ def cells() -> list:
                  topk=k, tokens=T, N=GEMMS[g][0], K=GEMMS[g][1], per_route=GEMMS[g][2]) for g, E, k, T in CELLS]
 
 
+def ours(a, sa, w, sw, srt, topk, weights=None, config="") -> torch.Tensor:
+    """Our op on the cell's operands and the same output contract as the peer (gemm1: bf16, no
+    weights; gemm2: ``weights``, fp32) -> [T, topk, N]."""
+    import mxgemm
+    return mxgemm.moe_mxfp8_grouped_gemm(
+        a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=weights,
+        block_m=OUR_BLOCK_M, topk=topk, out_dtype=torch.bfloat16 if weights is None else torch.float32,
+        config=config, fallback="error")
+
+
 def run(cell, machine="mi355x", rounds=ROUNDS) -> dict:
     """Ours (its own config choice) and the peer on one cell, both timed on rounds-sampled launches
     with the same output contract (gemm1 bf16; gemm2 weighted, fp32); both products checked against
     the exact reference before the row counts."""
-    import mxgemm
     T, k, E, N, K, per_route = (cell[x] for x in ("tokens", "topk", "E", "N", "K", "per_route"))
     ids, weights, srt = routing(T, k, E)
     a, sa, w, sw = operands(T, k, E, N, K, per_route, srt)
     tw = weights if per_route else None
-    mine, us, symbol, t = time_ours(lambda: mxgemm.moe_mxfp8_grouped_gemm(
-        a, sa, w, sw, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids, topk_weights=tw,
-        block_m=OUR_BLOCK_M, topk=k, out_dtype=torch.float32 if per_route else torch.bfloat16, fallback="error"),
-        machine, rounds, xcd0=True)
-    pa, psa = (a.view(T * k, K), sa.view(T * k, K // 32)) if per_route else (a, sa)
-    theirs, tp = time_peer(pa, psa, w, sw, ids, tw, machine, rounds)
+    mine, us, symbol, t = time_ours(lambda: ours(a, sa, w, sw, srt, k, tw), machine, rounds, xcd0=True)
+    theirs, tp = time_peer(a, sa, w, sw, ids, tw, machine, rounds)
     want = reference(a, sa, w, sw, srt, T, k, tw)
     check(mine.view(T * k, N), want, t["sampled"], "ours")
     check(theirs, want, tp["sampled"], "peer")
