@@ -24,14 +24,13 @@ PEER = ("vLLM's Triton block-FP8 MoE GEMM (fused_moe_kernel / batched, block_sha
 SCALE_BLOCK = 128
 GROUPS = 8
 SHAPES = ((2048, 7168), (7168, 2048))       # (N, K): DeepSeek-V3 experts, hidden 7168 to / from 2048
-# rows per group: the goal's 64, 128, 256, 512 cut to the extremes for the emulator's time (a cell at
-# m = 512 takes about 10 minutes of the shared cores even at K_SAMPLE; 128 and 256 lie between)
-MS = (64, 512)
+MS = (64, 128, 256, 512)    # rows per group, the goal's
 ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`)
 # K simulated; the time is extrapolated linearly to the cell's K, as `time --calibrate` extrapolates
 # (the K loop is the steady state, docs/timing_model.md §3): a whole 7168-K cell took over 25 minutes
-# of the shared cores
-K_SAMPLE = (256, 512)
+# of the shared cores. Both K run every kernel's K loop in its steady state: at 256, a loop of three
+# steps per iteration (ours at 128 x 64) never runs an iteration
+K_SAMPLE = (512, 1024)
 NAME = "blockscale_moe"
 
 
