@@ -1,6 +1,7 @@
 // a4w4 MXFP4 MoE gemm2 (down-projection) for gfx950: the HIP reference kernel.
 // flydsl_kernels/moe_gemm2_a4w4.py is its 1:1 FlyDSL port; the two must stay bit-identical,
-// so any change to tiles, load order, MFMA order or epilog order goes into both.
+// so any change to tiles, MFMA order or epilog arithmetic goes into both. Where a load is issued
+// may differ (the port reads the top-k weights in its prologue).
 //
 //   out[token, n] += bf16( w_topk * sum_k A[token*topk + slot, k] * W[expert, n, k] )
 //

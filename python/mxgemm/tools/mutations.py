@@ -126,6 +126,10 @@ CATALOGUE = (
     Mutation("a4w4-flydsl-drop-topk-weight", ("moe_gemm2_a4w4_flydsl",), (
         (A4W4_FLY, "v = arith.mulf(acc[ntile][mt], wsplat)", "v = acc[ntile][mt]"),),
         "FlyDSL epilog ignores the top-k weight"),
+    Mutation("a4w4-flydsl-prefetched-weight-of-next-row", ("moe_gemm2_a4w4_flydsl",), (
+        (A4W4_FLY, "b.gload(b.f32, sorted_weights, b.mul(safe, b.c(4)), 4)",
+         "b.gload(b.f32, sorted_weights, b.mul(b.add(safe, b.c(1)), b.c(4)), 4)"),),
+        "FlyDSL prologue prefetches the top-k weight of the next sorted row"),
     Mutation("a4w4-hip-drop-a-scale", ("moe_gemm2_a4w4",), (
         (A4W4_HIP, "(int)r.as[mt]);", "0x7F7F7F7F);"),),
         "scaled MFMA gets scale 1.0 for the activations"),
