@@ -171,13 +171,16 @@ def _check(d, ref, written, fp32_product, name, pad=SENTINEL, max_diff=1e-3):
 
 # (variant, group row counts, N, activation-scale layout, ensure_zero_padding): every small variant
 # on 4 groups with an empty one and unaligned sizes (padding zeroed or untouched); 1 and 8 groups
-# and MN-major scales on some; the 128 x 128 and 128 x 64 tiles once each. With 8 groups of at most
+# and MN-major scales on some; the 128 x 128 and 128 x 64 tiles once each, 64 x 128 twice. With 8 groups of at most
 # 30 rows, most 32-row tiles are padding only: their zeros come from tiles with no K loop.
 CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row", i % 2 == 1) for i, v in enumerate(SMALL)] + [
     (SMALL[0], [45], 32, "mn", False), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn", True),
     (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
     (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row", False),
-    (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True)]
+    (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
+    # 6 row tiles x 3 column tiles: a partial last band of row tiles, and 18 % 8 workgroups past the
+    # XCD order's whole rounds
+    (dict(BM=64, BN=128, UE8M0=1, OUT="bf16"), [100, 0, 130], 384, "row", False)]
 
 
 @pytest.mark.parametrize("variant,group_rows,n,sfa_layout,zero_padding", CONTIGUOUS,
