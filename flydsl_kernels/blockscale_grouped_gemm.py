@@ -173,11 +173,9 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         k = k * 2                                   # from here on: bytes of a row of a (and of b)
     sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
-    if masked:      # a band is a group's row tiles
-        tiles = (m_max + (bm - 1)) // bm
-        bx, by = _xcd_tile(B, n // bn, groups * tiles, tiles)
-    else:
-        bx, by = _xcd_tile(B, n // bn, (rows + (bm - 1)) // bm, B.c(BAND))
+    tiles = (m_max + (bm - 1)) // bm                # masked: a group's row tiles, a band of the XCD order
+    bx, by = (_xcd_tile(B, n // bn, groups * tiles, tiles) if masked
+              else _xcd_tile(B, n // bn, (rows + (bm - 1)) // bm, B.c(BAND)))
     if masked:
         group = by // tiles
         m_in_group = by % tiles * bm

@@ -12,8 +12,8 @@ n-tile) and the same epilog (f32 multiply by the top-k weight, RNE to bf16, two
 global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order). The HIP file's header
 comment documents the layouts; this file only names where the port differs in spelling, and in
 one load's place: the port reads each row's top-k weight in the prologue, with its sorted id,
-where HIP reads it in the epilog after the K loop (Kimi-K2.5 gemm2 T 1024 on the timing model:
-241.41 -> 234.91 us; HIP 240.98).
+where HIP reads it in the epilog after the K loop, so that its latency does not follow the K
+loop's (Kimi-K2.5 gemm2 T 1 on the timing model: 4.81 -> 4.60 us; docs/peers/moe_a4w4.md).
 
 It is written against FlyDSL's MLIR builders (llvm / rocdl / scf dialects) rather than its
 layout algebra, so every IR operation has its one counterpart in the HIP source. All helpers
@@ -120,7 +120,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     for mt in range(m_tiles):
         ar, tok, safe = _sorted_row(b, sorted_token_ids, b.add(m0, b.add(b.c(mt * 16), r16)), num_valid, tokens,
                                     topk)
-        # the top-k weight too, now: read in the epilogue, its latency would follow the K loop's
+        # and its top-k weight, for the epilog
         rows.append((ar, tok, b.gload(b.f32, sorted_weights, b.mul(safe, b.c(4)), 4)))
         as_voff.append(b.sel(b.cmp("sge", ar, b.c(0)), b.add(b.mul(ar, k_scales), b.mul(b.c(2), g)),
                              b.c(INVALID_OFFSET)))
