@@ -93,8 +93,6 @@ FP4_BLOCK = 32                    # K of one FP4 weight scale (and of one lane's
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
-XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
-BAND = 4                          # contiguous layouts: row tiles whose tiles one XCD takes together
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 A_FMTS = ("e4m3", "bf16")
 
@@ -148,24 +146,6 @@ def _psum_group(B, layout, groups, row_base):
     return group, Int(B.sel(has, B.gload(B.i32, layout, Int(B.sel(has, group, B.c(0))) * 4, 4), B.c(0)))
 
 
-def _xcd_tile(B, n_tiles, m_tiles, band):
-    """(column tile, row tile) of this workgroup. Workgroup w (x fastest) runs on XCD w % XCDS, so in
-    grid order each XCD would take every eighth column tile of every row tile: the A rows of every
-    group through each XCD's L2. Instead each XCD takes a contiguous run of the tile order (bands of
-    ``band`` row tiles, each band column tile by column tile, its row tiles together), so an XCD
-    reads the A rows of few bands and each B tile once for its band. The grid's last w % XCDS
-    workgroups keep their place; a permutation of the grid."""
-    w = Int(fx.block_idx.x.ir_value()) + Int(fx.block_idx.y.ir_value()) * n_tiles
-    total = n_tiles * m_tiles
-    dealt = total - total % XCDS
-    q = Int(B.sel(B.cmp("slt", w, dealt), w % XCDS * (dealt // XCDS) + w // XCDS, w))
-    per_band = n_tiles * band
-    first = q // per_band * band                    # the band's first row tile
-    rows_in_band = Int(B.sel(B.cmp("slt", m_tiles - first, band), m_tiles - first, band))
-    r = q % per_band
-    return r // rows_in_band, first + r % rows_in_band
-
-
 def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad,
           sfa_st, sfb_st, lds):
     rows, n, k, m_max, groups = map(Int, (rows, n, k, m_max, groups))
@@ -173,10 +153,9 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         k = k * 2                                   # from here on: bytes of a row of a (and of b)
     sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
-    tiles = (m_max + (bm - 1)) // bm                # masked: a group's row tiles, a band of the XCD order
-    bx, by = (_xcd_tile(B, n // bn, groups * tiles, tiles) if masked
-              else _xcd_tile(B, n // bn, (rows + (bm - 1)) // bm, B.c(BAND)))
+    by = Int(fx.block_idx.y.ir_value())
     if masked:
+        tiles = (m_max + (bm - 1)) // bm
         group = by // tiles
         m_in_group = by % tiles * bm
         limit = B.gload(B.i32, layout, group * 4, 4)
@@ -213,21 +192,20 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         sfa_tile = row_base * sfa_sm
     if_run = scf.IfOp(active, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        t = _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, bx * bn, row_base, row_ok, sfa_tile,
+        t = _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile,
                   tuple(map(Int, sfa_st)), tuple(map(Int, sfb_st)), None if masked else run, pad)
         _epilogue(t, _k_loop(t, *_loaders(t, a, sfa, b, sfb, d)))
         scf.YieldOp([])
 
 
-def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run,
-          pad):
+def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run, pad):
     """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
     K blocks (k in bytes). run: whether the tile has a group (None: always, the masked layout);
     pad: write rows of no group as zeros (None: never)."""
     t = SimpleNamespace(
         B=B, bm=bm, bn=bn, ue8m0=ue8m0, fp4=b_fmt == "e2m1", bf16=b_fmt == "bf16", b_fmt=b_fmt, out=out, rows=rows,
         n=n, k=k, lds=lds,
-        group=group, n0=n0, row_base=row_base,
+        group=group, row_base=row_base,
         row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st, run=run, pad=pad,
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
         dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
@@ -238,6 +216,7 @@ def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, ro
     t.wave = Int(rocdl.readfirstlane(B.i32, t.tid // 64))
     t.g, t.r16 = lane // 16, lane % 16
     t.wm, t.wn = t.wave >> 1, t.wave & 1
+    t.n0 = Int(fx.block_idx.x.ir_value()) * bn
     t.kb = (k + (BLOCK_K - 1)) // BLOCK_K           # K blocks, the last one possibly partial
     if run is not None:
         t.kb = Int(B.sel(run, t.kb, B.c(0)))        # a padding tile: no K block, a zero accumulator

@@ -178,8 +178,7 @@ CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row", i % 2 == 1) for i, v in enumerat
     (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
     (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row", False),
     (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
-    # 6 row tiles x 3 column tiles: a partial last band of row tiles, and 18 % 8 workgroups past the
-    # XCD order's whole rounds
+    # 6 row tiles x 3 column tiles: 18 workgroups, not a multiple of the 8 XCDs they are dealt to
     (dict(BM=64, BN=128, UE8M0=1, OUT="bf16"), [100, 0, 130], 384, "row", False)]
 
 
