@@ -4,7 +4,7 @@ The port is 1:1 and must stay bit-identical to the HIP kernel: same tiles (BM so
 256 columns per workgroup of 4 waves, 4 MFMA n-tiles per wave), same K mapping (lane group
 g = lane/16 holds the 32-wide K blocks 2g and 2g+1 of each 256-wide K step, scale bytes
 picked by op_sel), same loads (W and scales by raw buffer loads one step ahead into two
-alternating register sets, activations by 16-byte buffer->LDS DMA into two 4 KiB buffers
+alternating register sets, activations by 16-byte buffer->LDS DMA rounds into two buffers
 with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + workgroup release/acquire around s_barrier
 per K step,
 lgkmcnt(0) before the MFMAs, a sched_barrier after them), same MFMA order (k-step, m-tile,
@@ -28,7 +28,7 @@ Kernel argument ABI (same order and types as the HIP kernel; no hidden arguments
   out                           global pointer (bf16)
   tokens, topk, experts, n, k   int32
 
-Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (16, 32), NT (0, 1).
+Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (16, 32, 64, 128), NT (0, 1).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -43,7 +43,13 @@ BLOCK_K = 256
 ROW_BYTES = BLOCK_K // 2          # packed fp4 bytes of one row per K step
 WAVE_N = BLOCK_N // 4             # columns per wave
 N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
-BUF_BYTES = 4 * 64 * 16           # one LDS buffer: every wave's 16-byte-per-lane DMA slot
+ROUND_BYTES = 4 * 64 * 16         # one 16-byte-per-lane DMA by every wave
+BLOCK_MS = (16, 32, 64, 128)
+
+
+def dma_rounds(bm):
+    """DMAs per wave per K step; an LDS buffer holds this many rounds (at least one)."""
+    return max(1, bm * ROW_BYTES // ROUND_BYTES)
 
 
 def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
@@ -65,7 +71,7 @@ def _body(bm, nt, a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, n
           out, tokens, topk, experts, n, k, lds_base):
     b = _B()
     m_tiles = bm // 16
-    dma_waves = bm * ROW_BYTES // (64 * 16)
+    dma_waves = bm * ROW_BYTES // (dma_rounds(bm) * 64 * 16)
     aux_w = 2 if nt else 0
     block_m = fx.block_idx.y.ir_value()
     m0 = b.mul(block_m, b.c(bm))
@@ -104,16 +110,21 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     ws_rsrc = b.rsrc(ws_base, ws_expert_bytes)
     null_rsrc = b.rsrc(llvm.mlir_zero(b.gptr), b.c(0))
 
-    # This lane's share of the A DMA: slot t = wave*64 + lane holds row t/8, LDS chunk t%8,
-    # i.e. memory chunk (t%8) ^ (row & 7).
+    # This lane's share of the A DMA: in round r, slot t = r*256 + wave*64 + lane holds row
+    # t/8, LDS chunk t%8, i.e. memory chunk (t%8) ^ (row & 7).
+    rounds = dma_rounds(bm)
+    buf_bytes = rounds * ROUND_BYTES
     dma_wave = b.cmp("ult", wave, b.c(dma_waves))
-    t = b.add(b.mul(wave, b.c(64)), lane)
-    row = arith.divui(t, b.c(8))
-    chunk = arith.xori(arith.remui(t, b.c(8)), arith.andi(row, b.c(7)))
-    arow, _, _ = _sorted_row(b, sorted_token_ids, b.add(m0, row), num_valid, tokens, topk)
-    dma_ok = arith.andi(dma_wave, b.cmp("sge", arow, b.c(0)))
-    dma_voff = b.sel(dma_ok, b.add(b.mul(arow, k_bytes), b.mul(chunk, b.c(16))), b.c(INVALID_OFFSET))
-    dma_lds = [b.gep(lds_base, b.add(b.c(i * BUF_BYTES), b.mul(wave, b.c(1024)))) for i in range(2)]
+    dma_voff = []
+    for r in range(rounds):
+        t = b.add(b.c(r * 256), b.add(b.mul(wave, b.c(64)), lane))
+        row = arith.divui(t, b.c(8))
+        chunk = arith.xori(arith.remui(t, b.c(8)), arith.andi(row, b.c(7)))
+        arow, _, _ = _sorted_row(b, sorted_token_ids, b.add(m0, row), num_valid, tokens, topk)
+        dma_ok = arith.andi(dma_wave, b.cmp("sge", arow, b.c(0)))
+        dma_voff.append(b.sel(dma_ok, b.add(b.mul(arow, k_bytes), b.mul(chunk, b.c(16))), b.c(INVALID_OFFSET)))
+    dma_lds = [[b.gep(lds_base, b.add(b.c(i * buf_bytes + r * ROUND_BYTES), b.mul(wave, b.c(1024))))
+                for r in range(rounds)] for i in range(2)]
 
     # The rows this lane feeds to the MFMA (src1) and later accumulates into out.
     rows, as_voff = [], []
@@ -155,9 +166,11 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         """A(kt) -> LDS buffer kt&1. Waves without A rows, and the DMA after the last step,
         write zeros (empty resource) into LDS nobody reads."""
         rs = llvm.select(arith.andi(live, dma_wave), a_rsrc, null_rsrc)
-        lds = llvm.select(b.cmp("eq", arith.andi(kt, b.c(1)), b.c(0)), dma_lds[0], dma_lds[1])
-        rocdl.raw_ptr_buffer_load_lds(rs, lds, b.c(16), dma_voff, b.mul(kt, b.c(ROW_BYTES)), b.c(0),
-                                      aux=ir.IntegerAttr.get(b.i32, 0))
+        even = b.cmp("eq", arith.andi(kt, b.c(1)), b.c(0))
+        for r in range(rounds):
+            lds = llvm.select(even, dma_lds[0][r], dma_lds[1][r])
+            rocdl.raw_ptr_buffer_load_lds(rs, lds, b.c(16), dma_voff[r], b.mul(kt, b.c(ROW_BYTES)), b.c(0),
+                                          aux=ir.IntegerAttr.get(b.i32, 0))
 
     zero4 = arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, ir.IntegerAttr.get(b.i32, 0)))
 
@@ -166,7 +179,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
         return llvm.shufflevector(b.v8i32, v4, zero4, list(range(8)))
 
     def read_tile(kt):
-        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(BUF_BYTES)))
+        tile = b.gep(lds_base, b.mul(arith.andi(kt, b.c(1)), b.c(buf_bytes)))
         return [[llvm.load(b.v4i32, b.gep(tile, a_lds_off[mt][s]), alignment=16) for s in range(2)]
                 for mt in range(m_tiles)]
 
@@ -218,12 +231,12 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
 
 def build(symbol: str, bm: int = 32, nt: int = 0):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
-    if bm not in (16, 32) or nt not in (0, 1):
-        raise ValueError(f"variant BM={bm} NT={nt}: BM must be 16 or 32, NT 0 or 1")
+    if bm not in BLOCK_MS or nt not in (0, 1):
+        raise ValueError(f"variant BM={bm} NT={nt}: BM must be one of {BLOCK_MS}, NT 0 or 1")
 
     @fx.struct
     class SharedStorage:
-        buf: fx.Array[fx.Int8, 2 * BUF_BYTES, 16]
+        buf: fx.Array[fx.Int8, 2 * dma_rounds(bm) * ROUND_BYTES, 16]
 
     @flyc.kernel(name=symbol)
     def moe_gemm2_a4w4_kernel(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,

@@ -32,7 +32,8 @@
 // same K permutation, so the dot product is over the same K pairs as the plain order.
 //
 // Activations: BM rows x 128 bytes per K step go to LDS with buffer_load_dwordx4 ... lds
-// (lane t of wave w writes 16 bytes at w*1024 + t*16) into two 4 KiB buffers. The 16-byte
+// (in DMA round r, lane t of wave w writes 16 bytes at r*4096 + w*1024 + t*16; BM 64 / 128
+// take 2 / 4 rounds) into two buffers of max(4 KiB, BM * 128 B). The 16-byte
 // chunk c of row r is stored at chunk c ^ (r & 7) to spread the ds_read_b128 of one MFMA
 // operand over the banks. Rows that are padding (or beyond num_valid_ids) load from an
 // out-of-range voffset, so the DMA writes zeros and their atomics are skipped. With BM=16
@@ -70,12 +71,14 @@ constexpr int kWaveN = kBlockN / 4;         // columns per wave
 constexpr int kNTiles = kWaveN / 16;        // MFMA n-tiles per wave
 constexpr int kMTiles = BM / 16;            // MFMA m-tiles per workgroup
 constexpr int kTileBytes = BM * kRowBytes;  // A bytes per K step
-constexpr int kDmaWaves = kTileBytes / (64 * 16);  // waves whose 16 B/lane DMA carries A
-constexpr int kBufBytes = 4 * 64 * 16;             // one LDS buffer: every wave's DMA slot
+constexpr int kRoundBytes = 4 * 64 * 16;    // one 16 B/lane DMA by every wave
+constexpr int kDmaRounds = kTileBytes > kRoundBytes ? kTileBytes / kRoundBytes : 1;  // DMAs per wave per step
+constexpr int kDmaWaves = kTileBytes / (kDmaRounds * 64 * 16);  // waves whose DMA carries A
+constexpr int kBufBytes = kDmaRounds * kRoundBytes;              // one LDS buffer: every DMA slot
 constexpr unsigned kInvalidOffset = 0x80000000u;   // raw-buffer voffset out of range -> 0
 constexpr unsigned kBufferFlags = 0x00027000u;     // dword3 of a raw gfx9 buffer V#
 constexpr int kAuxW = NT ? 2 : 0;                  // cache policy bit 1 = nt on gfx950
-static_assert(BM == 16 || BM == 32, "BM must be 16 or 32");
+static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM must be 16, 32, 64 or 128");
 static_assert(kDmaWaves >= 1 && kDmaWaves <= 4, "A tile must be 1..4 waves of 16-byte DMA");
 static_assert(kTileBytes <= kBufBytes, "A tile must fit one LDS buffer");
 
@@ -146,8 +149,8 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(kThreads, kThre
                               const float* __restrict__ sorted_weights, __bf16* __restrict__ out,
                               int tokens, int topk, int experts, int n, int k) {
 #if defined(__gfx950__)
-  // Two buffers of 4 KiB: with BM=16 waves 2-3 DMA zeros (empty resource) into the upper
-  // half, so that every wave runs the same branch-free step.
+  // Two A buffers: with BM=16 waves 2-3 DMA zeros (empty resource) into the upper half, so
+  // that every wave runs the same branch-free step.
   __shared__ __attribute__((aligned(16))) uint8_t lds[2 * kBufBytes];
 
   const int block_m = (int)block_y(), m0 = block_m * BM;
@@ -172,17 +175,16 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(kThreads, kThre
   const auto w_rsrc = make_rsrc(w + (uint64_t)expert * w_expert_bytes, (uint32_t)w_expert_bytes);
   const auto ws_rsrc = make_rsrc(w_scale + (uint64_t)expert * ws_expert_bytes, (uint32_t)ws_expert_bytes);
 
-  // This lane's share of the A DMA: slot t = wave*64 + lane holds row t/8, LDS chunk t%8,
-  // i.e. memory chunk (t%8) ^ (row & 7).
+  // This lane's share of the A DMA: in round r, slot t = r*256 + wave*64 + lane holds row
+  // t/8, LDS chunk t%8, i.e. memory chunk (t%8) ^ (row & 7).
   const bool dma_wave = wave < kDmaWaves;
-  uint32_t dma_voff = kInvalidOffset;
-  {
-    const int t = wave * 64 + lane, row = t / 8, chunk = (t % 8) ^ (row & 7);
+  uint32_t dma_voff[kDmaRounds];
+#pragma unroll
+  for (int r = 0; r < kDmaRounds; ++r) {
+    const int t = r * 256 + wave * 64 + lane, row = t / 8, chunk = (t % 8) ^ (row & 7);
     const SortedRow sr = sorted_row(sorted_token_ids, m0 + row, num_valid, tokens, topk);
-    if (dma_wave && sr.arow >= 0) dma_voff = (uint32_t)sr.arow * k_bytes + (uint32_t)chunk * 16u;
+    dma_voff[r] = dma_wave && sr.arow >= 0 ? (uint32_t)sr.arow * k_bytes + (uint32_t)chunk * 16u : kInvalidOffset;
   }
-  // LDS destination of this wave's DMA (wave-uniform, becomes M0).
-  lds_void* const dma_lds[2] = {(lds_void*)(lds + wave * 1024), (lds_void*)(lds + kBufBytes + wave * 1024)};
 
   // The rows this lane feeds to the MFMA (src1) and later accumulates into out.
   SortedRow rows[kMTiles];
@@ -242,8 +244,12 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(kThreads, kThre
   // A(kt) -> LDS buffer kt&1. Waves without A rows, and the DMA after the last step, write
   // zeros (empty resource) into LDS nobody reads.
   auto dma_step = [&](int kt, bool live) {
-    __builtin_amdgcn_raw_ptr_buffer_load_lds(live && dma_wave ? a_rsrc : null_rsrc, dma_lds[kt & 1], 16,
-                                             (int)dma_voff, kt * kRowBytes, 0, 0);
+    const auto rsrc = live && dma_wave ? a_rsrc : null_rsrc;
+#pragma unroll
+    for (int r = 0; r < kDmaRounds; ++r)  // LDS destination: wave-uniform, becomes M0
+      __builtin_amdgcn_raw_ptr_buffer_load_lds(
+          rsrc, (lds_void*)(lds + (kt & 1) * kBufBytes + r * kRoundBytes + wave * 1024), 16, (int)dma_voff[r],
+          kt * kRowBytes, 0, 0);
   };
 
   // One K step: MFMAs on `cur` (loaded one step earlier) while step kt+1 is prefetched into

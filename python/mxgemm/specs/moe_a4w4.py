@@ -36,8 +36,9 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
 
 
 def race(kernel, v) -> list:
-    """20 real rows in one expert: both m-tiles of BM=32 live; K = 3 steps (pair loop + tail)."""
-    T, K, N = 20, 768, 256
+    """Real rows in one expert on every m-tile of the block (20 at BM 16 / 32: both m-tiles of
+    BM 32; BM - 12 above); K = 3 steps (pair loop + tail)."""
+    T, K, N = max(20, v["BM"] - 12), 768, 256
     srt = routing.moe_sorting(torch.zeros(T, 1, dtype=torch.int64),
                               torch.rand(T, 1, generator=torch.Generator().manual_seed(10)) + 0.5, 1, block_m=v["BM"])
     return [_call(Inputs(seed=5), T, 1, 1, N, K, srt, LANGUAGE[kernel], block_m=v["BM"], nt=v["NT"])]

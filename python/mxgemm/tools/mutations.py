@@ -146,6 +146,13 @@ CATALOGUE = (
         (A4W4_HIP, "    __builtin_amdgcn_s_barrier();\n    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE",
          "    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE"),),
         "A(kt) read from LDS without the barrier that makes every wave's DMA visible"),
+    Mutation("a4w4-hip-dma-rounds-one-slot", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "r * kRoundBytes + wave * 1024", "wave * 1024"),),
+        "BM 64 / 128: every DMA round of a step lands in round 0's LDS rows"),
+    Mutation("a4w4-flydsl-dma-rounds-rows-of-round-0", ("moe_gemm2_a4w4_flydsl",), (
+        (A4W4_FLY, "t = b.add(b.c(r * 256), b.add(b.mul(wave, b.c(64)), lane))",
+         "t = b.add(b.mul(wave, b.c(64)), lane)"),),
+        "BM 64 / 128: every DMA round copies round 0's activation rows"),
     # ---- MXFP8 dequant (HIP and FlyDSL)
     Mutation("dequant-hip-drop-scale", ("mxfp8_dequant",), (
         (DEQUANT_HIP, "v.x = e8m0_apply(decode_e4m3(bits & 0xFFu), e);", "v.x = decode_e4m3(bits & 0xFFu);"),),
