@@ -11,9 +11,10 @@ lgkmcnt(0) before the MFMAs, a sched_barrier after them), same MFMA order (k-ste
 n-tile) and the same epilog (f32 multiply by the top-k weight, RNE to bf16, two
 global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order). The HIP file's header
 comment documents the layouts; this file only names where the port differs in spelling, and in
-one load's place: the port reads each row's top-k weight in the prologue, with its sorted id,
-where HIP reads it in the epilog after the K loop, so that its latency does not follow the K
-loop's (Kimi-K2.5 gemm2 T 1 on the timing model: 4.81 -> 4.60 us; docs/peers/moe_a4w4.md).
+one load's place: at BM 16 (WEIGHTS_FIRST) the port reads each row's top-k weight in the
+prologue, with its sorted id, where HIP reads it in the epilog after the K loop, so that its
+latency does not follow the K loop's (Kimi-K2.5 gemm2 T 1 on the timing model: 4.81 -> 4.60 us;
+docs/peers/moe_a4w4.md).
 
 It is written against FlyDSL's MLIR builders (llvm / rocdl / scf dialects) rather than its
 layout algebra, so every IR operation has its one counterpart in the HIP source. All helpers
@@ -45,6 +46,10 @@ WAVE_N = BLOCK_N // 4             # columns per wave
 N_TILES = WAVE_N // 16            # MFMA n-tiles per wave
 ROUND_BYTES = 4 * 64 * 16         # one 16-byte-per-lane DMA by every wave
 BLOCK_MS = (16, 32, 64, 128)
+# Block sizes whose top-k weights are read in the prologue (decode: the load's latency would
+# follow the K loop's); larger blocks read them in the epilog, as HIP, whose wait for each
+# m-tile's weight spaces the atomics out (docs/peers/moe_a4w4.md).
+WEIGHTS_FIRST = (16,)
 
 
 def dma_rounds(bm):
@@ -126,13 +131,17 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     dma_lds = [[b.gep(lds_base, b.add(b.c(i * buf_bytes + r * ROUND_BYTES), b.mul(wave, b.c(1024))))
                 for r in range(rounds)] for i in range(2)]
 
-    # The rows this lane feeds to the MFMA (src1) and later accumulates into out.
+    # The rows this lane feeds to the MFMA (src1) and later accumulates into out, with the
+    # top-k weight (WEIGHTS_FIRST) or the index to load it at in the epilog.
+    def topk_weight(safe):
+        return b.gload(b.f32, sorted_weights, b.mul(safe, b.c(4)), 4)
+
+    weights_first = bm in WEIGHTS_FIRST
     rows, as_voff = [], []
     for mt in range(m_tiles):
         ar, tok, safe = _sorted_row(b, sorted_token_ids, b.add(m0, b.add(b.c(mt * 16), r16)), num_valid, tokens,
                                     topk)
-        # and its top-k weight, for the epilog
-        rows.append((ar, tok, b.gload(b.f32, sorted_weights, b.mul(safe, b.c(4)), 4)))
+        rows.append((ar, tok, topk_weight(safe) if weights_first else safe))
         as_voff.append(b.sel(b.cmp("sge", ar, b.c(0)), b.add(b.mul(ar, k_scales), b.mul(b.c(2), g)),
                              b.c(INVALID_OFFSET)))
     w_voff, ws_voff = [], []
@@ -209,9 +218,10 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     # Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
     # columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.
     for mt in range(m_tiles):
-        ar, tok, topk_w = rows[mt]
+        ar, tok, weight_or_safe = rows[mt]
         live = scf.IfOp(b.cmp("sge", ar, b.c(0)), [], has_else=False)
         with ir.InsertionPoint(live.then_block):
+            topk_w = weight_or_safe if weights_first else topk_weight(weight_or_safe)
             col = b.add(n_wave, b.mul(b.c(4), g))
             orow = b.gep(out, arith.muli(b.add(arith.muli(b.u64(tok), b.u64(n)), b.u64(col)), b.c(2, b.i64)))
             undef = llvm.mlir_undef(b.v4f32)

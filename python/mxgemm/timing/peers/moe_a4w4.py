@@ -51,8 +51,10 @@ def peer_config(tokens: int) -> tuple:
 
 
 def block_m(tokens: int, topk: int, experts: int) -> int:
-    """Our routing block: 16 while the routed rows average at most 16 per expert (decode), else 32."""
-    return 16 if tokens * topk <= 16 * experts else 32
+    """Our routing block: 16 while the routed rows average at most 16 per expert (decode), 64 while
+    at most 64, else 128 (docs/peers/moe_a4w4.md: the prefill cells' whole-share times)."""
+    rows = tokens * topk
+    return 16 if rows <= 16 * experts else 64 if rows <= 64 * experts else 128
 
 
 @functools.lru_cache(maxsize=None)
