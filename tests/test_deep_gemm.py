@@ -717,8 +717,9 @@ def test_explain_covers_both_ops():
 
 def test_default_tile_heuristic():
     """Deterministic default: of the tiles whose grid fills the MI355X's 256 CUs, the one computing
-    the fewest rows past the live ones, then the largest; else the one with the most workgroups;
-    32 x 32 only when no larger tile divides N; 128 x 64 and 64 x 128 are bf16 only."""
+    the fewest rows past the live ones, then one whose grid is more than one workgroup per CU, then
+    the largest; else the one with the most workgroups; 32 x 32 only when no larger tile divides N;
+    128 x 64 and 64 x 128 are bf16 only."""
     def plan(rows, n, out=torch.bfloat16, masked=False):
         G, k = 8, 256
         a = torch.empty(G, rows, k) if masked else torch.empty(rows, k)
@@ -728,10 +729,13 @@ def test_default_tile_heuristic():
         p = mxgemm.explain("deep_gemm_fp8_grouped_gemm", *args, masked=masked)
         return f"{p.variant['BM']}x{p.variant['BN']}", p.grid
     # DeepSeek-V3, 8 groups padded to 128 rows: N = 7168 fills the GPU with 128 x 128 tiles at 64
-    # rows per group; N = 2048 needs 128 x 64 tiles until 256 rows per group
+    # rows per group; N = 2048 needs 128 x 64 tiles until 256 rows per group, where 128 x 128 tiles
+    # would give each CU one workgroup, and 512 rows per group
     assert plan(8 * 128, 7168) == ("128x128", (56, 8, 1))
     assert plan(8 * 128, 2048) == ("128x64", (32, 8, 1))
-    assert plan(8 * 256, 2048) == ("128x128", (16, 16, 1))
+    assert plan(8 * 256, 2048) == ("128x64", (32, 16, 1))
+    assert plan(8 * 512, 2048) == ("128x128", (16, 32, 1))
+    assert plan(256, 2048, masked=True) == ("128x64", (32, 16, 1))
     assert plan(64, 2048, masked=True) == ("128x64", (32, 8, 1))
     # masked buffers of 64 rows: 128-row tiles would compute 64 dead rows each
     assert plan(64, 7168, masked=True) == ("64x128", (56, 8, 1))

@@ -37,8 +37,9 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     tiles (``tiles``, for this call's layout, scales and output) with N % BN == 0: the 32 x 32
     tile only when no larger one divides N; else, of the tiles whose grid has at least NUM_CUS
     workgroups, the one computing the fewest rows past the row tiles' live rows (masked buffers
-    of 64 rows: 64-row tiles), then the largest; else (a grid too small for the GPU) the tile
-    with the most workgroups. ``m_tiles(BM)``: row tiles of the call."""
+    of 64 rows: 64-row tiles), then one whose grid gives some CU a second workgroup (the K loop of
+    one then runs while the other's waits on its loads), then the largest; else (a grid too small
+    for the GPU) the tile with the most workgroups. ``m_tiles(BM)``: row tiles of the call."""
     fits = [t for t in tiles if N % t[1] == 0]
     forced = parse_config(config)
     if forced is not None:
@@ -50,7 +51,7 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     if not big:
         return (*SMALL_TILE, f"no larger registered tile divides N = {N}")
     grid = {t: m_tiles(t[0]) * (N // t[1]) for t in big}
-    full = sorted((t for t in big if grid[t] >= NUM_CUS), key=lambda t: m_tiles(t[0]) * t[0])
+    full = sorted((t for t in big if grid[t] >= NUM_CUS), key=lambda t: (m_tiles(t[0]) * t[0], grid[t] == NUM_CUS))
     if full:
         return (*full[0], f"largest tile of the fewest rows whose grid ({grid[full[0]]} workgroups) fills "
                           f"{NUM_CUS} CUs")
