@@ -141,6 +141,14 @@ def test_explain_names_kernel_variant_and_why():
     assert plan.kernel == "moe_gemm2_a4w4_flydsl" and plan.variant == {"BM": 16, "NT": 0}
 
 
+@pytest.mark.parametrize("bm", [16, 32, 64])
+def test_one_block_layout_runs_its_own_block_size(bm):
+    # one token, one expert: moe_sorting's buffer is one block, which every larger block size fits
+    c = make_case(tokens=1, topk=1, experts=1, block_m=bm)
+    assert c["sorted_expert_ids"].numel() == 1
+    assert mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c))).variant["BM"] == bm
+
+
 # ---- guards: rejected before any launch, out untouched ----
 def _meta(*shape, dtype=torch.uint8):
     return torch.empty(*shape, dtype=dtype, device="meta")

@@ -88,7 +88,7 @@ def _plan(x) -> Plan:
             guards.fail("block_m", f"sorted layout ({x.sorted_token_ids.numel()} ids, "
                                    f"{x.sorted_expert_ids.numel()} blocks) matches no kernel block size "
                                    f"in {_BLOCK_MS}")
-        block_m = max(fits)
+        block_m = min(fits)    # a one-block layout fits every larger block too: the fewest dead rows
     guards.check_range(block_m, "block_m", _BLOCK_MS, "block_m")
     if block_m not in fits:
         guards.fail("block_m", f"block_m = {block_m} does not match the sorted layout "
