@@ -36,4 +36,8 @@ set(MXGEMM_HIP_KERNELS
   "moe_gemm2_a4w4|BM16_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=16,NT=0"
   "moe_gemm2_a4w4|BM16_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=16,NT=1"
   "moe_gemm2_a4w4|BM32_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=32,NT=0"
-  "moe_gemm2_a4w4|BM32_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=32,NT=1")
+  "moe_gemm2_a4w4|BM32_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=32,NT=1"
+  "moe_gemm2_a4w4|BM64_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=64,NT=0"
+  "moe_gemm2_a4w4|BM64_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=64,NT=1"
+  "moe_gemm2_a4w4|BM128_NT0|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=128,NT=0"
+  "moe_gemm2_a4w4|BM128_NT1|csrc/kernels/moe_gemm2_a4w4.hip|gfx950|BM=128,NT=1")
