@@ -57,6 +57,11 @@ def dma_rounds(bm):
     return max(1, bm * ROW_BYTES // ROUND_BYTES)
 
 
+def buffer_bytes(bm):
+    """One of the two A buffers in LDS: every DMA slot of a K step."""
+    return dma_rounds(bm) * ROUND_BYTES
+
+
 def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
     """(expanded activation row, token, row index safe to load at), row = -1 for padding.
 
@@ -117,8 +122,7 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
 
     # This lane's share of the A DMA: in round r, slot t = r*256 + wave*64 + lane holds row
     # t/8, LDS chunk t%8, i.e. memory chunk (t%8) ^ (row & 7).
-    rounds = dma_rounds(bm)
-    buf_bytes = rounds * ROUND_BYTES
+    rounds, buf_bytes = dma_rounds(bm), buffer_bytes(bm)
     dma_wave = b.cmp("ult", wave, b.c(dma_waves))
     dma_voff = []
     for r in range(rounds):
@@ -246,7 +250,7 @@ def build(symbol: str, bm: int = 32, nt: int = 0):
 
     @fx.struct
     class SharedStorage:
-        buf: fx.Array[fx.Int8, 2 * dma_rounds(bm) * ROUND_BYTES, 16]
+        buf: fx.Array[fx.Int8, 2 * buffer_bytes(bm), 16]
 
     @flyc.kernel(name=symbol)
     def moe_gemm2_a4w4_kernel(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
