@@ -44,8 +44,9 @@ compile-time variants:
             tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
 
 Per K block of 128: A (BM x 128 bytes) goes to LDS by 16-byte buffer->LDS DMA (LDS chunk
-c of row r holds memory chunk c ^ (r & 7)); B comes from global straight into registers; A, B,
-sfa and sfb are loaded one K block ahead (two A buffers), or two for the FP8 forms' 128 x 64 and
+c of row r holds memory chunk c ^ (r & 7)), and so does e4m3 B (BN x 128 bytes, after A in the
+same buffer; b_through_lds); e2m1 and bf16 B come from global straight into registers. A, B,
+sfa and sfb are loaded one K block ahead (two buffers), or two for the FP8 forms' 128 x 64 and
 32 x 32 tiles (three; load_depth). The K loop runs one register set per step of a group of
 depth + 1 steps (bf16: one step per iteration). MFMA operands: src0 = B rows (n),
 src1 = A rows (m), so lane l accumulates D^T[n = 4(l/16) + i][m = l%16], i.e. 4 consecutive
@@ -93,6 +94,8 @@ FP4_BLOCK = 32                    # K of one FP4 weight scale (and of one lane's
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
+XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
+BAND = 4                          # contiguous layouts: row tiles whose tiles one XCD takes together
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 A_FMTS = ("e4m3", "bf16")
 
@@ -105,6 +108,18 @@ def load_depth(bm, bn, bf16: bool) -> int:
     by HBM: the third register set costs its third workgroup per CU, 7.06 -> 7.18 us at N 7168,
     K 512) and 128 x 128 (past 256 VGPRs); bf16 keeps its third workgroup per CU."""
     return 2 if not bf16 and (bm, bn) in ((128, 64), (32, 32)) else 1
+
+
+def b_through_lds(b_fmt) -> bool:
+    """e4m3 b reaches the MFMAs through LDS by DMA, as A does: loaded into registers, each B row
+    went through the CU's L1 once per wave row that uses it (twice), the L1 the limit of the
+    two-workgroups-per-CU cells on the model."""
+    return b_fmt == "e4m3"
+
+
+def buffer_bytes(bm, bn, b_fmt) -> int:
+    """One LDS buffer: the A tile of a K block, then the B tile when b_through_lds."""
+    return (bm + (bn if b_through_lds(b_fmt) else 0)) * BLOCK_K
 
 
 def _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out):
@@ -146,6 +161,24 @@ def _psum_group(B, layout, groups, row_base):
     return group, Int(B.sel(has, B.gload(B.i32, layout, Int(B.sel(has, group, B.c(0))) * 4, 4), B.c(0)))
 
 
+def _xcd_tile(B, n_tiles, m_tiles, band):
+    """(column tile, row tile) of this workgroup. Workgroup w (x fastest) runs on XCD w % XCDS, so in
+    grid order each XCD would take every eighth column tile of every row tile: the A rows of every
+    group through each XCD's L2. Instead each XCD takes a contiguous run of the tile order (bands of
+    ``band`` row tiles, each band column tile by column tile, its row tiles together), so an XCD
+    reads the A rows of few bands and each B tile once for its band. The grid's last w % XCDS
+    workgroups keep their place; a permutation of the grid."""
+    w = Int(fx.block_idx.x.ir_value()) + Int(fx.block_idx.y.ir_value()) * n_tiles
+    total = n_tiles * m_tiles
+    dealt = total - total % XCDS
+    q = Int(B.sel(B.cmp("slt", w, dealt), w % XCDS * (dealt // XCDS) + w // XCDS, w))
+    per_band = n_tiles * band
+    first = q // per_band * band                    # the band's first row tile
+    rows_in_band = Int(B.sel(B.cmp("slt", m_tiles - first, band), m_tiles - first, band))
+    r = q % per_band
+    return r // rows_in_band, first + r % rows_in_band
+
+
 def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad,
           sfa_st, sfb_st, lds):
     rows, n, k, m_max, groups = map(Int, (rows, n, k, m_max, groups))
@@ -153,9 +186,10 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         k = k * 2                                   # from here on: bytes of a row of a (and of b)
     sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
-    by = Int(fx.block_idx.y.ir_value())
+    tiles = (m_max + (bm - 1)) // bm                # masked: a group's row tiles, a band of the XCD order
+    bx, by = (_xcd_tile(B, n // bn, groups * tiles, tiles) if masked
+              else _xcd_tile(B, n // bn, (rows + (bm - 1)) // bm, B.c(BAND)))
     if masked:
-        tiles = (m_max + (bm - 1)) // bm
         group = by // tiles
         m_in_group = by % tiles * bm
         limit = B.gload(B.i32, layout, group * 4, 4)
@@ -192,31 +226,32 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         sfa_tile = row_base * sfa_sm
     if_run = scf.IfOp(active, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        t = _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile,
+        t = _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, bx * bn, row_base, row_ok, sfa_tile,
                   tuple(map(Int, sfa_st)), tuple(map(Int, sfb_st)), None if masked else run, pad)
         _epilogue(t, _k_loop(t, *_loaders(t, a, sfa, b, sfb, d)))
         scf.YieldOp([])
 
 
-def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run, pad):
+def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run,
+          pad):
     """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
     K blocks (k in bytes). run: whether the tile has a group (None: always, the masked layout);
     pad: write rows of no group as zeros (None: never)."""
     t = SimpleNamespace(
         B=B, bm=bm, bn=bn, ue8m0=ue8m0, fp4=b_fmt == "e2m1", bf16=b_fmt == "bf16", b_fmt=b_fmt, out=out, rows=rows,
         n=n, k=k, lds=lds,
-        group=group, row_base=row_base,
+        group=group, n0=n0, row_base=row_base,
         row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st, run=run, pad=pad,
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
         dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
-        buf_bytes=bm * BLOCK_K, depth=load_depth(bm, bn, b_fmt == "bf16"))
+        b_lds=b_through_lds(b_fmt), bdmas=bn * (BLOCK_K // 16) // THREADS if b_through_lds(b_fmt) else 0,
+        buf_bytes=buffer_bytes(bm, bn, b_fmt), depth=load_depth(bm, bn, b_fmt == "bf16"))
     t.buffers = t.depth + 1
     t.tid = Int(fx.thread_idx.x.ir_value())
     lane = t.tid % 64
     t.wave = Int(rocdl.readfirstlane(B.i32, t.tid // 64))
     t.g, t.r16 = lane // 16, lane % 16
     t.wm, t.wn = t.wave >> 1, t.wave & 1
-    t.n0 = Int(fx.block_idx.x.ir_value()) * bn
     t.kb = (k + (BLOCK_K - 1)) // BLOCK_K           # K blocks, the last one possibly partial
     if run is not None:
         t.kb = Int(B.sel(run, t.kb, B.c(0)))        # a padding tile: no K block, a zero accumulator
@@ -233,9 +268,9 @@ def _last_block(t, offsets, in_block):
 
 
 def _loaders(t, a, sfa, b, sfb, d):
-    """The global loads of one K block: load_step(kt, live) -> (B halves [n-tile][2], sfa
-    [m-tile], sfb) into registers, dma_step(kt, live): A into its LDS buffer by buffer->LDS DMA;
-    past the end (live false) both read the empty resource."""
+    """The global loads of one K block: load_step(kt, live) -> (B halves [n-tile][2] (none when b
+    goes through LDS), sfa [m-tile], sfb) into registers, dma_step(kt, live): A (and B) into its
+    LDS buffer by buffer->LDS DMA; past the end (live false) both read the empty resource."""
     B, (sfa_sk4, sfa_sk1), (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift) = t.B, t.sfa_st[2:], t.sfb_st
     a_rsrc = B.rsrc(a, t.rows * t.k)
     sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))   # strided scales: range checks only reject INVALID_OFFSET
@@ -244,7 +279,7 @@ def _loaders(t, a, sfa, b, sfb, d):
     sfb_group = t.group * sfb_sg
     t.d_rsrc = B.rsrc(d, t.rows * t.n * 2)
     t.null_rsrc = B.rsrc(llvm.mlir_zero(B.gptr), B.c(0))
-    dma_voff, dma_chunk = _a_dma_offsets(t)
+    dma_voff, dma_chunk = _dma_offsets(t, t.dmas, lambda rl: (t.row_base + rl) * t.k, t.row_ok)
     dma_voff_last = _last_block(t, dma_voff, dma_chunk)
     t.a_lds_off, sfa_voff = _lane_rows(t)
     # This lane's columns (MFMA src0 rows) of each n-tile: offsets into b (e4m3: K bytes 16g..
@@ -252,8 +287,10 @@ def _loaders(t, a, sfa, b, sfb, d):
     # scaled MFMA takes row n's scale for 32-K block j from lane n + 16 j), into sfb.
     cols = [t.n0 + (t.wn * t.wn_cols + (nt * 16 + t.r16)) for nt in range(t.n_tiles)]
     k_of_chunk = [t.g * FP4_BLOCK] if t.fp4 else [t.g * 16 + 64 * h for h in range(2)]
-    b_voff = [[c * row_bytes + t.g * 16 + 64 * h for h in range(len(k_of_chunk))] for c in cols]
+    b_voff = [] if t.b_lds else [[c * row_bytes + t.g * 16 + 64 * h for h in range(len(k_of_chunk))] for c in cols]
     b_voff_last = [_last_block(t, chunks, k_of_chunk) for chunks in b_voff]
+    b_dma_voff, b_dma_chunk = _dma_offsets(t, t.bdmas, lambda rl: (t.n0 + rl) * row_bytes)
+    b_dma_voff_last = _last_block(t, b_dma_voff, b_dma_chunk)
     if t.fp4:  # one scale per row of b and 32-K block: lane group g reads block 4 kt + g
         sfb_rsrc = B.rsrc(sfb, B.c(INVALID_OFFSET - 1))
         sfb_voff = [sfb_group + c * sfb_sn + t.g * sfb_sk1 for c in cols]
@@ -273,7 +310,7 @@ def _loaders(t, a, sfa, b, sfb, d):
         br, sr = llvm.select(live, b_rsrc, t.null_rsrc), llvm.select(live, sfa_rsrc, t.null_rsrc)
         soff, is_last = kt * (BLOCK_K // 2 if t.fp4 else BLOCK_K), B.cmp("eq", kt, t.last)
         bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, last, v), soff, aux=B.c_attr(0))
-               for v, last in zip(b_voff[nt], b_voff_last[nt])] for nt in range(t.n_tiles)]
+               for v, last in zip(chunks, lasts)] for chunks, lasts in zip(b_voff, b_voff_last)]
         if t.bf16:
             return bw, [], []                        # no scales
         sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
@@ -291,45 +328,57 @@ def _loaders(t, a, sfa, b, sfb, d):
 
     def dma_step(kt, live, slot):
         lds_buf = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
-        rs = llvm.select(live, a_rsrc, t.null_rsrc)
-        for j in range(t.dmas):
-            dst = B.gep(lds_buf, B.c(j * THREADS * 16) + t.wave * 1024)
-            voff = B.sel(B.cmp("eq", kt, t.last), dma_voff_last[j], dma_voff[j])
-            rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), voff, kt * BLOCK_K, B.c(0), aux=B.c_attr(0),
-                                          **_scopes(t, slot))
+        is_last = B.cmp("eq", kt, t.last)
+        for rsrc, base, voffs, lasts in ((a_rsrc, 0, dma_voff, dma_voff_last),
+                                         (b_rsrc, t.bm * BLOCK_K, b_dma_voff, b_dma_voff_last)):
+            rs = llvm.select(live, rsrc, t.null_rsrc)
+            for j, (v, last) in enumerate(zip(voffs, lasts)):
+                dst = B.gep(lds_buf, B.c(base + j * THREADS * 16) + t.wave * 1024)
+                rocdl.raw_ptr_buffer_load_lds(rs, dst, B.c(16), B.sel(is_last, last, v), kt * BLOCK_K, B.c(0),
+                                              aux=B.c_attr(0), **_scopes(t, slot))
     return load_step, dma_step
 
 
 def _scopes(t, slot) -> dict:
-    """Alias scopes of LDS buffer ``slot`` (the A DMA writing it, the reads of it); one buffer
+    """Alias scopes of LDS buffer ``slot`` (the DMAs writing it, the reads of it); one buffer
     pair (depth 1): none needed."""
     if t.depth == 1:
         return {}
     if not hasattr(t, "lds_scopes"):
-        t.lds_scopes = lds_alias_scopes(t.buffers, "A buffers")
+        t.lds_scopes = lds_alias_scopes(t.buffers, "tile buffers")
     return t.lds_scopes[slot]
 
 
-def _a_dma_offsets(t):
-    """A DMA: thread slot s = j*256 + tid fills LDS bytes 16s.., i.e. row s/8, memory chunk
-    (s%8) ^ (row&7). -> (global offsets, their byte within the K block)."""
+def _dma_offsets(t, dmas, row_offset, row_ok=None):
+    """A (or B) tile DMA: thread slot s = j*256 + tid fills LDS bytes 16s.. of the tile, i.e. tile
+    row s/8, memory chunk (s%8) ^ (row&7); rows not row_ok load from an invalid offset (zeros).
+    -> (global offsets, their byte within the K block)."""
     B, voff, chunk_bytes = t.B, [], []
-    for j in range(t.dmas):
+    for j in range(dmas):
         s = B.c(j * THREADS) + t.tid
         rl = s // 8
         chunk = s % 8 ^ rl & 7
-        voff.append(B.sel(t.row_ok(rl), (t.row_base + rl) * t.k + chunk * 16, B.c(INVALID_OFFSET)))
+        v = row_offset(rl) + chunk * 16
+        voff.append(v if row_ok is None else B.sel(row_ok(rl), v, B.c(INVALID_OFFSET)))
         chunk_bytes.append(chunk * 16)
     return voff, chunk_bytes
 
 
+def _tile_lds_offsets(t, base, rl):
+    """LDS offsets of row rl's memory chunks g and g+4 in a swizzled tile at ``base``."""
+    return [base + rl * BLOCK_K + ((t.g + 4 * h) ^ rl & 7) * 16 for h in range(2)]
+
+
 def _lane_rows(t):
-    """This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets."""
+    """This lane's rows (MFMA src1 columns): LDS offsets of memory chunks g and g+4, sfa offsets;
+    and, b through LDS, its B rows' (MFMA src0 rows) chunk offsets per n-tile."""
     B, a_lds_off, sfa_voff = t.B, [], []
     for mt in range(t.m_tiles):
         rl = t.wm * t.wm_rows + (mt * 16 + t.r16)
-        a_lds_off.append([rl * BLOCK_K + ((t.g + 4 * h) ^ rl & 7) * 16 for h in range(2)])
+        a_lds_off.append(_tile_lds_offsets(t, 0, rl))
         sfa_voff.append(B.sel(t.row_ok(rl), t.sfa_tile + rl * t.sfa_st[1], B.c(INVALID_OFFSET)))
+    t.b_lds_off = [_tile_lds_offsets(t, t.bm * BLOCK_K, t.wn * t.wn_cols + (nt * 16 + t.r16))
+                   for nt in range(t.n_tiles)] if t.b_lds else []
     return a_lds_off, sfa_voff
 
 
@@ -352,16 +401,19 @@ def _k_loop(t, load_step, dma_step):
     v8bf16 = ir.VectorType.get([8], B.bf16)
 
     def read_tile(kt, slot):
+        """Step kt's operands from its LDS buffer: A halves [m-tile] (and B halves [n-tile])."""
         tile = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
-        halves = [[llvm.load(B.v4i32, B.gep(tile, t.a_lds_off[mt][h]), alignment=16, **_scopes(t, slot))
-                   for h in range(2)]
-                  for mt in range(t.m_tiles)]
-        return halves if t.bf16 else [_cat(B, hs) for hs in halves]
+        read = lambda offs: [[llvm.load(B.v4i32, B.gep(tile, o), alignment=16, **_scopes(t, slot))  # noqa: E731
+                              for o in row] for row in offs]
+        halves = read(t.a_lds_off)
+        return (halves if t.bf16 else [_cat(B, hs) for hs in halves]), read(t.b_lds_off)
 
     def run_step(kt, acc, cur, slot, in_flight):
-        af, nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot), load_step,
-                                 lambda kt, live: dma_step(kt, live, (slot + t.depth) % t.buffers), t.depth, in_flight)
+        (af, b_tile), nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot), load_step,
+                                          lambda kt, live: dma_step(kt, live, (slot + t.depth) % t.buffers), t.depth,
+                                          in_flight)
         bw, sa, sb = cur[0]
+        bw = b_tile or bw
         nxt = (*cur[1:], nxt)
         acc = [list(x) for x in acc]
         if t.bf16:  # K half h of the block: bytes 16g + 64h of each row, one 16x16x32 MFMA
@@ -396,8 +448,8 @@ def _k_loop(t, load_step, dma_step):
     # it may be a scalar load; counting fewer only waits longer); in the last steps the DMA only:
     # the registers' loads there are past the end, dead code the compiler removes
     bw, sa, sb = regs[0]
-    in_flight = 0 if t.depth == 1 else len(flatten(bw)) + len(sa) + (len(sb) if t.ue8m0 else 0) + t.dmas
-    in_flight_last = 0 if t.depth == 1 else t.dmas
+    in_flight = 0 if t.depth == 1 else len(flatten(bw)) + len(sa) + (len(sb) if t.ue8m0 else 0) + t.dmas + t.bdmas
+    in_flight_last = 0 if t.depth == 1 else t.dmas + t.bdmas
     # bf16: the pair's second register set takes 128 x 128 to 170 VGPRs (2 workgroups per CU, not 3), which
     # costs more than the overlap gains (masked m 512, N 7168, K 256: 24.33 -> 25.32 us on the model)
     return k_loop(t.kb, [[zero_acc] * t.m_tiles for _ in range(t.n_tiles)], regs,
@@ -406,7 +458,7 @@ def _k_loop(t, load_step, dma_step):
 
 
 def _epilogue(t, acc):
-    """CShuffle: the converted BM x BN tile goes through LDS (reusing the A buffers) so that d is
+    """CShuffle: the converted BM x BN tile goes through LDS (reusing the tile buffers) so that d is
     written in 16-byte row chunks. C tile row pitch BN*2 bytes; 16-byte chunk c of row r sits at
     chunk c ^ (r % chunks) (the 16 rows one MFMA tile writes hit distinct banks)."""
     B, bn = t.B, t.bn
@@ -418,7 +470,7 @@ def _epilogue(t, acc):
         chunk = col >> 3 ^ row % chunks
         return row * (bn * 2) + (chunk * 16 + (col & 4) * 2)
 
-    loads_done_barrier()  # every wave is past its last A reads and its last (empty) DMA
+    loads_done_barrier()  # every wave is past its last tile reads and its last (empty) DMA
     for mt in range(t.m_tiles):
         row = t.wm * t.wm_rows + (mt * 16 + t.r16)
         for nt in range(t.n_tiles):
@@ -449,7 +501,7 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", 
 
     @fx.struct
     class SharedStorage:
-        buf: fx.Array[fx.Int8, (load_depth(bm, bn, a_fmt == "bf16") + 1) * bm * BLOCK_K, 16]
+        buf: fx.Array[fx.Int8, (load_depth(bm, bn, a_fmt == "bf16") + 1) * buffer_bytes(bm, bn, b_fmt), 16]
 
     @flyc.kernel(name=symbol)
     def blockscale_grouped_gemm_kernel(a: fx.Pointer, sfa: fx.Pointer, b: fx.Pointer, sfb: fx.Pointer, d: fx.Pointer,

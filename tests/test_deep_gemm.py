@@ -775,9 +775,11 @@ def test_code_object_spill_free_with_mfma_and_promotion_in_the_loop(variant):
     info = art.isa()
     print(f"\n{KERNEL} [{registry.variant_id(variant)}]: {info.summary(256)}")
     assert info.spills == 0 and info.scratch_bytes == 0
-    # A buffers of BM x 128 bytes: three where loads run two K steps ahead, else two
+    # buffers of a K block's A tile (BM x 128 bytes) and, e4m3 b, its B tile (BN x 128 bytes): three
+    # where loads run two K steps ahead, else two
     ahead = 2 if (variant["BM"], variant["BN"]) in ((128, 64), (32, 32)) else 1
-    assert info.lds_bytes == (ahead + 1) * variant["BM"] * 128
+    b_in_lds = variant.get("B_FMT", "e4m3") == "e4m3"
+    assert info.lds_bytes == (ahead + 1) * (variant["BM"] + variant["BN"] * b_in_lds) * 128
     assert info.occupancy(256) >= 2
     tiles = (variant["BM"] // 32) * (variant["BN"] // 32)     # 16x16 MFMA tiles per wave
     rows_per_pass = 256 // (variant["BN"] // 8)               # CShuffle: one 16-byte row chunk per thread
@@ -786,6 +788,10 @@ def test_code_object_spill_free_with_mfma_and_promotion_in_the_loop(variant):
     loop = " ".join(loop_bodies(art.asm))
     mfma = loop.count("v_mfma_scale_f32_16x16x128_f8f6f4")
     assert mfma >= tiles and mfma % tiles == 0               # one MFMA per tile per K block (unrolled)
+    # per K block a thread's 16-byte DMAs: the tiles' 16-byte chunks (8 per row) over 256 threads
+    dmas = (variant["BM"] + variant["BN"] * b_in_lds) * 8 // 256
+    dma = sum(l.startswith("buffer_load_dwordx4") and l.endswith(" lds") for l in loop_bodies(art.asm))
+    assert dma * tiles == mfma * dmas, (dma, mfma)
     # the steps' barriers leave the later step's loads in flight (vmcnt(0) would drain them), and the
     # prefetched registers are not copied at the back edge (a copy waits for its load)
     k_loop = " ".join(l for body in loops(art.asm) if any("v_mfma" in x for x in body) for l in body)

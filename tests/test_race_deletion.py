@@ -53,6 +53,12 @@ REDUNDANT = (
      "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
      "dead prefetch of step K/128 (all-zero loads); that LDS buffer is next read after the next tile's "
      "prologue barrier, which every wave reaches through an lgkmcnt(0) that retires these writes too"),
+    ("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_UE8M00" for o in ("bf16", "f16")),
+     "s_waitcnt vmcnt(2)", "ds_write_b64",
+     "epilogue entry, masked 32 x 32: it retires an sfa load into the register the C tile reuses before "
+     "the C tile is written. Past a tail step, that step's barrier wait (vmcnt(2)) retired it; past the "
+     "loop, the load precedes the one the vmcnt(3) above waits for. Only a tile with no K step (a "
+     "contiguous padding tile; a masked tile has K >= 1 block) needs it"),
     ("mx_gemm", tuple(f"A_FMTe2m1_BM64_BN64_B_FMTe2m1_NUM_BUFFERS2_OUT{o}_SPLITK0" for o in ("bf16", "f16")),
      "s_waitcnt vmcnt(0) lgkmcnt(0)", "ds_read_b128",
      "K-loop remainder step's barrier: its vmcnt(0) repeats the wait a few lines above, and the only LGKM "

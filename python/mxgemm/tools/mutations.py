@@ -201,8 +201,23 @@ CATALOGUE = (
          "arith.cmpi(arith.CmpIPredicate.sgt, kt, k_steps)"),),
         "K loop in groups of steps: the remainder loses its steps"),
     Mutation("deep-gemm-wait-one-op-short", ("blockscale_grouped_gemm",), (
-        (BLOCKSCALE, "(len(sb) if t.ue8m0 else 0) + t.dmas\n", "(len(sb) if t.ue8m0 else 0) + t.dmas + 1\n"),),
+        (BLOCKSCALE, "(len(sb) if t.ue8m0 else 0) + t.dmas + t.bdmas\n",
+         "(len(sb) if t.ue8m0 else 0) + t.dmas + t.bdmas + 1\n"),),
         "loads two steps ahead: the step's barrier leaves one op too many in flight (its oldest DMA unwaited)"),
+    Mutation("deep-gemm-xcd-last-band-full", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "rows_in_band = Int(B.sel(B.cmp(\"slt\", m_tiles - first, band), m_tiles - first, band))",
+         "rows_in_band = Int(band)"),),
+        "the XCD tile order takes a partial last band of row tiles as a whole one"),
+    Mutation("deep-gemm-xcd-order-drops-round", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "w % XCDS * (dealt // XCDS) + w // XCDS", "w % XCDS * (dealt // XCDS)"),),
+        "the XCD tile order maps each XCD's workgroups to its first tile"),
+    Mutation("deep-gemm-b-dma-first-column-tile", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "lambda rl: (t.n0 + rl) * row_bytes", "lambda rl: rl * row_bytes"),),
+        "e4m3 b through LDS: every workgroup's B tile DMA reads the group's first BN rows of b"),
+    Mutation("deep-gemm-b-lds-first-wave-column", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "_tile_lds_offsets(t, t.bm * BLOCK_K, t.wn * t.wn_cols + (nt * 16 + t.r16))",
+         "_tile_lds_offsets(t, t.bm * BLOCK_K, nt * 16 + t.r16)"),),
+        "e4m3 b through LDS: both wave columns read the first half of the B tile"),
     Mutation("deep-gemm-padding-tiles-skipped", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "active = arith.ori(run, pad)", "active = run"),),
         "ensure_zero_padding: tiles made only of padding rows exit without writing their zeros"),
