@@ -69,7 +69,9 @@ must stay below 2^31 (the caller's guard). N % BN == 0; K % 16 == 0 (K % 32 for 
 last K block loads its 16-byte chunks past K out of range (zeros, docs/buffer_oob.md) instead of
 from the next row, and for e2m1 the scale bytes of its missing 32-K blocks too (byte 0, not a
 NaN code), so its sum is that of the K it has. Launch: grid = (n / BN, m_tiles, 1), block =
-(256, 1, 1) with m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked).
+(256, 1, 1) with m_tiles = ceil(M / BM) (contiguous) or G * ceil(M_max / BM) (masked); a
+workgroup's tile is not its grid position but the XCD order's (_xcd_tile: each XCD a contiguous run
+of tiles, so that its L2 holds the A rows of few row tiles).
 """
 from types import SimpleNamespace
 
