@@ -405,8 +405,10 @@ def _k_loop(t, load_step, dma_step):
     def read_tile(kt, slot):
         """Step kt's operands from its LDS buffer: A halves [m-tile] (and B halves [n-tile])."""
         tile = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
-        read = lambda offs: [[llvm.load(B.v4i32, B.gep(tile, o), alignment=16, **_scopes(t, slot))  # noqa: E731
-                              for o in row] for row in offs]
+
+        def read(offsets):
+            return [[llvm.load(B.v4i32, B.gep(tile, o), alignment=16, **_scopes(t, slot)) for o in row]
+                    for row in offsets]
         halves = read(t.a_lds_off)
         return (halves if t.bf16 else [_cat(B, hs) for hs in halves]), read(t.b_lds_off)
 
