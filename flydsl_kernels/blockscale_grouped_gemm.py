@@ -239,6 +239,7 @@ def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, ro
     """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
     K blocks (k in bytes). run: whether the tile has a group (None: always, the masked layout);
     pad: write rows of no group as zeros (None: never)."""
+    b_lds = b_through_lds(b_fmt)
     t = SimpleNamespace(
         B=B, bm=bm, bn=bn, ue8m0=ue8m0, fp4=b_fmt == "e2m1", bf16=b_fmt == "bf16", b_fmt=b_fmt, out=out, rows=rows,
         n=n, k=k, lds=lds,
@@ -246,7 +247,7 @@ def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, ro
         row_ok=row_ok, sfa_tile=sfa_tile, sfa_st=sfa_st, sfb_st=sfb_st, run=run, pad=pad,
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
         dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
-        b_lds=b_through_lds(b_fmt), bdmas=bn * (BLOCK_K // 16) // THREADS if b_through_lds(b_fmt) else 0,
+        b_lds=b_lds, bdmas=bn * (BLOCK_K // 16) // THREADS if b_lds else 0,   # B's, when b_lds
         buf_bytes=buffer_bytes(bm, bn, b_fmt), depth=load_depth(bm, bn, b_fmt == "bf16"))
     t.buffers = t.depth + 1
     t.tid = Int(fx.thread_idx.x.ir_value())

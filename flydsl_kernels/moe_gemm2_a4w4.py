@@ -135,17 +135,19 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     dma_lds = [[b.gep(lds_base, b.add(b.c(i * buf_bytes + r * ROUND_BYTES), b.mul(wave, b.c(1024))))
                 for r in range(rounds)] for i in range(2)]
 
-    # The rows this lane feeds to the MFMA (src1) and later accumulates into out, with the
-    # top-k weight (WEIGHTS_FIRST) or the index to load it at in the epilog.
+    # The rows this lane feeds to the MFMA (src1) and later accumulates into out, and (WEIGHTS_FIRST)
+    # their top-k weights; otherwise the epilog loads each weight at the row's safe index.
     def topk_weight(safe):
         return b.gload(b.f32, sorted_weights, b.mul(safe, b.c(4)), 4)
 
     weights_first = bm in WEIGHTS_FIRST
-    rows, as_voff = [], []
+    rows, prologue_weights, as_voff = [], [], []
     for mt in range(m_tiles):
         ar, tok, safe = _sorted_row(b, sorted_token_ids, b.add(m0, b.add(b.c(mt * 16), r16)), num_valid, tokens,
                                     topk)
-        rows.append((ar, tok, topk_weight(safe) if weights_first else safe))
+        rows.append((ar, tok, safe))
+        if weights_first:
+            prologue_weights.append(topk_weight(safe))
         as_voff.append(b.sel(b.cmp("sge", ar, b.c(0)), b.add(b.mul(ar, k_scales), b.mul(b.c(2), g)),
                              b.c(INVALID_OFFSET)))
     w_voff, ws_voff = [], []
@@ -222,10 +224,10 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     # Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
     # columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.
     for mt in range(m_tiles):
-        ar, tok, weight_or_safe = rows[mt]
+        ar, tok, safe = rows[mt]
         live = scf.IfOp(b.cmp("sge", ar, b.c(0)), [], has_else=False)
         with ir.InsertionPoint(live.then_block):
-            topk_w = weight_or_safe if weights_first else topk_weight(weight_or_safe)
+            topk_w = prologue_weights[mt] if weights_first else topk_weight(safe)
             col = b.add(n_wave, b.mul(b.c(4), g))
             orow = b.gep(out, arith.muli(b.add(arith.muli(b.u64(tok), b.u64(n)), b.u64(col)), b.c(2, b.i64)))
             undef = llvm.mlir_undef(b.v4f32)

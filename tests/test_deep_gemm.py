@@ -785,12 +785,13 @@ def test_code_object_spill_free_with_mfma_and_promotion_in_the_loop(variant):
     rows_per_pass = 256 // (variant["BN"] // 8)               # CShuffle: one 16-byte row chunk per thread
     assert info.count("buffer_store_dwordx4") == -(-variant["BM"] // rows_per_pass)
     assert info.count("buffer_store_dwordx2") == 0 and info.count("ds_write_b64") == tiles
-    loop = " ".join(loop_bodies(art.asm))
+    bodies = loop_bodies(art.asm)
+    loop = " ".join(bodies)
     mfma = loop.count("v_mfma_scale_f32_16x16x128_f8f6f4")
     assert mfma >= tiles and mfma % tiles == 0               # one MFMA per tile per K block (unrolled)
     # per K block a thread's 16-byte DMAs: the tiles' 16-byte chunks (8 per row) over 256 threads
     dmas = (variant["BM"] + variant["BN"] * b_in_lds) * 8 // 256
-    dma = sum(l.startswith("buffer_load_dwordx4") and l.endswith(" lds") for l in loop_bodies(art.asm))
+    dma = sum(l.startswith("buffer_load_dwordx4") and l.endswith(" lds") for l in bodies)
     assert dma * tiles == mfma * dmas, (dma, mfma)
     # the steps' barriers leave the later step's loads in flight (vmcnt(0) would drain them), and the
     # prefetched registers are not copied at the back edge (a copy waits for its load)
