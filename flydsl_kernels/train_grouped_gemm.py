@@ -62,7 +62,10 @@ each wave a (BM / rows of waves) x (BN/2) block of 16 x 16 MFMA tiles. Per 128-b
 step (128 fp8 or 64 bf16 / fp16 elements) both operand tiles go global -> VGPR (16-byte buffer
 loads, prefetched one step ahead, two at 128 x 128 and 256 x 128 without block scales; fp8 with
 row / tensorwise scales then runs two steps per loop iteration, a register set each) -> LDS (two
-ping-pong buffers, one barrier per step) -> MFMA operands: 16-byte ds_reads for
+ping-pong buffers with padded rows, one barrier per step); at 256 x 256 (through_dma: a wave's
+128 accumulator VGPRs leave no room for staged tiles) global -> LDS by 16-byte buffer -> LDS
+DMA instead, one step ahead into the other buffer, rows unpadded with their 16-byte chunks
+XOR-swizzled (_Operand.swizzle) -> MFMA operands: 16-byte ds_reads for
 contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
 reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
 (contraction bytes 16(l/16) and 64 + 16(l/16)) form the fp8 MFMA's operand, or the operands of
@@ -123,7 +126,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, workgroup_barrier
+from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, loads_done_barrier, pipelined_step, workgroup_barrier
 
 WAVE = 64
 XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
@@ -134,6 +137,13 @@ def waves(bm: int) -> int:
     block, as at 128 x 128; 4 waves there would each hold 128 rows and, one workgroup per CU,
     leave the K loop's loads uncovered), else 4."""
     return 8 if bm == 256 else 4
+
+
+def through_dma(bm: int, bn: int) -> bool:
+    """Whether the tile's operands reach LDS by buffer -> LDS DMA rather than through VGPRs: at 256 x
+    256, whose 128 accumulator VGPRs a wave leave no room for register-staged tiles (one step in
+    flight: the other tiles keep their register pipelines, two steps ahead at 128 x 128)."""
+    return (bm, bn) == (256, 256)
 
 
 BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; 16-bit: two K-32 MFMAs)
@@ -173,23 +183,54 @@ class _Operand:
     elements of `es` bytes (1: fp8, 2: bf16 / fp16; indices and ld in elements, addresses in bytes).
 
     k_major: X(r, c) at base + (r * ld + c) es (128-byte rows of the contraction per step), else
-    at base + (c * ld + r) es. `rows` is how many BMN rows of this tile exist; lds_off the
-    operand's region inside one LDS buffer."""
+    at base + (c * ld + r) es. In LDS a step is `lines` lines of `line` bytes (K-major: a row's
+    128 contraction bytes; else a contraction line's bmn elements), `stride` apart, from lds_off
+    in the buffer. Two ways there (`dma`):
+      registers: 16-byte buffer loads into VGPRs, later written to LDS; lines padded by PAD bytes.
+      dma: buffer -> LDS DMA, 16 bytes a lane and a wave's lanes 1 KiB in a row, so lines are
+        unpadded and slot s = p * threads + tid owns LDS chunk s: line s // cpl, position s % cpl,
+        which holds the line's memory chunk position ^ swizzle(line) (against bank conflicts)."""
 
-    def __init__(self, b, bmn, k_major, lds_off, es, threads):
-        self.bmn, self.k_major, self.lds_off, self.es = bmn, k_major, lds_off, es
+    def __init__(self, bmn, k_major, lds_off, es, threads, dma):
+        self.bmn, self.k_major, self.lds_off, self.es, self.threads, self.dma = bmn, k_major, lds_off, es, threads, dma
         self.bke = BK // es                                      # contraction elements per step
-        self.stride = BK + PAD if k_major else bmn * es + PAD  # LDS row stride (bytes)
-        self.lds_bytes = (bmn if k_major else self.bke) * self.stride
-        self.chunks = bmn * BK // (threads * 16)                 # 16-byte loads per thread and step
-        per_row = (BK if k_major else bmn * es) // 16
+        self.line = BK if k_major else bmn * es
+        self.lines = bmn if k_major else self.bke
+        self.cpl = self.line // 16                               # 16-byte chunks per line
+        self.stride = self.line + (0 if dma else PAD)
+        self.lds_bytes = self.lines * self.stride
+        self.chunks = self.lines * self.line // (threads * 16)   # 16-byte loads per thread and step
         tid = Int(fx.thread_idx.x.ir_value())
+        if dma:
+            # slot p is line p * skip + tid / cpl, at the same position and swizzle for every p (skip is a
+            # multiple of 4n lines): a DMA's chunk is the first's, `skip` lines further
+            assert threads % self.cpl == 0 and threads // self.cpl % 32 == 0
+            self.skip = threads // self.cpl
+            line = tid // self.cpl
+            chunk = tid % self.cpl ^ self.swizzle(line)
+            self.r0, self.c0 = (line, chunk * (16 // es)) if k_major else (chunk * (16 // es), line)
+            return
         self.slots = []                                          # (row-dim index, contraction index, LDS byte)
         for p in range(self.chunks):
             q = tid + p * threads
-            line, chunk = q // per_row, q % per_row
+            line, chunk = q // self.cpl, q % self.cpl
             r, c = (line, chunk * (16 // es)) if k_major else (chunk * (16 // es), line)
             self.slots.append((r, c, line * self.stride + chunk * 16))
+
+    def swizzle(self, line):
+        """The chunk position XOR of a DMA'd line (0 when padded): a read phase (256 bytes, 64 4-byte
+        banks) then hits 16 distinct 16-byte bank groups. K-major: ds_read_b128, 16 lanes a phase
+        on 16 consecutive rows, two rows per 256 bytes: (line / 2) % 8. Otherwise the transposing
+        reads, 32 lanes a phase on lines k + {0 .. n-1} and k + 2n + {0 .. n-1} (n = 8 / es
+        elements a read, k a multiple of 4n), es chunks each: the phase's line q < 2n goes to bank
+        group es q, past the lines that share its 256 bytes."""
+        if not self.dma:
+            return 0
+        if self.k_major:
+            return line // 2 % 8
+        n = 8 // self.es
+        q = line % n + line // (2 * n) % 2 * n
+        return q * min(self.cpl, 16) // 16 * self.es
 
     def step_base(self, b, tile_base, ld, kt):
         """64-bit base of contraction step kt."""
@@ -198,7 +239,7 @@ class _Operand:
         return b.gep(tile_base, arith.muli(b.u64(kt * self.bke), b.u64(Int(ld) * self.es)))
 
     def load(self, b, base, ld, rows, c_left):
-        """This thread's 16-byte chunks of the step (zeros outside rows x c_left)."""
+        """registers: this thread's 16-byte chunks of the step (zeros outside rows x c_left)."""
         rs = b.rsrc_rebased(base)
         out = []
         for r, c, _ in self.slots:
@@ -212,25 +253,44 @@ class _Operand:
         for (_, _, at), v in zip(self.slots, regs):
             llvm.store(v, b.gep(buf, b.c(self.lds_off) + at), alignment=16)
 
+    def dma_step(self, b, base, ld, rows, c_left, buf, wave):
+        """dma: this thread's chunks of the step into LDS buffer `buf` (zeros outside rows x c_left).
+        One voffset; DMA p reads `skip` lines further through soffset (a voffset past the end stays
+        out of range), and is in range when the lines left past the thread's first exceed p skip:
+        compares with constants, where per-DMA bounds would each hold an SGPR."""
+        rs = b.rsrc_rebased(base)
+        off = (self.r0 * ld + self.c0 if self.k_major else self.c0 * ld + self.r0) * self.es
+        rows_left, c_left = Int(rows) - self.r0, Int(c_left) - self.c0
+        lines_left, other_left = (rows_left, c_left) if self.k_major else (c_left, rows_left)
+        for p in range(self.chunks):
+            ok = arith.andi(b.cmp("sgt", lines_left, b.c(p * self.skip)), b.cmp("sgt", other_left, b.c(0)))
+            dst = b.gep(buf, b.c(self.lds_off + p * self.threads * 16) + wave * (WAVE * 16))
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, b.c(16), arith.select(ok, off, b.c(INVALID_OFFSET)),
+                                          Int(ld) * (p * self.skip * self.es), b.c(0), aux=b.c_attr(0))
+
     def mfma_operand(self, b, buf, r0, lane):
-        """(lo, hi) v4i32 halves of the operand of rows r0 .. r0+15: lane l holds row l % 16 and
-        the 16 bytes at contraction byte 16(l/16) of the step's first (lo) and second (hi) 64
-        bytes. fp8: lo ++ hi is the 16x16x128 operand (K 16(l/16) + i % 16 + 64(i/16)); bf16 / fp16: lo
-        and hi are the operands of the step's two 16x16x32 MFMAs (K 8(l/16) + i, then 32 on)."""
+        """(lo, hi) v4i32 halves of the operand of rows r0 .. r0+15 (r0 % 16 == 0): lane l holds row
+        l % 16 and the 16 bytes at contraction byte 16(l/16) of the step's first (lo) and second
+        (hi) 64 bytes. fp8: lo ++ hi is the 16x16x128 operand (K 16(l/16) + i % 16 + 64(i/16));
+        bf16 / fp16: lo and hi are the operands of the step's two 16x16x32 MFMAs (K 8(l/16) + i,
+        then 32 on)."""
         g, s = lane // 16, lane % 16
         region = b.gep(buf, b.c(self.lds_off))
-        if self.k_major:
+        if self.k_major:   # row r0 + s (whose swizzle is s's), memory chunks g and g + 4
             row = (r0 + s) * self.stride
-            return [llvm.load(b.v4i32, b.gep(region, row + (g * 16 + h)), alignment=16) for h in (0, 64)]
+            return [llvm.load(b.v4i32, b.gep(region, row + ((g + 4 * h ^ self.swizzle(s)) * 16 if self.dma
+                                                            else g * 16 + 64 * h)), alignment=16) for h in range(2)]
         # Transposing reads of n = 8 / es elements: lane s of a 16-lane group reads 8 bytes of
-        # contraction row k0 + s / (16/n) at rows n(s % (16/n)).. ; lane j receives the rows-dim
-        # element j of rows k0 .. k0 + n - 1 (docs/gfx950_isa.md §3).
+        # contraction line k0 + s / (16/n) at rows n(s % (16/n)).. ; lane j receives the rows-dim
+        # element j of lines k0 .. k0 + n - 1 (docs/gfx950_isa.md §3).
         n = 8 // self.es
         col = r0 + s % (16 // n) * n
         parts = []
         for k0 in (0, n, self.bke // 2, self.bke // 2 + n):
-            krow = g * 2 * n + k0 + s // (16 // n)
-            at = b.gep(region, krow * self.stride + col * self.es)
+            line = g * 2 * n + k0 + s // (16 // n)
+            byte = col * self.es
+            at = b.gep(region, line * self.stride + ((byte // 16 ^ self.swizzle(line)) * 16 + byte % 16 if self.dma
+                                                     else byte))
             parts.append(rocdl.ds_read_tr8_b64(b.v2i32, at) if self.es == 1 else
                          llvm.bitcast(b.v2i32, rocdl.ds_read_tr16_b64(ir.VectorType.get([4], b.i16), at)))
         return [llvm.shufflevector(b.v4i32, parts[h], parts[h + 1], list(range(4))) for h in (0, 2)]
@@ -257,77 +317,107 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     # its 16 bytes (32 elements) of the half in the low four registers
     halves = PER_BYTE.get(fmt_a, 1)
 
-    def load(kt):
-        c_left = arith.subi(c_len, kt * A.bke)
-        return (A.load(b, A.step_base(b, a_base, a_ld, kt), a_ld, a_rows, c_left),
-                B.load(b, B.step_base(b, b_base, b_ld, kt), b_ld, b_rows, c_left))
-
     def buffer(kt):
         return b.gep(lds, (kt & 1) * buf_bytes)
 
-    def stage(kt, regs):
-        buf = buffer(kt)
-        A.store_lds(b, buf, regs[0])
-        B.store_lds(b, buf, regs[1])
+    def load_scales(kt):
+        """Step kt's scales (block, mx), issued before its operand reads."""
+        if gran == "block":
+            return sc.load(b, lanes, kt)
+        if gran == "mx":   # per MFMA of the step: its four 32-blocks (block 4 (halves kt + h) + lane / 16)
+            return [sc.mx_load(b, lanes, (kt * halves + h) * (BK // MX_BLOCK), Int(c_len) * halves, lane)
+                    for h in range(halves)]
+        return None
+
+    def operands(kt):
+        return [A.mfma_operand(b, buffer(kt), r0, lane) for r0 in a_r0], \
+            [B.mfma_operand(b, buffer(kt), r0, lane) for r0 in b_r0]
+
+    def mfmas(acc, step_scales, a_ops, b_ops):
+        """The step's MFMAs into acc; step_scales: its block (sa, sb) or mx scales, else None."""
+        acc = list(acc)
+        if fmt_a in HALF:   # the step's two K-32 chunks in order, each MFMA accumulating into acc
+            for h in range(2):
+                for t in range(mi_n * nj_n):
+                    srcs = [llvm.bitcast(v8half, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]
+                    acc[t] = mfma_half(b.v4f32, [*srcs, acc[t]])
+            return acc
+        sa, sb = step_scales if gran == "block" else (None, None)
+        mx = step_scales if gran == "mx" else None
+        zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
+        zero4 = arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(0)))
+        for h in range(halves):
+            for i in range(mi_n):
+                for j in range(nj_n):
+                    t = i * nj_n + j
+                    # mx: the lanes' e8m0 bytes (src0 = B: b's scales); others: unscaled
+                    scales = (mx[h][1][j], mx[h][0][i]) if gran == "mx" else (zero_scale, zero_scale)
+                    srcs = [cat(x) if halves == 1 else cat([x[h], zero4]) for x in (b_ops[j], a_ops[i])]
+                    # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
+                    p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                        b.v4f32, [*srcs, zero if gran == "block" else acc[t],
+                                  FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
+                    acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) \
+                        if gran == "block" else p
+        return acc
 
     if gran in ("block", "mx"):   # the scale offsets: a VGPR per 16-row / 16-column tile
         lanes = (sc.mx_lanes if gran == "mx" else sc.lanes)(b, sc_tile, lane, a_r0, b_r0)
     if fmt_a in HALF:
         v8half = ir.VectorType.get([8], b.bf16 if fmt_a == "bf16" else ir.F16Type.get())
         mfma_half = fx.rocdl.mfma_f32_16x16x32_bf16 if fmt_a == "bf16" else fx.rocdl.mfma_f32_16x16x32_f16
-    # global loads run `depth` steps ahead: at 128 x 128 and 256 x 128 (2 waves per SIMD) one step's MFMAs do not
-    # cover a load. The others keep one: 64 x 64 hides loads with 4 waves per SIMD (a second step's registers would
-    # cost one), and GRAN=block's per-step scales would take 128 x 128 past 256 VGPRs (half the occupancy)
-    depth = 2 if (bm, bn) in ((128, 128), (256, 128)) and gran != "block" else 1
-    n_a = len(A.slots)
-    stage(b.c(0), load(b.c(0)))
-    ahead = [r for kt in range(1, depth) for regs in load(b.c(kt)) for r in regs]   # steps 1 .. depth-1, flat
-    workgroup_barrier()
     zero = b.splat(b.v4f32, 0.0)
 
-    def step(kt, acc, ahead, slot):
-        """Contraction step kt: prefetch step kt+depth, MFMAs on buffer kt & 1, stage step kt+1."""
-        acc = list(acc)
-        if gran == "block":                               # this step's scales, issued before the prefetch
-            sa, sb = sc.load(b, lanes, kt)
-        elif gran == "mx":   # per MFMA of the step: its four 32-blocks (block 4 (halves kt + h) + lane / 16)
-            mx = [sc.mx_load(b, lanes, (kt * halves + h) * (BK // MX_BLOCK), Int(c_len) * halves, lane)
-                  for h in range(halves)]
-        regs = load(kt + depth)                           # prefetch; all-zero past the last step
-        buf = buffer(kt)
-        a_ops = [A.mfma_operand(b, buf, r0, lane) for r0 in a_r0]
-        b_ops = [B.mfma_operand(b, buf, r0, lane) for r0 in b_r0]
-        if fmt_a in HALF:   # the step's two K-32 chunks in order, each MFMA accumulating into acc
-            for h in range(2):
-                for t in range(mi_n * nj_n):
-                    srcs = [llvm.bitcast(v8half, x[h]) for x in (b_ops[t % nj_n], a_ops[t // nj_n])]
-                    acc[t] = mfma_half(b.v4f32, [*srcs, acc[t]])
-        else:
-            zero_scale = b.c(0)                               # constant 0 scales: the unscaled opcode
-            zero4 = arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(0)))
-            for h in range(halves):
-                for i in range(mi_n):
-                    for j in range(nj_n):
-                        t = i * nj_n + j
-                        # mx: the lanes' e8m0 bytes (src0 = B: b's scales); others: unscaled
-                        scales = (mx[h][1][j], mx[h][0][i]) if gran == "mx" else (zero_scale, zero_scale)
-                        srcs = [cat(x) if halves == 1 else cat([x[h], zero4]) for x in (b_ops[j], a_ops[i])]
-                        # block: the step's exact sum from C = 0, then acc + p * (sa * sb) (DeepGEMM's promotion)
-                        p = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                            b.v4f32, [*srcs, zero if gran == "block" else acc[t],
-                                      FMT_CODE[fmt_b], FMT_CODE[fmt_a], 0, scales[0], 0, scales[1]])
-                        acc[t] = arith.addf(acc[t], arith.mulf(p, sc.product(b, sa[i], sb[j]))) \
-                            if gran == "block" else p
-        flat = list(ahead) + regs[0] + regs[1]            # steps kt+1 .. kt+depth, A's chunks then B's per step
-        stage(kt + 1, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))
-        workgroup_barrier()
-        return acc, flat[n_a + len(B.slots):]
+    if A.dma:
+        def dma(kt):
+            """Step kt's A and B tiles into their LDS buffer (past the contraction: zeros)."""
+            c_left = arith.subi(c_len, kt * A.bke)
+            for op, base, ld, rows in ((A, a_base, a_ld, a_rows), (B, b_base, b_ld, b_rows)):
+                op.dma_step(b, op.step_base(b, base, ld, kt), ld, rows, c_left, buffer(kt), wave)
 
-    # depth 2, fp8 with epilogue (row / tensorwise) scales: a register set per step in flight, two steps per loop
-    # iteration (no copy at the back edge, which waits for the loads). 16-bit operands and mx scales keep one
-    # step per iteration: their second set would pass 256 VGPRs (half the occupancy, or spills at 256 x 128)
-    unroll = depth if fmt_a not in HALF and gran == "row" else 1
-    acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), ahead, step, unroll=unroll)
+        def dma_step(kt, acc, regs, _):
+            """Contraction step kt: wait for its DMA, read its operands, issue step kt+1's DMA, MFMAs."""
+            (scales, (a_ops, b_ops)), _ = pipelined_step(b, kt, steps, lambda kt: (load_scales(kt), operands(kt)),
+                                                         lambda kt, live: [], lambda kt, live: dma(kt))
+            return mfmas(acc, scales, a_ops, b_ops), regs
+
+        loads_done_barrier()                              # every wave is past the previous tile's LDS reads
+        dma(b.c(0))
+        acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), [], dma_step, unroll=1)
+    else:
+        def load(kt):
+            c_left = arith.subi(c_len, kt * A.bke)
+            return (A.load(b, A.step_base(b, a_base, a_ld, kt), a_ld, a_rows, c_left),
+                    B.load(b, B.step_base(b, b_base, b_ld, kt), b_ld, b_rows, c_left))
+
+        def stage(kt, regs):
+            A.store_lds(b, buffer(kt), regs[0])
+            B.store_lds(b, buffer(kt), regs[1])
+
+        # global loads run `depth` steps ahead: at 128 x 128 and 256 x 128 (2 waves per SIMD) one step's MFMAs do
+        # not cover a load. The others keep one: 64 x 64 hides loads with 4 waves per SIMD (a second step's
+        # registers would cost one), and GRAN=block's per-step scales would take 128 x 128 past 256 VGPRs
+        depth = 2 if (bm, bn) in ((128, 128), (256, 128)) and gran != "block" else 1
+        n_a = len(A.slots)
+        stage(b.c(0), load(b.c(0)))
+        ahead = [r for kt in range(1, depth) for regs in load(b.c(kt)) for r in regs]   # steps 1 .. depth-1, flat
+        workgroup_barrier()
+
+        def step(kt, acc, ahead, slot):
+            """Contraction step kt: prefetch step kt+depth, MFMAs on buffer kt & 1, stage step kt+1."""
+            scales = load_scales(kt)
+            regs = load(kt + depth)                       # prefetch; all-zero past the last step
+            acc = mfmas(acc, scales, *operands(kt))
+            flat = list(ahead) + regs[0] + regs[1]        # steps kt+1 .. kt+depth, A's chunks then B's per step
+            stage(kt + 1, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))
+            workgroup_barrier()
+            return acc, flat[n_a + len(B.slots):]
+
+        # depth 2, fp8 with epilogue (row / tensorwise) scales: a register set per step in flight, two steps per
+        # loop iteration (no copy at the back edge, which waits for the loads). 16-bit operands and mx scales keep
+        # one step per iteration: their second set would pass 256 VGPRs (half the occupancy, or spills at 256 x 128)
+        unroll = depth if fmt_a not in HALF and gran == "row" else 1
+        acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), ahead, step, unroll=unroll)
 
     scale = sc.load(b, sc.lanes(b, sc_tile, lane, a_r0, b_r0)) if gran == "row" else None
     _epilogue(b, out_t, accum, acc, out_base, out_ld, scale, lane, a_r0, b_r0, a_rows, b_rows)
@@ -521,8 +611,9 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
     # contraction in _Operand elements (e2m1: bytes, the packed pairs; K itself counts elements)
     k_ops = arith.shrui(K, b.c(1)) if fmt in PER_BYTE else K
     ka, kb = K_MAJOR[layout]
-    A = _Operand(b, bm, ka, 0, es, WAVE * waves(bm))
-    B = _Operand(b, bn, kb, A.lds_bytes, es, WAVE * waves(bm))
+    dma = through_dma(bm, bn)
+    A = _Operand(bm, ka, 0, es, WAVE * waves(bm), dma)
+    B = _Operand(bn, kb, A.lds_bytes, es, WAVE * waves(bm), dma)
     ops = (A, B)
     sc = None if gran == "none" else _Scales(b, a_scale, b_scale, scale_strides, layout, gran)
     ebytes = lambda x: x if es == 1 else arith.muli(x, b.c(es, b.i64))  # noqa: E731   element offset -> bytes
@@ -616,7 +707,8 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
                          f"NTK: e2m1 only; OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1)")
     ka, kb = K_MAJOR[layout]
     es = ESIZE[fmt]
-    lds_bytes = 2 * sum((n if k else BK // es) * ((BK if k else n * es) + PAD) for n, k in ((bm, ka), (bn, kb)))
+    pad = 0 if through_dma(bm, bn) else PAD
+    lds_bytes = 2 * sum((n if k else BK // es) * ((BK if k else n * es) + pad) for n, k in ((bm, ka), (bn, kb)))
     cfg = (bm, bn, (fmt, fmt_b), out, accum, gran)
 
     @fx.struct

@@ -477,6 +477,13 @@ def test_code_object(variant):
                   for r in range(int(a), int(b) + 1)}
         copied = {int(a) for l in inner for a in re.findall(r"v_mov_b(?:32|64)_e32 v\S+, v\[?(\d+)", l)}
         assert not loaded & copied, sorted(loaded & copied)
+    # 256 x 256: both tiles reach LDS by DMA, unpadded in two buffers, (BM + BN) x 128 bytes a step in 16-byte
+    # DMAs of every thread, and no VGPR is written to LDS
+    if (variant["BM"], variant["BN"]) == (256, 256):
+        assert info.lds_bytes == 2 * (variant["BM"] + variant["BN"]) * 128
+        dmas = sum(bool(re.match(r"buffer_load_dwordx4 .* lds$", l)) for l in inner)
+        assert dmas == barriers * (variant["BM"] + variant["BN"]) * 128 // (64 * waves * 16), dmas
+        assert not any(l.startswith(("ds_write", "ds_store")) for l in inner)
     # no waterfall loop around a buffer access (every buffer resource is uniform)
     assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)
                    for body in loops)

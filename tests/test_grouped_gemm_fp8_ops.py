@@ -265,6 +265,17 @@ def test_heuristic_persistent_128_tiles_loop_bit_exact():
     metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2), ref, "persistent 128 x 128")
 
 
+def test_heuristic_persistent_256_tiles_dma_bit_exact():
+    """The heuristic's forward at 256 rows per group and 256 columns: 256 x 256 tiles whose operands
+    reach LDS by DMA, one workgroup per CU; with num_cu = 2 each workgroup runs its tiles in a row
+    (each tile's first DMA after the previous tile's reads), partial in rows, columns and K."""
+    c = rows_case(lens=(300, 0, 480), n=288, k=400)
+    p = mxgemm.explain("grouped_gemm_fp8_kernel", **c, num_cu=2)
+    assert (p.variant["BM"], p.variant["BN"], p.grid[0]) == (256, 256, 2)
+    ref = reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], offsets([300, 0, 480]))
+    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2), ref, "persistent 256 x 256")
+
+
 def test_forced_config_same_bits_and_explained():
     """Configs change speed, never bits: a persistent GROUP_M=1 grid of 64 x 64 tiles gives the
     heuristic's output; explain names the config and where it came from."""
@@ -280,7 +291,7 @@ def test_forced_config_same_bits_and_explained():
 
 @pytest.mark.parametrize("config,match", [
     ("BM=32,BN=64,GROUP_M=1,PERSISTENT=0", r"\[config\] no registered NT e4m3 x e4m3 -> bf16 variant with 32 x 64 tiles; registered tiles: 64 x 64, "
-     r"128 x 128, 256 x 128$"),
+     r"128 x 128, 256 x 128, 256 x 256$"),
     ({"BM": 64, "BN": 64, "GROUP_M": 3, "PERSISTENT": 0}, r"\[config\] .*GROUP_M in \(1, 2, 4, 8\)"),
     ("BM=64,BN=64", r"\[config\] grouped_gemm_fp8: config .* lacks GROUP_M, PERSISTENT; expected 'KEY=value,...' "
                     r"or a dict with all of: BM \(int\), BN \(int\), GROUP_M \(int\), PERSISTENT \(int\)"),

@@ -214,26 +214,31 @@ def _check_sizes(rows, rows_name, strides):
                                        f"< 2^31 bytes (one tile's buffer offsets)")
 
 
-def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16) -> dict:
-    """The rule used without a tuned row: 64 x 64 tiles for fp16 output (its only registered
+def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16, wide=True) -> dict:
+    """The rule used without a tuned row (wide: whether the call's formats and scales have 256 x 256
+    tiles; only e4m3 tensorwise / row-scaled NT and TN to bf16 do): 64 x 64 tiles for fp16 output (its only registered
     tile) or when the output columns or the rows per group (M / G; the wgrad's M) are under 128.
-    Otherwise:
-    - groups along the rows (NT / NN / TT): 128 x 128 on a persistent grid of the two workgroups
-      a CU holds (``PERSISTENT=2``). The grid of one workgroup per possible tile over-provisions
-      a row tile per group, which the host cannot size without reading group_lens. On the timing
-      model (gpt-oss Down forward, 8 x 512 rows, N = K = 2880, XCD 0's share) 128 x 128 persistent
-      took 55.52 us, 256 x 128 (8 waves) persistent 59.28 us;
-    - the wgrad (TN), whose grid is exact: 256 x 128 once the rows reach 256 (fewer B re-reads
-      per row), else 128 x 128, one workgroup per tile (gpt-oss Down wgrad: 96.96 us against
-      99.53 us at 128 x 128).
+    Otherwise, on the timing model (8 groups of 512 rows, XCD 0's share, whole contraction):
+    - the forward (NT) and the wgrad (TN) with 256 rows per group and 256 columns: 256 x 256
+      tiles (their operands reach LDS by DMA), one workgroup per CU. Half the L2 reads of
+      128 x 128 per output: gpt-oss Down forward (N = K = 2880) 46.08 us against 55.52 at
+      128 x 128; DeepSeek-V3 Down forward (N 7168, K 2048) 58.93 against 65.97 (256 x 128:
+      71.01); gpt-oss Down wgrad 71.19 against 96.96 at 256 x 128. Persistent (``PERSISTENT=1``)
+      for the rows layouts, whose grid of one workgroup per possible tile over-provisions a row
+      tile per group (the host cannot size it without reading group_lens);
+    - the other rows layouts (NN, TT): 128 x 128 on a persistent grid of the two workgroups a CU
+      holds (``PERSISTENT=2``): gpt-oss Down forward 55.52 us, 256 x 128 (8 waves) 59.28;
+    - the wgrad below 256 columns: 256 x 128 once the rows reach 256, else 128 x 128, one
+      workgroup per tile (gpt-oss Down wgrad: 256 x 128 96.96 us, 128 x 128 99.53).
     GROUP_M = 2: a band of two row tiles re-reads each B column tile from L2."""
     rows = M if layout in ("TN", "NTK") else M // max(G, 1)
     if out_dtype == torch.float16 or N < 128 or rows < 128:
         return dict(BM=64, BN=64, GROUP_M=2, PERSISTENT=0)
+    wide = wide and layout in ("NT", "TN") and rows >= 256 and N >= 256
     if layout not in ("TN", "NTK"):
-        return dict(BM=128, BN=128, GROUP_M=2, PERSISTENT=2)
+        return dict(BM=256, BN=256, GROUP_M=2, PERSISTENT=1) if wide else dict(BM=128, BN=128, GROUP_M=2, PERSISTENT=2)
     bm = 256 if rows >= 256 else 128
-    return dict(BM=bm, BN=128, GROUP_M=2, PERSISTENT=0)
+    return dict(BM=bm, BN=256 if wide else 128, GROUP_M=2, PERSISTENT=0)
 
 
 def problem_key(layout: str, G: int, M: int, N: int, K: int) -> tuple:
@@ -302,8 +307,9 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
     if row is not None and _call_variant(layout, x, row[0], gran) is not None:
         return _choice(_call_variant(layout, x, row[0], gran), row[0],
                        f"tuned table row (source={row[1]})")
-    cfg = heuristic_config(layout, G, M, N, x.out_dtype)
-    fit = [t for t in _registered_tiles(layout, x, gran) if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
+    tiles = _registered_tiles(layout, x, gran)
+    cfg = heuristic_config(layout, G, M, N, x.out_dtype, wide=(256, 256) in tiles)
+    fit = [t for t in tiles if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
     if not fit:
         block = dict(GRAN=gran) if gran in ("block", "mx") else {}
         have = sorted({f"{v['FMT']} x {v['FMT_B']} -> {v['OUT']}{' (accumulate)' if v.get('ACCUM') else ''}"

@@ -267,6 +267,21 @@ CATALOGUE = (
         (TRAIN_GROUPED, "stage(kt + 1, (flat[:n_a], flat[n_a:n_a + len(B.slots)]))",
          "stage(kt + 1, (flat[-n_a - len(B.slots):][:n_a], flat[-len(B.slots):]))"),),
         "128 x 128 (two steps in flight): step kt+1's LDS buffer receives step kt+2's loads"),
+    Mutation("grouped-fp8-dma-reads-unswizzled", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "row + ((g + 4 * h ^ self.swizzle(s)) * 16 if self.dma",
+         "row + ((g + 4 * h) * 16 if self.dma"),),
+        "256 x 256 (DMA): the K-major operand reads ignore the chunk swizzle the DMA wrote"),
+    Mutation("grouped-fp8-dma-skip-one-line-short", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "Int(ld) * (p * self.skip * self.es)", "Int(ld) * (p * (self.skip - 1) * self.es)"),),
+        "256 x 256 (DMA): each later DMA of a step starts one line short of its slot"),
+    Mutation("grouped-fp8-dma-one-line-past-the-contraction", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, 'b.cmp("sgt", lines_left, b.c(p * self.skip))',
+         'b.cmp("sge", lines_left, b.c(p * self.skip))'),),
+        "256 x 256 (DMA): a line just past the rows / contraction is read, not zeroed (TN: the next group's row)"),
+    Mutation("grouped-fp8-dma-no-barrier-between-tiles", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "        loads_done_barrier()                              # every wave is past the previous "
+         "tile's LDS reads\n", ""),),
+        "256 x 256 (DMA): a wave's next tile DMA overwrites the buffer slower waves still read"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
          "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),
@@ -305,7 +320,7 @@ CATALOGUE = (
         "scales)"),
     Mutation("grouped-fp4-a-nibbles-swapped", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "for x in (b_ops[j], a_ops[i])]",
-         "for x in (b_ops[j], a_ops[i])]\n" + " " * 24
+         "for x in (b_ops[j], a_ops[i])]\n" + " " * 20
          + "srcs[1] = srcs[1] if halves == 1 else cat([arith.ori(arith.shli(arith.andi(a_ops[i][h], LOW), FOUR), "
          "arith.andi(arith.shrui(a_ops[i][h], FOUR), LOW)), zero4])"
          .replace("LOW", "arith.constant(b.v4i32, ir.DenseElementsAttr.get_splat(b.v4i32, b.c_attr(0x0F0F0F0F)))")
