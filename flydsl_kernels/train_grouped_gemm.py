@@ -126,7 +126,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, loads_done_barrier, pipelined_step, workgroup_barrier
+from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, pipelined_step, workgroup_barrier
 
 WAVE = 64
 XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
@@ -381,7 +381,9 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                                                          lambda kt, live: [], lambda kt, live: dma(kt))
             return mfmas(acc, scales, a_ops, b_ops), regs
 
-        loads_done_barrier()                              # every wave is past the previous tile's LDS reads
+        # every wave is past the previous tile's LDS reads (each waited for them before its MFMAs); its own
+        # DMAs still in flight land in order, before this tile's into the same bytes
+        rocdl.s_barrier()
         dma(b.c(0))
         acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), [], dma_step, unroll=1)
     else:

@@ -53,6 +53,10 @@ REDUNDANT = (
      "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
      "dead prefetch of step K/128 (all-zero loads); that LDS buffer is next read after the next tile's "
      "prologue barrier, which every wave reaches through an lgkmcnt(0) that retires these writes too"),
+    ("train_grouped_gemm", ("BM256_BN256_FMTe4m3_FMT_Be4m3_LAYOUTTN_OUTbf16",), "s_barrier", "buffer_load_dwordx4",
+     "a tile's first barrier (DMA tiles): it keeps a workgroup's next tile's first DMA off the LDS its waves "
+     "still read for the previous tile; the variable-K op launches a workgroup per tile, so no TN "
+     "workgroup runs a second one (the NT race inputs, a persistent grid of one, exercise it)"),
     ("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_UE8M00" for o in ("bf16", "f16")),
      "s_waitcnt vmcnt(2)", "ds_write_b64",
      "epilogue entry, masked 32 x 32: it retires an sfa load into the register the C tile reuses before "

@@ -279,8 +279,7 @@ CATALOGUE = (
          'b.cmp("sge", lines_left, b.c(p * self.skip))'),),
         "256 x 256 (DMA): a line just past the rows / contraction is read, not zeroed (TN: the next group's row)"),
     Mutation("grouped-fp8-dma-no-barrier-between-tiles", ("train_grouped_gemm",), (
-        (TRAIN_GROUPED, "        loads_done_barrier()                              # every wave is past the previous "
-         "tile's LDS reads\n", ""),),
+        (TRAIN_GROUPED, "        rocdl.s_barrier()\n", ""),),
         "256 x 256 (DMA): a wave's next tile DMA overwrites the buffer slower waves still read"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
