@@ -221,9 +221,10 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     Otherwise, on the timing model (8 groups of 512 rows, XCD 0's share, whole contraction):
     - the forward (NT) and the wgrad (TN) with 256 rows per group and 256 columns: 256 x 256
       tiles (their operands reach LDS by DMA), one workgroup per CU. Half the L2 reads of
-      128 x 128 per output: gpt-oss Down forward (N = K = 2880) 46.08 us against 55.52 at
-      128 x 128; DeepSeek-V3 Down forward (N 7168, K 2048) 58.93 against 65.97 (256 x 128:
-      71.01); gpt-oss Down wgrad 71.19 against 96.96 at 256 x 128. Persistent (``PERSISTENT=1``)
+      128 x 128 per output: gpt-oss Down forward (N = K = 2880) 45.74 us against 55.52 at
+      128 x 128; DeepSeek-V3 Down forward (N 7168, K 2048) 58.64 against 65.97 (256 x 128:
+      71.01); gpt-oss Down wgrad 71.22 against 96.96 at 256 x 128, DeepSeek-V3 Down wgrad 97.61
+      against 136.73. Persistent (``PERSISTENT=1``)
       for the rows layouts, whose grid of one workgroup per possible tile over-provisions a row
       tile per group (the host cannot size it without reading group_lens);
     - the other rows layouts (NN, TT): 128 x 128 on a persistent grid of the two workgroups a CU
