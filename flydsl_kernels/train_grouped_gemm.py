@@ -268,14 +268,14 @@ class _Operand:
             rocdl.raw_ptr_buffer_load_lds(rs, dst, b.c(16), arith.select(ok, off, b.c(INVALID_OFFSET)),
                                           Int(ld) * (p * self.skip * self.es), b.c(0), aux=b.c_attr(0))
 
-    def mfma_operand(self, b, buf, r0, lane):
-        """(lo, hi) v4i32 halves of the operand of rows r0 .. r0+15 (r0 % 16 == 0): lane l holds row
-        l % 16 and the 16 bytes at contraction byte 16(l/16) of the step's first (lo) and second
-        (hi) 64 bytes. fp8: lo ++ hi is the 16x16x128 operand (K 16(l/16) + i % 16 + 64(i/16));
-        bf16 / fp16: lo and hi are the operands of the step's two 16x16x32 MFMAs (K 8(l/16) + i,
-        then 32 on)."""
+    def mfma_operand(self, b, lds, buf_off, r0, lane):
+        """From the LDS buffer at lds + buf_off, the (lo, hi) v4i32 halves of the operand of rows
+        r0 .. r0+15 (r0 % 16 == 0): lane l holds row l % 16 and the 16 bytes at contraction byte
+        16(l/16) of the step's first (lo) and second (hi) 64 bytes. fp8: lo ++ hi is the 16x16x128
+        operand (K 16(l/16) + i % 16 + 64(i/16)); bf16 / fp16: lo and hi are the operands of the
+        step's two 16x16x32 MFMAs (K 8(l/16) + i, then 32 on)."""
         g, s = lane // 16, lane % 16
-        region = b.gep(buf, b.c(self.lds_off))
+        region = b.gep(b.gep(lds, buf_off), b.c(self.lds_off))
         if self.k_major:   # row r0 + s (whose swizzle is s's), memory chunks g and g + 4
             row = (r0 + s) * self.stride
             return [llvm.load(b.v4i32, b.gep(region, row + ((g + 4 * h ^ self.swizzle(s)) * 16 if self.dma
@@ -289,8 +289,11 @@ class _Operand:
         for k0 in (0, n, self.bke // 2, self.bke // 2 + n):
             line = g * 2 * n + k0 + s // (16 // n)
             byte = col * self.es
-            at = b.gep(region, line * self.stride + ((byte // 16 ^ self.swizzle(line)) * 16 + byte % 16 if self.dma
-                                                     else byte))
+            if self.dma:   # the buffer offset inside the XOR (above its bits): a per-step address, not a held one
+                swizzled = (byte // 16 * 16 + buf_off) ^ self.swizzle(line) * 16
+                at = b.gep(lds, self.lds_off + line * self.stride + swizzled + byte % 16)
+            else:
+                at = b.gep(region, line * self.stride + byte)
             parts.append(rocdl.ds_read_tr8_b64(b.v2i32, at) if self.es == 1 else
                          llvm.bitcast(b.v2i32, rocdl.ds_read_tr16_b64(ir.VectorType.get([4], b.i16), at)))
         return [llvm.shufflevector(b.v4i32, parts[h], parts[h + 1], list(range(4))) for h in (0, 2)]
@@ -330,8 +333,8 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         return None
 
     def operands(kt):
-        return [A.mfma_operand(b, buffer(kt), r0, lane) for r0 in a_r0], \
-            [B.mfma_operand(b, buffer(kt), r0, lane) for r0 in b_r0]
+        return [A.mfma_operand(b, lds, (kt & 1) * buf_bytes, r0, lane) for r0 in a_r0], \
+            [B.mfma_operand(b, lds, (kt & 1) * buf_bytes, r0, lane) for r0 in b_r0]
 
     def mfmas(acc, step_scales, a_ops, b_ops):
         """The step's MFMAs into acc; step_scales: its block (sa, sb) or mx scales, else None."""
@@ -632,9 +635,12 @@ def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, gro
         tail_tiles = arith.muli(b.ceil_div(arith.maxsi(arith.subi(M, tail_s), b.c(0)), bm), n_tiles)
         total = arith.addi(_group_scan(b, group_offs, G, bm, n_tiles, bid)[0], tail_tiles)
     iters = arith.divui(arith.addi(arith.subi(arith.maxsi(total, bid), bid), arith.subi(nwg, b.c(1))), nwg)
-    loop, body = b.for_range(iters)
-    with ir.InsertionPoint(body):
-        tile = arith.addi(bid, arith.muli(arith.index_cast(b.i32, loop.induction_variable), nwg))
+    # the DMA tiles use every SGPR: an i32 trip count there (an index one is 64-bit, two more registers held
+    # through every tile, which spilled at NN); the others keep the index loop
+    loop = scf.ForOp(b.c(0), iters, b.c(1), []) if dma else b.for_range(iters)[0]
+    with ir.InsertionPoint(loop.body):
+        i = loop.induction_variable
+        tile = arith.addi(bid, arith.muli(i if dma else arith.index_cast(b.i32, i), nwg))
         esize = b.c(OUT_BYTES[out_t], b.i64)
         if layout == "TN":
             g = arith.remui(tile, G)

@@ -419,10 +419,11 @@ def test_hardware_tiles_bit_exact(variant):
                                  f"{KERNEL} {registry.variant_id(variant)}")
 
 
-@pytest.mark.parametrize("layout,lens,k", [("NT", [130, 0, 77], 304), ("TN", [20, 0, 140], None)])
+@pytest.mark.parametrize("layout,lens,k", [("NT", [130, 0, 77], 304), ("NN", [130, 0, 77], 304),
+                                           ("TN", [20, 0, 140], None)])
 def test_dma_tiles_one_workgroup_bit_exact(layout, lens, k):
     """256 x 256 (operands by DMA) on a grid of one: the workgroup runs every tile in turn, and a
-    tile whose last step reads LDS buffer 0 (NT: 3 steps; TN: group 0's one) is followed by one whose
+    tile whose last step reads LDS buffer 0 (NT, NN: 3 steps; TN: group 0's one) is followed by one whose
     first DMA writes it: the tile's first barrier keeps that DMA off the slower waves' reads."""
     variant = dict(LAYOUT=layout, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=256)
     c = make_case(layout, "e4m3", lens, 144, 160 if k is None else k, seed=3)

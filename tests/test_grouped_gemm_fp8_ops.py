@@ -14,6 +14,7 @@ import torch
 
 import mxgemm
 from mxgemm import guards, metrics, reference
+from mxgemm.ops import train_grouped_gemm as op
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -265,15 +266,29 @@ def test_heuristic_persistent_128_tiles_loop_bit_exact():
     metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2), ref, "persistent 128 x 128")
 
 
-def test_heuristic_persistent_256_tiles_dma_bit_exact():
-    """The heuristic's forward at 256 rows per group and 256 columns: 256 x 256 tiles whose operands
-    reach LDS by DMA, one workgroup per CU; with num_cu = 2 each workgroup runs its tiles in a row
-    (each tile's first DMA after the previous tile's reads), partial in rows, columns and K."""
+def test_persistent_256_tiles_dma_bit_exact():
+    """256 x 256 tiles (operands by DMA), one workgroup per CU; with num_cu = 2 each workgroup runs
+    its tiles in a row (each tile's first DMA after the previous tile's reads), partial in rows,
+    columns and K."""
     c = rows_case(lens=(300, 0, 480), n=288, k=400)
-    p = mxgemm.explain("grouped_gemm_fp8_kernel", **c, num_cu=2)
+    cfg = dict(BM=256, BN=256, GROUP_M=2, PERSISTENT=1)
+    p = mxgemm.explain("grouped_gemm_fp8_kernel", **c, num_cu=2, config=cfg)
     assert (p.variant["BM"], p.variant["BN"], p.grid[0]) == (256, 256, 2)
     ref = reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], offsets([300, 0, 480]))
-    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2), ref, "persistent 256 x 256")
+    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2, config=cfg), ref, "persistent 256 x 256")
+
+
+@pytest.mark.parametrize("layout,G,M,N,tile", [
+    ("NT", 8, 8 * 512, 2880, 256), ("NN", 8, 8 * 512, 2880, 256), ("TN", 8, 2880, 2880, 256),
+    ("NN", 8, 8 * 512, 2048, 128),     # 128 tiles of 256 x 256 for 256 CUs
+    ("NT", 8, 8 * 200, 2880, 128),     # under 256 rows per group
+])
+def test_heuristic_256_tiles_when_they_fill_the_cus(layout, G, M, N, tile):
+    """The rule takes 256 x 256 at 256 rows per group and 256 columns when its tiles make 3/4 of one
+    per CU, and only where the call's formats have the tile."""
+    cfg = op.heuristic_config(layout, G, M, N)
+    assert (cfg["BM"], cfg["BN"]) == ((256, 256) if tile == 256 else (256 if layout == "TN" else 128, 128))
+    assert op.heuristic_config(layout, G, M, N, wide=False)["BN"] == 128
 
 
 def test_forced_config_same_bits_and_explained():

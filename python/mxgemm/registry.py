@@ -313,7 +313,7 @@ register(Kernel(
     threads=lambda v: 512 if v["BM"] == 256 else 256,   # the kernel's waves(BM): 8 waves at 256 rows
     variants=_train_grouped_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _train_grouped_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
-    + tuple(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=256) for lay in ("NT", "TN"))
+    + tuple(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=256) for lay in ("NT", "NN", "TN"))
     + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
     + _GROUPED_BF16 + _GROUPED_F16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
     + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK

@@ -216,27 +216,31 @@ def _check_sizes(rows, rows_name, strides):
 
 def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16, wide=True) -> dict:
     """The rule used without a tuned row (wide: whether the call's formats and scales have 256 x 256
-    tiles; only e4m3 tensorwise / row-scaled NT and TN to bf16 do): 64 x 64 tiles for fp16 output (its only registered
-    tile) or when the output columns or the rows per group (M / G; the wgrad's M) are under 128.
-    Otherwise, on the timing model (8 groups of 512 rows, XCD 0's share, whole contraction):
-    - the forward (NT) and the wgrad (TN) with 256 rows per group and 256 columns: 256 x 256
-      tiles (their operands reach LDS by DMA), one workgroup per CU. Half the L2 reads of
-      128 x 128 per output: gpt-oss Down forward (N = K = 2880) 45.74 us against 55.52 at
-      128 x 128; DeepSeek-V3 Down forward (N 7168, K 2048) 58.64 against 65.97 (256 x 128:
-      71.01); gpt-oss Down wgrad 71.22 against 96.96 at 256 x 128, DeepSeek-V3 Down wgrad 97.61
-      against 136.73. Persistent (``PERSISTENT=1``)
-      for the rows layouts, whose grid of one workgroup per possible tile over-provisions a row
-      tile per group (the host cannot size it without reading group_lens);
-    - the other rows layouts (NN, TT): 128 x 128 on a persistent grid of the two workgroups a CU
-      holds (``PERSISTENT=2``): gpt-oss Down forward 55.52 us, 256 x 128 (8 waves) 59.28;
-    - the wgrad below 256 columns: 256 x 128 once the rows reach 256, else 128 x 128, one
-      workgroup per tile (gpt-oss Down wgrad: 256 x 128 96.96 us, 128 x 128 99.53).
+    tiles; only e4m3 tensorwise / row-scaled NT, NN and TN to bf16 do): 64 x 64 tiles for fp16
+    output (its only registered tile) or when the output columns or the rows per group (M / G; the
+    wgrad's M) are under 128. Otherwise, on the timing model (8 groups of 512 rows, XCD 0's share,
+    whole contraction):
+    - 256 x 256 tiles (their operands reach LDS by DMA; one workgroup per CU) at 256 rows per group
+      and 256 columns when they make at least 3/4 of a tile per CU (group sizes taken as balanced):
+      half the L2 reads of 128 x 128 per output. gpt-oss Down (N = K = 2880) forward 45.74 us against
+      55.52 at 128 x 128 (192 tiles), dgrad 43.22 against 58.38, wgrad 71.71 against 96.96 at
+      256 x 128; DeepSeek-V3 Down (N 7168, K 2048) forward 58.64 against 65.97, wgrad 97.61
+      against 136.73 at 256 x 128; its dgrad's 128 tiles took 79.77 against 60.45 at 128 x 128.
+      Persistent (``PERSISTENT=1``) for the rows layouts, whose grid of one workgroup per possible
+      tile over-provisions a row tile per group (the host cannot size it without reading
+      group_lens);
+    - otherwise the rows layouts (NT, NN, TT): 128 x 128 on a persistent grid of the two workgroups a
+      CU holds (``PERSISTENT=2``): gpt-oss Down forward 55.52 us, 256 x 128 (8 waves) 59.28;
+    - otherwise the wgrad: 256 x 128 once the rows reach 256, else 128 x 128, one workgroup per tile
+      (gpt-oss Down wgrad: 256 x 128 96.96 us, 128 x 128 99.53).
     GROUP_M = 2: a band of two row tiles re-reads each B column tile from L2."""
-    rows = M if layout in ("TN", "NTK") else M // max(G, 1)
+    variable_k = layout in ("TN", "NTK")
+    rows = M if variable_k else M // max(G, 1)
     if out_dtype == torch.float16 or N < 128 or rows < 128:
         return dict(BM=64, BN=64, GROUP_M=2, PERSISTENT=0)
-    wide = wide and layout in ("NT", "TN") and rows >= 256 and N >= 256
-    if layout not in ("TN", "NTK"):
+    tiles = G * -(-rows // 256) * -(-N // 256)
+    wide = wide and layout in ("NT", "NN", "TN") and rows >= 256 and N >= 256 and 4 * tiles >= 3 * NUM_CUS
+    if not variable_k:
         return dict(BM=256, BN=256, GROUP_M=2, PERSISTENT=1) if wide else dict(BM=128, BN=128, GROUP_M=2, PERSISTENT=2)
     bm = 256 if rows >= 256 else 128
     return dict(BM=bm, BN=256 if wide else 128, GROUP_M=2, PERSISTENT=0)

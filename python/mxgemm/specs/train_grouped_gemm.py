@@ -128,8 +128,8 @@ def work(kernel, v, groups, m, N, K) -> Work:
 
 
 def race(kernel, v) -> list:
-    """TN: sizes that make the op pick variant v, one K step + a short group (block scales: the
-    second group on the next 128-row block). NT / NN / TT (variant forced by config, a
+    """TN (variant forced by config, a workgroup per tile): one K step + a short group (block scales:
+    the second group on the next 128-row block). NT / NN / TT (variant forced by config, a
     persistent grid of 1): nine groups, so the group scans run the compiler's 8- and 4-unrolled
     bodies and their remainders, of sizes bm + d, 0 x 7 and bm - d (a partial second row tile;
     d = 2, TT 16: its groups start on multiples of 16); K = three 128-byte steps (384 fp8 or 192
@@ -145,7 +145,9 @@ def race(kernel, v) -> list:
     if v["LAYOUT"] == "TN":
         lens = torch.tensor([128, 5] if v.get("GRAN") in ("block", "mx") else [130, 3])
         sa, sb = _scales(v, inp, (2, bm), (2, -(-bn // 128)), ((bm, 5), (bn, 5)))
-        return [_call(v, False, qa(133, bm), sa, qb(133, bn), sb, lens, **_out_kw(v, (2, bm, bn)))]
+        out = _out_kw(v, (2, bm, bn))
+        out["kw"]["config"] = dict(BM=bm, BN=bn, GROUP_M=2, PERSISTENT=0)
+        return [_call(v, False, qa(133, bm), sa, qb(133, bn), sb, lens, **out)]
     d, K = 16 if v["LAYOUT"] == "TT" else 2, 192 if v["FMT"] in HALF else 384
     lens = torch.tensor([bm + d] + [0] * 7 + [bm - d])
     out = _out_kw(v, (2 * bm, bn))
