@@ -222,9 +222,9 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     whole contraction):
     - 256 x 256 tiles (their operands reach LDS by DMA; one workgroup per CU) at 256 rows per group
       and 256 columns when they make at least 3/4 of a tile per CU (group sizes taken as balanced):
-      half the L2 reads of 128 x 128 per output. gpt-oss Down (N = K = 2880) forward 45.74 us against
+      half the L2 reads of 128 x 128 per output. gpt-oss Down (N = K = 2880) forward 45.72 us against
       55.52 at 128 x 128 (192 tiles), dgrad 43.22 against 58.38, wgrad 71.71 against 96.96 at
-      256 x 128; DeepSeek-V3 Down (N 7168, K 2048) forward 58.64 against 65.97, wgrad 97.61
+      256 x 128; DeepSeek-V3 Down (N 7168, K 2048) forward 58.64 against 65.97, wgrad 98.38
       against 136.73 at 256 x 128; its dgrad's 128 tiles took 79.77 against 60.45 at 128 x 128.
       Persistent (``PERSISTENT=1``) for the rows layouts, whose grid of one workgroup per possible
       tile over-provisions a row tile per group (the host cannot size it without reading
