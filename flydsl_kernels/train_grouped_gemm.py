@@ -192,7 +192,7 @@ class _Operand:
         which holds the line's memory chunk position ^ swizzle(line) (against bank conflicts)."""
 
     def __init__(self, bmn, k_major, lds_off, es, threads, dma):
-        self.bmn, self.k_major, self.lds_off, self.es, self.threads, self.dma = bmn, k_major, lds_off, es, threads, dma
+        self.k_major, self.lds_off, self.es, self.threads, self.dma = k_major, lds_off, es, threads, dma
         self.bke = BK // es                                      # contraction elements per step
         self.line = BK if k_major else bmn * es
         self.lines = bmn if k_major else self.bke
@@ -378,7 +378,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
             for op, base, ld, rows in ((A, a_base, a_ld, a_rows), (B, b_base, b_ld, b_rows)):
                 op.dma_step(b, op.step_base(b, base, ld, kt), ld, rows, c_left, buffer(kt), wave)
 
-        def dma_step(kt, acc, regs, _):
+        def k_step(kt, acc, regs, _):
             """Contraction step kt: wait for its DMA, read its operands, issue step kt+1's DMA, MFMAs."""
             (scales, (a_ops, b_ops)), _ = pipelined_step(b, kt, steps, lambda kt: (load_scales(kt), operands(kt)),
                                                          lambda kt, live: [], lambda kt, live: dma(kt))
@@ -388,7 +388,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
         # DMAs still in flight land in order, before this tile's into the same bytes
         rocdl.s_barrier()
         dma(b.c(0))
-        acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), [], dma_step, unroll=1)
+        acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), [], k_step, unroll=1)
     else:
         def load(kt):
             c_left = arith.subi(c_len, kt * A.bke)
