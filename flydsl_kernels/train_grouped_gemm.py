@@ -62,10 +62,10 @@ each wave a (BM / rows of waves) x (BN/2) block of 16 x 16 MFMA tiles. Per 128-b
 step (128 fp8 or 64 bf16 / fp16 elements) both operand tiles go global -> VGPR (16-byte buffer
 loads, prefetched one step ahead, two at 128 x 128 and 256 x 128 without block scales; fp8 with
 row / tensorwise scales then runs two steps per loop iteration, a register set each) -> LDS (two
-ping-pong buffers with padded rows, one barrier per step); at 256 x 256 (through_dma: a wave's
-128 accumulator VGPRs leave no room for staged tiles) global -> LDS by 16-byte buffer -> LDS
-DMA instead, one step ahead into the other buffer, rows unpadded with their 16-byte chunks
-XOR-swizzled (_Operand.swizzle) -> MFMA operands: 16-byte ds_reads for
+ping-pong buffers with padded rows, one barrier per step); at 256 x 192 .. 256 (through_dma: a
+wave's 96 to 128 accumulator VGPRs leave no room for staged tiles) global -> LDS by 16-byte
+buffer -> LDS DMA instead, one step ahead into the other buffer, rows unpadded with their 16-byte
+chunks XOR-swizzled (_Operand.swizzle) -> MFMA operands: 16-byte ds_reads for
 contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
 reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
 (contraction bytes 16(l/16) and 64 + 16(l/16)) form the fp8 MFMA's operand, or the operands of
@@ -118,8 +118,8 @@ Variant keys: LAYOUT, FMT (a's format), FMT_B (b's: the f8f6f4 MFMA takes one fo
 source, so e4m3 x e5m2 mixes are the same body; bf16 with bf16 and f16 with f16 only (16-bit
 elements: the same loads, LDS layout and _tr_b16 reads, only the MFMA differs); e2m1 with e2m1, GRAN mx,
 NT / NTK only), OUT (bf16 / f16 / f32), ACCUM
-(0: out = result; 1: out += result; absent = 0), BM, BN (64, 128, 256), GRAN (row: scales in the
-epilogue, which tensorwise is with zero strides; block: promoted per contraction step; mx: e8m0
+(0: out = result; 1: out += result; absent = 0), BM, BN (64, 128, 256; NT also 256 x 192, 256 x 224),
+GRAN (row: scales in the epilogue, which tensorwise is with zero strides; block: promoted per contraction step; mx: e8m0
 per 32 on the scaled MFMA; none: no scales, FMT=bf16 / f16 only; absent = row for fp8, none for bf16 / f16).
 """
 import flydsl.compiler as flyc
@@ -142,8 +142,9 @@ def waves(bm: int) -> int:
 def through_dma(bm: int, bn: int) -> bool:
     """Whether the tile's operands reach LDS by buffer -> LDS DMA rather than through VGPRs: at 256 x
     256, whose 128 accumulator VGPRs a wave leave no room for register-staged tiles (one step in
-    flight: the other tiles keep their register pipelines, two steps ahead at 128 x 128)."""
-    return (bm, bn) == (256, 256)
+    flight: the other tiles keep their register pipelines, two steps ahead at 128 x 128), and at
+    256 x 192 / 224, the widths whose tiles fill the CUs' rounds better (DMA'd K-major: NT)."""
+    return bm == 256 and bn in (192, 224, 256)
 
 
 BK = 128                          # contraction bytes per step (fp8: the f8f6f4 MFMA's K; 16-bit: two K-32 MFMAs)
@@ -178,6 +179,17 @@ class _Ir(Builder):
         return loop, loop.body
 
 
+def _geometry(bmn, k_major, es, threads, dma):
+    """(line bytes, lines, LDS bytes from line to line, LDS lines held) of an operand's step in LDS:
+    K-major lines are the rows' 128 contraction bytes, others a contraction index's bmn elements;
+    padded unless by DMA, whose lines are held to a whole DMA issue (threads * 16 bytes: at 224
+    rows the last issue's upper half lands in lines no tile row fills)."""
+    line = BK if k_major else bmn * es
+    lines = bmn if k_major else BK // es
+    per_issue = threads * 16 // line if dma else 1
+    return line, lines, line + (0 if dma else PAD), -(-lines // per_issue) * per_issue
+
+
 class _Operand:
     """One MFMA operand X(r, c) (r: output rows for A / columns for B; c: contraction) of a tile,
     elements of `es` bytes (1: fp8, 2: bf16 / fp16; indices and ld in elements, addresses in bytes).
@@ -194,12 +206,10 @@ class _Operand:
     def __init__(self, bmn, k_major, lds_off, es, threads, dma):
         self.k_major, self.lds_off, self.es, self.threads, self.dma = k_major, lds_off, es, threads, dma
         self.bke = BK // es                                      # contraction elements per step
-        self.line = BK if k_major else bmn * es
-        self.lines = bmn if k_major else self.bke
+        self.line, self.lines, self.stride, held = _geometry(bmn, k_major, es, threads, dma)
         self.cpl = self.line // 16                               # 16-byte chunks per line
-        self.stride = self.line + (0 if dma else PAD)
-        self.lds_bytes = self.lines * self.stride
-        self.chunks = self.lines * self.line // (threads * 16)   # 16-byte loads per thread and step
+        self.lds_bytes = held * self.stride
+        self.chunks = held * self.line // (threads * 16)         # 16-byte loads per thread and step
         tid = Int(fx.thread_idx.x.ir_value())
         if dma:
             # slot p is line p * skip + tid / cpl, at the same position and swizzle for every p (skip is a
@@ -264,8 +274,12 @@ class _Operand:
         lines_left, other_left = (rows_left, c_left) if self.k_major else (c_left, rows_left)
         for p in range(self.chunks):
             ok = arith.andi(b.cmp("sgt", lines_left, b.c(p * self.skip)), b.cmp("sgt", other_left, b.c(0)))
+            src = off
+            if (p + 1) * self.skip > self.lines:   # a last issue past the tile's lines (held for it): zeros there
+                past = b.cmp("sge", self.r0 if self.k_major else self.c0, b.c(self.lines - p * self.skip))
+                src = arith.select(past, b.c(INVALID_OFFSET), off)
             dst = b.gep(buf, b.c(self.lds_off + p * self.threads * 16) + wave * (WAVE * 16))
-            rocdl.raw_ptr_buffer_load_lds(rs, dst, b.c(16), arith.select(ok, off, b.c(INVALID_OFFSET)),
+            rocdl.raw_ptr_buffer_load_lds(rs, dst, b.c(16), arith.select(ok, src, b.c(INVALID_OFFSET)),
                                           Int(ld) * (p * self.skip * self.es), b.c(0), aux=b.c_attr(0))
 
     def mfma_operand(self, b, lds, buf_off, r0, lane):
@@ -706,17 +720,18 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
     fp8 = fmt in FP8 and fmt_b in FP8 and gran != "none" and layout != "NTK"
     fp4 = fmt == fmt_b == "e2m1" and gran == "mx" and layout in ("NT", "NTK")
     half = fmt == fmt_b and fmt in HALF and gran == "none" and layout != "NTK"
-    if layout not in LAYOUTS or not (fp8 or fp4 or half) \
-            or out not in OUT_BYTES or bm not in (64, 128, 256) or bn not in (64, 128, 256) or accum not in (0, 1) \
-            or gran not in GRANS:
+    narrow_dma = layout == "NT" and bm == 256 and bn in (192, 224)   # whole 16-byte chunks of K-major lines only
+    if layout not in LAYOUTS or not (fp8 or fp4 or half) or out not in OUT_BYTES or bm not in (64, 128, 256) \
+            or (bn not in (64, 128, 256) and not narrow_dma) or accum not in (0, 1) or gran not in GRANS:
         raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum} "
                          f"GRAN={gran}: LAYOUT in {LAYOUTS}, FMT and FMT_B in {FP8} with GRAN row, block or mx, "
                          f"both e2m1 with GRAN mx (NT or NTK only), or both bf16 or both f16 with GRAN none; "
-                         f"NTK: e2m1 only; OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256), ACCUM in (0, 1)")
+                         f"NTK: e2m1 only; OUT in {tuple(OUT_BYTES)}, BM and BN in (64, 128, 256) "
+                         f"(NT also 256 x 192, 256 x 224), ACCUM in (0, 1)")
     ka, kb = K_MAJOR[layout]
     es = ESIZE[fmt]
-    pad = 0 if through_dma(bm, bn) else PAD
-    lds_bytes = 2 * sum((n if k else BK // es) * ((BK if k else n * es) + pad) for n, k in ((bm, ka), (bn, kb)))
+    lds_bytes = 2 * sum(held * stride for _, _, stride, held in
+                        (_geometry(n, k, es, WAVE * waves(bm), through_dma(bm, bn)) for n, k in ((bm, ka), (bn, kb))))
     cfg = (bm, bn, (fmt, fmt_b), out, accum, gran)
 
     @fx.struct

@@ -419,13 +419,13 @@ def test_hardware_tiles_bit_exact(variant):
                                  f"{KERNEL} {registry.variant_id(variant)}")
 
 
-@pytest.mark.parametrize("layout,lens,k", [("NT", [130, 0, 77], 304), ("NN", [130, 0, 77], 304),
-                                           ("TN", [20, 0, 140], None)])
-def test_dma_tiles_one_workgroup_bit_exact(layout, lens, k):
-    """256 x 256 (operands by DMA) on a grid of one: the workgroup runs every tile in turn, and a
+@pytest.mark.parametrize("layout,lens,k,bn", [("NT", [130, 0, 77], 304, 256), ("NN", [130, 0, 77], 304, 256),
+                                              ("TN", [20, 0, 140], None, 256), ("NT", [130, 0, 77], 304, 224)])
+def test_dma_tiles_one_workgroup_bit_exact(layout, lens, k, bn):
+    """256-row tiles (operands by DMA) on a grid of one: the workgroup runs every tile in turn, and a
     tile whose last step reads LDS buffer 0 (NT, NN: 3 steps; TN: group 0's one) is followed by one whose
     first DMA writes it: the tile's first barrier keeps that DMA off the slower waves' reads."""
-    variant = dict(LAYOUT=layout, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=256)
+    variant = dict(LAYOUT=layout, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=bn)
     c = make_case(layout, "e4m3", lens, 144, 160 if k is None else k, seed=3)
     metrics.assert_bitwise_equal(run(variant, c, grid=1), reference_out(layout, c, torch.bfloat16),
                                  f"{KERNEL} {registry.variant_id(variant)} grid 1")
@@ -458,7 +458,10 @@ def test_code_object(variant):
     art = build.artifact(KERNEL, variant)
     info = art.isa()
     print(f"\n{KERNEL} [{registry.variant_id(variant)}]: {info.summary(256)}")
-    assert info.spills == 0 and info.scratch_bytes == 0
+    # no VGPR spills, nothing in scratch; 256 x 224 keeps two SGPRs live across its tile loop in VGPR lanes (the
+    # compiler's SGPR spill: written once, read once per tile, never in the K loop)
+    assert info.vgpr_spills == 0 and info.scratch_bytes == 0
+    assert info.sgpr_spills == (2 if (variant["BM"], variant["BN"]) == (256, 224) else 0)
     assert 0 < info.lds_bytes <= LDS_LIMIT
     assert info.occupancy(256) >= 1
     loops = asm_facts.loop_bodies(art.asm, KERNEL)
@@ -489,12 +492,13 @@ def test_code_object(variant):
                   for r in range(int(a), int(b) + 1)}
         copied = {int(a) for l in inner for a in re.findall(r"v_mov_b(?:32|64)_e32 v\S+, v\[?(\d+)", l)}
         assert not loaded & copied, sorted(loaded & copied)
-    # 256 x 256: both tiles reach LDS by DMA, unpadded in two buffers, (BM + BN) x 128 bytes a step in 16-byte
-    # DMAs of every thread, and no VGPR is written to LDS
-    if (variant["BM"], variant["BN"]) == (256, 256):
-        assert info.lds_bytes == 2 * (variant["BM"] + variant["BN"]) * 128
+    # 256 x 192 .. 256: both tiles reach LDS by DMA, unpadded in two buffers, (BM + BN) x 128 bytes a step (BN
+    # held to whole issues of 64 lines) in 16-byte DMAs of every thread, and no VGPR is written to LDS
+    if variant["BM"] == 256 and variant["BN"] > 128:
+        held = -(-variant["BN"] // 64) * 64
+        assert info.lds_bytes == 2 * (variant["BM"] + held) * 128
         dmas = sum(bool(re.match(r"buffer_load_dwordx4 .* lds$", l)) for l in inner)
-        assert dmas == barriers * (variant["BM"] + variant["BN"]) * 128 // (64 * waves * 16), dmas
+        assert dmas == barriers * (variant["BM"] + held) * 128 // (64 * waves * 16), dmas
         assert not any(l.startswith(("ds_write", "ds_store")) for l in inner)
     # no waterfall loop around a buffer access (every buffer resource is uniform)
     assert not any("s_and_saveexec_b64" in " ".join(body) and any(l.startswith("buffer_") for l in body)

@@ -266,29 +266,35 @@ def test_heuristic_persistent_128_tiles_loop_bit_exact():
     metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2), ref, "persistent 128 x 128")
 
 
-def test_persistent_256_tiles_dma_bit_exact():
-    """256 x 256 tiles (operands by DMA), one workgroup per CU; with num_cu = 2 each workgroup runs
-    its tiles in a row (each tile's first DMA after the previous tile's reads), partial in rows,
-    columns and K."""
+@pytest.mark.parametrize("bn", [192, 224, 256])
+def test_persistent_256_tiles_dma_bit_exact(bn):
+    """256-row tiles whose operands reach LDS by DMA, one workgroup per CU; with num_cu = 2 each
+    workgroup runs its tiles in a row (each tile's first DMA after the previous tile's reads), partial
+    in rows, columns and K."""
     c = rows_case(lens=(300, 0, 480), n=288, k=400)
-    cfg = dict(BM=256, BN=256, GROUP_M=2, PERSISTENT=1)
+    cfg = dict(BM=256, BN=bn, GROUP_M=2, PERSISTENT=1)
     p = mxgemm.explain("grouped_gemm_fp8_kernel", **c, num_cu=2, config=cfg)
-    assert (p.variant["BM"], p.variant["BN"], p.grid[0]) == (256, 256, 2)
+    assert (p.variant["BM"], p.variant["BN"], p.grid[0]) == (256, bn, 2)
     ref = reference.grouped_gemm_fp8_ref(c["a"], c["a_scale"], c["b"], c["b_scale"], offsets([300, 0, 480]))
-    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2, config=cfg), ref, "persistent 256 x 256")
+    metrics.assert_bitwise_equal(mxgemm.grouped_gemm_fp8_kernel(**c, num_cu=2, config=cfg), ref, f"persistent 256 x {bn}")
 
 
-@pytest.mark.parametrize("layout,G,M,N,tile", [
-    ("NT", 8, 8 * 512, 2880, 256), ("NN", 8, 8 * 512, 2880, 256), ("TN", 8, 2880, 2880, 256),
+@pytest.mark.parametrize("layout,G,M,N,bn", [
+    ("NT", 8, 8 * 512, 2880, 192),     # 240 tiles: one round of 256 CUs (256 x 256: 192 tiles, also one)
+    ("NT", 8, 8 * 512, 7168, 224),     # 512 tiles: two rounds (256 x 256: 448, two; 256 x 192: 608, three)
+    ("NT", 8, 8 * 512, 4096, 256),     # 256 tiles: one round
+    ("NN", 8, 8 * 512, 2880, 256), ("TN", 8, 2880, 2880, 256),
     ("NN", 8, 8 * 512, 2048, 128),     # 128 tiles of 256 x 256 for 256 CUs
     ("NT", 8, 8 * 200, 2880, 128),     # under 256 rows per group
 ])
-def test_heuristic_256_tiles_when_they_fill_the_cus(layout, G, M, N, tile):
-    """The rule takes 256 x 256 at 256 rows per group and 256 columns when its tiles make 3/4 of one
-    per CU, and only where the call's formats have the tile."""
+def test_heuristic_256_tiles_when_they_fill_the_cus(layout, G, M, N, bn):
+    """The rule takes a 256-row DMA tile at 256 rows per group and 256 columns when 256 x 256 tiles
+    make 3/4 of one per CU, of the widths the call's formats have the one whose rounds of tiles over
+    the CUs cost least (a tile's cost: its width), and none where the formats have none."""
     cfg = op.heuristic_config(layout, G, M, N)
-    assert (cfg["BM"], cfg["BN"]) == ((256, 256) if tile == 256 else (256 if layout == "TN" else 128, 128))
-    assert op.heuristic_config(layout, G, M, N, wide=False)["BN"] == 128
+    assert (cfg["BM"], cfg["BN"]) == ((256, bn) if bn > 128 else (256 if layout == "TN" else 128, 128))
+    assert op.heuristic_config(layout, G, M, N, wide=())["BN"] == 128
+    assert op.heuristic_config(layout, G, M, N, wide=(256,))["BN"] == (256 if bn > 128 else 128)
 
 
 def test_forced_config_same_bits_and_explained():
@@ -306,7 +312,7 @@ def test_forced_config_same_bits_and_explained():
 
 @pytest.mark.parametrize("config,match", [
     ("BM=32,BN=64,GROUP_M=1,PERSISTENT=0", r"\[config\] no registered NT e4m3 x e4m3 -> bf16 variant with 32 x 64 tiles; registered tiles: 64 x 64, "
-     r"128 x 128, 256 x 128, 256 x 256$"),
+     r"128 x 128, 256 x 128, 256 x 192, 256 x 224, 256 x 256$"),
     ({"BM": 64, "BN": 64, "GROUP_M": 3, "PERSISTENT": 0}, r"\[config\] .*GROUP_M in \(1, 2, 4, 8\)"),
     ("BM=64,BN=64", r"\[config\] grouped_gemm_fp8: config .* lacks GROUP_M, PERSISTENT; expected 'KEY=value,...' "
                     r"or a dict with all of: BM \(int\), BN \(int\), GROUP_M \(int\), PERSISTENT \(int\)"),

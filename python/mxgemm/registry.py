@@ -225,7 +225,8 @@ register(Kernel(
 # --- tensorwise FP8 grouped GEMM for MoE training ---
 # One FlyDSL body; LAYOUT NT = forward, NN = dgrad, TN = variable-K wgrad. 64 x 64 tiles (every
 # format and output) keep emulator tests fast; 128 x 128 and 256 x 128 are the hardware-sized
-# bf16 variants (256 x 256 needs more than 512 registers per lane and spills). FMT / FMT_B: the
+# bf16 variants; e4m3 -> bf16 also 256 x 256 (NT, NN, TN) and, forward only, 256 x 192 and 256 x 224
+# (operands by DMA: widths whose tiles fill the CUs' rounds better than 256). FMT / FMT_B: the
 # formats of a / b. Mixed pairs only where hybrid training (e4m3 activations and weights, e5m2
 # gradients) has them: the backward's dgrad (e5m2 grad_out x e4m3 weights: NN for a forward with
 # trans_b, NT without) and wgrads, in bf16 and fp16. The wgrad
@@ -314,6 +315,7 @@ register(Kernel(
     variants=_train_grouped_variants(OUT=("bf16", "f16"), BM=(64,), BN=(64,))
     + _train_grouped_variants(OUT=("bf16",), BM=(128, 256), BN=(128,))
     + tuple(dict(LAYOUT=lay, FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=256) for lay in ("NT", "NN", "TN"))
+    + tuple(dict(LAYOUT="NT", FMT="e4m3", FMT_B="e4m3", OUT="bf16", BM=256, BN=bn) for bn in (192, 224))
     + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS, 64) + _train_grouped_wgrad_variants(_GROUPED_FP8_PAIRS[:1], 128)
     + _GROUPED_BF16 + _GROUPED_F16 + _GROUPED_MX + _GROUPED_FP8_ROW_EXTRA
     + tuple(v for v in _GROUPED_SCALED_RECIPES if v not in _GROUPED_MX + _GROUPED_FP8_BLOCK) + _GROUPED_FP8_BLOCK

@@ -214,18 +214,26 @@ def _check_sizes(rows, rows_name, strides):
                                        f"< 2^31 bytes (one tile's buffer offsets)")
 
 
-def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16, wide=True) -> dict:
-    """The rule used without a tuned row (wide: whether the call's formats and scales have 256 x 256
-    tiles; only e4m3 tensorwise / row-scaled NT, NN and TN to bf16 do): 64 x 64 tiles for fp16
-    output (its only registered tile) or when the output columns or the rows per group (M / G; the
-    wgrad's M) are under 128. Otherwise, on the timing model (8 groups of 512 rows, XCD 0's share,
-    whole contraction):
-    - 256 x 256 tiles (their operands reach LDS by DMA; one workgroup per CU) at 256 rows per group
-      and 256 columns when they make at least 3/4 of a tile per CU (group sizes taken as balanced):
-      half the L2 reads of 128 x 128 per output. gpt-oss Down (N = K = 2880) forward 45.72 us against
-      55.52 at 128 x 128 (192 tiles), dgrad 43.22 against 58.38, wgrad 71.71 against 96.96 at
-      256 x 128; DeepSeek-V3 Down (N 7168, K 2048) forward 58.64 against 65.97, wgrad 98.38
-      against 136.73 at 256 x 128; its dgrad's 128 tiles took 79.77 against 60.45 at 128 x 128.
+def _wide_columns(tiles) -> tuple:
+    """The column widths of the 256-row tiles whose operands reach LDS by DMA (wider than 128)."""
+    return tuple(sorted(bn for bm, bn in tiles if bm == 256 and bn > 128))
+
+
+def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16, wide=None) -> dict:
+    """The rule used without a tuned row (wide: the column widths of the call's 256-row DMA tiles;
+    default: those of the layout's e4m3 -> bf16 variants; only e4m3 tensorwise / row-scaled to bf16
+    have them: NT 192, 224 and 256, NN and TN 256): 64 x 64 tiles for fp16 output (its only
+    registered tile) or when the output columns or the rows per group (M / G; the wgrad's M) are
+    under 128. Otherwise, on the timing model (8 groups of 512 rows, XCD 0's share, whole contraction):
+    - a 256-row DMA tile (one workgroup per CU) at 256 rows per group and 256 columns when 256 x 256
+      tiles make at least 3/4 of a tile per CU (group sizes taken as balanced): half the L2 reads of
+      128 x 128 per output. gpt-oss Down (N = K = 2880) forward 45.72 us at 256 x 256 against 55.52
+      at 128 x 128 (192 tiles), dgrad 43.22 against 58.38, wgrad 71.71 against 96.96 at 256 x 128;
+      DeepSeek-V3 Down (N 7168, K 2048) forward 58.64 against 65.97, wgrad 98.38 against 136.73 at
+      256 x 128; its dgrad's 128 tiles took 79.77 against 60.45 at 128 x 128. Of the widths, the one
+      whose rounds of tiles over the CUs cost least, a tile costing its width (the widest of equals):
+      the gpt-oss forward 42.22 us at 256 x 192 (240 tiles, one round of width 192), the DeepSeek-V3
+      forward 56.53 at 256 x 224 (512 tiles, two rounds; 256 x 256: 448 tiles, two rounds of 256).
       Persistent (``PERSISTENT=1``) for the rows layouts, whose grid of one workgroup per possible
       tile over-provisions a row tile per group (the host cannot size it without reading
       group_lens);
@@ -238,12 +246,15 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     rows = M if variable_k else M // max(G, 1)
     if out_dtype == torch.float16 or N < 128 or rows < 128:
         return dict(BM=64, BN=64, GROUP_M=2, PERSISTENT=0)
-    tiles = G * -(-rows // 256) * -(-N // 256)
-    wide = wide and layout in ("NT", "NN", "TN") and rows >= 256 and N >= 256 and 4 * tiles >= 3 * NUM_CUS
+    if wide is None:
+        wide = _wide_columns((v["BM"], v["BN"]) for v in _FACTS.variants if v["LAYOUT"] == layout and
+                             (v["FMT"], v["FMT_B"], v["OUT"]) == ("e4m3", "e4m3", "bf16") and "GRAN" not in v)
+    tiles = lambda bn: G * -(-rows // 256) * -(-N // bn)   # noqa: E731
+    fills = rows >= 256 and N >= 256 and 4 * tiles(256) >= 3 * NUM_CUS
+    bn = min(wide, key=lambda bn: (-(-tiles(bn) // NUM_CUS) * bn, -bn)) if wide and fills else None
     if not variable_k:
-        return dict(BM=256, BN=256, GROUP_M=2, PERSISTENT=1) if wide else dict(BM=128, BN=128, GROUP_M=2, PERSISTENT=2)
-    bm = 256 if rows >= 256 else 128
-    return dict(BM=bm, BN=256 if wide else 128, GROUP_M=2, PERSISTENT=0)
+        return dict(BM=256, BN=bn, GROUP_M=2, PERSISTENT=1) if bn else dict(BM=128, BN=128, GROUP_M=2, PERSISTENT=2)
+    return dict(BM=256 if rows >= 256 else 128, BN=bn or 128, GROUP_M=2, PERSISTENT=0)
 
 
 def problem_key(layout: str, G: int, M: int, N: int, K: int) -> tuple:
@@ -313,7 +324,7 @@ def choose_config(x, layout, G, M, N, K, table=None, gran="tensor"):
         return _choice(_call_variant(layout, x, row[0], gran), row[0],
                        f"tuned table row (source={row[1]})")
     tiles = _registered_tiles(layout, x, gran)
-    cfg = heuristic_config(layout, G, M, N, x.out_dtype, wide=(256, 256) in tiles)
+    cfg = heuristic_config(layout, G, M, N, x.out_dtype, wide=_wide_columns(tiles))
     fit = [t for t in tiles if t[0] * t[1] <= cfg["BM"] * cfg["BN"]]
     if not fit:
         block = dict(GRAN=gran) if gran in ("block", "mx") else {}

@@ -281,6 +281,10 @@ CATALOGUE = (
     Mutation("grouped-fp8-dma-no-barrier-between-tiles", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "        rocdl.s_barrier()\n", ""),),
         "256 x 256 (DMA): a wave's next tile DMA overwrites the buffer slower waves still read"),
+    Mutation("grouped-fp8-dma-lines-not-held-to-whole-issues", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "return line, lines, line + (0 if dma else PAD), -(-lines // per_issue) * per_issue",
+         "return line, lines, line + (0 if dma else PAD), lines"),),
+        "256 x 224 (DMA): B holds its 224 lines only, so the last DMA issue's upper half writes the next buffer"),
     Mutation("grouped-fp8-scan-tile-count-off-by-one", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "count = arith.muli(b.ceil_div(arith.subi(e, s), bm), n_tiles)",
          "count = arith.muli(b.ceil_div(arith.subi(arith.subi(e, s), b.c(1)), bm), n_tiles)"),),
