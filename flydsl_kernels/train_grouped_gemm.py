@@ -64,8 +64,8 @@ loads, prefetched one step ahead, two at 128 x 128 and 256 x 128 without block s
 row / tensorwise scales then runs two steps per loop iteration, a register set each) -> LDS (two
 ping-pong buffers with padded rows, one barrier per step); at 256 x 192 .. 256 (through_dma: a
 wave's 96 to 128 accumulator VGPRs leave no room for staged tiles) global -> LDS by 16-byte
-buffer -> LDS DMA instead, one step ahead into the other buffer, rows unpadded with their 16-byte
-chunks XOR-swizzled (_Operand.swizzle) -> MFMA operands: 16-byte ds_reads for
+buffer -> LDS DMA instead, rows unpadded with their 16-byte chunks XOR-swizzled
+(_Operand.swizzle), two steps in flight in the two buffers (TN: one) -> MFMA operands: 16-byte ds_reads for
 contraction-contiguous ("K-major") operands, ds_read_b64_tr_b8 (bf16 / fp16: _tr_b16) transposing
 reads for the others (NN's B, TT's A, both TN operands). A lane's two 16-byte halves
 (contraction bytes 16(l/16) and 64 + 16(l/16)) form the fp8 MFMA's operand, or the operands of
@@ -126,7 +126,16 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, Builder, Int, k_loop, pipelined_step, workgroup_barrier
+from ir_builder import (
+    INVALID_OFFSET,
+    WAIT_LGKMCNT0,
+    Builder,
+    Int,
+    k_loop,
+    lds_alias_scopes,
+    loads_done_barrier,
+    workgroup_barrier,
+)
 
 WAVE = 64
 XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
@@ -141,8 +150,8 @@ def waves(bm: int) -> int:
 
 def through_dma(bm: int, bn: int) -> bool:
     """Whether the tile's operands reach LDS by buffer -> LDS DMA rather than through VGPRs: at 256 x
-    256, whose 128 accumulator VGPRs a wave leave no room for register-staged tiles (one step in
-    flight: the other tiles keep their register pipelines, two steps ahead at 128 x 128), and at
+    256, whose 128 accumulator VGPRs a wave leave no room for register-staged tiles (the other tiles
+    keep their register pipelines, two steps ahead at 128 x 128), and at
     256 x 192 / 224, the widths whose tiles fill the CUs' rounds better (DMA'd K-major: NT)."""
     return bm == 256 and bn in (192, 224, 256)
 
@@ -263,7 +272,7 @@ class _Operand:
         for (_, _, at), v in zip(self.slots, regs):
             llvm.store(v, b.gep(buf, b.c(self.lds_off) + at), alignment=16)
 
-    def dma_step(self, b, base, ld, rows, c_left, buf, wave):
+    def dma_step(self, b, base, ld, rows, c_left, buf, wave, scopes=None):
         """dma: this thread's chunks of the step into LDS buffer `buf` (zeros outside rows x c_left).
         One voffset; DMA p reads `skip` lines further through soffset (a voffset past the end stays
         out of range), and is in range when the lines left past the thread's first exceed p skip:
@@ -280,9 +289,10 @@ class _Operand:
                 src = arith.select(past, b.c(INVALID_OFFSET), off)
             dst = b.gep(buf, b.c(self.lds_off + p * self.threads * 16) + wave * (WAVE * 16))
             rocdl.raw_ptr_buffer_load_lds(rs, dst, b.c(16), arith.select(ok, src, b.c(INVALID_OFFSET)),
-                                          Int(ld) * (p * self.skip * self.es), b.c(0), aux=b.c_attr(0))
+                                          Int(ld) * (p * self.skip * self.es), b.c(0), aux=b.c_attr(0),
+                                          **(scopes or {}))
 
-    def mfma_operand(self, b, lds, buf_off, r0, lane):
+    def mfma_operand(self, b, lds, buf_off, r0, lane, scopes=None):
         """From the LDS buffer at lds + buf_off, the (lo, hi) v4i32 halves of the operand of rows
         r0 .. r0+15 (r0 % 16 == 0): lane l holds row l % 16 and the 16 bytes at contraction byte
         16(l/16) of the step's first (lo) and second (hi) 64 bytes. fp8: lo ++ hi is the 16x16x128
@@ -293,7 +303,8 @@ class _Operand:
         if self.k_major:   # row r0 + s (whose swizzle is s's), memory chunks g and g + 4
             row = (r0 + s) * self.stride
             return [llvm.load(b.v4i32, b.gep(region, row + ((g + 4 * h ^ self.swizzle(s)) * 16 if self.dma
-                                                            else g * 16 + 64 * h)), alignment=16) for h in range(2)]
+                                                            else g * 16 + 64 * h)), alignment=16,
+                              **(scopes or {})) for h in range(2)]
         # Transposing reads of n = 8 / es elements: lane s of a 16-lane group reads 8 bytes of
         # contraction line k0 + s / (16/n) at rows n(s % (16/n)).. ; lane j receives the rows-dim
         # element j of lines k0 .. k0 + n - 1 (docs/gfx950_isa.md §3).
@@ -308,8 +319,9 @@ class _Operand:
                 at = b.gep(lds, self.lds_off + line * self.stride + swizzled + byte % 16)
             else:
                 at = b.gep(region, line * self.stride + byte)
-            parts.append(rocdl.ds_read_tr8_b64(b.v2i32, at) if self.es == 1 else
-                         llvm.bitcast(b.v2i32, rocdl.ds_read_tr16_b64(ir.VectorType.get([4], b.i16), at)))
+            parts.append(rocdl.ds_read_tr8_b64(b.v2i32, at, **(scopes or {})) if self.es == 1 else
+                         llvm.bitcast(b.v2i32, rocdl.ds_read_tr16_b64(ir.VectorType.get([4], b.i16), at,
+                                                                      **(scopes or {}))))
         return [llvm.shufflevector(b.v4i32, parts[h], parts[h + 1], list(range(4))) for h in (0, 2)]
 
 
@@ -317,7 +329,7 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     """One BM x BN output tile. *_base: 64-bit tile bases; *_rows: existing rows of each
     operand tile; c_len: contraction length; out_ld: output row stride in elements; sc, sc_tile:
     the scales (_Scales) and this tile's place in them (_Scales.lanes)."""
-    bm, bn, (fmt_a, fmt_b), out_t, accum, gran = cfg
+    bm, bn, (fmt_a, fmt_b), out_t, accum, gran, layout = cfg
     A, B = ops
     cat = lambda halves: llvm.shufflevector(b.v8i32, *halves, list(range(8)))  # noqa: E731
     tid = Int(fx.thread_idx.x.ir_value())
@@ -334,8 +346,12 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     # its 16 bytes (32 elements) of the half in the low four registers
     halves = PER_BYTE.get(fmt_a, 1)
 
+    def buffer_off(kt):
+        """LDS byte offset of step kt's buffer (kt: a step, or a buffer slot known at trace time)."""
+        return b.c(kt % 2 * buf_bytes) if isinstance(kt, int) else (kt & 1) * buf_bytes
+
     def buffer(kt):
-        return b.gep(lds, (kt & 1) * buf_bytes)
+        return b.gep(lds, buffer_off(kt))
 
     def load_scales(kt):
         """Step kt's scales (block, mx), issued before its operand reads."""
@@ -346,9 +362,10 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                     for h in range(halves)]
         return None
 
-    def operands(kt):
-        return [A.mfma_operand(b, lds, (kt & 1) * buf_bytes, r0, lane) for r0 in a_r0], \
-            [B.mfma_operand(b, lds, (kt & 1) * buf_bytes, r0, lane) for r0 in b_r0]
+    def operands(kt, scopes=None):
+        """Step kt's operands from its LDS buffer (kt: a step, or a buffer slot known at trace time)."""
+        return [A.mfma_operand(b, lds, buffer_off(kt), r0, lane, scopes) for r0 in a_r0], \
+            [B.mfma_operand(b, lds, buffer_off(kt), r0, lane, scopes) for r0 in b_r0]
 
     def mfmas(acc, step_scales, a_ops, b_ops):
         """The step's MFMAs into acc; step_scales: its block (sa, sb) or mx scales, else None."""
@@ -386,23 +403,41 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
     zero = b.splat(b.v4f32, 0.0)
 
     if A.dma:
-        def dma(kt):
-            """Step kt's A and B tiles into their LDS buffer (past the contraction: zeros)."""
+        # depth 2 (the rows layouts): two steps in flight in the two buffers. A step's operands are all in
+        # registers before its MFMAs, so its buffer takes the DMA of two steps later once every wave has read it
+        # (a second barrier a step); alias scopes per buffer keep the compiler's wait before a buffer's reads to
+        # that buffer's DMA (else vmcnt(0): both steps). Depth 1 (TN, whose second step in flight spills): step
+        # kt+1's DMA into the other buffer after step kt's reads, one barrier a step
+        depth = 1 if layout == "TN" else 2
+        scopes = lds_alias_scopes(2, "train_grouped_gemm DMA buffers") if depth == 2 else [{}]
+        in_flight = (depth - 1) * (A.chunks + B.chunks)     # a thread's DMAs of the steps after the next
+
+        def dma(kt, at, scope):
+            """Step kt's A and B tiles into LDS buffer `at` (a slot or a step's parity; past the contraction: zeros)."""
             c_left = arith.subi(c_len, kt * A.bke)
             for op, base, ld, rows in ((A, a_base, a_ld, a_rows), (B, b_base, b_ld, b_rows)):
-                op.dma_step(b, op.step_base(b, base, ld, kt), ld, rows, c_left, buffer(kt), wave)
+                op.dma_step(b, op.step_base(b, base, ld, kt), ld, rows, c_left, buffer(at), wave, scope)
 
-        def k_step(kt, acc, regs, _):
-            """Contraction step kt: wait for its DMA, read its operands, issue step kt+1's DMA, MFMAs."""
-            (scales, (a_ops, b_ops)), _ = pipelined_step(b, kt, steps, lambda kt: (load_scales(kt), operands(kt)),
-                                                         lambda kt, live: [], lambda kt, live: dma(kt))
+        def k_step(kt, acc, regs, slot):
+            """Contraction step kt: wait for its DMA, read its operands, DMA step kt+depth, MFMAs."""
+            at = slot if depth == 2 else kt          # its buffer: a slot known at trace time, or kt's parity
+            loads_done_barrier(in_flight)
+            scales, (a_ops, b_ops) = load_scales(kt), operands(at, scopes[slot])
+            if depth == 2:                           # the DMA refills the buffer just read: every wave's reads first
+                rocdl.s_waitcnt(WAIT_LGKMCNT0)
+                rocdl.s_barrier()
+            dma(kt + depth, at + depth, scopes[slot])
+            rocdl.s_waitcnt(WAIT_LGKMCNT0)
             return mfmas(acc, scales, a_ops, b_ops), regs
 
-        # every wave is past the previous tile's LDS reads (each waited for them before its MFMAs); its own
-        # DMAs still in flight land in order, before this tile's into the same bytes
-        rocdl.s_barrier()
-        dma(b.c(0))
-        acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), [], k_step, unroll=1)
+        if depth == 1:
+            # every wave is past the previous tile's LDS reads (each waited for them before its MFMAs; at depth
+            # 2 the last step's second barrier follows them); its own DMAs still in flight land in order, before
+            # this tile's into the same bytes
+            rocdl.s_barrier()
+        for kt in range(depth):
+            dma(b.c(kt), kt, scopes[kt])
+        acc = k_loop(Int(steps), [zero] * (mi_n * nj_n), [], k_step, unroll=depth)
     else:
         def load(kt):
             c_left = arith.subi(c_len, kt * A.bke)
@@ -625,7 +660,7 @@ def _swizzle(b, local, m_tiles, n_tiles, group_m):
 
 def _body(cfg, layout, a, a_scale, bp, b_scale, group_offs, out, G, M, N, K, group_m, nwg, scale_strides, lds):
     b = _Ir()
-    bm, bn, (fmt, _), out_t, _, gran = cfg
+    bm, bn, (fmt, _), out_t, _, gran, _ = cfg
     es = ESIZE[fmt]
     # contraction in _Operand elements (e2m1: bytes, the packed pairs; K itself counts elements)
     k_ops = arith.shrui(K, b.c(1)) if fmt in PER_BYTE else K
@@ -732,7 +767,7 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
     es = ESIZE[fmt]
     lds_bytes = 2 * sum(held * stride for _, _, stride, held in
                         (_geometry(n, k, es, WAVE * waves(bm), through_dma(bm, bn)) for n, k in ((bm, ka), (bn, kb))))
-    cfg = (bm, bn, (fmt, fmt_b), out, accum, gran)
+    cfg = (bm, bn, (fmt, fmt_b), out, accum, gran, layout)
 
     @fx.struct
     class SharedStorage:

@@ -279,8 +279,13 @@ CATALOGUE = (
          'b.cmp("sge", lines_left, b.c(p * self.skip))'),),
         "256 x 256 (DMA): a line just past the rows / contraction is read, not zeroed (TN: the next group's row)"),
     Mutation("grouped-fp8-dma-no-barrier-between-tiles", ("train_grouped_gemm",), (
-        (TRAIN_GROUPED, "        rocdl.s_barrier()\n", ""),),
-        "256 x 256 (DMA): a wave's next tile DMA overwrites the buffer slower waves still read"),
+        (TRAIN_GROUPED, "this tile's into the same bytes\n            rocdl.s_barrier()\n",
+         "this tile's into the same bytes\n            pass\n"),),
+        "256 x 256 TN (DMA, one step deep): a wave's next tile DMA overwrites the buffer slower waves still read"),
+    Mutation("grouped-fp8-dma-refill-before-every-read", ("train_grouped_gemm",), (
+        (TRAIN_GROUPED, "                rocdl.s_waitcnt(WAIT_LGKMCNT0)\n                rocdl.s_barrier()\n",
+         "                rocdl.s_waitcnt(WAIT_LGKMCNT0)\n"),),
+        "DMA tiles two steps deep: a wave's DMA refills the buffer it just read while slower waves still read it"),
     Mutation("grouped-fp8-dma-lines-not-held-to-whole-issues", ("train_grouped_gemm",), (
         (TRAIN_GROUPED, "return line, lines, line + (0 if dma else PAD), -(-lines // per_issue) * per_issue",
          "return line, lines, line + (0 if dma else PAD), lines"),),
