@@ -427,7 +427,8 @@ def _tile(b, cfg, ops, lds, a_base, a_ld, a_rows, b_base, b_ld, b_rows, c_len, o
                 rocdl.s_waitcnt(WAIT_LGKMCNT0)
                 rocdl.s_barrier()
             dma(kt + depth, at + depth, scopes[slot])
-            rocdl.s_waitcnt(WAIT_LGKMCNT0)
+            if depth == 1:                           # (depth 2 waited for its reads before its barrier)
+                rocdl.s_waitcnt(WAIT_LGKMCNT0)
             return mfmas(acc, scales, a_ops, b_ops), regs
 
         if depth == 1:
@@ -755,7 +756,7 @@ def build(symbol: str, layout="NT", fmt="e4m3", fmt_b="e4m3", out="bf16", bm=64,
     fp8 = fmt in FP8 and fmt_b in FP8 and gran != "none" and layout != "NTK"
     fp4 = fmt == fmt_b == "e2m1" and gran == "mx" and layout in ("NT", "NTK")
     half = fmt == fmt_b and fmt in HALF and gran == "none" and layout != "NTK"
-    narrow_dma = layout == "NT" and bm == 256 and bn in (192, 224)   # whole 16-byte chunks of K-major lines only
+    narrow_dma = layout == "NT" and through_dma(bm, bn)   # 192 / 224: whole 16-byte chunks of K-major lines only
     if layout not in LAYOUTS or not (fp8 or fp4 or half) or out not in OUT_BYTES or bm not in (64, 128, 256) \
             or (bn not in (64, 128, 256) and not narrow_dma) or accum not in (0, 1) or gran not in GRANS:
         raise ValueError(f"variant LAYOUT={layout} FMT={fmt} FMT_B={fmt_b} OUT={out} BM={bm} BN={bn} ACCUM={accum} "

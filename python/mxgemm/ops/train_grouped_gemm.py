@@ -232,8 +232,8 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
       DeepSeek-V3 Down (N 7168, K 2048) forward 58.64 against 65.97, wgrad 98.38 against 136.73 at
       256 x 128; its dgrad's 128 tiles took 79.77 against 60.45 at 128 x 128. Of the widths, the one
       whose rounds of tiles over the CUs cost least, a tile costing its width (the widest of equals):
-      the gpt-oss forward 38.68 us at 256 x 192 (240 tiles, one round of width 192) against 41.77 at
-      256 x 256, the DeepSeek-V3 forward 49.53 at 256 x 224 (512 tiles, two rounds) against 53.21 at
+      the gpt-oss forward 38.29 us at 256 x 192 (240 tiles, one round of width 192) against 41.77 at
+      256 x 256, the DeepSeek-V3 forward 49.35 at 256 x 224 (512 tiles, two rounds) against 53.21 at
       256 x 256 (448 tiles, two rounds of 256); two DMA steps in flight in both.
       Persistent (``PERSISTENT=1``) for the rows layouts, whose grid of one workgroup per possible
       tile over-provisions a row tile per group (the host cannot size it without reading
