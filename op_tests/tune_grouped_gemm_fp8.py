@@ -11,9 +11,11 @@ registered e4m3 -> bf16 tile of the layout x GROUP_M x PERSISTENT) of the forwar
     python op_tests/tune_grouped_gemm_fp8.py --model GPT-OSS -M 1024
 
 ``--heuristic`` writes the rows the planner's rule (heuristic_config) picks, marked
-source=heuristic: the shipped table. ``--emulator`` is a dry run of the measuring path on tiny
-problems with two candidates each, timed on the emulator (meaningless times, source=emulator),
-checking that every candidate gives the reference's bits; tests/test_op_tests.py runs it.
+source=heuristic, for the problems the table has no timed row of (the timing model's tuner,
+`python -m mxgemm tune grouped_fp8`, writes source=simulated rows into the same table).
+``--emulator`` is a dry run of the measuring path on tiny problems with two candidates each, timed
+on the emulator (meaningless times, source=emulator), checking that every candidate gives the
+reference's bits; tests/test_op_tests.py runs it.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import torch
 from mxgemm import toolchain, tuned
 from mxgemm.ops import train_grouped_gemm as op
 
-FIELDS = [*op.KEY, *op.CONFIG, "us", "source"]
+FIELDS = op.CSV_FIELDS
 
 
 def default_problems(models, ep, rows_per_group):
@@ -131,7 +133,9 @@ def main(argv=None):
         sys.exit(emulator_dry_run(args.out))
     problems = default_problems(args.model, args.ep, args.M)
     if args.heuristic:
-        rows = heuristic_rows(problems)
+        timed = {tuple(r[k] for k in op.KEY): r for r in tuned.read_rows(args.out) if r["source"] != "heuristic"}
+        rows = [timed.pop(tuple(map(str, p)), None) or r for p, r in zip(problems, heuristic_rows(problems))]
+        rows += list(timed.values())
     else:
         if toolchain.gpu_arch() != "gfx950":
             sys.exit(f"measuring needs a gfx950 GPU (MI355X); found {toolchain.gpu_arch() or 'none'}. "

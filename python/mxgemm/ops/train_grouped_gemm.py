@@ -65,6 +65,8 @@ ARCH, = _FACTS.archs         # the one arch the tuned table is for
 CONFIG_CSV = tuned.table_path(_KERNEL, ARCH)
 KEY = ("layout", "G", "M", "N", "K")             # a tuned problem (see problem_key)
 CONFIG = ("BM", "BN", "GROUP_M", "PERSISTENT")   # a config
+# a tuner's row: the config and its time; simulated rows also carry the runner-up's and the peer's
+CSV_FIELDS = (*KEY, *CONFIG, "us", "source", "runner_up", "runner_up_us", "peer_us")
 GROUP_MS = (1, 2, 4, 8)
 PERSISTENT = (0, 1, 2)
 CONFIG_GRAMMAR = ConfigGrammar("grouped_gemm_fp8", dict.fromkeys(CONFIG, int), required=True)
@@ -256,6 +258,24 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     if not variable_k:
         return dict(BM=256, BN=bn, GROUP_M=2, PERSISTENT=1) if bn else dict(BM=128, BN=128, GROUP_M=2, PERSISTENT=2)
     return dict(BM=256 if rows >= 256 else 128, BN=bn or 128, GROUP_M=2, PERSISTENT=0)
+
+
+def candidates(layout: str, G: int, M: int, N: int) -> list:
+    """The configs a tuner times for an e4m3 -> bf16 tensorwise problem: the heuristic's, and each
+    config one parameter away from it (every registered tile of the layout, every PERSISTENT,
+    GROUP_M 1 and 4) - a walk around the rule, not the whole space (its 72 NT configs take over an
+    hour of the model per shape). 64 x 64 is left out where the rows per group and the columns
+    reach 128: it is the rule's tile only below that, and its many workgroups are slow to simulate."""
+    rule = heuristic_config(layout, G, M, N)
+    rows = M if layout in ("TN", "NTK") else M // max(G, 1)
+    tiles = sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if v["LAYOUT"] == layout and "GRAN" not in v
+                    and (v["FMT"], v["FMT_B"], v["OUT"]) == ("e4m3", "e4m3", "bf16")}, key=lambda t: t[0] * t[1])
+    tiles = [t for t in tiles if t != (64, 64) or min(rows, N) < 128 or (rule["BM"], rule["BN"]) == t]
+    out = [rule]
+    out += [dict(rule, BM=bm, BN=bn) for bm, bn in tiles]
+    out += [dict(rule, PERSISTENT=p) for p in PERSISTENT]
+    out += [dict(rule, GROUP_M=g) for g in (1, 4)]
+    return [dict(c) for c in dict.fromkeys(tuple(c.items()) for c in out)]
 
 
 def problem_key(layout: str, G: int, M: int, N: int, K: int) -> tuple:

@@ -16,7 +16,13 @@ Families:
 - moe_mxfp8 (moe_mxfp8_grouped_gemm at block_m 16; python/mxgemm/configs/moe_mxfp8_gfx950.csv;
   default shapes: the cells of mxgemm.timing.peers.moe_mxfp8; --shapes TxTOPKxExNxKxR, R 1 for
   gemm2's call (a row per route, top-k weights, fp32 out), 0 for gemm1's (a row per token, bf16).
-  A call finds its row at the nearest tuned token count above)."""
+  A call finds its row at the nearest tuned token count above).
+- grouped_fp8 (train_grouped_gemm's forward / dgrad / wgrad, e4m3 tensorwise to bf16;
+  python/mxgemm/configs/train_grouped_gemm_gfx950.csv, rows keyed (layout, G, M, N, K); default
+  shapes: the layers of mxgemm.timing.peers.grouped_fp8, all three passes; --shapes
+  PASSxGxMxNxK, PASS fwd, dgrad or wgrad, m rows per group of weights [G, N, K]; candidates: the
+  heuristic's config and each config one parameter away from it (op.candidates). A call finds its
+  row at its exact problem)."""
 from __future__ import annotations
 
 import argparse
@@ -175,7 +181,75 @@ def _moe_mxfp8():
                 run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 
 
-FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8}
+def _grouped_fp8():
+    import functools
+
+    from .. import reference
+    from ..ops import train_grouped_gemm as op
+    from .peers import grouped_fp8 as peer
+
+    def shapes():
+        # the layers timed against the peer first (docs/performance.md), then the others
+        gemms = peer.TIMED + tuple((m, g) for m, g, _, _ in peer.GEMMS if (m, g) not in peer.TIMED)
+        return [(c["pass_"], c["G"], c["m"], c["N"], c["K"]) for c in peer.cells(gemms)]
+
+    def label(kernel, cfg):
+        return ",".join(f"{k}={v}" for k, v in cfg.items())
+
+    @functools.lru_cache(maxsize=1)   # one shape's candidates, product and peer share its operands
+    def inputs(shape):
+        return peer.operands(*shape)
+
+    def run(shape, kernel, cfg):
+        pass_ = shape[0]
+        _, us, _, t = peer.time_ours(lambda: peer.ours(pass_, *inputs(shape), config=cfg), rounds=peer.ROUNDS,
+                                     xcd0=True)
+        return us, t["limiter"]
+
+    def product(shape, kernel, cfg):
+        from .. import launcher
+        pass_ = shape[0]
+        a, sa, b, sb, lens = inputs(shape)
+        with launcher.emulator_settings(race_check=False):
+            got = peer.ours(pass_, a, sa, b, sb, lens, config=cfg)
+        offs = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens, 0)])
+        if pass_ == "wgrad":
+            return got, reference.grouped_gemm_fp8_variable_k_ref(a, sa, b, sb, offs)
+        return got, reference.grouped_gemm_fp8_ref(a, sa, b, sb, offs, trans_b=pass_ == "fwd")
+
+    def run_peer(shape):
+        out, t = peer.time_peer(shape[0], *inputs(shape), fill=float("nan"))
+        return t["us"], out
+
+    def heuristic(shape):
+        return None, op.heuristic_config(*peer.problem(*shape)[:4])
+
+    def row(shape, best, runner, peer_us):
+        us, _, cfg = best
+        return {**dict(zip(op.KEY, peer.problem(*shape))), **cfg, "us": f"{us:.2f}", "source": "simulated",
+                "runner_up": label(*runner[1:]) if runner else "",
+                "runner_up_us": f"{runner[0]:.2f}" if runner else "", "peer_us": f"{peer_us:.2f}"}
+
+    def table(rows):
+        lines = ["| layout | G | M | N | K | ours (us) | our config | runner-up (us) | peer (us) | peer / ours |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["source"] == "simulated":
+                lines.append(f"| {r['layout']} | {r['G']} | {r['M']} | {r['N']} | {r['K']} | {r['us']} | "
+                             f"{r['BM']} x {r['BN']}, GROUP_M {r['GROUP_M']}, PERSISTENT {r['PERSISTENT']} | "
+                             f"{r['runner_up_us']} | {r['peer_us']} | {float(r['peer_us']) / float(r['us']):.2f} |")
+        return "\n".join(lines)
+
+    def key(r):
+        return op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
+
+    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS, key=key,
+                shape_key=lambda s: peer.problem(*s), shapes=shapes,
+                candidates=lambda s: [(None, c) for c in op.candidates(*peer.problem(*s)[:4])],
+                run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
+
+
+FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8, "grouped_fp8": _grouped_fp8}
 
 
 def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> list:
@@ -236,6 +310,6 @@ def main(argv) -> int:
         f = FAMILIES[args.family]()
         print(f["table"](tuned.read_rows(args.out or f["csv"])))
         return 0
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else None
+    shapes = [tuple(int(p) if p.isdigit() else p for p in s.split("x")) for s in args.shapes] if args.shapes else None
     rows = tune(args.family, shapes, args.out, args.retune, out=lambda s: print(s, flush=True, file=sys.stdout))
     return 0 if rows else 1

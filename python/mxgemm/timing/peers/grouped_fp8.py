@@ -137,16 +137,16 @@ def launch_peer(name: str, args: dict, constexprs: dict, stages: int, machine="m
     return emu.last_timing
 
 
-def time_peer(pass_: str, a, sa, b, sb, group_lens, machine="mi355x", rounds=ROUNDS) -> tuple:
+def time_peer(pass_: str, a, sa, b, sb, group_lens, machine="mi355x", rounds=ROUNDS, fill=0.0) -> tuple:
     """(output, timing) of the peer on the operands of ours (fwd: a [sum_m, K] x b [G, N, K];
     dgrad: a [sum_m, N] x b [G, N, K] -> [sum_m, K]; wgrad: a [sum_k, M], b [sum_k, N] -> [G, M, N]),
-    c zero-filled (a sampled launch writes only its workgroups' tiles)."""
+    c filled with ``fill`` (a sampled launch writes only its workgroups' tiles)."""
     G = len(group_lens)
     offs = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(group_lens, 0)])
     blocks = dict(GM=GROUP_M)
     if pass_ == "wgrad":
         M, N = a.shape[1], b.shape[1]
-        c = torch.zeros(G, M, N, dtype=torch.bfloat16)
+        c = torch.full((G, M, N), fill, dtype=torch.bfloat16)
         blocks |= {k: WGRAD_CFG[k] for k in ("BM", "BN", "BK")}
         t = launch_peer("grouped_variable_k", dict(a=a, b=b, c=c, a_scale=sa, b_scale=sb, group_offs=offs, G=G,
                                                    M=M, N=N), blocks, WGRAD_CFG["STAGES"], machine, rounds)
@@ -154,7 +154,7 @@ def time_peer(pass_: str, a, sa, b, sb, group_lens, machine="mi355x", rounds=ROU
     # forward: B_g[k, n] = b[g, n, k]; dgrad: the contraction runs over b's N, out columns over its K
     _, Nb, Kb = b.shape
     N, K, stride_bk, stride_bn = (Nb, Kb, 1, Kb) if pass_ == "fwd" else (Kb, Nb, Kb, 1)
-    c = torch.zeros(a.shape[0], N, dtype=torch.bfloat16)
+    c = torch.full((a.shape[0], N), fill, dtype=torch.bfloat16)
     blocks |= {k: ROWS_CFG[k] for k in ("BM", "BN", "BK")}
     # the tile count before each group: Primus-Turbo's one-program prologue kernel, here on the host (untimed)
     ends = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(-(-group_lens // blocks["BM"]), 0)])
@@ -179,14 +179,22 @@ def operands(pass_: str, G: int, m: int, N: int, K: int) -> tuple:
     return a, torch.tensor([1 / 16]), b, torch.tensor([1 / 64]), lens
 
 
-def ours(pass_: str, a, sa, b, sb, lens, out=None, explain=False):
-    """Our op for the pass (its own config choice), into ``out`` when given; explain: its plan."""
+def ours(pass_: str, a, sa, b, sb, lens, out=None, explain=False, config=""):
+    """Our op for the pass (its own config choice, or ``config``), into ``out`` when given; explain:
+    its plan."""
     import mxgemm
     name, kw = ("grouped_gemm_fp8_variable_k", {}) if pass_ == "wgrad" else \
         ("grouped_gemm_fp8_kernel", dict(trans_b=pass_ == "fwd"))
     if explain:
-        return mxgemm.explain(name, a, sa, b, sb, lens, out=out, **kw)
-    return getattr(mxgemm, name)(a, sa, b, sb, lens, out=out, **kw)
+        return mxgemm.explain(name, a, sa, b, sb, lens, out=out, config=config, **kw)
+    return getattr(mxgemm, name)(a, sa, b, sb, lens, out=out, config=config, **kw)
+
+
+def problem(pass_: str, G: int, m: int, N: int, K: int) -> tuple:
+    """The op's tuned-table key (layout, G, M, N, K) of one pass of a layer with weights [G, N, K]
+    and m rows per group: the forward [G m, K] x w^T (NT), the dgrad [G m, N] x w (NN, K output
+    columns), the wgrad's [G, N, K] output contracted over the G m rows (TN)."""
+    return {"fwd": ("NT", G, G * m, N, K), "dgrad": ("NN", G, G * m, K, N), "wgrad": ("TN", G, N, K, G * m)}[pass_]
 
 
 def cells(gemms=TIMED) -> list:
