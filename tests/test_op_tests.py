@@ -178,7 +178,7 @@ def test_grouped_gemm_fp8_tuner_dry_run_writes_a_table_the_planner_reads(tmp_pat
     out = _run(ROOT / "op_tests" / "tune_grouped_gemm_fp8.py", "--emulator", "--out", tmp_path / "t.csv")
     assert "every candidate bit-exact vs reference" in out, out
     header, rows = csv_rows(tmp_path / "t.csv")
-    assert header == [*op.KEY, *op.CONFIG, "us", "source"] and [r["layout"] for r in rows] == ["NT", "NN", "TN"]
+    assert header == list(op.CSV_FIELDS) and [r["layout"] for r in rows] == ["NT", "NN", "TN"]
     assert _grouped_config_problems(rows) == [] and all(r["source"] == "emulator" for r in rows)
     _planner_takes(rows, op.tuned_table(str(tmp_path / "t.csv")))
     assert tuned.read_rows(tmp_path / "none.csv") == []
@@ -187,7 +187,7 @@ def test_grouped_gemm_fp8_tuner_dry_run_writes_a_table_the_planner_reads(tmp_pat
 def test_shipped_grouped_gemm_fp8_table_rows_are_taken_by_the_planner():
     from mxgemm.ops import train_grouped_gemm as op
     header, rows = csv_rows(op.CONFIG_CSV)
-    assert header == [*op.KEY, *op.CONFIG, "us", "source"] and rows
+    assert header == list(op.CSV_FIELDS) and rows
     assert _grouped_config_problems(rows) == []
     _planner_takes(rows, op.tuned_table())
     broken = [{**rows[0], "BM": "128", "BN": "64"}, rows[0], {**rows[1], "source": "measured"}]

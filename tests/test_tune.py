@@ -8,8 +8,9 @@ import mxgemm
 from mxgemm import tuned
 from mxgemm.ops import moe_mxfp8 as moe
 from mxgemm.ops import smallm_mxfp8 as op
+from mxgemm.ops import train_grouped_gemm as tgg
 from mxgemm.timing import tune
-from mxgemm.timing.peers import moe_mxfp8, smallm, time_ours
+from mxgemm.timing.peers import grouped_fp8, moe_mxfp8, smallm, time_ours
 
 
 def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(tmp_path, capsys):
@@ -82,3 +83,53 @@ def test_the_moe_tuner_writes_the_fastest_variant_the_planner_then_reads(tmp_pat
     finally:
         moe.tuned_table.cache_clear()
         moe.moe_mxfp8_grouped_gemm.clear_plans()
+
+
+def test_the_grouped_fp8_tuner_writes_the_fastest_config_the_planner_then_reads(tmp_path, capsys, monkeypatch):
+    """The forward at 2 groups of 256 rows, N = K = 256: every candidate timed on its own gives the
+    same fastest and runner-up (ties to the first candidate, the heuristic's), the row carries the
+    peer's time and the op's problem key, and the planner then runs the row's config."""
+    path = tmp_path / "g.csv"
+    shape = ("fwd", 2, 256, 256, 256)
+    assert tune.main(["grouped_fp8", "--shapes", "fwdx2x256x256x256", "--out", str(path)]) == 0
+    assert "heuristic within 5 % of the best: 1 of 1" in capsys.readouterr().out
+    (r,) = tuned.read_rows(path)
+    layout, G, M, N, K = grouped_fp8.problem(*shape)
+    assert (layout, G, M, N, K) == ("NT", 2, 512, 256, 256)
+    assert tuple(r[k] for k in tgg.KEY) == tuple(map(str, (layout, G, M, N, K))) and r["source"] == "simulated"
+    a, sa, b, sb, lens = grouped_fp8.operands(*shape)
+    cands = tgg.candidates(layout, G, M, N)
+    times = sorted((time_ours(lambda: grouped_fp8.ours("fwd", a, sa, b, sb, lens, config=c), rounds=grouped_fp8.ROUNDS,
+                              xcd0=True)[1], i) for i, c in enumerate(cands))
+    (us, best), (runner_us, runner) = times[0], times[1]
+    assert {k: int(r[k]) for k in tgg.CONFIG} == cands[best]
+    assert float(r["us"]) == round(us, 2) and float(r["runner_up_us"]) == round(runner_us, 2)
+    assert r["runner_up"] == ",".join(f"{k}={v}" for k, v in cands[runner].items())
+    peer_us = grouped_fp8.time_peer("fwd", a, sa, b, sb, lens)[1]["us"]
+    assert float(r["peer_us"]) == round(peer_us, 2)
+    monkeypatch.setattr(tgg, "CONFIG_CSV", path)
+    tgg.tuned_table.cache_clear()
+    tgg.grouped_gemm_fp8_kernel.clear_plans()
+    try:
+        plan = grouped_fp8.ours("fwd", a, sa, b, sb, lens, explain=True)
+        assert "tuned table row (source=simulated)" in plan.reason, plan
+        assert (plan.variant["BM"], plan.variant["BN"], plan.args["group_m"]) == \
+            (int(r["BM"]), int(r["BN"]), int(r["GROUP_M"]))
+    finally:
+        tgg.tuned_table.cache_clear()
+        tgg.grouped_gemm_fp8_kernel.clear_plans()
+
+
+def test_grouped_fp8_candidates_walk_one_parameter_from_the_heuristic():
+    for problem in (("NT", 8, 4096, 2880), ("NN", 8, 4096, 2048), ("TN", 8, 7168, 2048), ("NT", 2, 128, 64)):
+        rule, cands = tgg.heuristic_config(*problem), tgg.candidates(*problem)
+        assert cands[0] == rule and len(cands) == len({tuple(c.items()) for c in cands})
+        for c in cands:
+            moved = {"tile" if k in ("BM", "BN") else k for k in tgg.CONFIG if c[k] != rule[k]}
+            assert len(moved) <= 1, (problem, c)
+    tiles = {(v["BM"], v["BN"]) for v in tgg._FACTS.variants if v["LAYOUT"] == "NT" and "GRAN" not in v
+             and (v["FMT"], v["FMT_B"], v["OUT"]) == ("e4m3", "e4m3", "bf16")}
+    big = tgg.candidates("NT", 8, 4096, 2880)
+    assert {(c["BM"], c["BN"]) for c in big} == tiles - {(64, 64)}
+    assert {c["PERSISTENT"] for c in big} == set(tgg.PERSISTENT) and {c["GROUP_M"] for c in big} == {1, 2, 4}
+    assert (64, 64) in {(c["BM"], c["BN"]) for c in tgg.candidates("NT", 2, 128, 64)}   # N under 128: the rule's
