@@ -221,6 +221,12 @@ def _wide_columns(tiles) -> tuple:
     return tuple(sorted(bn for bm, bn in tiles if bm == 256 and bn > 128))
 
 
+def _tensorwise_tiles(layout) -> list:
+    """(BM, BN) of the layout's e4m3 -> bf16 tensorwise variants, smallest first."""
+    return sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if v["LAYOUT"] == layout and "GRAN" not in v
+                   and (v["FMT"], v["FMT_B"], v["OUT"]) == ("e4m3", "e4m3", "bf16")}, key=lambda t: t[0] * t[1])
+
+
 def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat16, wide=None) -> dict:
     """The rule used without a tuned row (wide: the column widths of the call's 256-row DMA tiles;
     default: those of the layout's e4m3 -> bf16 variants; only e4m3 tensorwise / row-scaled to bf16
@@ -250,8 +256,7 @@ def heuristic_config(layout: str, G: int, M: int, N: int, out_dtype=torch.bfloat
     if out_dtype == torch.float16 or N < 128 or rows < 128:
         return dict(BM=64, BN=64, GROUP_M=2, PERSISTENT=0)
     if wide is None:
-        wide = _wide_columns((v["BM"], v["BN"]) for v in _FACTS.variants if v["LAYOUT"] == layout and
-                             (v["FMT"], v["FMT_B"], v["OUT"]) == ("e4m3", "e4m3", "bf16") and "GRAN" not in v)
+        wide = _wide_columns(_tensorwise_tiles(layout))
     tiles = lambda bn: G * -(-rows // 256) * -(-N // bn)   # noqa: E731
     fills = rows >= 256 and N >= 256 and 4 * tiles(256) >= 3 * NUM_CUS
     bn = min(wide, key=lambda bn: (-(-tiles(bn) // NUM_CUS) * bn, -bn)) if wide and fills else None
@@ -268,11 +273,9 @@ def candidates(layout: str, G: int, M: int, N: int) -> list:
     reach 128: it is the rule's tile only below that, and its many workgroups are slow to simulate."""
     rule = heuristic_config(layout, G, M, N)
     rows = M if layout in ("TN", "NTK") else M // max(G, 1)
-    tiles = sorted({(v["BM"], v["BN"]) for v in _FACTS.variants if v["LAYOUT"] == layout and "GRAN" not in v
-                    and (v["FMT"], v["FMT_B"], v["OUT"]) == ("e4m3", "e4m3", "bf16")}, key=lambda t: t[0] * t[1])
-    tiles = [t for t in tiles if t != (64, 64) or min(rows, N) < 128 or (rule["BM"], rule["BN"]) == t]
+    small = min(rows, N) < 128 or (rule["BM"], rule["BN"]) == (64, 64)
     out = [rule]
-    out += [dict(rule, BM=bm, BN=bn) for bm, bn in tiles]
+    out += [dict(rule, BM=bm, BN=bn) for bm, bn in _tensorwise_tiles(layout) if (bm, bn) != (64, 64) or small]
     out += [dict(rule, PERSISTENT=p) for p in PERSISTENT]
     out += [dict(rule, GROUP_M=g) for g in (1, 4)]
     return [dict(c) for c in dict.fromkeys(tuple(c.items()) for c in out)]
