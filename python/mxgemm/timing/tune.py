@@ -34,6 +34,25 @@ import torch
 WITHIN = 0.05          # the heuristic's pick counts as right within this of the best
 
 
+def _timed(best_us, runner, peer_us, label) -> dict:
+    """A simulated row's time columns: ours, the runner-up's config and time, the peer's."""
+    return {"us": f"{best_us:.2f}", "source": "simulated", "runner_up": label(*runner[1:]) if runner else "",
+            "runner_up_us": f"{runner[0]:.2f}" if runner else "", "peer_us": f"{peer_us:.2f}"}
+
+
+def _markdown(head, cells, rows) -> str:
+    """The simulated rows as markdown: the family's key columns (head; cells(row) -> their values
+    and the config's text), then ours, the runner-up, the peer and peer / ours."""
+    head = [*head, "ours (us)", "our config", "runner-up (us)", "peer (us)", "peer / ours"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["source"] == "simulated":
+            keys, config = cells(r)
+            lines.append("| " + " | ".join([*map(str, keys), r["us"], config, r["runner_up_us"], r["peer_us"],
+                                            f"{float(r['peer_us']) / float(r['us']):.2f}"]) + " |")
+    return "\n".join(lines)
+
+
 def _smallm():
     from ..ops import smallm_mxfp8 as op
     from .peers import smallm as peer
@@ -72,9 +91,7 @@ def _smallm():
 
     def row(shape, best, runner, peer_us):
         (us, kernel, variant), M, N, K = best, *shape
-        r = {"arch": op.ARCH, "M": M, "N": N, "K": K, "kernel": kernel, "us": f"{us:.2f}", "source": "simulated",
-             "runner_up": label(*runner[1:]) if runner else "", "runner_up_us": f"{runner[0]:.2f}" if runner else "",
-             "peer_us": f"{peer_us:.2f}"}
+        r = {"arch": op.ARCH, "M": M, "N": N, "K": K, "kernel": kernel, **_timed(us, runner, peer_us, label)}
         r.update({p: variant.get(p, "") for p in op.CSV_PARAMS})
         return r
 
@@ -158,19 +175,12 @@ def _moe_mxfp8():
 
     def row(shape, best, runner, peer_us):
         us, _, variant = best
-        return {**fields(shape), **variant, "us": f"{us:.2f}", "source": "simulated",
-                "runner_up": label(*runner[1:]) if runner else "",
-                "runner_up_us": f"{runner[0]:.2f}" if runner else "", "peer_us": f"{peer_us:.2f}"}
+        return {**fields(shape), **variant, **_timed(us, runner, peer_us, label)}
 
     def table(rows):
-        lines = ["| tokens | top-k | E | N | K | a per route | ours (us) | our config | runner-up (us) | peer (us) | "
-                 "peer / ours |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            if r["source"] == "simulated":
-                lines.append(f"| {r['tokens']} | {r['topk']} | {r['experts']} | {r['N']} | {r['K']} | "
-                             f"{r['per_route_a']} | {r['us']} | BLOCK_N {r['BLOCK_N']}, M_CHUNK {r['M_CHUNK']} | "
-                             f"{r['runner_up_us']} | {r['peer_us']} | {float(r['peer_us']) / float(r['us']):.2f} |")
-        return "\n".join(lines)
+        return _markdown(["tokens", "top-k", "E", "N", "K", "a per route"], lambda r: (
+            [r[c] for c in ("tokens", "topk", "experts", "N", "K", "per_route_a")],
+            f"BLOCK_N {r['BLOCK_N']}, M_CHUNK {r['M_CHUNK']}"), rows)
 
     def key(r):
         return (r["arch"], *(int(r[c]) for c in ("tokens", *op.CSV_KEY)))
@@ -226,19 +236,12 @@ def _grouped_fp8():
 
     def row(shape, best, runner, peer_us):
         us, _, cfg = best
-        return {**dict(zip(op.KEY, peer.problem(*shape))), **cfg, "us": f"{us:.2f}", "source": "simulated",
-                "runner_up": label(*runner[1:]) if runner else "",
-                "runner_up_us": f"{runner[0]:.2f}" if runner else "", "peer_us": f"{peer_us:.2f}"}
+        return {**dict(zip(op.KEY, peer.problem(*shape))), **cfg, **_timed(us, runner, peer_us, label)}
 
     def table(rows):
-        lines = ["| layout | G | M | N | K | ours (us) | our config | runner-up (us) | peer (us) | peer / ours |",
-                 "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            if r["source"] == "simulated":
-                lines.append(f"| {r['layout']} | {r['G']} | {r['M']} | {r['N']} | {r['K']} | {r['us']} | "
-                             f"{r['BM']} x {r['BN']}, GROUP_M {r['GROUP_M']}, PERSISTENT {r['PERSISTENT']} | "
-                             f"{r['runner_up_us']} | {r['peer_us']} | {float(r['peer_us']) / float(r['us']):.2f} |")
-        return "\n".join(lines)
+        return _markdown(list(op.KEY), lambda r: (
+            [r[k] for k in op.KEY], f"{r['BM']} x {r['BN']}, GROUP_M {r['GROUP_M']}, PERSISTENT {r['PERSISTENT']}"),
+            rows)
 
     def key(r):
         return op.problem_key(r["layout"], *(int(r[k]) for k in op.KEY[1:]))
