@@ -7,7 +7,8 @@ On an MI355X (gfx950 GPU, ROCm torch) the default mode times every candidate con
     python op_tests/tune_smallm_mxfp8.py --shapes 1x7168x8192 16x4096x4096
 
 Without the GPU, ``--heuristic`` writes the rows the dispatcher's documented rule
-(mxgemm.ops.smallm_mxfp8.heuristic_config) would pick, marked source=heuristic. The shipped
+(mxgemm.ops.smallm_mxfp8.heuristic_config) would pick, marked source=heuristic, for the shapes
+the table has no timed row of. The shipped
 CSV's source=simulated rows come from the same candidates timed on the timing model, with the
 peer beside them (`python -m mxgemm tune smallm`). Tests check the schema and that every row is
 a registered, buildable config, so measured rows can replace any of these.
@@ -55,6 +56,10 @@ def row(M, N, K, kernel, variant, us, source):
     return r
 
 
+def mnk(row) -> tuple:
+    return tuple(int(row[d]) for d in "MNK")
+
+
 def heuristic_rows(shapes):
     rows = []
     for M, N, K in shapes:
@@ -88,7 +93,12 @@ def main(argv=None):
     p.add_argument("--out", default=str(op.CONFIG_CSV), help="CSV to write")
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else default_shapes()
-    rows = heuristic_rows(shapes) if args.heuristic else measured_rows(shapes)
+    if args.heuristic:   # in place: timed rows (simulated or measured) stay, the rule's are rewritten
+        rows = [r if r["source"] != "heuristic" else heuristic_rows([mnk(r)])[0] for r in tuned.read_rows(args.out)]
+        have = {mnk(r) for r in rows}
+        rows += heuristic_rows([s for s in shapes if s not in have])
+    else:
+        rows = measured_rows(shapes)
     tuned.write_rows(rows, args.out, op.CSV_FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
 
