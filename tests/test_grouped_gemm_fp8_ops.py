@@ -293,6 +293,7 @@ def test_heuristic_256_tiles_when_they_fill_the_cus(layout, G, M, N, bn):
     the CUs cost least (a tile's cost: its width), and none where the formats have none."""
     cfg = op.heuristic_config(layout, G, M, N)
     assert (cfg["BM"], cfg["BN"]) == ((256, bn) if bn > 128 else (256 if layout == "TN" else 128, 128))
+    assert cfg["PERSISTENT"] == (1 if bn > 128 else 0 if layout == "TN" else 2)   # DMA tiles in a row per CU
     assert op.heuristic_config(layout, G, M, N, wide=())["BN"] == 128
     assert op.heuristic_config(layout, G, M, N, wide=(256,))["BN"] == (256 if bn > 128 else 128)
 
