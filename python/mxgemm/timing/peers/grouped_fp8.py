@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ...hardware import LIMITS
+from ...ops.train_grouped_gemm import group_offsets
 from ..cli import report
 from . import compile_as_launched, launch_triton, time_ours
 
@@ -142,7 +143,7 @@ def time_peer(pass_: str, a, sa, b, sb, group_lens, machine="mi355x", rounds=ROU
     dgrad: a [sum_m, N] x b [G, N, K] -> [sum_m, K]; wgrad: a [sum_k, M], b [sum_k, N] -> [G, M, N]),
     c filled with ``fill`` (a sampled launch writes only its workgroups' tiles)."""
     G = len(group_lens)
-    offs = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(group_lens, 0)])
+    offs = group_offsets(group_lens)
     blocks = dict(GM=GROUP_M)
     if pass_ == "wgrad":
         M, N = a.shape[1], b.shape[1]
