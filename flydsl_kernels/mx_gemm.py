@@ -4,6 +4,10 @@ MXFP6, MXFP4, A8W4), one body for every target.
 Operands: a [M, K] (fp8 bytes), [M, 3K/4] (e2m3 / e3m2: a little-endian 6-bit string, four
 codes in three bytes) or [M, K/2] (e2m1 packed two per byte, even k in the low nibble), b [N, K]
 likewise, a_scale [M, K/32] and b_scale [N, K/32] e8m0 bytes; out [M, N] bf16 / f16 / f32.
+SCALE_SHUFFLED=1 (gfx950) takes both scales pre-shuffled instead (mxgemm.shuffle_scales, the layout of
+aiter's e8m0_shuffle and Triton's CDNA4 tutorial): each 32-row group's bytes contiguous, K rounded up to
+256, one dword per MMA lane holding its scales of two 16-row tiles and two K steps, so a window's
+scale lines are whole and no lane exchange is needed (the MMA's op_sel picks the byte).
 A_FMT, B_FMT in {e4m3, e5m2, e2m3, e3m2, e2m1} (gfx1250: no FP6). The element width (8 / 6 / 4
 bits) is a parameter of the one body: a row's K step is 128 / 96 / 64 bytes (8 / 6 / 4 chunks of
 16 bytes).
@@ -63,7 +67,7 @@ Variant keys: A_FMT, B_FMT, BM, BN (64, 128, 256), OUT (bf16, f16, f32), SPLITK 
 OUT=f32), NUM_BUFFERS (gfx950 2, or 3 without FP6; gfx1250 2..4), STAGE_STEPS (1; gfx950 2 without
 SPLITK); gfx950 also WAVES (4, or 8: twice the waves per CU, twice the LDS reads of B) and
 WINDOW_TURNS (1..4: a scale window of n ring turns touches a row's scale line 1/n as often, for
-up to n times its VGPRs); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
+up to n times its VGPRs) and SCALE_SHUFFLED (0, 1); gfx1250 also SCALE_PATH, B_STREAMING, CLUSTER_M, CLUSTER_N, F4_WIDE.
 """
 import contextlib
 from types import SimpleNamespace
@@ -130,8 +134,8 @@ class Gfx950:
     cluster = None
     buffer_flags = BUFFER_FLAGS
 
-    def __init__(self, b, waves=WAVES, window_turns=1):
-        self.b, self.waves, self.window_turns = b, waves, window_turns
+    def __init__(self, b, waves=WAVES, window_turns=1, scale_shuffled=0):
+        self.b, self.waves, self.window_turns, self.shuffled = b, waves, window_turns, scale_shuffled
         self.acc_t = b.v4f32
 
     def threads(self):
@@ -191,8 +195,15 @@ class Gfx950:
     def window_plan(self, stage, rows, lefts, span):
         """voffset of this lane's piece of a scale window per 16-row tile: a row's window is the
         span * steps dwords of its K-block bytes (one dword a K step), lane group h holds dwords
-        h * n .. h * n + n - 1 (n = ceil(span * steps / 4)); lane groups past the window hold none."""
-        b, h = self.b, self.lane_rows()[1]
+        h * n .. h * n + n - 1 (n = ceil(span * steps / 4)); lane groups past the window hold none.
+        Shuffled scales: per pair of 16-row tiles (32 rows from an even tile), lane (row r, K block
+        h) reads the dword (h, r) of each of the window's n = span * steps / 2 chunks (256 bytes:
+        two K steps of the 32 rows), whose bytes are its scales of the two tiles and two steps."""
+        b, (r16, h) = self.b, self.lane_rows()
+        if self.shuffled:
+            stage.n = span * stage.steps // 2
+            return [b.sel(b.cmp("slt", r - r16, left), (r - r16) // 32 * stage.group_bytes + (h * 16 + r16) * 4,
+                          b.c(INVALID_OFFSET)) for r, left in zip(rows[::2], lefts[::2])]
         stage.n = -(-span * stage.steps // 4)
         group = b.cmp("slt", h * stage.n, b.c(span * stage.steps))
         return [b.sel(arith.andi(b.cmp("slt", r, left), group), Int(r) * stage.kblocks + h * (4 * stage.n),
@@ -204,14 +215,19 @@ class Gfx950:
         from L1 in between). Resources rebased at stage kt0 end with the scale tensor (past it:
         zeros; soffset is not range checked)."""
         b, n = self.b, stage.n
-        vt = b.i32 if n == 1 else ir.VectorType.get([n], b.i32)
-        off = Int(kt0) * (4 * stage.steps)
+        vt = b.i32 if n == 1 or self.shuffled else ir.VectorType.get([n], b.i32)
+        off = Int(kt0) * (stage.step_scale_bytes * stage.steps)
+        mi = stage.mi // 2 if self.shuffled else stage.mi
         win = []
-        for k, voffs in (("sa", stage.window[:stage.mi]), ("sb", stage.window[stage.mi:])):
+        for k, voffs in (("sa", stage.window[:mi]), ("sb", stage.window[mi:])):
             left = arith.maxsi(Int(stage.records[k]) - off, b.c(0))
             rs = rocdl.make_buffer_rsrc(b.rsrc_t, b.gep(stage.bases[k], b.u64(off)), b.c(0, b.i16), b.u64(left),
                                         b.c(self.buffer_flags))
-            win += [rocdl.raw_ptr_buffer_load(vt, rs, v, b.c(0), aux=b.c_attr(0)) for v in voffs]
+            if self.shuffled:      # a chunk's dwords lie 256 bytes apart
+                win += [[rocdl.raw_ptr_buffer_load(vt, rs, Int(v) + 256 * c if c else v, b.c(0), aux=b.c_attr(0))
+                         for c in range(n)] for v in voffs]
+            else:
+                win += [rocdl.raw_ptr_buffer_load(vt, rs, v, b.c(0), aux=b.c_attr(0)) for v in voffs]
         return win
 
     def window_scales(self, stage, win, j, kt):
@@ -219,10 +235,17 @@ class Gfx950:
         (row, group g) takes the step's dword d from lane (row, group d // n) (ds_bpermute) and
         its byte g. A half-full last stage's second step gets 0 (its bytes are the next row's)."""
         b, n = self.b, stage.n
-        lane = Int(fx.thread_idx.x.ir_value()) % self.wave
-        shift = lane // 16 * 8
         first_only = self._first_only(stage, kt)
         scales = []
+        if self.shuffled:          # (dword, byte): the MMA's scale operand selects the byte (op_sel)
+            for u in range(stage.steps):
+                d = j * stage.steps + u
+                for w in win:
+                    x = w[d // 2] if u == 0 else b.sel(first_only, b.c(0), w[d // 2])
+                    scales += [(x, d % 2 * 2 + r1) for r1 in (0, 1)]
+            return scales
+        lane = Int(fx.thread_idx.x.ir_value()) % self.wave
+        shift = lane // 16 * 8
         for u in range(stage.steps):
             d = j * stage.steps + u
             src = (lane % 16 + 16 * (d // n)) * 4
@@ -260,8 +283,10 @@ class Gfx950:
         return lane % 16, lane // 16
 
     def mma(self, acc, a_frag, a_scale, a_fmt, b_frag, b_scale, b_fmt):
+        """A scale is a VGPR (its byte 0) or (VGPR, which byte)."""
+        (sa, ba), (sb, bb) = (s if isinstance(s, tuple) else (s, 0) for s in (a_scale, b_scale))
         return fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-            self.acc_t, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale])
+            self.acc_t, [b_frag, a_frag, acc, FMT_CODE[b_fmt], FMT_CODE[a_fmt], bb, sb, ba, sa])
 
     def acc_coords(self):
         """(row in the 16 x 16 tile, first of the 4 consecutive columns) of this lane's accumulator."""
@@ -291,6 +316,7 @@ class Gfx1250:
     acc_width = 8
     pad = 16                       # TDM row padding: spreads rows over LDS banks (docs/gfx1250_isa.md §4)
     scales_in_lds = True
+    shuffled = 0
     # V# dword 3 on RDNA-style targets: bit 24 must be 1, OOB_SELECT (29:28) = 3 gives raw-buffer
     # range checks against num_records (docs/gfx1250_isa.md §6)
     buffer_flags = BUFFER_FLAGS | 1 << 24 | 3 << 28
@@ -466,13 +492,14 @@ TARGETS = {"gfx950": Gfx950, "gfx1250": Gfx1250}
 
 
 def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, stage_steps=1, scale_path="tdm",
-           cluster_m=1, cluster_n=1, f4_wide=0, waves=WAVES, window_turns=1):
+           cluster_m=1, cluster_n=1, f4_wide=0, waves=WAVES, window_turns=1, scale_shuffled=0):
     ok = (a_fmt in FMT_CODE and b_fmt in FMT_CODE and bm in TILES and bn in TILES and out in OUTS
           and splitk in (0, 1) and (not splitk or out == "f32") and b_streaming in (0, 1)
           and stage_steps in (1, 2) and (stage_steps == 1 or arch == "gfx950" and not splitk))
     if arch == "gfx1250":
         # its fragment reads know fp8 / fp4 rows; its scales are staged in LDS
-        ok = ok and BITS[a_fmt] != 6 and BITS[b_fmt] != 6 and waves == WAVES and window_turns == 1
+        ok = ok and BITS[a_fmt] != 6 and BITS[b_fmt] != 6 and waves == WAVES and window_turns == 1 \
+            and not scale_shuffled
         # buffer scale paths: every thread stages (BM + BN) / 128 scale words
         ok = ok and 2 <= num_buffers <= 4 and scale_path in SCALE_PATHS and cluster_m * cluster_n <= 16 and (
             scale_path == "tdm" or (bm + bn) % (WAVES * Gfx1250.wave) == 0) and (
@@ -483,16 +510,20 @@ def _check(arch, a_fmt, b_fmt, bm, bn, out, splitk, num_buffers, b_streaming, st
         ok = ok and (num_buffers == 2 or num_buffers == 3 and 6 not in (BITS[a_fmt], BITS[b_fmt])) \
             and waves in (4, 8) and bm // (waves // 2) % 16 == 0 and 1 <= window_turns <= 4 and not b_streaming \
             and (scale_path, cluster_m, cluster_n, f4_wide) == ("tdm", 1, 1, 0)
+        # shuffled scales: a window of whole 256-byte chunks (an even K step count), tiles in pairs
+        ok = ok and scale_shuffled in (0, 1) and (not scale_shuffled or not splitk and bm // (waves // 2) % 32 == 0
+                                                  and num_buffers * window_turns * stage_steps % 2 == 0)
     if not ok:
         raise ValueError(
             f"{arch} variant A_FMT={a_fmt} B_FMT={b_fmt} BM={bm} BN={bn} OUT={out} SPLITK={splitk} "
             f"NUM_BUFFERS={num_buffers} B_STREAMING={b_streaming} STAGE_STEPS={stage_steps} SCALE_PATH={scale_path} "
             f"CLUSTER_M={cluster_m} CLUSTER_N={cluster_n} F4_WIDE={f4_wide} WAVES={waves} "
-            f"WINDOW_TURNS={window_turns}: formats in "
+            f"WINDOW_TURNS={window_turns} SCALE_SHUFFLED={scale_shuffled}: formats in "
             f"{tuple(FMT_CODE)}, BM and BN in {TILES}, OUT in "
             f"{OUTS}, SPLITK 0 or 1 (1 needs OUT=f32), STAGE_STEPS 1 or 2 (2: gfx950, SPLITK 0); gfx950: "
-            f"NUM_BUFFERS 2 (3 without FP6), WAVES 4 or 8 (BM >= 64), WINDOW_TURNS 1..4 and no gfx1250 option; "
-            f"gfx1250: no FP6, WAVES 4, WINDOW_TURNS 1, "
+            f"NUM_BUFFERS 2 (3 without FP6), WAVES 4 or 8 (BM >= 64), WINDOW_TURNS 1..4 and no gfx1250 option, "
+            f"SCALE_SHUFFLED 1 without SPLITK, with 32-row multiples per wave and an even window of K steps; "
+            f"gfx1250: no FP6, WAVES 4, WINDOW_TURNS 1, SCALE_SHUFFLED 0, "
             f"NUM_BUFFERS 2..4, SCALE_PATH in {SCALE_PATHS}, CLUSTER_M * CLUSTER_N <= 16, (BM + BN) % 128 == 0 "
             f"on the buffer scale paths, F4_WIDE only for e2m1 x e2m1")
 
@@ -548,8 +579,14 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     k_lo, kblocks = t.k_lo, t.kblocks
     rs = {"a": b.rsrc_rebased(base("a", a, t.m0, a_row, k_lo * A.step_bytes), flags),
           "b": b.rsrc_rebased(base("b", bp, t.n0, b_row, k_lo * B.step_bytes), flags)}
+    # shuffled scales: a 32-row group's bytes (K rounded up to 256, 128 bytes a K step) are contiguous
+    shuffled = target.shuffled
+    group_bytes = (kblocks + 7) // 8 * 256
     for k, ptr, row0 in (("sa", a_scale, t.m0), ("sb", b_scale, t.n0)):
-        base(k, ptr, row0, kblocks, k_lo * (BK // SCALE_BLOCK))
+        if shuffled:
+            base(k, ptr, Int(row0) // 32, group_bytes, k_lo * 128)
+        else:
+            base(k, ptr, row0, kblocks, k_lo * (BK // SCALE_BLOCK))
         if target.scales_in_lds:       # gfx950 makes its scale resources per window
             rs[k] = b.rsrc_rebased(bases[k], flags)
     null = rocdl.make_buffer_rsrc(b.rsrc_t, llvm.mlir_zero(b.gptr), b.c(0, b.i16), b.c(0, b.i64),
@@ -557,7 +594,8 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     t.m_left, t.n_left = Int(t.M) - t.m0, Int(t.N) - t.n0
     stage = t.stage = SimpleNamespace(A=A, B=B, steps=t.steps, half_last=t.half_last, rs=rs, null=null, bases=bases,
                                       last=None if t.steps == 1 else Int(t.nsteps) - 1,
-                                      m_left=t.m_left, n_left=t.n_left, kblocks=kblocks,
+                                      m_left=t.m_left, n_left=t.n_left, kblocks=kblocks, group_bytes=group_bytes,
+                                      step_scale_bytes=128 if shuffled else BK // SCALE_BLOCK,
                                       sa_off=A.lds_bytes + B.lds_bytes, sb_off=A.lds_bytes + B.lds_bytes + 4 * t.bm)
     stage.a_dma = target.dma_plan(A, t.tid, t.m_left, a_row, bases["a"])
     stage.b_dma = target.dma_plan(B, t.tid, t.n_left, b_row, bases["b"])
@@ -572,8 +610,10 @@ def _stage(t, a, a_scale, bp, b_scale, K, lds):
     if target.scales_in_lds:
         stage.scales = target.scale_plan(stage, t.a_rows + t.b_rows, lefts, kb, bases)
     else:
-        stage.records = {"sa": t.m_left * kblocks - k_lo * (BK // SCALE_BLOCK),   # scale bytes from the bases on
-                         "sb": t.n_left * kblocks - k_lo * (BK // SCALE_BLOCK)}
+        # scale bytes from the bases on
+        stage.records = {k: (left + 31) // 32 * group_bytes - k_lo * 128 if shuffled else
+                         left * kblocks - k_lo * (BK // SCALE_BLOCK)
+                         for k, left in (("sa", t.m_left), ("sb", t.n_left))}
         t.window = t.num_buffers * target.window_turns
         stage.window = target.window_plan(stage, t.a_rows + t.b_rows, lefts, t.window)
     t.depth = t.num_buffers - 1              # K steps in flight ahead of the one computed

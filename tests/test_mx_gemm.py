@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import mxgemm
-from mxgemm import asm_facts, build, formats, guards, launcher, reference, registry
+from mxgemm import asm_facts, build, formats, guards, launcher, quant, reference, registry
 from mxgemm.launcher import emulator_settings
 from mxgemm.ops import dense_mx
 
@@ -43,16 +43,28 @@ def operand(rows, k, fmt, g, lo=117, hi=137):
 
 
 def run(v, M, N, K, seed=0, splits=1, out=None):
+    """SCALE_SHUFFLED variants get quant.shuffle_scales of the same scales, padding 0xff (NaN):
+    a kernel reading a padding byte into a stored element would show it."""
     g = torch.Generator().manual_seed(seed)
     a, sa = operand(M, K, v["A_FMT"], g)
     b, sb = operand(N, K, v["B_FMT"], g)
     kw = dict(a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=OUT[v["OUT"]],
               config={"BM": v["BM"], "BN": v["BN"], "SPLITS": splits})
-    assert mxgemm.explain("mx_gemm", a, sa, b, sb, **kw).variant == v
-    got = mxgemm.mx_gemm(a, sa, b, sb, out=out, **kw)
+    xa, xb = sa, sb
+    if v.get("SCALE_SHUFFLED"):
+        xa, xb = (nan_padded_shuffle(x) for x in (sa, sb))
+        kw["shuffled_scales"] = True
+    assert mxgemm.explain("mx_gemm", a, xa, b, xb, **kw).variant == v
+    got = mxgemm.mx_gemm(a, xa, b, xb, out=out, **kw)
     ref = reference.mx_gemm_ref(a, sa, b, sb, v["A_FMT"], v["B_FMT"], OUT[v["OUT"]], chunk=reference.MX_MMA_K,
                                 splits=splits)
     return got, ref
+
+
+def nan_padded_shuffle(s):
+    """quant.shuffle_scales(s) with its padding (rows to 32, columns to 8) set to 0xff."""
+    marked = quant.shuffle_scales(torch.ones_like(s)).bool()
+    return quant.shuffle_scales(s).masked_fill(~marked, 0xFF)
 
 
 def vid(v):
@@ -259,6 +271,12 @@ def test_guard_tile_voffset():
 
 
 # ---- ISA ----
+def scale_byte(mfma, src):
+    """The scale byte {op_sel_hi, op_sel} an MFMA line takes for src 0 (B) or 1 (A)."""
+    bits = [re.search(rf"{f}:\[(\d),(\d)", mfma) for f in ("op_sel_hi", "op_sel")]
+    return sum(2 ** (1 - i) * int(m.group(1 + src)) for i, m in enumerate(bits) if m)
+
+
 @pytest.mark.parametrize("v", KERNEL.variants, ids=vid)
 def test_isa(v):
     art = build.artifact("mx_gemm", v)
@@ -282,10 +300,22 @@ def test_isa(v):
     assert steps >= 1 and len(mfmas) == steps * mi * nj and steps % per_stage == 0
     assert loop.count("offen lds") == steps // per_stage * (-(-a_tile // (16 * threads)) - (-b_tile // (16 * threads)))
     tile_rows, span = mi + nj, v["NUM_BUFFERS"] * v.get("WINDOW_TURNS", 1)
-    n = -(-span * per_stage // 4)
-    window = [ln for ln in lines if ln.startswith("buffer_load_dword" + (f"x{n} " if n > 1 else " ")) and " lds" not in ln]
-    assert steps == span * per_stage and len(window) == tile_rows and "buffer_load_ubyte" not in loop
-    assert loop.count("ds_bpermute_b32") == steps * tile_rows
+    assert "buffer_load_ubyte" not in loop
+    if v.get("SCALE_SHUFFLED"):
+        # shuffled scales: a dword per pair of tile rows and 2 K steps, its byte picked by the MFMA's
+        # op_sel (all four of A's and of B's), no lane exchange; the lighter loop LLVM may unroll
+        # by whole windows
+        assert steps % (span * per_stage) == 0
+        window = [ln for ln in lines if ln.startswith("buffer_load_dword ") and " lds" not in ln]
+        assert len(window) == tile_rows // 2 * steps // 2 and "ds_bpermute" not in loop
+        assert {scale_byte(ln, 0) for ln in mfmas} == {scale_byte(ln, 1) for ln in mfmas} == {0, 1, 2, 3}
+    else:
+        assert steps == span * per_stage
+        n = -(-span * per_stage // 4)
+        window = [ln for ln in lines if ln.startswith("buffer_load_dword" + (f"x{n} " if n > 1 else " "))
+                  and " lds" not in ln]
+        assert len(window) == tile_rows
+        assert loop.count("ds_bpermute_b32") == steps * tile_rows
     assert ("buffer_atomic_add_f32" in art.asm) == bool(v["SPLITK"])
     # src0 = B rows, src1 = A rows: cbsz is B's format code, blgp A's (0 is not printed); an
     # operand of b-bit elements spans 32 b / 32 VGPRs (FP6: 6)

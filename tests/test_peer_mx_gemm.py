@@ -26,18 +26,6 @@ def test_the_triton_mx_peer_computes_the_product_and_both_sides_are_timed(a_fmt,
     assert t["breakdown"]["workgroups_simulated"] == 1     # grid (2,): XCD 0 holds workgroup 0
 
 
-def test_the_scale_shuffle_puts_each_lanes_four_scales_in_one_dword():
-    """Row r = 32 r0 + 16 r1 + r2, scale column c = 8 c0 + 4 c1 + c2 lands at byte
-    (((c0 4 + c2) 16 + r2) 2 + c1) 2 + r1 of row r0 (the layout the kernel undoes)."""
-    s = torch.arange(64 * 16, dtype=torch.int32).reshape(64, 16)
-    got = fam.shuffle_scales(s)
-    assert got.shape == (2, 512)
-    for r in (0, 17, 33, 63):
-        for c in (0, 5, 11, 15):
-            r0, r1, r2, c0, c1, c2 = r // 32, r // 16 % 2, r % 16, c // 8, c // 4 % 2, c % 4
-            assert got[r0, (((c0 * 4 + c2) * 16 + r2) * 2 + c1) * 2 + r1] == s[r, c]
-
-
 def test_the_peer_refuses_shapes_outside_its_blocks():
     with pytest.raises(ValueError, match="K % 256 == 0; got K = 384"):
         fam.check_peer_shape(128, 128, 384)

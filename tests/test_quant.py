@@ -347,3 +347,19 @@ def test_segment_cast_pads_each_group_to_its_own_blocks():
     assert torch.equal(sf, seg.view(-1, 128, 24).abs().amax(1).clamp(min=1e-4) / 57344.0)
     want = fp8_oracle(seg, sf.repeat_interleave(128, 0), "e5m2")
     assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_shuffle_scales_places_every_byte_and_pads_with_zeros():
+    """Row r = 32 r0 + 16 r1 + r2, column c = 8 c0 + 4 c1 + c2 -> byte (((4 c0 + c2) 16 + r2) 2 + c1) 2 + r1
+    of row group r0's 32 C' bytes (aiter's e8m0_shuffle, Triton's CDNA4 tutorial); 40 x 12 pads to 64 x 16."""
+    s = torch.randint(1, 255, (40, 12), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    got = Q.shuffle_scales(s.view(torch.float8_e8m0fnu))
+    assert got.dtype == torch.float8_e8m0fnu and got.shape == (64, 16)
+    flat, seen = got.view(torch.uint8).reshape(2, 32 * 16), torch.zeros(2, 32 * 16, dtype=torch.bool)
+    for r in range(40):
+        for c in range(12):
+            r0, r1, r2, c0, c1, c2 = r // 32, r // 16 % 2, r % 16, c // 8, c // 4 % 2, c % 4
+            at = (((4 * c0 + c2) * 16 + r2) * 2 + c1) * 2 + r1
+            assert flat[r0, at] == s[r, c]
+            seen[r0, at] = True
+    assert not flat[~seen].any()

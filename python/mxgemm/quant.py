@@ -146,6 +146,23 @@ def dequantize_mx(payload: torch.Tensor, scale: torch.Tensor, fmt: str = "e4m3",
     return v * F.decode_e8m0(scale).repeat_interleave(block, dim=-1)
 
 
+def shuffle_scales(scale: torch.Tensor) -> torch.Tensor:
+    """e8m0 scales [R, C] (row-major, one byte per 32-element K block) -> the pre-shuffled layout
+    of mx_gemm(shuffled_scales=True), aiter's e8m0_shuffle and Triton's CDNA4 block-scaled tutorial:
+    [R', C'], R and C padded with zeros to multiples of 32 and 8. Row r = 32 r0 + 16 r1 + r2 and
+    column c = 8 c0 + 4 c1 + c2 go to byte (((4 c0 + c2) 16 + r2) 2 + c1) 2 + r1 of the 32 C'
+    bytes of row group r0: an MMA lane (row r2, K block c2) finds its scales of rows r2, r2 + 16 and
+    K steps 2 c0, 2 c0 + 1 in one dword. Runs once per weight; a quantizer can emit it directly."""
+    _check_tensor(scale, "scale")
+    guards.check_dtype(scale, "scale", (torch.uint8, torch.float8_e8m0fnu))
+    guards.check_shape(scale, "scale", (None, None))
+    R, C = -(-scale.shape[0] // 32) * 32, -(-scale.shape[1] // 8) * 8
+    padded = torch.zeros(R, C, dtype=torch.uint8, device=scale.device)
+    padded[:scale.shape[0], :scale.shape[1]] = scale.view(torch.uint8)
+    out = padded.view(R // 32, 2, 16, C // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).reshape(R, C)
+    return out.view(scale.dtype)
+
+
 # ---- DeepGEMM-style FP8 (e4m3) with fp32 scales ----
 FP8_AMAX_EPS = 1e-4  # DeepGEMM clamps amax so all-zero blocks get a finite scale
 

@@ -335,17 +335,20 @@ register(Kernel(
 # MXFP8 and MXFP4 256 x 128 keep two stages in flight (NUM_BUFFERS=3, 144 KiB of LDS).
 _MX_PAIRS = (("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3"),
              ("e5m2", "e2m1"), ("e2m1", "e4m3"), ("e2m1", "e5m2"))
+# Pre-shuffled scales (aiter's / Triton's CDNA4 layout): MXFP8, MXFP4 and A8W4, bf16 out, every tile.
+_MX_SHUFFLED_PAIRS = (("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
 # FP6 (e2m3, e3m2) with every format: 64 x 64 bf16 only (one build and emulator run per pair).
 _MX_FP6_PAIRS = tuple((fa, fb) for fa in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
                       for fb in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1") if "e2m3" in (fa, fb) or "e3m2" in (fa, fb))
 
 
-def _mx_variants(pairs, tiles, outs, splitk):
+def _mx_variants(pairs, tiles, outs, splitk, shuffled=False):
     """MXFP4 stages two K steps from 128 x 128 up; 256 x 128 runs eight waves, three buffers and a
-    scale window of 12 K steps (three dwords a lane group: the VGPRs two waves per SIMD leave)."""
+    scale window of 12 K steps (three dwords a lane group: the VGPRs two waves per SIMD leave).
+    shuffled: the pre-shuffled scale layout (SCALE_SHUFFLED=1)."""
     return tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=o, SPLITK=splitk, NUM_BUFFERS=2) | steps
                  | (dict(NUM_BUFFERS=3, WAVES=8, WINDOW_TURNS=12 // 3 // steps.get("STAGE_STEPS", 1))
-                    if bm == 256 else {})
+                    if bm == 256 else {}) | (dict(SCALE_SHUFFLED=1) if shuffled else {})
                  for fa, fb in pairs for bm, bn in tiles for o in outs
                  for steps in [dict(STAGE_STEPS=2) if fa == fb == "e2m1" and bm >= 128 else {}])
 
@@ -362,7 +365,8 @@ register(Kernel(
     + _mx_variants(_MX_PAIRS[:1], ((128, 128),), ("f16", "f32"), 0)
     + _mx_variants(_MX_PAIRS, ((64, 64),), ("f32",), 1)
     + _mx_variants((("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1")), ((256, 128),), ("bf16",), 0)
-    + _mx_variants(_MX_FP6_PAIRS, ((64, 64),), ("bf16",), 0),
+    + _mx_variants(_MX_FP6_PAIRS, ((64, 64),), ("bf16",), 0)
+    + _mx_variants(_MX_SHUFFLED_PAIRS, ((64, 64), (128, 128), (256, 128)), ("bf16",), 0, shuffled=True),
     # gfx1250: one variant per option value, kept small so the build, ISA and emulator tests stay
     # quick; every variant also names the target options.
     arch_variants={"gfx1250": tuple(dict(A_FMT=fa, B_FMT=fb, BM=bm, BN=bn, OUT=out, SPLITK=sk, NUM_BUFFERS=nb,

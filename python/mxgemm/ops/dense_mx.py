@@ -23,9 +23,15 @@ OUT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for a in KERNEL.archs for v in KERNEL.variants_for(a)}))
 
 
-def _variants(arch, a_fmt, b_fmt, out, splitk):
+def _variants(arch, a_fmt, b_fmt, out, splitk, shuffled=0):
+    want = (a_fmt, b_fmt, out, splitk, shuffled)
     return [v for v in KERNEL.variants_for(arch)
-            if (v["A_FMT"], v["B_FMT"], v["OUT"], v["SPLITK"]) == (a_fmt, b_fmt, out, splitk)]
+            if (v["A_FMT"], v["B_FMT"], v["OUT"], v["SPLITK"], v.get("SCALE_SHUFFLED", 0)) == want]
+
+
+def _shuffled_have(arch) -> str:
+    return ", ".join(sorted({f"{v['A_FMT']} x {v['B_FMT']} -> {v['OUT']}" for v in KERNEL.variants_for(arch)
+                             if v.get("SCALE_SHUFFLED")})) or "none"
 
 
 def _grid_size(v, M, N) -> int:
@@ -33,13 +39,17 @@ def _grid_size(v, M, N) -> int:
     return gx * gy
 
 
-def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
+def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0):
     """The Choice on ``arch`` (options: splits, the K ranges along grid z). Rule (written before any
     hardware timing): the largest registered tile (by area) that still gives >= NUM_CUS
     workgroups; when even the smallest tile leaves half the CUs idle, f32 output has at least 8 K
-    steps and a split-K variant exists, 2 K splits (deterministic: two fp32 partials commute)."""
-    cands = sorted(_variants(arch, a_fmt, b_fmt, out, 0), key=lambda v: v["BM"] * v["BN"])   # stable: first registered
-    split = _variants(arch, a_fmt, b_fmt, out, 1)
+    steps and a split-K variant exists, 2 K splits (deterministic: two fp32 partials commute).
+    ``shuffled``: among the variants taking pre-shuffled scales (none splits K)."""
+    cands = sorted(_variants(arch, a_fmt, b_fmt, out, 0, shuffled), key=lambda v: v["BM"] * v["BN"])   # stable
+    split = _variants(arch, a_fmt, b_fmt, out, 1, shuffled)
+    if shuffled and not cands:
+        guards.fail("shuffled-scales", f"no {arch} mx_gemm variant takes shuffled scales for {a_fmt} x {b_fmt} -> "
+                                       f"{out}; {arch} has: {_shuffled_have(arch)}")
     if not cands and not split:
         have = sorted({(v["A_FMT"], v["B_FMT"], v["OUT"]) for v in KERNEL.variants_for(arch)})
         guards.fail("arch", f"no {arch} mx_gemm variant for {a_fmt} x {b_fmt} -> {out}; {arch} has: "
@@ -57,11 +67,13 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K):
 CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})   # a forced tile and split count
 
 
-def _forced(cfg, arch, a_fmt, b_fmt, out):
+def _forced(cfg, arch, a_fmt, b_fmt, out, shuffled=0):
     splits = cfg.get("SPLITS", 1)
     if not 1 <= splits <= MAX_SPLITS:
         guards.fail("config", f"SPLITS = {splits} must be in 1..{MAX_SPLITS}")
-    have = _variants(arch, a_fmt, b_fmt, out, int(splits > 1))
+    if shuffled and splits > 1:
+        guards.fail("shuffled-scales", f"SPLITS = {splits}: split-K takes row-major scales (shuffled_scales=False)")
+    have = _variants(arch, a_fmt, b_fmt, out, int(splits > 1), shuffled)
     match = [v for v in have if v["BM"] == cfg.get("BM", v["BM"]) and v["BN"] == cfg.get("BN", v["BN"])]
     if not match:
         tiles = sorted({(v["BM"], v["BN"]) for v in have})
@@ -71,7 +83,7 @@ def _forced(cfg, arch, a_fmt, b_fmt, out):
     return Choice(KERNEL.name, match[0], "config given by the caller", {"splits": splits})
 
 
-def _operand(x, x_scale, fmt, name, K=None) -> int:
+def _operand(x, x_scale, fmt, name, K=None, shuffled=False) -> int:
     """Checks one operand and its scales; returns K (in elements)."""
     guards.check_dtype(x, name, PAYLOAD[fmt])
     guards.check_dtype(x_scale, f"{name}_scale", E8M0)
@@ -82,7 +94,14 @@ def _operand(x, x_scale, fmt, name, K=None) -> int:
     if K is not None and k != K:
         guards.fail("shape", f"{name} has shape {list(x.shape)}: K = {k} ({fmt}), but a has K = {K}")
     guards.check_multiple(k, "K", KERNEL.k_align, f"K%{KERNEL.k_align}")
-    guards.check_shape(x_scale, f"{name}_scale", (x.shape[0], k // MX_BLOCK))
+    if shuffled:       # quant.shuffle_scales: rows padded to 32 (aiter's e8m0_shuffle: 256), columns to 8
+        rows, cols = x.shape[0], -(-k // 256) * 8
+        guards.check_shape(x_scale, f"{name}_scale", (None, cols))
+        if x_scale.shape[0] % 32 or x_scale.shape[0] < rows:
+            guards.fail("shuffled-scales", f"{name}_scale has {x_scale.shape[0]} rows; shuffled scales need a "
+                                           f"multiple of 32 covering the {rows} rows of {name}")
+    else:
+        guards.check_shape(x_scale, f"{name}_scale", (x.shape[0], k // MX_BLOCK))
     guards.check_contiguous(x, name)
     guards.check_contiguous(x_scale, f"{name}_scale")
     return k
@@ -98,8 +117,8 @@ def _plan(x) -> Plan:
                               + ", ".join(f"{a} x {b}" for a, b in PAIRS))
     if x.out_dtype not in OUT:
         guards.fail("dtype", f"out_dtype = {x.out_dtype}; expected one of {tuple(OUT)}")
-    K = _operand(x.a, x.a_scale, x.a_format, "a")
-    _operand(x.b, x.b_scale, x.b_format, "b", K)
+    K = _operand(x.a, x.a_scale, x.a_format, "a", shuffled=x.shuffled_scales)
+    _operand(x.b, x.b_scale, x.b_format, "b", K, shuffled=x.shuffled_scales)
     M, N = x.a.shape[0], x.b.shape[0]
     guards.check_multiple(N, "N", KERNEL.n_align, f"N%{KERNEL.n_align}")
     if x.out is not None:
@@ -113,10 +132,11 @@ def _plan(x) -> Plan:
         return empty_plan(name, **shape)
     arch = launcher.backend_for(device, KERNEL.archs)[1]
     cfg = CONFIG.parse(x.config)
+    shuffled = int(bool(x.shuffled_scales))
     if cfg is None:
-        choice = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K)
+        choice = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K, shuffled)
     else:
-        choice = _forced(cfg, arch, x.a_format, x.b_format, out)
+        choice = _forced(cfg, arch, x.a_format, x.b_format, out, shuffled)
     variant, splits, why = choice.variant, choice.options["splits"], choice.why
     # The kernel rebases every buffer to its tile: a 32-bit voffset spans BM (BN) rows.
     for n, rows, row_bytes in (("a", variant["BM"], x.a.shape[1]), ("b", variant["BN"], x.b.shape[1]),
@@ -136,7 +156,7 @@ def _plan(x) -> Plan:
     out_shape=lambda x: ((x.a.shape[0], x.b.shape[0]), x.out_dtype))
 def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
             a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: torch.dtype = torch.bfloat16,
-            out: torch.Tensor | None = None, config: str = "") -> torch.Tensor:
+            out: torch.Tensor | None = None, config: str = "", shuffled_scales: bool = False) -> torch.Tensor:
     """MX GEMM: out[m, n] = sum_k A[m, k] * B[n, k] * 2^(a_scale[m, k/32] - 127) * 2^(b_scale[n, k/32] - 127).
 
     a: [M, K] (a_format e4m3 / e5m2: that torch float8 dtype or uint8 codes), [M, 3K/4] (e2m3 /
@@ -144,6 +164,12 @@ def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: to
        or [M, K/2] (e2m1: packed two per byte, even k in the low nibble; uint8 or float4_e2m1fn_x2).
     b: [N, K] / [N, 3K/4] / [N, K/2] likewise (weights, K contiguous, natural layout).
     a_scale [M, K/32], b_scale [N, K/32]: e8m0 (uint8 or float8_e8m0fnu).
+    shuffled_scales=True: both scales pre-shuffled (mxgemm.quant.shuffle_scales; the layout of aiter's
+       e8m0_shuffle and of Triton's CDNA4 block-scaled tutorial), [R, ceil(K/256) * 8] with R a
+       multiple of 32 >= the rows (a Triton-style [R/32, K] tensor is a .view away); gfx950, bf16
+       out, e4m3 x e4m3, e2m1 x e2m1 and e4m3 x e2m1, no split-K. Each MMA lane then reads its
+       scales of two 16-row tiles and two K steps as one dword, and the scale lines a workgroup
+       reads are whole: the fastest input for large GEMMs.
     Format pairs on gfx950: every a_format x b_format of e4m3, e5m2 (MXFP8), e2m3, e3m2 (MXFP6) and
     e2m1 (MXFP4), mixes included (e4m3 x e2m1: A8W4); pairs with FP6 only at the 64 x 64 tile; on
     gfx1250 every pair of e4m3, e5m2 and e2m1 (no FP6).

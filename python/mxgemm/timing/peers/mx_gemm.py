@@ -19,6 +19,7 @@ import functools
 
 import torch
 
+from ... import quant
 from . import compile_as_launched, launch_triton, time_ours
 
 PEER_BLOCKS = dict(BM=128, BN=128, BK=256)      # BK: K elements a step, one shuffled scale group (8 x 32)
@@ -34,11 +35,9 @@ PER_BYTE = {"e4m3": 1, "e2m1": 2}
 
 
 def shuffle_scales(s: torch.Tensor) -> torch.Tensor:
-    """e8m0 scales [R, K/32] -> the peer's layout [R/32, K]. Row r = 32 r0 + 16 r1 + r2 and scale
-    column c = 8 c0 + 4 c1 + c2 go to byte (((c0 4 + c2) 16 + r2) 2 + c1) 2 + r1 of row r0: a
-    16x16x128 MFMA lane (row r2, K quarter c2) then reads its 2 x 2 scales as one dword."""
-    R, C = s.shape
-    return s.view(R // 32, 2, 16, C // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).reshape(R // 32, C * 32).contiguous()
+    """e8m0 scales [R, K/32] -> the peer's view [R/32, K] of quant.shuffle_scales (each 32-row
+    group's bytes one row)."""
+    return quant.shuffle_scales(s).view(s.shape[0] // 32, -1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,8 +126,9 @@ def _both(cell, K, machine) -> tuple:
     a_fmt, b_fmt, M, N = cell["a_fmt"], cell["b_fmt"], cell["M"], cell["N"]
     a, sa, b, sb = operands(a_fmt, b_fmt, M, N, K)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-    mine, us, symbol, t = time_ours(lambda: mxgemm.mx_gemm(a, sa, b, sb, a_format=a_fmt, b_format=b_fmt, out=out),
-                                    machine, ROUNDS)
+    xa, xb = quant.shuffle_scales(sa), quant.shuffle_scales(sb)     # the peer's input, shuffled as it is
+    mine, us, symbol, t = time_ours(lambda: mxgemm.mx_gemm(a, xa, b, xb, a_format=a_fmt, b_format=b_fmt, out=out,
+                                                           shuffled_scales=True), machine, ROUNDS)
     theirs, tp = time_peer(a, sa, b, sb, a_fmt, b_fmt, machine)
     both = mine.isfinite() & theirs.isfinite()
     if both.sum() < PEER_BLOCKS["BM"] * PEER_BLOCKS["BN"]:
