@@ -158,6 +158,40 @@ def test_nan_scale_stays_in_its_row(bm):
     torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
 
 
+def shuffled_variant(fmts, bm):
+    return next(v for v in KERNEL.variants_for("gfx950")
+                if (v["A_FMT"], v["B_FMT"]) == fmts and v["BM"] == bm and v.get("SCALE_SHUFFLED"))
+
+
+@pytest.mark.parametrize("fmts,K", [(("e4m3", "e4m3"), 1920), (("e4m3", "e4m3"), 3456), (("e2m1", "e2m1"), 2816),
+                                    (("e2m1", "e2m1"), 3200), (("e4m3", "e2m1"), 1664)])
+def test_shuffled_scales_over_windows(fmts, K):
+    """Shuffled scales at 256 x 128 (windows of 12 K steps, six 256-byte chunks): MXFP8 15 steps
+    (a window, then 3), 27 (two, then 3); MXFP4 11 stages (one, then 5), 12 and a half (two, then a
+    half stage, whose second step's bytes are the NaN padding); A8W4 13 steps, K % 256 = 128 (padded
+    columns). Two row tiles, the second of 2 rows."""
+    got, ref = run(shuffled_variant(fmts, 256), 258, 96, K, seed=13)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bm", [128, 256])
+def test_shuffled_nan_scale_stays_in_its_row(bm):
+    """A NaN scale in A rows 1 and 17 and B rows 1 and 17 (the two 16-row tiles of a shuffled
+    dword: op_sel bit 0), K blocks 0 and 5 (K steps 0 and 1: op_sel bit 1): exactly those rows and
+    columns are NaN."""
+    g = torch.Generator().manual_seed(14)
+    a, sa = operand(bm + 2, 640, "e2m1", g)
+    b, sb = operand(96, 640, "e2m1", g)
+    sa[1, 0] = sb[1, 0] = sa[17, 5] = sb[17, 5] = 0xFF
+    got = mxgemm.mx_gemm(a, nan_padded_shuffle(sa), b, nan_padded_shuffle(sb), a_format="e2m1", b_format="e2m1",
+                         config={"BM": bm, "BN": 128}, shuffled_scales=True)
+    ref = reference.mx_gemm_ref(a, sa, b, sb, "e2m1", "e2m1", torch.bfloat16, chunk=reference.MX_MMA_K)
+    nan = torch.zeros_like(ref, dtype=torch.bool)
+    nan[[1, 17], :] = nan[:, [1, 17]] = True
+    assert torch.equal(ref.isnan(), nan) and torch.equal(got.isnan(), nan)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("splits,K", [(3, 640), (4, 384)], ids=["uneven", "empty-split"])
 def test_split_k_in_split_order(splits, K):
     """640 = 5 steps in splits of 2, 2, 1; 384 = 3 steps over 4 splits (the last has none)."""
@@ -199,6 +233,10 @@ def test_heuristic_tiles_and_split():
     split = pick("e4m3", "e2m1", "f32", 64, 256, 4096)
     assert split.variant["SPLITK"] == 1 and split.options == {"splits": 2}
     assert pick("e4m3", "e2m1", "bf16", 64, 256, 4096).options == {"splits": 1}   # split-K only into f32
+    shuffled = dense_mx.heuristic_config("gfx950", "e2m1", "e2m1", "bf16", 8192, 8192, 8192, shuffled=1).variant
+    assert shuffled["SCALE_SHUFFLED"] == 1 and shuffled["BM"] == 256
+    small = dense_mx.heuristic_config("gfx950", "e4m3", "e4m3", "bf16", 64, 256, 4096, shuffled=1)
+    assert small.variant["SCALE_SHUFFLED"] == 1 and small.options == {"splits": 1}
 
 
 # ---- guards: GuardError before any launch, out untouched ----
@@ -232,8 +270,21 @@ def _call(**over):
     (dict(config={"BM": 32}), "config"),
     (dict(config={"SPLITS": 2}), "config"),          # split-K needs f32 out
     (dict(config={"SPLITS": 99}), "config"),
+    (dict(shuffled_scales=True, a_scale=torch.zeros(8, 8, dtype=torch.uint8)), "shuffled-scales"),   # 8 rows
+    (dict(shuffled_scales=True, a_scale=torch.zeros(32, 4, dtype=torch.uint8)), "shape"),   # 8 columns for K 256
+    (dict(shuffled_scales=True, a_scale=torch.zeros(32, 8, dtype=torch.uint8), b_scale=torch.zeros(32, 8, dtype=torch.uint8)),
+     "shuffled-scales"),                                                # 32 rows for b's 64
+    (dict(shuffled_scales=True, a=torch.zeros(8, 256, dtype=torch.float8_e5m2), a_format="e5m2",
+          b=torch.zeros(64, 256, dtype=torch.float8_e5m2), b_format="e5m2"), "shuffled-scales"),   # no such variant
+    (dict(shuffled_scales=True, out_dtype=torch.float32, out=torch.full((8, 64), SENTINEL)), "shuffled-scales"),
+    (dict(shuffled_scales=True, out_dtype=torch.float32, out=torch.full((8, 64), SENTINEL), config={"SPLITS": 2}),
+     "shuffled-scales"),
 ])
 def test_guard(over, rule):
+    if over.get("shuffled_scales") and "a_scale" not in over:       # scales shuffled as the op expects
+        g = torch.Generator().manual_seed(8)
+        over = dict(a_scale=torch.randint(117, 137, (32, 8), generator=g, dtype=torch.uint8),
+                    b_scale=torch.randint(117, 137, (64, 8), generator=g, dtype=torch.uint8), **over)
     args = _call(**over)
     out = args["out"]
     before = out.clone()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import quant
 from .base import (
     BITWISE,
     MX_BITS,
@@ -26,9 +27,12 @@ RATES = ("fp8", "mxfp6", "mxfp4")
 
 
 def _call(inp: Inputs, v, M, N, K, splits) -> Call:
-    return Call(OP, (*inp.mx(M, K, fmt=v["A_FMT"]), *inp.mx(N, K, fmt=v["B_FMT"])),
-                dict(a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=OUT_DTYPES[v["OUT"]],
-                     config=f"BM={v['BM']},BN={v['BN']},SPLITS={splits}"))
+    (a, sa), (b, sb) = inp.mx(M, K, fmt=v["A_FMT"]), inp.mx(N, K, fmt=v["B_FMT"])
+    kw = dict(a_format=v["A_FMT"], b_format=v["B_FMT"], out_dtype=OUT_DTYPES[v["OUT"]],
+              config=f"BM={v['BM']},BN={v['BN']},SPLITS={splits}")
+    if v.get("SCALE_SHUFFLED"):
+        sa, sb, kw["shuffled_scales"] = quant.shuffle_scales(sa), quant.shuffle_scales(sb), True
+    return Call(OP, (a, sa, b, sb), kw)
 
 
 def call(kernel, v, shape, inp: Inputs) -> Call:
