@@ -375,11 +375,11 @@ CATALOGUE = (
         "fp16 out clamped to +-65504 before the store: a sum past fp16's range stays finite instead of inf"),
     # ---- MX GEMM (FlyDSL)
     Mutation("mx-gemm-drop-b-scale", ("mx_gemm",), (
-        (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale, 0, a_scale]",
-         "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, self.b.c(127), 0, a_scale]"),),
+        (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], bb, sb, ba, sa]",
+         "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, self.b.c(127), ba, sa]"),),
         "the MMA gets scale 1.0 for B: weight scales ignored"),
     Mutation("mx-gemm-swap-formats", ("mx_gemm",), (
-        (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], 0, b_scale", "FMT_CODE[a_fmt], FMT_CODE[b_fmt], 0, b_scale"),),
+        (MX_GEMM, "FMT_CODE[b_fmt], FMT_CODE[a_fmt], bb, sb", "FMT_CODE[a_fmt], FMT_CODE[b_fmt], bb, sb"),),
         "cbsz / blgp swapped: mixed-format operands (A8W4, e4m3 x e5m2) decoded in each other's format"),
     Mutation("mx-gemm-scale-next-k-block", ("mx_gemm",), (
         (MX_GEMM, "shift = lane // 16 * 8", "shift = (lane // 16 + 1) % 4 * 8"),),
@@ -401,6 +401,16 @@ CATALOGUE = (
     Mutation("mx-gemm-window-past-tensor-end", ("mx_gemm",), (
         (MX_GEMM, "left = arith.maxsi(Int(stage.records[k]) - off, b.c(0))", "left = b.c(0x7FFFFFFF)"),),
         "scale windows unbounded: the last rows' windows read past the scale tensor's end"),
+    Mutation("mx-gemm-shuffled-tile-halves-swapped", ("mx_gemm",), (
+        (MX_GEMM, "scales += [(x, d % 2 * 2 + r1) for r1 in (0, 1)]",
+         "scales += [(x, d % 2 * 2 + 1 - r1) for r1 in (0, 1)]"),),
+        "shuffled scales: each 16-row tile takes the scale byte of the other tile of its pair (op_sel bit 0)"),
+    Mutation("mx-gemm-shuffled-one-step-a-chunk", ("mx_gemm",), (
+        (MX_GEMM, "scales += [(x, d % 2 * 2 + r1) for r1 in (0, 1)]", "scales += [(x, r1) for r1 in (0, 1)]"),),
+        "shuffled scales: both K steps of a chunk take the first step's byte (op_sel bit 1 never set)"),
+    Mutation("mx-gemm-shuffled-group-stride-k", ("mx_gemm",), (
+        (MX_GEMM, "group_bytes = (kblocks + 7) // 8 * 256", "group_bytes = kblocks * 32"),),
+        "shuffled scales: a 32-row group's bytes taken as K, not K rounded up to 256 (the padded columns)"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
         (MX_GEMM, "half), v))",
          "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
