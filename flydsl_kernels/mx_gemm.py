@@ -209,11 +209,11 @@ class Gfx950:
         return [b.sel(arith.andi(b.cmp("slt", r, left), group), Int(r) * stage.kblocks + h * (4 * stage.n),
                       b.c(INVALID_OFFSET)) for r, left in zip(rows, lefts)]
 
-    def issue_window(self, stage, kt0):
+    def issue_window(self, stage, kt0, chunks=None):
         """The scale window of the stages from kt0 -> VGPRs (A tiles, then B tiles): a line touch per
         row per window, where per-stage byte loads touch it every stage (the operand DMA evicts it
         from L1 in between). Resources rebased at stage kt0 end with the scale tensor (past it:
-        zeros; soffset is not range checked)."""
+        zeros; soffset is not range checked). Shuffled: the window's `chunks` (default all) per pair."""
         b, n = self.b, stage.n
         vt = b.i32 if n == 1 or self.shuffled else ir.VectorType.get([n], b.i32)
         off = Int(kt0) * (stage.step_scale_bytes * stage.steps)
@@ -225,10 +225,23 @@ class Gfx950:
                                         b.c(self.buffer_flags))
             if self.shuffled:      # a chunk's dwords lie 256 bytes apart
                 win += [[rocdl.raw_ptr_buffer_load(vt, rs, Int(v) + 256 * c if c else v, b.c(0), aux=b.c_attr(0))
-                         for c in range(n)] for v in voffs]
+                         for c in (range(n) if chunks is None else chunks)] for v in voffs]
             else:
                 win += [rocdl.raw_ptr_buffer_load(vt, rs, v, b.c(0), aux=b.c_attr(0)) for v in voffs]
         return win
+
+    def next_window(self, stage, win, slot, kt, span):
+        """The scale registers after stage kt, slot `slot` of a `span`-stage window: the next window
+        after the window's last stage; shuffled, each chunk is replaced by the next window's as soon as
+        its second K step is done (a few loads a stage instead of a burst at the window's end)."""
+        if not self.shuffled:
+            return self.issue_window(stage, Int(kt) + 1) if slot == span - 1 else win
+        last = slot * stage.steps + stage.steps - 1      # the stage's last K step in the window
+        if last % 2 == 0:
+            return win
+        c = last // 2
+        fresh = self.issue_window(stage, Int(kt) + (span - slot), [c])
+        return [w[:c] + f + w[c + 1:] for w, f in zip(win, fresh)]
 
     def window_scales(self, stage, win, j, kt):
         """The scale operands of window stage j (= stage kt), per K step the A then the B tiles: lane
@@ -685,10 +698,9 @@ def _mma_step(t, kt, acc, scales, slot=None):
         nxt = target.issue(stage, kn, b.cmp("slt", kn, t.nsteps))
     else:
         dst = (slot + t.depth) % t.num_buffers
-        nxt = window
-        if slot == t.window - 1:
-            nxt = target.issue_window(stage, Int(kt) + 1)
-            fx.rocdl.sched_barrier(0)      # the window before the DMA: the wait counts on it
+        nxt = target.next_window(stage, window, slot, kt, t.window)
+        if nxt is not window:
+            fx.rocdl.sched_barrier(0)      # the window's loads before the DMA: the wait counts on them
         target.issue_dma(stage, kn, b.cmp("slt", kn, t.nsteps), t.slot_buffer(dst), t.scopes[dst])
     target.fragments_wait()
 
