@@ -385,14 +385,15 @@ CATALOGUE = (
         (MX_GEMM, "shift = lane // 16 * 8", "shift = (lane // 16 + 1) % 4 * 8"),),
         "each lane takes the scale byte of the next 32-block of its step (off by one in the K-block index)"),
     Mutation("mx-gemm-window-first-stage-only", ("mx_gemm",), (
-        (MX_GEMM, "d = j * stage.steps + u", "d = u"),),
+        (MX_GEMM, "d = j * stage.steps + u\n            src", "d = u\n            src"),),
         "every stage of a loop iteration takes the scale dwords of the window's first stage"),
     Mutation("mx-gemm-window-half-stage-scale-kept", ("mx_gemm",), (
         (MX_GEMM, "scales.append(x if u == 0 else b.sel(first_only, b.c(0), x))", "scales.append(x)"),),
         "a half-full last stage's second step keeps the window's bytes past the row's end (the next row's "
         "scales) instead of 0: zero operands times a NaN scale poison the row"),
     Mutation("mx-gemm-window-one-turn", ("mx_gemm",), (
-        (MX_GEMM, "if slot == t.window - 1:", "if slot == t.num_buffers - 1:"),),
+        (MX_GEMM, "if slot == span - 1 else win",
+         "if slot % (span // self.window_turns) == span // self.window_turns - 1 else win"),),
         "a two-turn scale window is replaced after its first ring turn: the second turn's stages take "
         "the scales of the stages after them"),
     Mutation("mx-gemm-eight-waves-as-two-rows", ("mx_gemm",), (
@@ -411,6 +412,9 @@ CATALOGUE = (
     Mutation("mx-gemm-shuffled-group-stride-k", ("mx_gemm",), (
         (MX_GEMM, "group_bytes = (kblocks + 7) // 8 * 256", "group_bytes = kblocks * 32"),),
         "shuffled scales: a 32-row group's bytes taken as K, not K rounded up to 256 (the padded columns)"),
+    Mutation("mx-gemm-shuffled-refill-next-chunk", ("mx_gemm",), (
+        (MX_GEMM, "        c = last // 2\n", "        c = (last // 2 + 1) % stage.n\n"),),
+        "shuffled scales: a stage refills the chunk after the one it finished, before that chunk's steps ran"),
     Mutation("mx-gemm-bf16-truncate", ("mx_gemm",), (
         (MX_GEMM, "half), v))",
          "half), llvm.bitcast(v.type, arith.andi(llvm.bitcast(ir.VectorType.get(ir.VectorType(v.type).shape, b.i32), "
