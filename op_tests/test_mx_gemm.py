@@ -4,7 +4,8 @@ On an MI355X (gfx950 GPU, ROCm torch), per shape and format it checks mx_gemm ag
 mxgemm.reference (max bf16 ulp, calc_diff: the hardware MFMA's internal summation is not
 specified bit for bit, so <= 1 bf16 ulp is the pass mark), checks that a hipGraph capture of
 the call replays to the same bits, and times (CUDA events, median of 50) the op eagerly, its
-graph replay, and the peers:
+graph replay, the op on pre-shuffled scales (quant.shuffle_scales, shuffled once outside the
+timing, as a deployment stores them), and the peers:
   * hipblaslt - torch._scaled_mm with e8m0 block scales (hipBLASLt), when this torch has it
   * triton    - a Triton `tl.dot_scaled` GEMM (op_tests/test_smallm_mxfp8.py's peer, 128 x 128 tiles)
 printing µs and TFLOPS:
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch
 
 import mxgemm
-from mxgemm import metrics, reference, toolchain
+from mxgemm import metrics, quant, reference, toolchain
 from mxgemm.specs import Contract, Inputs
 
 FORMATS = {"mxfp8": ("e4m3", "e4m3"), "mxfp4": ("e2m1", "e2m1"), "a8w4": ("e4m3", "e2m1")}
@@ -91,7 +92,9 @@ def hardware(shapes, fmt_names):
             replay()
             torch.cuda.synchronize()
             same = torch.equal(out.view(torch.int16), eager.view(torch.int16))
-            runs = {"mxgemm": lambda i: mxgemm.mx_gemm(*args, **kw), "mx-graph": lambda i: replay()}
+            shuffled = [args[0], quant.shuffle_scales(args[1]), args[2], quant.shuffle_scales(args[3])]
+            runs = {"mxgemm": lambda i: mxgemm.mx_gemm(*args, **kw), "mx-graph": lambda i: replay(),
+                    "mx-shuffled": lambda i: mxgemm.mx_gemm(*shuffled, shuffled_scales=True, **kw)}
             runs.update({p: (lambda f: lambda i: f(*args, out))(f) for p, f in peers.items()})
             for impl, fn in runs.items():
                 try:
@@ -106,6 +109,8 @@ def hardware(shapes, fmt_names):
                         f"splits {plan.args['splits']}]"
                 elif impl == "mx-graph":
                     note = "graph replay == eager" if same else "FAIL: graph replay differs from eager"
+                elif impl == "mx-shuffled":
+                    note = check(out, args, fmts, 1)
                 else:
                     note = check(out, args, fmts, 2)
                 print(f"{M:>5} {N:>6} {K:>6} {name:>6} {impl:>10} {us:>10.2f} {2 * M * N * K / us / 1e6:>8.1f}  "
@@ -116,12 +121,16 @@ def emulator_smoke() -> int:
     """Small cases on the emulator (bitwise vs the reference); 1 (exit status) if one fails."""
     from test_smallm_mxfp8 import report
 
-    def case(name, M, N, K):
+    def case(name, M, N, K, shuffled=False):
         fmts = FORMATS[name]
         args = inputs(M, N, K, fmts, "cpu")
-        return lambda: check(mxgemm.mx_gemm(*args, a_format=fmts[0], b_format=fmts[1]), args, fmts, 0)
-    shapes = (("mxfp8", (70, 96, 384)), ("mxfp4", (33, 64, 256)), ("a8w4", (64, 64, 256)))
-    return report({f"{name} M={M} N={N} K={K}": case(name, M, N, K) for name, (M, N, K) in shapes})
+        given = [args[0], quant.shuffle_scales(args[1]), args[2], quant.shuffle_scales(args[3])] if shuffled else args
+        return lambda: check(mxgemm.mx_gemm(*given, a_format=fmts[0], b_format=fmts[1], shuffled_scales=shuffled),
+                             args, fmts, 0)
+    shapes = (("mxfp8", (70, 96, 384), False), ("mxfp4", (33, 64, 256), False), ("a8w4", (64, 64, 256), False),
+              ("mxfp4", (33, 64, 384), True))
+    return report({f"{name} M={M} N={N} K={K}{' shuffled scales' if sh else ''}": case(name, M, N, K, sh)
+                   for name, (M, N, K), sh in shapes})
 
 
 def main(argv=None):
