@@ -4,10 +4,11 @@ MXFP6, MXFP4, A8W4), one body for every target.
 Operands: a [M, K] (fp8 bytes), [M, 3K/4] (e2m3 / e3m2: a little-endian 6-bit string, four
 codes in three bytes) or [M, K/2] (e2m1 packed two per byte, even k in the low nibble), b [N, K]
 likewise, a_scale [M, K/32] and b_scale [N, K/32] e8m0 bytes; out [M, N] bf16 / f16 / f32.
-SCALE_SHUFFLED=1 (gfx950) takes both scales pre-shuffled instead (mxgemm.shuffle_scales, the layout of
-aiter's e8m0_shuffle and Triton's CDNA4 tutorial): each 32-row group's bytes contiguous, K rounded up to
-256, one dword per MMA lane holding its scales of two 16-row tiles and two K steps, so a window's
-scale lines are whole and no lane exchange is needed (the MMA's op_sel picks the byte).
+SCALE_SHUFFLED=1 (gfx950) takes both scales pre-shuffled instead (mxgemm.quant.shuffle_scales, the
+layout of aiter's e8m0_shuffle and Triton's CDNA4 tutorial): each 32-row group's bytes contiguous, K
+rounded up to 256, one dword per MMA lane holding its scales of two 16-row tiles and two K steps, so
+the scale lines a wave reads are whole and no lane exchange is needed (the MMA's op_sel picks the
+byte); each dword is refilled from the next window once its two steps have run.
 A_FMT, B_FMT in {e4m3, e5m2, e2m3, e3m2, e2m1} (gfx1250: no FP6). The element width (8 / 6 / 4
 bits) is a parameter of the one body: a row's K step is 128 / 96 / 64 bytes (8 / 6 / 4 chunks of
 16 bytes).
