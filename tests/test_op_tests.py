@@ -45,7 +45,8 @@ def test_moe_gemm2_a4w4_emulator_case_passes():
 def test_mx_gemm_emulator_cases_pass():
     out = _run(ROOT / "op_tests" / "test_mx_gemm.py", "--emulator")
     cases = [l for l in out.splitlines() if "on the emulator:" in l]
-    assert len(cases) == 3 and all(": ok: max 0 ulp, 100.00% bit-exact" in l for l in cases), out
+    assert len(cases) == 4 and all(": ok: max 0 ulp, 100.00% bit-exact" in l for l in cases), out
+    assert sum("shuffled scales" in l for l in cases) == 1, out
 
 
 CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "K_LANES", "us", "source", "runner_up",
