@@ -169,7 +169,7 @@ def mx_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: to
        multiple of 32 >= the rows (a Triton-style [R/32, K] tensor is a .view away); gfx950, bf16
        out, e4m3 x e4m3, e2m1 x e2m1 and e4m3 x e2m1, no split-K. Each MMA lane then reads its
        scales of two 16-row tiles and two K steps as one dword, and the scale lines a workgroup
-       reads are whole: the fastest input for large GEMMs.
+       reads are whole (docs/peers/mx_gemm.md times both layouts).
     Format pairs on gfx950: every a_format x b_format of e4m3, e5m2 (MXFP8), e2m3, e3m2 (MXFP6) and
     e2m1 (MXFP4), mixes included (e4m3 x e2m1: A8W4); pairs with FP6 only at the 64 x 64 tile; on
     gfx1250 every pair of e4m3, e5m2 and e2m1 (no FP6).
