@@ -42,6 +42,11 @@ def inputs(M, N, K, fmts, device, seed=0):
     return [*inp.mx(M, K, fmt=fmts[0]), *inp.mx(N, K, fmt=fmts[1])]
 
 
+def with_shuffled_scales(args) -> list:
+    """(a, a_scale, b, b_scale) with both scales in quant.shuffle_scales' layout."""
+    return [args[0], quant.shuffle_scales(args[1]), args[2], quant.shuffle_scales(args[3])]
+
+
 def check(got, args, fmts, max_ulp) -> str:
     """The spec's contract (bitwise) on the emulator; ``max_ulp`` bf16 ulp on hardware."""
     ref = reference.mx_gemm_ref(*[t.cpu() for t in args], *fmts, chunk=reference.MX_MMA_K)
@@ -92,7 +97,7 @@ def hardware(shapes, fmt_names):
             replay()
             torch.cuda.synchronize()
             same = torch.equal(out.view(torch.int16), eager.view(torch.int16))
-            shuffled = [args[0], quant.shuffle_scales(args[1]), args[2], quant.shuffle_scales(args[3])]
+            shuffled = with_shuffled_scales(args)
             runs = {"mxgemm": lambda i: mxgemm.mx_gemm(*args, **kw), "mx-graph": lambda i: replay(),
                     "mx-shuffled": lambda i: mxgemm.mx_gemm(*shuffled, shuffled_scales=True, **kw)}
             runs.update({p: (lambda f: lambda i: f(*args, out))(f) for p, f in peers.items()})
@@ -124,7 +129,7 @@ def emulator_smoke() -> int:
     def case(name, M, N, K, shuffled=False):
         fmts = FORMATS[name]
         args = inputs(M, N, K, fmts, "cpu")
-        given = [args[0], quant.shuffle_scales(args[1]), args[2], quant.shuffle_scales(args[3])] if shuffled else args
+        given = with_shuffled_scales(args) if shuffled else args
         return lambda: check(mxgemm.mx_gemm(*given, a_format=fmts[0], b_format=fmts[1], shuffled_scales=shuffled),
                              args, fmts, 0)
     shapes = (("mxfp8", (70, 96, 384), False), ("mxfp4", (33, 64, 256), False), ("a8w4", (64, 64, 256), False),

@@ -29,9 +29,9 @@ def _variants(arch, a_fmt, b_fmt, out, splitk, shuffled=0):
             if (v["A_FMT"], v["B_FMT"], v["OUT"], v["SPLITK"], v.get("SCALE_SHUFFLED", 0)) == want]
 
 
-def _shuffled_have(arch) -> str:
-    return ", ".join(sorted({f"{v['A_FMT']} x {v['B_FMT']} -> {v['OUT']}" for v in KERNEL.variants_for(arch)
-                             if v.get("SCALE_SHUFFLED")})) or "none"
+def _listed(variants) -> str:
+    """The format pairs and outputs of ``variants``, for an error message."""
+    return ", ".join(sorted({f"{v['A_FMT']} x {v['B_FMT']} -> {v['OUT']}" for v in variants})) or "none"
 
 
 def _grid_size(v, M, N) -> int:
@@ -49,11 +49,11 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0):
     split = _variants(arch, a_fmt, b_fmt, out, 1, shuffled)
     if shuffled and not cands:
         guards.fail("shuffled-scales", f"no {arch} mx_gemm variant takes shuffled scales for {a_fmt} x {b_fmt} -> "
-                                       f"{out}; {arch} has: {_shuffled_have(arch)}")
+                                       f"{out}; {arch} has: "
+                                       + _listed(v for v in KERNEL.variants_for(arch) if v.get("SCALE_SHUFFLED")))
     if not cands and not split:
-        have = sorted({(v["A_FMT"], v["B_FMT"], v["OUT"]) for v in KERNEL.variants_for(arch)})
         guards.fail("arch", f"no {arch} mx_gemm variant for {a_fmt} x {b_fmt} -> {out}; {arch} has: "
-                            + ", ".join(f"{a} x {b} -> {o}" for a, b, o in have))
+                            + _listed(KERNEL.variants_for(arch)))
     if split and (not cands or _grid_size(cands[0], M, N) < NUM_CUS // 2 and K // KERNEL.k_align >= 8):
         v = min(split, key=lambda s: s["BM"] * s["BN"])
         return Choice(KERNEL.name, v, "heuristic: few output tiles, 2-way split-K with fp32 atomics", {"splits": 2})
