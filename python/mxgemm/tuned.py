@@ -6,6 +6,7 @@ rule otherwise); tuners write them."""
 from __future__ import annotations
 
 import csv
+import fcntl
 import os
 from pathlib import Path
 
@@ -30,3 +31,15 @@ def write_rows(rows, path, fields) -> None:
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
+
+
+def put_row(row, path, fields, key) -> None:
+    """Writes ``row`` into the table at ``path`` in place of the row with the same key(row), else
+    at its end. The file is re-read under a lock, so tuners running side by side on one table
+    keep each other's rows."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as lock:       # rewritten in place: the lock stays on the same file
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = {key(r): r for r in read_rows(path)}
+        rows[key(row)] = row
+        write_rows(list(rows.values()), path, fields)

@@ -2,16 +2,19 @@
 
 Kernel choice (``mxgemm.explain`` prints it): among the variants registered for the arch the
 call runs on (gfx950, or gfx1250: a GPU of that arch, or MXGEMM_EMU_ARCH on the emulator), a
-caller's ``config`` (tile and split count), else the rule of ``heuristic_config``; of several
-variants with the same tile, the first registered (so no cluster-multicast variant, which a
-HIP launch cannot start, is chosen automatically). Every malformed call raises GuardError
-before launch.
+caller's ``config`` (tile and split count), else the tuned CSV row (``python -m mxgemm tune
+mx_gemm``) of the same formats, output, scale layout, N and K at the nearest tuned M >= M, else
+the rule of ``heuristic_config``; of several variants with the same tile, the first registered
+(so no cluster-multicast variant, which a HIP launch cannot start, is chosen automatically).
+Every malformed call raises GuardError before launch.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .. import formats, guards, launcher, registry
+from .. import formats, guards, launcher, registry, tuned
 from ..quant import MX_BLOCK
 from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
@@ -21,6 +24,11 @@ PAYLOAD = {"e4m3": (torch.float8_e4m3fn, torch.uint8), "e5m2": (torch.float8_e5m
            "e2m3": (torch.uint8,), "e3m2": (torch.uint8,), "e2m1": (torch.float4_e2m1fn_x2, torch.uint8)}
 OUT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 PAIRS = tuple(sorted({(v["A_FMT"], v["B_FMT"]) for a in KERNEL.archs for v in KERNEL.variants_for(a)}))
+ARCH = "gfx950"           # the arch the tuned table is for
+CONFIG_CSV = tuned.table_path("dense_mx", ARCH)
+CSV_KEY = ("a_format", "b_format", "out", "shuffled", "N", "K")
+CSV_PARAMS = ("BM", "BN", "SPLITS")
+CSV_FIELDS = ("arch", "M", *CSV_KEY, *CSV_PARAMS, "us", "source", "runner_up", "runner_up_us", "peer_us")
 
 
 def _variants(arch, a_fmt, b_fmt, out, splitk, shuffled=0):
@@ -62,6 +70,44 @@ def heuristic_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0):
     why = f"heuristic: largest tile with >= {NUM_CUS} workgroups" if full else \
         "heuristic: smallest tile (fewer workgroups than CUs)"
     return Choice(KERNEL.name, v, why, {"splits": 1})
+
+
+def candidates(arch, a_fmt, b_fmt, out, shuffled=0) -> list:
+    """The configs a tuner times: each registered tile whole, and each split-K tile at the
+    heuristic's 2 splits (more would give up bit-reproducibility)."""
+    def tiles(splitk):
+        return sorted({(v["BM"], v["BN"]) for v in _variants(arch, a_fmt, b_fmt, out, splitk, shuffled)})
+    return [dict(BM=bm, BN=bn, SPLITS=s) for s in (1, 2) for bm, bn in tiles(int(s > 1))]
+
+
+def heuristic_pick(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0) -> dict:
+    """heuristic_config's choice as a config of ``candidates``."""
+    c = heuristic_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled)
+    return dict(BM=c.variant["BM"], BN=c.variant["BN"], SPLITS=c.options["splits"])
+
+
+@functools.lru_cache(maxsize=1)
+def tuned_table() -> dict:
+    """CSV rows keyed (arch, *CSV_KEY) -> list of (M, config, source) by M. Read once."""
+    table: dict = {}
+    for r in tuned.read_rows(CONFIG_CSV):
+        key = (r["arch"], r["a_format"], r["b_format"], r["out"], int(r["shuffled"]), int(r["N"]), int(r["K"]))
+        table.setdefault(key, []).append((int(r["M"]), {p: int(r[p]) for p in CSV_PARAMS}, r["source"]))
+    for rows in table.values():
+        rows.sort(key=lambda r: r[0])
+    return table
+
+
+def tuned_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0):
+    """The Choice of the CSV row at the nearest tuned M >= M with the same key, if its config
+    is still registered."""
+    for m, cfg, source in tuned_table().get((arch, a_fmt, b_fmt, out, shuffled, N, K), ()):
+        if m >= M:
+            if cfg not in candidates(arch, a_fmt, b_fmt, out, shuffled):
+                return None
+            c = _forced(cfg, arch, a_fmt, b_fmt, out, shuffled)
+            return Choice(c.kernel, c.variant, f"tuned CSV row M={m} (source={source})", c.options)
+    return None
 
 
 CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})   # a forced tile and split count
@@ -134,7 +180,8 @@ def _plan(x) -> Plan:
     cfg = CONFIG.parse(x.config)
     shuffled = int(bool(x.shuffled_scales))
     if cfg is None:
-        choice = heuristic_config(arch, x.a_format, x.b_format, out, M, N, K, shuffled)
+        choice = (tuned_config(arch, x.a_format, x.b_format, out, M, N, K, shuffled)
+                  or heuristic_config(arch, x.a_format, x.b_format, out, M, N, K, shuffled))
     else:
         choice = _forced(cfg, arch, x.a_format, x.b_format, out, shuffled)
     variant, splits, why = choice.variant, choice.options["splits"], choice.why

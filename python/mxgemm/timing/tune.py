@@ -22,7 +22,13 @@ Families:
   shapes: the layers of mxgemm.timing.peers.grouped_fp8, all three passes; --shapes
   PASSxGxMxNxK, PASS fwd, dgrad or wgrad, m rows per group of weights [G, N, K]; candidates: the
   heuristic's config and each config one parameter away from it (op.candidates). A call finds its
-  row at its exact problem)."""
+  row at its exact problem).
+- mx_gemm (mx_gemm to bf16, the peer's output; python/mxgemm/configs/dense_mx_gfx950.csv; default
+  shapes: the cells of mxgemm.timing.peers.mx_gemm on pre-shuffled scales, the peer's input, then
+  on row-major scales; --shapes AxBxMxNxKxS, A and B the formats (e4m3, e2m1), S 1 for shuffled
+  scales; candidates: every registered tile (op.candidates). Timed over rounds of the whole grid,
+  as `python -m mxgemm time --vs-peers mx_gemm` times it. A call finds its row at the nearest
+  tuned M >= M with the same formats, scale layout, N and K)."""
 from __future__ import annotations
 
 import argparse
@@ -252,7 +258,83 @@ def _grouped_fp8():
                 run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 
 
-FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8, "grouped_fp8": _grouped_fp8}
+def _mx_gemm():
+    import functools
+
+    from .. import quant, reference
+    from ..ops import dense_mx as op
+    from .peers import mx_gemm as peer
+    out = "bf16"            # the peer's output
+
+    def shapes():
+        return [(c["a_fmt"], c["b_fmt"], c["M"], c["N"], c["K"], s) for s in (1, 0) for c in peer.cells()]
+
+    def label(kernel, cfg):
+        return ",".join(f"{k}={v}" for k, v in cfg.items())
+
+    @functools.lru_cache(maxsize=1)   # one shape's candidates, product and peer share its operands
+    def inputs(shape):
+        a_fmt, b_fmt, M, N, K, shuffled = shape
+        a, sa, b, sb = peer.operands(a_fmt, b_fmt, M, N, K)
+        return (a, sa, b, sb, *((quant.shuffle_scales(sa), quant.shuffle_scales(sb)) if shuffled else (sa, sb)))
+
+    def call(shape, cfg):
+        import mxgemm
+        a_fmt, b_fmt, M, N, _, shuffled = shape
+        a, _, b, _, xa, xb = inputs(shape)
+        c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        return lambda: mxgemm.mx_gemm(a, xa, b, xb, a_format=a_fmt, b_format=b_fmt, out=c, config=cfg,
+                                      shuffled_scales=bool(shuffled))
+
+    def run(shape, kernel, cfg):
+        _, us, _, t = peer.time_ours(call(shape, cfg), rounds=peer.ROUNDS)
+        return us, t["limiter"]
+
+    def product(shape, kernel, cfg):
+        """The config's whole output and the reference's, by blocks of rows (a whole 8192^3
+        reference holds its 64 fp32 K chunks at once)."""
+        from .. import launcher
+        a_fmt, b_fmt, M = shape[:3]
+        a, sa, b, sb = inputs(shape)[:4]
+        with launcher.emulator_settings(race_check=False):
+            got = call(shape, cfg)()
+        rows = max(1, 2 ** 22 // b.shape[0])
+        return got, torch.cat([reference.mx_gemm_ref(a[m:m + rows], sa[m:m + rows], b, sb, a_fmt, b_fmt,
+                                                     chunk=reference.MX_MMA_K) for m in range(0, M, rows)])
+
+    def run_peer(shape):
+        a_fmt, b_fmt = shape[:2]
+        a, sa, b, sb = inputs(shape)[:4]
+        theirs, t = peer.time_peer(a, sa, b, sb, a_fmt, b_fmt)
+        return t["us"], theirs
+
+    def fields(shape) -> dict:
+        a_fmt, b_fmt, M, N, K, shuffled = shape
+        return dict(arch=op.ARCH, M=M, a_format=a_fmt, b_format=b_fmt, out=out, shuffled=shuffled, N=N, K=K)
+
+    def heuristic(shape):
+        a_fmt, b_fmt, M, N, K, shuffled = shape
+        return None, op.heuristic_pick(op.ARCH, a_fmt, b_fmt, out, M, N, K, shuffled)
+
+    def row(shape, best, runner, peer_us):
+        us, _, cfg = best
+        return {**fields(shape), **cfg, **_timed(us, runner, peer_us, label)}
+
+    def table(rows):
+        return _markdown(["a", "b", "scales", "M", "N", "K"], lambda r: (
+            [r["a_format"], r["b_format"], "shuffled" if r["shuffled"] == "1" else "row-major", r["M"], r["N"], r["K"]],
+            f"{r['BM']} x {r['BN']}" + (f", {r['SPLITS']} K splits" if r["SPLITS"] != "1" else "")), rows)
+
+    def key(r):
+        return (r["arch"], r["a_format"], r["b_format"], r["out"], *(int(r[c]) for c in ("shuffled", "M", "N", "K")))
+
+    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS, key=key,
+                shape_key=lambda s: key(fields(s)), shapes=shapes,
+                candidates=lambda s: [(None, c) for c in op.candidates(op.ARCH, s[0], s[1], out, s[5])],
+                run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
+
+
+FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8, "grouped_fp8": _grouped_fp8, "mx_gemm": _mx_gemm}
 
 
 def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> list:
@@ -287,8 +369,7 @@ def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> lis
         agree += h_us <= best[0] * (1 + WITHIN)
         r = f["row"](shape, best, timed[1] if len(timed) > 1 else None, peer_us)
         rows.append(r)
-        kept[f["shape_key"](shape)] = r
-        tuned.write_rows(list(kept.values()), path, f["fields"])
+        tuned.put_row(r, path, f["fields"], f["key"])
         out(f"[{n}] {'x'.join(map(str, shape))}: {f['label'](*best[1:])} {best[0]:.2f} us; peer {peer_us:.2f} us "
             f"(x{peer_us / best[0]:.2f}{'' if peer_us > best[0] else ', PEER FASTER'}); heuristic "
             f"{h_us:.2f} us (x{h_us / best[0]:.3f}); {time.time() - t0:.0f} s")
