@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 
 import mxgemm
-from mxgemm import tuned
+from mxgemm import quant, reference, tuned
+from mxgemm.launcher import emulator_settings
+from mxgemm.ops import blockscale_grouped_gemm as bs
+from mxgemm.ops import dense_mx
 from mxgemm.ops import moe_mxfp8 as moe
 from mxgemm.ops import smallm_mxfp8 as op
 from mxgemm.ops import train_grouped_gemm as tgg
 from mxgemm.timing import tune
-from mxgemm.timing.peers import grouped_fp8, moe_mxfp8, smallm, time_ours
+from mxgemm.timing.peers import blockscale, grouped_fp8, moe_mxfp8, mx_gemm, smallm, time_ours
 
 
 def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(tmp_path, capsys):
@@ -133,3 +136,137 @@ def test_grouped_fp8_candidates_walk_one_parameter_from_the_heuristic():
     assert {(c["BM"], c["BN"]) for c in big} == tiles - {(64, 64)}
     assert {c["PERSISTENT"] for c in big} == set(tgg.PERSISTENT) and {c["GROUP_M"] for c in big} == {1, 2, 4}
     assert (64, 64) in {(c["BM"], c["BN"]) for c in tgg.candidates("NT", 2, 128, 64)}   # N under 128: the rule's
+
+
+def test_the_mx_gemm_tuner_writes_the_fastest_tile_with_the_runner_up_and_the_peer(tmp_path, capsys):
+    """MXFP4 on shuffled scales at M 96, N 64, K 512: every tile timed on its own gives the same
+    fastest and runner-up, the row carries the peer's time, and a second tuner's row for another
+    shape, written meanwhile, is kept."""
+    path = tmp_path / "mx.csv"
+    other = {f: "" for f in dense_mx.CSV_FIELDS} | dict(arch="gfx950", M="64", a_format="e4m3", b_format="e4m3",
+                                                         out="bf16", shuffled="0", N="64", K="128", BM="64", BN="64",
+                                                         SPLITS="1", source="heuristic")
+    tuned.write_rows([other], path, dense_mx.CSV_FIELDS)
+    M, N, K = 96, 64, 512
+    assert tune.main(["mx_gemm", "--shapes", f"e2m1xe2m1x{M}x{N}x{K}x1", "--out", str(path)]) == 0
+    assert "heuristic within 5 % of the best: " in capsys.readouterr().out
+    rows = tuned.read_rows(path)
+    assert rows[0] == other and len(rows) == 2
+    r = rows[1]
+    assert (r["a_format"], r["b_format"], r["out"], r["shuffled"], r["M"], r["N"], r["K"]) == \
+        ("e2m1", "e2m1", "bf16", "1", str(M), str(N), str(K))
+    a, sa, b, sb = mx_gemm.operands("e2m1", "e2m1", M, N, K)
+    xa, xb = quant.shuffle_scales(sa), quant.shuffle_scales(sb)
+    cands = dense_mx.candidates("gfx950", "e2m1", "e2m1", "bf16", 1)
+    assert [(c["BM"], c["BN"], c["SPLITS"]) for c in cands] == [(64, 64, 1), (128, 128, 1), (256, 128, 1)]
+    times = sorted((time_ours(lambda: mxgemm.mx_gemm(a, xa, b, xb, a_format="e2m1", b_format="e2m1", config=c,
+                                                     shuffled_scales=True), rounds=mx_gemm.ROUNDS)[1], i)
+                   for i, c in enumerate(cands))
+    (us, best), (runner_us, runner) = times[0], times[1]
+    assert {p: int(r[p]) for p in dense_mx.CSV_PARAMS} == cands[best] and r["source"] == "simulated"
+    assert float(r["us"]) == round(us, 2) and float(r["runner_up_us"]) == round(runner_us, 2)
+    assert r["runner_up"] == ",".join(f"{k}={v}" for k, v in cands[runner].items())
+    peer_us = mx_gemm.time_peer(a, sa, b, sb, "e2m1", "e2m1")[1]["us"]
+    assert float(r["peer_us"]) == round(peer_us, 2)
+
+
+def test_mx_gemm_runs_the_tuned_row_at_the_nearest_m_above(tmp_path, monkeypatch):
+    """A row (here 128 x 128, which the rule would not pick at these shapes) serves every M up to
+    its own with the same formats, scale layout, N and K; past it, or for another key, or when its
+    tile is no longer registered, the rule picks."""
+    path = tmp_path / "mx.csv"
+    row = dict(arch="gfx950", M=256, a_format="e4m3", b_format="e4m3", out="bf16", shuffled=0, N=256, K=512,
+               BM=128, BN=128, SPLITS=1, us="1.00", source="simulated")
+    stale = {**row, "M": 64, "N": 512, "BM": 32, "BN": 32}
+    tuned.write_rows([row, stale], path, dense_mx.CSV_FIELDS)
+    monkeypatch.setattr(dense_mx, "CONFIG_CSV", path)
+    dense_mx.tuned_table.cache_clear()
+    dense_mx.mx_gemm.clear_plans()
+    try:
+        def plan(M, N, fmt="e4m3"):
+            g = torch.Generator().manual_seed(1)
+            a, sa = quant.quantize_mx(torch.randn(M, 512, generator=g), "e4m3")
+            b, sb = quant.quantize_mx(torch.randn(N, 512, generator=g), fmt)
+            return mxgemm.explain("mx_gemm", a, sa, b, sb, b_format=fmt)
+        for M in (1, 100, 256):
+            p = plan(M, 256)
+            assert "tuned CSV row M=256 (source=simulated)" in p.reason and (p.variant["BM"], p.variant["BN"]) == \
+                (128, 128), p
+        for p in (plan(257, 256), plan(64, 512), plan(64, 256, "e2m1")):
+            assert "heuristic" in p.reason and p.variant["BM"] == 64, p
+        with emulator_settings(race_check=False):
+            g = torch.Generator().manual_seed(2)
+            a, sa = quant.quantize_mx(torch.randn(200, 512, generator=g), "e4m3")
+            b, sb = quant.quantize_mx(torch.randn(256, 512, generator=g), "e4m3")
+            got = mxgemm.mx_gemm(a, sa, b, sb)
+        assert torch.equal(got, reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K))
+    finally:
+        dense_mx.tuned_table.cache_clear()
+        dense_mx.mx_gemm.clear_plans()
+
+
+def test_every_mx_gemm_heuristic_pick_is_a_candidate():
+    for *fmts, out in (("e4m3", "e4m3", "bf16"), ("e2m1", "e2m1", "f32"), ("e4m3", "e2m1", "f32"),
+                       ("e2m3", "e5m2", "bf16")):      # FP6: bf16 out only
+        for M, N, K in ((1, 256, 4096), (64, 256, 4096), (1024, 1024, 1024), (8192, 8192, 8192)):
+            for shuffled in (0, 1) if out == "bf16" and fmts[0] == "e4m3" else (0,):
+                pick = dense_mx.heuristic_pick("gfx950", *fmts, out, M, N, K, shuffled)
+                assert pick in dense_mx.candidates("gfx950", *fmts, out, shuffled), (fmts, out, M, N, K, pick)
+    assert {c["SPLITS"] for c in dense_mx.candidates("gfx950", "e4m3", "e4m3", "f32")} == {1, 2}
+    assert {c["SPLITS"] for c in dense_mx.candidates("gfx950", "e4m3", "e4m3", "bf16")} == {1}
+
+
+def test_the_blockscale_tuner_writes_the_fastest_tile_as_the_peer_family_times_it(tmp_path, capsys):
+    """Contiguous, 2 groups of 100 rows (padded to 128), N 256, K 768: each tile timed by the peer
+    family's own run (the two sampled K, extrapolated) gives the same fastest, runner-up and peer
+    time; the row is keyed by the op's M (a's 256 rows)."""
+    path = tmp_path / "b.csv"
+    assert tune.main(["blockscale", "--shapes", "0x2x100x256x768", "--out", str(path)]) == 0
+    assert "heuristic within 5 % of the best: " in capsys.readouterr().out
+    (r,) = tuned.read_rows(path)
+    assert (r["family"], r["G"], r["M"], r["N"], r["K"]) == ("MASKED=0,OUT=bf16,UE8M0=0", "2", "256", "256", "768")
+    cell = dict(label="t", masked=False, G=2, m=100, N=256, K=768)
+    tiles = bs.candidates(256, dict(MASKED=0, UE8M0=0, OUT="bf16"))
+    assert tiles == [(64, 128), (128, 64), (128, 128)]
+    runs = [blockscale.run(cell, config=f"BM={bm},BN={bn}") for bm, bn in tiles]
+    (us, best), (runner_us, runner) = sorted((x["ours_us"], i) for i, x in enumerate(runs))[:2]
+    assert (int(r["BM"]), int(r["BN"])) == tiles[best] and r["source"] == "simulated"
+    assert float(r["us"]) == round(us, 2) and float(r["runner_up_us"]) == round(runner_us, 2)
+    assert r["runner_up"] == "BM={},BN={}".format(*tiles[runner])
+    assert float(r["peer_us"]) == round(runs[0]["peer_us"], 2)
+
+
+def test_deep_gemm_runs_the_tuned_tile_at_the_nearest_m_above(tmp_path, monkeypatch):
+    """Masked, 2 groups: a row (64 x 128, which the rule would not pick here) serves buffers of up
+    to its M rows with the same G, N and K; past it, for the contiguous family, or under a caller's
+    config, the rule or the config picks; the product is the reference's."""
+    path = tmp_path / "b.csv"
+    row = dict(family="MASKED=1,OUT=bf16,UE8M0=0", G=2, M=128, N=256, K=512, BM=64, BN=128, us="1.00",
+               source="simulated")
+    tuned.write_rows([row], path, bs.CSV_FIELDS)
+    monkeypatch.setattr(bs, "CONFIG_CSV", path)
+    bs.tuned_table.cache_clear()
+    bs.deep_gemm_fp8_grouped_gemm.clear_plans()
+    try:
+        def plan(m, masked=True, config=""):
+            a, sfa, b, sfb, layout = blockscale.operands(2, m, 256, 512, masked)
+            d = torch.zeros(*a.shape[:-1], 256, dtype=torch.bfloat16)
+            return mxgemm.explain("deep_gemm_fp8_grouped_gemm", a, sfa, b, sfb, layout, d, masked=masked,
+                                  config=config)
+        rule = plan(129).variant["BM"], plan(129).variant["BN"]
+        assert rule != (64, 128) and "tuned" not in plan(129).reason
+        for m in (1, 64, 128):
+            p = plan(m)
+            assert "tuned CSV row M=128 (source=simulated)" in p.reason and (p.variant["BM"], p.variant["BN"]) == \
+                (64, 128), p
+        assert "tuned" not in plan(64, masked=False).reason
+        assert "config given by the caller" in plan(64, config="BM=128,BN=128").reason
+        a, sfa, b, sfb, layout = blockscale.operands(2, 100, 256, 512, True, seed=4)
+        layout[1] = 37
+        with emulator_settings(race_check=False):
+            got = blockscale.ours(a, sfa, b, sfb, layout, True)
+        ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, layout)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-2)
+    finally:
+        bs.tuned_table.cache_clear()
+        bs.deep_gemm_fp8_grouped_gemm.clear_plans()

@@ -1,12 +1,17 @@
 """deep_gemm_fp8_grouped_gemm: DeepGEMM's FP8 and FP8 x FP4 block-scale grouped GEMMs (NT), and its
 unscaled BF16 grouped GEMMs, contiguous (m_indices or psum), and masked, on the blockscale_grouped_gemm FlyDSL
 kernel family.
-``mxgemm.deep_gemm`` exposes it under DeepGEMM's names and argument order."""
+``mxgemm.deep_gemm`` exposes it under DeepGEMM's names and argument order. Tile choice
+(``mxgemm.explain`` prints it): the caller's config, else the tuned CSV row (``python -m mxgemm
+tune blockscale``) of the same variant family, G, N and K at the nearest tuned M >= the call's
+(masked: rows of a group's buffer; contiguous: rows of a), else ``choose_tile``'s rule."""
 from __future__ import annotations
+
+import functools
 
 import torch
 
-from .. import guards, registry
+from .. import guards, registry, tuned
 from ._op import E8M0, NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, kernel_plan, op
 
 _KERNEL = registry.get("blockscale_grouped_gemm")
@@ -24,6 +29,9 @@ SMALL_TILE = (32, 32)              # for N % 64 != 0 only (and the emulator test
 
 
 CONFIG = ConfigGrammar("deep_gemm_fp8_grouped_gemm", {"BM": int, "BN": int}, required=True)
+ARCH, = _KERNEL.archs            # the one arch the tuned table is for
+CONFIG_CSV = tuned.table_path("blockscale_grouped_gemm", ARCH)
+CSV_FIELDS = ("family", "G", "M", "N", "K", "BM", "BN", "us", "source", "runner_up", "runner_up_us", "peer_us")
 
 
 def parse_config(config) -> tuple | None:
@@ -59,13 +67,53 @@ def choose_tile(N: int, m_tiles, tiles, config="") -> tuple:
     return (*best, f"no tile's grid fills {NUM_CUS} CUs: the most workgroups ({grid[best]})")
 
 
-def choose_variant(N: int, m_tiles, family: dict, config="") -> Choice:
-    """The Choice of the family's (every key but BM and BN) registered variants: its tile by choose_tile."""
-    tiles = [(v["BM"], v["BN"]) for v in _KERNEL.variants
-             if {k: x for k, x in v.items() if k not in ("BM", "BN")} == family]
+def family_tiles(family: dict) -> list:
+    """The registered tiles of a variant family (every key but BM and BN)."""
+    return [(v["BM"], v["BN"]) for v in _KERNEL.variants
+            if {k: x for k, x in v.items() if k not in ("BM", "BN")} == family]
+
+
+def family_text(family: dict) -> str:
+    """A variant family as the tuned table's key column, e.g. "MASKED=1,OUT=bf16,UE8M0=0"."""
+    return ",".join(f"{k}={v}" for k, v in sorted(family.items()))
+
+
+def candidates(N: int, family: dict) -> list:
+    """The tiles a tuner times: the family's registered tiles dividing N, the 32 x 32 one only
+    where no larger one does (as choose_tile)."""
+    fits = sorted({t for t in family_tiles(family) if N % t[1] == 0})
+    return [t for t in fits if t != SMALL_TILE] or fits
+
+
+@functools.lru_cache(maxsize=1)
+def tuned_table() -> dict:
+    """CSV rows keyed (family, G, N, K) -> list of (M, tile, source) by M. Read once."""
+    table: dict = {}
+    for r in tuned.read_rows(CONFIG_CSV):
+        key = (r["family"], *(int(r[c]) for c in "GNK"))
+        table.setdefault(key, []).append((int(r["M"]), (int(r["BM"]), int(r["BN"])), r["source"]))
+    for rows in table.values():
+        rows.sort(key=lambda r: r[0])
+    return table
+
+
+def tuned_tile(family: dict, G: int, M: int, N: int, K: int):
+    """(BM, BN, why) of the CSV row at the nearest tuned M >= M with the same key, if its tile is
+    still a candidate; else None."""
+    for m, tile, source in tuned_table().get((family_text(family), G, N, K), ()):
+        if m >= M:
+            return (*tile, f"tuned CSV row M={m} (source={source})") if tile in candidates(N, family) else None
+    return None
+
+
+def choose_variant(G: int, M: int, N: int, K: int, m_tiles, family: dict, config="") -> Choice:
+    """The Choice of the family's registered variants: the caller's config, else the tuned row,
+    else the tile of choose_tile (M: the tuned table's, module docstring)."""
+    tiles = family_tiles(family)
     if not tiles:
         guards.fail("variant", f"no registered variant for {family}: the FP4 and psum forms have bf16 out only")
-    bm, bn, why = choose_tile(N, m_tiles, tiles, config)
+    picked = tuned_tile(family, G, M, N, K) if parse_config(config) is None else None
+    bm, bn, why = picked or choose_tile(N, m_tiles, tiles, config)
     return Choice(_KERNEL.name, registry.find_variant(_KERNEL, BM=bm, BN=bn, **family), why)
 
 
@@ -166,7 +214,7 @@ def _plan(x) -> Plan:
                   **({"PSUM": 1} if psum else {}), **({"B_FMT": "e2m1"} if fp4 else {}),
                   **({"A_FMT": "bf16"} if bf16 else {}))
     row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))
-    choice = choose_variant(N, row_tiles, family, x.config)
+    choice = choose_variant(G, m_max if masked else rows, N, K, row_tiles, family, x.config)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
     scales = ("no scales, bf16 MFMAs" if bf16 else

@@ -28,7 +28,14 @@ Families:
   on row-major scales; --shapes AxBxMxNxKxS, A and B the formats (e4m3, e2m1), S 1 for shuffled
   scales; candidates: every registered tile (op.candidates). Timed over rounds of the whole grid,
   as `python -m mxgemm time --vs-peers mx_gemm` times it. A call finds its row at the nearest
-  tuned M >= M with the same formats, scale layout, N and K)."""
+  tuned M >= M with the same formats, scale layout, N and K).
+- blockscale (deep_gemm_fp8_grouped_gemm, e4m3 with fp32 block scales to bf16, the peer's;
+  python/mxgemm/configs/blockscale_grouped_gemm_gfx950.csv; default shapes: the cells of
+  mxgemm.timing.peers.blockscale; --shapes MASKEDxGxmxNxK, m rows per group; candidates: the
+  registered tiles dividing N (op.candidates). Each side is timed at the two K of
+  blockscale.K_SAMPLE and extrapolated to K, as `python -m mxgemm time --vs-peers blockscale`
+  does; the product is checked at the larger of them. A call finds its row at the nearest tuned
+  M >= M (masked: a group buffer's rows; contiguous: a's rows) with the same G, N and K)."""
 from __future__ import annotations
 
 import argparse
@@ -334,7 +341,96 @@ def _mx_gemm():
                 run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
 
 
-FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8, "grouped_fp8": _grouped_fp8, "mx_gemm": _mx_gemm}
+def _blockscale():
+    import functools
+
+    from .. import launcher, reference
+    from ..ops import blockscale_grouped_gemm as op
+    from .peers import blockscale as peer
+    family = dict(MASKED=0, UE8M0=0, OUT="bf16")     # the peer's: fp32 block scales, bf16 out
+
+    def shapes():
+        return [(int(c["masked"]), c["G"], c["m"], c["N"], c["K"]) for c in peer.cells()]
+
+    def label(kernel, tile):
+        return f"BM={tile[0]},BN={tile[1]}"
+
+    @functools.lru_cache(maxsize=2)     # a shape's two sampled K
+    def inputs(shape, K):
+        masked, G, m, N, _ = shape
+        return peer.operands(G, m, N, K, bool(masked))
+
+    def extrapolated(shape, time_at):
+        """time_at(K) -> (us, timing) at the two K of peer.K_SAMPLE, extrapolated linearly to the
+        shape's K (peer.run's method); the timing of the larger K."""
+        (us0, _), (us1, t) = (time_at(K) for K in peer.K_SAMPLE)
+        return us0 + (shape[4] - peer.K_SAMPLE[0]) / (peer.K_SAMPLE[1] - peer.K_SAMPLE[0]) * (us1 - us0), t
+
+    def config(tile):
+        return {"BM": tile[0], "BN": tile[1]}
+
+    def run(shape, kernel, tile):
+        def at(K):
+            _, us, _, t = peer.time_ours(lambda: peer.ours(*inputs(shape, K), bool(shape[0]), config(tile)),
+                                         rounds=peer.ROUNDS)
+            return us, t
+        us, t = extrapolated(shape, at)
+        return us, t["limiter"]
+
+    def product(shape, kernel, tile):
+        """The tile's whole output at the larger sampled K, and the reference's."""
+        a, sfa, b, sfb, layout = inputs(shape, peer.K_SAMPLE[1])
+        with launcher.emulator_settings(race_check=False):
+            got = peer.ours(a, sfa, b, sfb, layout, bool(shape[0]), config(tile))
+        if shape[0]:
+            return got, reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, layout)
+        return got, reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, layout)
+
+    def run_peer(shape):
+        outs = {}
+
+        def at(K):
+            outs[K], t = peer.time_peer(*inputs(shape, K), bool(shape[0]))
+            return t["us"], t
+        us, _ = extrapolated(shape, at)
+        theirs = outs[peer.K_SAMPLE[1]]
+        return us, theirs.masked_fill(theirs == 0, float("nan"))    # zeros: rows the peer did not store
+
+    def rows(shape):
+        """The op's M of the shape (masked: a group buffer's rows; contiguous: a's rows, padded)."""
+        masked, G, m = shape[:3]
+        return m if masked else G * -(-m // op.M_ALIGN) * op.M_ALIGN
+
+    def fields(shape) -> dict:
+        masked, G, _, N, K = shape
+        return dict(family=op.family_text({**family, "MASKED": masked}), G=G, M=rows(shape), N=N, K=K)
+
+    def heuristic(shape):
+        masked, G, m, N, _ = shape
+        tiles = op.family_tiles({**family, "MASKED": masked})
+        m_tiles = (lambda bm: G * -(-m // bm)) if masked else (lambda bm: -(-rows(shape) // bm))
+        return None, op.choose_tile(N, m_tiles, tiles)[:2]
+
+    def row(shape, best, runner, peer_us):
+        us, _, tile = best
+        return {**fields(shape), **config(tile), **_timed(us, runner, peer_us, label)}
+
+    def table(rows_):
+        return _markdown(["layout", "G", "M", "N", "K"], lambda r: (
+            ["masked" if "MASKED=1" in r["family"] else "contiguous", r["G"], r["M"], r["N"], r["K"]],
+            f"{r['BM']} x {r['BN']}"), rows_)
+
+    def key(r):
+        return (r["family"], *(int(r[c]) for c in "GMNK"))
+
+    return dict(csv=op.CONFIG_CSV, table=table, fields=op.CSV_FIELDS, key=key,
+                shape_key=lambda s: key(fields(s)), shapes=shapes,
+                candidates=lambda s: [(None, t) for t in op.candidates(s[3], {**family, "MASKED": s[0]})],
+                run=run, product=product, run_peer=run_peer, heuristic=heuristic, row=row, label=label)
+
+
+FAMILIES = {"smallm": _smallm, "moe_mxfp8": _moe_mxfp8, "grouped_fp8": _grouped_fp8, "mx_gemm": _mx_gemm,
+            "blockscale": _blockscale}
 
 
 def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> list:
