@@ -16,17 +16,34 @@ from mxgemm.timing import tune
 from mxgemm.timing.peers import blockscale, grouped_fp8, moe_mxfp8, mx_gemm, smallm, time_ours
 
 
-def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(tmp_path, capsys):
-    path = tmp_path / "t.csv"
-    other = {f: "" for f in op.CSV_FIELDS} | dict(arch="gfx950", M="1", N="1280", K="8192",
-                                                   kernel=op.GEMV, M_TILE="1", N_SUB="1", source="heuristic")
-    tuned.write_rows([other], path, op.CSV_FIELDS)
-    M, N, K = 9, 256, 512
-    assert tune.main(["smallm", "--shapes", f"{M}x{N}x{K}", "--out", str(path)]) == 0
+def _tuned_beside(path, capsys, fields, other, argv) -> dict:
+    """Tunes argv's one shape into a table holding a row of another shape (``other``) -> the new
+    row, after checking that the other row is kept ahead of it and the heuristic was judged."""
+    other = {f: "" for f in fields} | other
+    tuned.write_rows([other], path, fields)
+    assert tune.main([*argv, "--out", str(path)]) == 0
     assert "heuristic within 5 % of the best: " in capsys.readouterr().out
     rows = tuned.read_rows(path)
     assert rows[0] == other and len(rows) == 2
-    r = rows[1]
+    return rows[1]
+
+
+def test_a_row_replaces_its_key_in_place_and_keeps_rows_written_since(tmp_path):
+    """put_row re-reads the table: rows another tuner wrote after this one started are kept."""
+    path, fields = tmp_path / "p.csv", ("k", "v")
+    tuned.put_row({"k": "a", "v": "1"}, path, fields, key=lambda r: r["k"])
+    tuned.write_rows([{"k": "a", "v": "1"}, {"k": "b", "v": "2"}], path, fields)    # another tuner's row
+    tuned.put_row({"k": "c", "v": "3"}, path, fields, key=lambda r: r["k"])
+    tuned.put_row({"k": "a", "v": "4"}, path, fields, key=lambda r: r["k"])
+    assert tuned.read_rows(path) == [{"k": "a", "v": "4"}, {"k": "b", "v": "2"}, {"k": "c", "v": "3"}]
+
+
+def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    M, N, K = 9, 256, 512
+    r = _tuned_beside(path, capsys, op.CSV_FIELDS, dict(arch="gfx950", M="1", N="1280", K="8192", kernel=op.GEMV,
+                                                        M_TILE="1", N_SUB="1", source="heuristic"),
+                      ["smallm", "--shapes", f"{M}x{N}x{K}"])
     # each candidate timed on its own, outside the tuner: the same model gives the same times
     a, sa, b, sb = smallm.operands(M, N, K)
     times = sorted((time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config={"kernel": k, **v}),
@@ -140,19 +157,12 @@ def test_grouped_fp8_candidates_walk_one_parameter_from_the_heuristic():
 
 def test_the_mx_gemm_tuner_writes_the_fastest_tile_with_the_runner_up_and_the_peer(tmp_path, capsys):
     """MXFP4 on shuffled scales at M 96, N 64, K 512: every tile timed on its own gives the same
-    fastest and runner-up, the row carries the peer's time, and a second tuner's row for another
-    shape, written meanwhile, is kept."""
-    path = tmp_path / "mx.csv"
-    other = {f: "" for f in dense_mx.CSV_FIELDS} | dict(arch="gfx950", M="64", a_format="e4m3", b_format="e4m3",
-                                                         out="bf16", shuffled="0", N="64", K="128", BM="64", BN="64",
-                                                         SPLITS="1", source="heuristic")
-    tuned.write_rows([other], path, dense_mx.CSV_FIELDS)
+    fastest and runner-up, and the row carries the peer's time."""
     M, N, K = 96, 64, 512
-    assert tune.main(["mx_gemm", "--shapes", f"e2m1xe2m1x{M}x{N}x{K}x1", "--out", str(path)]) == 0
-    assert "heuristic within 5 % of the best: " in capsys.readouterr().out
-    rows = tuned.read_rows(path)
-    assert rows[0] == other and len(rows) == 2
-    r = rows[1]
+    r = _tuned_beside(tmp_path / "mx.csv", capsys, dense_mx.CSV_FIELDS,
+                      dict(arch="gfx950", M="64", a_format="e4m3", b_format="e4m3", out="bf16", shuffled="0", N="64",
+                           K="128", BM="64", BN="64", SPLITS="1", source="heuristic"),
+                      ["mx_gemm", "--shapes", f"e2m1xe2m1x{M}x{N}x{K}x1"])
     assert (r["a_format"], r["b_format"], r["out"], r["shuffled"], r["M"], r["N"], r["K"]) == \
         ("e2m1", "e2m1", "bf16", "1", str(M), str(N), str(K))
     a, sa, b, sb = mx_gemm.operands("e2m1", "e2m1", M, N, K)
