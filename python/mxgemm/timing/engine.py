@@ -10,8 +10,8 @@ CU's LDS pipe (bank-conflict cycles, then ``lds_latency``). Global memory goes t
 address unit (cycles per instruction by its width) and L1, the XCD's L2 (a queue per channel,
 lines hashed over them) and the XCD's share of the MALL
 (LRU caches of lines, addresses from the run) to HBM, each level with its latency, the fabric
-to the MALL and HBM a bandwidth queue each; atomics are applied in the L2 channel, a lane at a
-time; ``s_waitcnt`` waits for the counted operations to
+to the MALL and HBM a bandwidth queue each; atomics are applied in the L2 channel at
+``atomic_cycles`` a lane; ``s_waitcnt`` waits for the counted operations to
 complete in issue order (gfx1250: its split counters, and tensor data mover ops as DMA
 through the same memory levels, §7); ``s_barrier`` for the workgroup's waves. Workgroups are dispatched
 round-robin over the XCDs and, on one, to CUs as slots free (occupancy from registers, LDS and

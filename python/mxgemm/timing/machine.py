@@ -40,7 +40,7 @@ class Machine:
     l2_latency: int
     l2_bytes_per_clk: float     # per XCD, split evenly over its channels
     l2_channels: int            # per XCD; a line's channel: engine.l2_channel (assumed hash)
-    atomic_cycles: int          # an L2 channel's atomic unit, per lane operation on a line
+    atomic_cycles: float        # an L2 channel's atomic unit: clocks per lane operation on a line
     mall_bytes: int             # Infinity Cache, whole chip (each XCD gets an equal share)
     mall_latency: int
     mall_bytes_per_s: float     # whole chip: the fabric from the XCDs to the MALL
@@ -63,7 +63,7 @@ MI355X = Machine(
     **_chip("gfx950"), xcds=8, loaded_clock_ghz=2.0, valu_cycles=VALU_CYCLES, trans_cycles=16,
     smem_latency=48, lds_latency=51, lds_bytes_per_clk=256, line_bytes=128, ta_cycles=4, ta_multi_cycles=16,
     l1_bytes=32 * 1024, l1_latency=116, l1_bytes_per_clk=64,
-    l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0, l2_channels=16, atomic_cycles=1,
+    l2_bytes=4 * 1024 * 1024, l2_latency=256, l2_bytes_per_clk=1024.0, l2_channels=16, atomic_cycles=0.5,
     mall_bytes=256 * 1024 * 1024, mall_latency=720, mall_bytes_per_s=8.0e12 * 0.8 * 5.4 / 3.7,
     hbm_latency=900, hbm_bytes_per_s=8.0e12 * 0.8, barrier_latency=16)
 

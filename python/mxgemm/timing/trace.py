@@ -43,7 +43,7 @@ class Tracer:
 
     def vmem(self, addr, mask, bases) -> None:
         """A global access of the current instruction: its distinct cache lines and the lanes
-        on each (an atomic unit applies one lane at a time). Lines are counted from the start of
+        on each (an atomic unit applies them lane by lane). Lines are counted from the start of
         each buffer (``bases``: the mapped buffers' sorted starts), as if every buffer were line
         aligned, as GPU allocations are: host tensors are not, and their addresses change from
         run to run. The emulator may report an instruction's lanes in several calls (an atomic:
