@@ -458,11 +458,11 @@ def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> lis
             continue
         timed.sort(key=lambda t: t[0])
         best = timed[0]
-        mine, ref, rows = (*f["product"](shape, *best[1:]), slice(None))[:3]
-        mine = mine[rows]
+        mine, ref, checked = (*f["product"](shape, *best[1:]), slice(None))[:3]
+        mine = mine[checked]
         torch.testing.assert_close(mine.float(), ref.float(), rtol=2 ** -7, atol=1e-2)
         peer_us, theirs = f["run_peer"](shape)
-        theirs = theirs[rows]
+        theirs = theirs[checked]
         wrote = ~theirs.isnan()
         assert wrote.any(), f"{shape}: the peer's simulated workgroups wrote nothing the product check holds"
         torch.testing.assert_close(theirs[wrote].float(), mine[wrote].float(), rtol=2 ** -7, atol=1e-2)
