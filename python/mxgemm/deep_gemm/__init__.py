@@ -17,9 +17,9 @@ DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j i
 of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them.
 ``compiled_dims`` and ``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing
 here; ``config`` (mxgemm's, after DeepGEMM's arguments) picks the tile, else the tuned table
-or ``choose_tile`` (ops/blockscale_grouped_gemm.py). FP4 b (int8 / uint8 [G, N, K/2], two e2m1 per byte, element 2i in the low
-nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b (1, 32): one scale per row
-of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
+or ``choose_tile`` (ops/blockscale_grouped_gemm.py). FP4 b (int8 / uint8 [G, N, K/2], two e2m1 per
+byte, element 2i in the low nibble: per_token_cast_to_fp4) takes recipe_a (1, 128) and recipe_b
+(1, 32): one scale per row of b and 32-K block, fp32 (cast to UE8M0: the exponent field) or UE8M0 bytes / packed int32.
 Contiguous layouts: m_indices (a group per row, -1 padding) or, with ``use_psum_layout``, DeepGEMM's
 psum layout (grouped_layout [G] = each group's end row; group g starts at the previous end aligned
 to 128, the only alignment the psum kernel serves; any number of groups). Padding rows of d: with
