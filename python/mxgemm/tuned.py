@@ -25,6 +25,22 @@ def read_rows(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def by_size(path, key, size: str, value) -> dict:
+    """The table's rows as {key(row): [(int(row[size]), value(row), row["source"]), ...]}, each
+    list in increasing size (planners take the row at the nearest tuned size at or above a call's)."""
+    table: dict = {}
+    for r in read_rows(path):
+        table.setdefault(key(r), []).append((int(r[size]), value(r), r["source"]))
+    for rows in table.values():
+        rows.sort(key=lambda r: r[0])
+    return table
+
+
+def at_or_above(rows, size: int):
+    """The first (size, value, source) of ``rows`` (by_size's list) at or above ``size``, else None."""
+    return next((r for r in rows if r[0] >= size), None)
+
+
 def write_rows(rows, path, fields) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:

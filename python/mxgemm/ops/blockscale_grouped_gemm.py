@@ -88,22 +88,17 @@ def candidates(N: int, family: dict) -> list:
 @functools.lru_cache(maxsize=1)
 def tuned_table() -> dict:
     """CSV rows keyed (family, G, N, K) -> list of (M, tile, source) by M. Read once."""
-    table: dict = {}
-    for r in tuned.read_rows(CONFIG_CSV):
-        key = (r["family"], *(int(r[c]) for c in "GNK"))
-        table.setdefault(key, []).append((int(r["M"]), (int(r["BM"]), int(r["BN"])), r["source"]))
-    for rows in table.values():
-        rows.sort(key=lambda r: r[0])
-    return table
+    return tuned.by_size(CONFIG_CSV, lambda r: (r["family"], *(int(r[c]) for c in "GNK")), "M",
+                         lambda r: (int(r["BM"]), int(r["BN"])))
 
 
 def tuned_tile(family: dict, G: int, M: int, N: int, K: int):
     """(BM, BN, why) of the CSV row at the nearest tuned M >= M with the same key, if its tile is
     still a candidate; else None."""
-    for m, tile, source in tuned_table().get((family_text(family), G, N, K), ()):
-        if m >= M:
-            return (*tile, f"tuned CSV row M={m} (source={source})") if tile in candidates(N, family) else None
-    return None
+    row = tuned.at_or_above(tuned_table().get((family_text(family), G, N, K), ()), M)
+    if row is None or row[1] not in candidates(N, family):
+        return None
+    return (*row[1], f"tuned CSV row M={row[0]} (source={row[2]})")
 
 
 def choose_variant(G: int, M: int, N: int, K: int, m_tiles, family: dict, config="") -> Choice:

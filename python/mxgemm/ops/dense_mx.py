@@ -89,25 +89,19 @@ def heuristic_pick(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0) -> dict:
 @functools.lru_cache(maxsize=1)
 def tuned_table() -> dict:
     """CSV rows keyed (arch, *CSV_KEY) -> list of (M, config, source) by M. Read once."""
-    table: dict = {}
-    for r in tuned.read_rows(CONFIG_CSV):
-        key = (r["arch"], r["a_format"], r["b_format"], r["out"], int(r["shuffled"]), int(r["N"]), int(r["K"]))
-        table.setdefault(key, []).append((int(r["M"]), {p: int(r[p]) for p in CSV_PARAMS}, r["source"]))
-    for rows in table.values():
-        rows.sort(key=lambda r: r[0])
-    return table
+    return tuned.by_size(CONFIG_CSV, lambda r: (r["arch"], r["a_format"], r["b_format"], r["out"],
+                                                *(int(r[c]) for c in ("shuffled", "N", "K"))),
+                         "M", lambda r: {p: int(r[p]) for p in CSV_PARAMS})
 
 
 def tuned_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0):
     """The Choice of the CSV row at the nearest tuned M >= M with the same key, if its config
     is still registered."""
-    for m, cfg, source in tuned_table().get((arch, a_fmt, b_fmt, out, shuffled, N, K), ()):
-        if m >= M:
-            if cfg not in candidates(arch, a_fmt, b_fmt, out, shuffled):
-                return None
-            c = _forced(cfg, arch, a_fmt, b_fmt, out, shuffled)
-            return Choice(c.kernel, c.variant, f"tuned CSV row M={m} (source={source})", c.options)
-    return None
+    row = tuned.at_or_above(tuned_table().get((arch, a_fmt, b_fmt, out, shuffled, N, K), ()), M)
+    if row is None or row[1] not in candidates(arch, a_fmt, b_fmt, out, shuffled):
+        return None
+    c = _forced(row[1], arch, a_fmt, b_fmt, out, shuffled)
+    return Choice(c.kernel, c.variant, f"tuned CSV row M={row[0]} (source={row[2]})", c.options)
 
 
 CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})   # a forced tile and split count

@@ -32,26 +32,19 @@ def candidates(K: int, block_m: int) -> list:
 @functools.lru_cache(maxsize=1)
 def tuned_table() -> dict:
     """CSV rows keyed (arch, *CSV_KEY) -> list of (tokens, variant, source) by tokens. Read once."""
-    table: dict = {}
-    for row in tuned.read_rows(CONFIG_CSV):
-        key = (row["arch"], *(int(row[c]) for c in CSV_KEY))
-        table.setdefault(key, []).append((int(row["tokens"]), {p: int(row[p]) for p in CSV_PARAMS}, row["source"]))
-    for rows in table.values():
-        rows.sort(key=lambda r: r[0])
-    return table
+    return tuned.by_size(CONFIG_CSV, lambda r: (r["arch"], *(int(r[c]) for c in CSV_KEY)), "tokens",
+                         lambda r: {p: int(r[p]) for p in CSV_PARAMS})
 
 
 def tuned_config(tokens: int, experts: int, topk: int, per_route_a: bool, N: int, K: int, block_m: int,
                  arch: str = ARCH):
     """The Choice of the CSV row at the nearest tuned token count >= tokens with the same key, if
     its variant runs K and block_m."""
-    for t, variant, source in tuned_table().get((arch, experts, topk, int(per_route_a), N, K, block_m), ()):
-        if t >= tokens:
-            if variant in candidates(K, block_m):
-                return Choice(MOE, variant, f"tuned CSV row tokens={t} experts={experts} topk={topk} N={N} K={K} "
-                                            f"(source={source})")
-            return None
-    return None
+    row = tuned.at_or_above(tuned_table().get((arch, experts, topk, int(per_route_a), N, K, block_m), ()), tokens)
+    if row is None or row[1] not in candidates(K, block_m):
+        return None
+    return Choice(MOE, row[1], f"tuned CSV row tokens={row[0]} experts={experts} topk={topk} N={N} K={K} "
+                               f"(source={row[2]})")
 
 
 def moe_heuristic_config(num_tokens: int, N: int, K: int, block_m: int, live_blocks: int):
