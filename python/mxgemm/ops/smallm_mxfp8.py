@@ -81,14 +81,9 @@ def _variant_of(row: dict) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def tuned_table() -> dict:
-    """CSV rows keyed (arch, N, K) -> sorted list of (M, kernel, variant, source). Read once."""
-    table: dict = {}
-    for row in tuned.read_rows(CONFIG_CSV):
-        key = (row["arch"], int(row["N"]), int(row["K"]))
-        table.setdefault(key, []).append((int(row["M"]), row["kernel"], _variant_of(row), row["source"]))
-    for rows in table.values():
-        rows.sort(key=lambda r: r[0])
-    return table
+    """CSV rows keyed (arch, N, K) -> list of (M, (kernel, variant), source) by M. Read once."""
+    return tuned.by_size(CONFIG_CSV, lambda r: (r["arch"], int(r["N"]), int(r["K"])), "M",
+                         lambda r: (r["kernel"], _variant_of(r)))
 
 
 def serves(kernel: str, M: int, K: int) -> bool:
@@ -112,12 +107,11 @@ def candidates(M: int, N: int, K: int) -> list:
 def tuned_config(M: int, N: int, K: int, arch: str = ARCH):
     """The Choice of the CSV row for the nearest tuned M >= M with the same (N, K), if its kernel
     serves M."""
-    for m, kernel, variant, source in tuned_table().get((arch, N, K), ()):
-        if m >= M:
-            if serves(kernel, M, K):
-                return Choice(kernel, variant, f"tuned CSV row M={m} N={N} K={K} (source={source})")
-            return None
-    return None
+    row = tuned.at_or_above(tuned_table().get((arch, N, K), ()), M)
+    if row is None or not serves(row[1][0], M, K):
+        return None
+    (kernel, variant), m = row[1], row[0]
+    return Choice(kernel, variant, f"tuned CSV row M={m} N={N} K={K} (source={row[2]})")
 
 
 CONFIG = ConfigGrammar("smallm_mxfp8_gemm", {"kernel": str, **{p: int for p in CSV_PARAMS}})
