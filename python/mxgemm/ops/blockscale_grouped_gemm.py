@@ -101,6 +101,11 @@ def tuned_tile(family: dict, G: int, M: int, N: int, K: int):
     return (*row[1], f"tuned CSV row M={row[0]} (source={row[2]})")
 
 
+def row_tiles(masked: bool, G: int, M: int):
+    """bm -> the grid's row tiles (masked: G buffers of M rows each; contiguous: M rows)."""
+    return (lambda bm: G * -(-M // bm)) if masked else (lambda bm: -(-M // bm))
+
+
 def choose_variant(G: int, M: int, N: int, K: int, m_tiles, family: dict, config="") -> Choice:
     """The Choice of the family's registered variants: the caller's config, else the tuned row,
     else the tile of choose_tile (M: the tuned table's, module docstring)."""
@@ -208,8 +213,8 @@ def _plan(x) -> Plan:
     family = dict(MASKED=int(masked), UE8M0=int(ue8m0), OUT="bf16" if out.dtype == torch.bfloat16 else "f16",
                   **({"PSUM": 1} if psum else {}), **({"B_FMT": "e2m1"} if fp4 else {}),
                   **({"A_FMT": "bf16"} if bf16 else {}))
-    row_tiles = (lambda bm: G * -(-m_max // bm)) if masked else (lambda bm: -(-rows // bm))
-    choice = choose_variant(G, m_max if masked else rows, N, K, row_tiles, family, x.config)
+    m_tiles = row_tiles(masked, G, m_max if masked else rows)
+    choice = choose_variant(G, m_max if masked else rows, N, K, m_tiles, family, x.config)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
     scales = ("no scales, bf16 MFMAs" if bf16 else
@@ -220,7 +225,7 @@ def _plan(x) -> Plan:
     operands = "bf16" if bf16 else "e4m3 x e2m1" if fp4 else "e4m3"
     return kernel_plan("deep_gemm_fp8_grouped_gemm", _KERNEL.name, variant, device,
                        f"{layout}, {operands}, {scales}, {bm}x{bn} tile ({why})",
-                       N=N, K=K, m_tiles=row_tiles(bm), rows=rows, m_max=m_max, groups=G,
+                       N=N, K=K, m_tiles=m_tiles(bm), rows=rows, m_max=m_max, groups=G,
                        zero_pad=int(bool(x.zero_padding)),
                        **dict(zip(("sfa_sg", "sfa_sm", "sfa_sk4", "sfa_sk1"), sfa_st)),
                        **dict(zip(("sfb_sg", "sfb_sn", "sfb_sk4", "sfb_sk1"), sfb_st)),

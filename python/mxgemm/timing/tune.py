@@ -409,10 +409,9 @@ def _blockscale():
         return dict(family=op.family_text({**family, "MASKED": masked}), G=G, M=rows(shape), N=N, K=K)
 
     def heuristic(shape):
-        masked, G, m, N, _ = shape
+        masked, G, _, N, _ = shape
         tiles = op.family_tiles({**family, "MASKED": masked})
-        m_tiles = (lambda bm: G * -(-m // bm)) if masked else (lambda bm: -(-rows(shape) // bm))
-        return None, op.choose_tile(N, m_tiles, tiles)[:2]
+        return None, op.choose_tile(N, op.row_tiles(masked, G, rows(shape)), tiles)[:2]
 
     def row(shape, best, runner, peer_us):
         us, _, tile = best
