@@ -238,7 +238,8 @@ def test_config_csv_rows_are_valid_and_match_the_documented_heuristic():
     for r in rows:
         M, N, K = int(r["M"]), int(r["N"]), int(r["K"])
         kernel, variant = r["kernel"], op._variant_of(r)
-        assert variant in registry.get(kernel).variants, r
+        choice = op.choice_of(kernel, variant, "")
+        assert choice.variant in registry.get(choice.kernel).variants, r
         assert op.serves(kernel, M, K), r
         assert r["source"] in ("heuristic", "measured", "simulated"), r
         if r["source"] == "heuristic":
@@ -351,6 +352,12 @@ def test_guard_m_range():
 def test_guard_unknown_config():
     a, sa, b, sb = operands(1, 128, 256)
     _rejects("config", a, sa, b, sb, _out(1, 128), config={"kernel": GEMV, "M_TILE": 3, "N_SUB": 1})
+    assert "tile 48x64" in _rejects("config", a, sa, b, sb, _out(1, 128),
+                                    config={"kernel": op.DENSE, "BM": 48, "BN": 64})
+    assert "BM and BN" in _rejects("config", a, sa, b, sb, _out(1, 128),
+                                   config={"kernel": op.DENSE, "BM": 64, "BN": 64, "M_TILE": 1})
+    a, sa, b, sb = operands(1, 144, 256)            # N % 32 != 0: mx_gemm cannot take it
+    _rejects("N%32", a, sa, b, sb, _out(1, 144), config={"kernel": op.DENSE, "BM": 64, "BN": 64})
 
 
 # ------------------------------------------------------------------------------------------

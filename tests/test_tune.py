@@ -48,7 +48,7 @@ def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(t
     a, sa, b, sb = smallm.operands(M, N, K)
     times = sorted((time_ours(lambda: mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config={"kernel": k, **v}),
                               rounds=smallm.ROUNDS)[1], k, v) for k, v in op.candidates(M, N, K))
-    assert len(times) == 4
+    assert len(times) == 5 and (op.DENSE, {"BM": 64, "BN": 64}) in [t[1:] for t in times]
     (us, kernel, variant), runner = times[0], times[1]
     assert (r["kernel"], op._variant_of(r), r["source"]) == (kernel, variant, "simulated")
     assert float(r["us"]) == round(us, 2) and float(r["runner_up_us"]) == round(runner[0], 2)
@@ -178,6 +178,34 @@ def test_the_mx_gemm_tuner_writes_the_fastest_tile_with_the_runner_up_and_the_pe
     assert r["runner_up"] == ",".join(f"{k}={v}" for k, v in cands[runner].items())
     peer_us = mx_gemm.time_peer(a, sa, b, sb, "e2m1", "e2m1")[1]["us"]
     assert float(r["peer_us"]) == round(peer_us, 2)
+
+
+def test_smallm_runs_a_tuned_mx_gemm_row_bitwise_as_mx_gemm(tmp_path, monkeypatch):
+    """A smallm row may name mx_gemm's tile (the tuner times it beside the small-M kernels): M up
+    to the row's runs it, bitwise mx_gemm_ref at its 128-K chunks; a caller may force it too."""
+    path = tmp_path / "s.csv"
+    row = dict(arch="gfx950", M=64, N=256, K=512, kernel=op.DENSE, BM=64, BN=64, us="1.00", source="simulated")
+    tuned.write_rows([row], path, op.CSV_FIELDS)
+    monkeypatch.setattr(op, "CONFIG_CSV", path)
+    op.tuned_table.cache_clear()
+    op.smallm_mxfp8_gemm.clear_plans()
+    try:
+        a, sa, b, sb = smallm.operands(33, 256, 512)
+        p = mxgemm.explain("smallm_mxfp8_gemm", a, sa, b, sb)
+        assert p.kernel == op.DENSE and "tuned CSV row M=64 " in p.reason and (p.variant["BM"], p.variant["BN"]) == \
+            (64, 64), p
+        want = reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K)
+        with emulator_settings(race_check=False):
+            got = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, fallback="error")
+            forced = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, config={"kernel": op.DENSE, "BM": 64, "BN": 64},
+                                              fallback="error")
+        assert torch.equal(got, want) and torch.equal(forced, want)
+        assert mxgemm.explain("smallm_mxfp8_gemm", *smallm.operands(65, 256, 512)).kernel == op.DENSE
+        a, sa, b, sb = smallm.operands(33, 256, 640)          # another K: no row, the rule
+        assert mxgemm.explain("smallm_mxfp8_gemm", a, sa, b, sb).kernel == op.MFMA
+    finally:
+        op.tuned_table.cache_clear()
+        op.smallm_mxfp8_gemm.clear_plans()
 
 
 def test_mx_gemm_runs_the_tuned_row_at_the_nearest_m_above(tmp_path, monkeypatch):

@@ -100,14 +100,15 @@ def tuned_config(arch, a_fmt, b_fmt, out, M, N, K, shuffled=0):
     row = tuned.at_or_above(tuned_table().get((arch, a_fmt, b_fmt, out, shuffled, N, K), ()), M)
     if row is None or row[1] not in candidates(arch, a_fmt, b_fmt, out, shuffled):
         return None
-    c = _forced(row[1], arch, a_fmt, b_fmt, out, shuffled)
+    c = configured(row[1], arch, a_fmt, b_fmt, out, shuffled)
     return Choice(c.kernel, c.variant, f"tuned CSV row M={row[0]} (source={row[2]})", c.options)
 
 
 CONFIG = ConfigGrammar("mx_gemm", {"BM": int, "BN": int, "SPLITS": int})   # a forced tile and split count
 
 
-def _forced(cfg, arch, a_fmt, b_fmt, out, shuffled=0):
+def configured(cfg, arch, a_fmt, b_fmt, out, shuffled=0):
+    """The Choice of a config (BM, BN, SPLITS; unset: any registered value, 1 split)."""
     splits = cfg.get("SPLITS", 1)
     if not 1 <= splits <= MAX_SPLITS:
         guards.fail("config", f"SPLITS = {splits} must be in 1..{MAX_SPLITS}")
@@ -177,7 +178,7 @@ def _plan(x) -> Plan:
         choice = (tuned_config(arch, x.a_format, x.b_format, out, M, N, K, shuffled)
                   or heuristic_config(arch, x.a_format, x.b_format, out, M, N, K, shuffled))
     else:
-        choice = _forced(cfg, arch, x.a_format, x.b_format, out, shuffled)
+        choice = configured(cfg, arch, x.a_format, x.b_format, out, shuffled)
     variant, splits, why = choice.variant, choice.options["splits"], choice.why
     # The kernel rebases every buffer to its tile: a 32-bit voffset spans BM (BN) rows.
     for n, rows, row_bytes in (("a", variant["BM"], x.a.shape[1]), ("b", variant["BN"], x.b.shape[1]),

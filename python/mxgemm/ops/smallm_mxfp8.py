@@ -3,10 +3,10 @@
 Kernels (registry): smallm_mxfp8_gemv and smallm_mxfp8_mfma (csrc/kernels/smallm_mxfp8.hip);
 their M envelopes and K alignments are registry facts. Kernel choice (``mxgemm.explain``
 prints it): a tuned CSV row for (arch, M, N, K) if one exists (exact M, else the nearest tuned
-M above with the same N, K), else the rule of ``heuristic_config``. M above the small-M
-envelope runs the prefill kernel mx_gemm (ops/dense_mx.py) when it takes the shape (K % 128,
-N % 32); other out-of-envelope calls run the fallback of ``ops/_mxfp8.py`` unless
-``fallback="error"``. Malformed calls (dtype, shape,
+M above with the same N, K), else the rule of ``heuristic_config``. A row may name the prefill
+kernel mx_gemm (ops/dense_mx.py, its BM x BN tile), which the tuner also times where it takes
+the shape (K % 128, N % 32); M above the small-M envelope runs mx_gemm by rule. Other
+out-of-envelope calls run the fallback of ``ops/_mxfp8.py`` unless ``fallback="error"``. Malformed calls (dtype, shape,
 K % 32, contiguity, device) always raise, before any launch.
 """
 from __future__ import annotations
@@ -20,11 +20,12 @@ from . import _mxfp8 as mx
 from . import dense_mx
 from ._op import NUM_CUS, Choice, ConfigGrammar, Plan, empty_plan, op
 
-GEMV, MFMA = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma"
+GEMV, MFMA, DENSE = "smallm_mxfp8_gemv", "smallm_mxfp8_mfma", dense_mx.KERNEL.name
 _GEMV, _MFMA = registry.get(GEMV), registry.get(MFMA)
 ARCH, = set(_GEMV.archs) | set(_MFMA.archs)   # the family's one arch: the CSV is tuned for it
 CONFIG_CSV = tuned.table_path("smallm_mxfp8", ARCH)
-CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K", "K_LANES")   # variant columns of the CSV (blank = unset)
+# variant columns of the CSV (blank = unset); BM, BN: an mx_gemm row's tile
+CSV_PARAMS = ("M_TILE", "N_SUB", "SPLIT_K", "K_LANES", "BM", "BN")
 # a tuner's row: the config and its time; simulated rows also carry the runner-up's and the peer's
 CSV_FIELDS = ("arch", "M", "N", "K", "kernel", *CSV_PARAMS, "us", "source", "runner_up", "runner_up_us", "peer_us")
 M_MAX = max(_GEMV.m_range[1], _MFMA.m_range[1])
@@ -88,20 +89,38 @@ def tuned_table() -> dict:
 
 def serves(kernel: str, M: int, K: int) -> bool:
     k = registry.get(kernel)
-    lo, hi = k.m_range
+    lo, hi = k.m_range or (1, M)
     return lo <= M <= hi and K % k.k_align == 0
+
+
+def _dense_tiles(M: int, N: int, K: int) -> list:
+    """mx_gemm's bf16 e4m3 tiles at the smallest BM >= M, where it takes the shape."""
+    if K % dense_mx.KERNEL.k_align or N % dense_mx.KERNEL.n_align:
+        return []
+    tiles = [(c["BM"], c["BN"]) for c in dense_mx.candidates(ARCH, "e4m3", "e4m3", "bf16") if c["SPLITS"] == 1]
+    bm = _at_least(M, sorted({bm for bm, _ in tiles}))
+    return [{"BM": bm, "BN": bn} for b, bn in tiles if b == bm]
 
 
 def candidates(M: int, N: int, K: int) -> list:
     """(kernel, variant) pairs a tuner times for a shape: every kernel serving it, at its smallest
-    M_TILE >= M (a larger tile does the same rows' work and more) with each value of the others."""
+    M_TILE (mx_gemm: BM) >= M (a larger tile does the same rows' work and more) with each value of
+    the others."""
     out = []
     for kernel in (GEMV, MFMA):
         if serves(kernel, M, K):
             k = registry.get(kernel)
             m_tile = _at_least(M, k.values("M_TILE"))
             out += [(kernel, v) for v in k.variants if v["M_TILE"] == m_tile]
-    return out
+    return out + [(DENSE, v) for v in _dense_tiles(M, N, K)]
+
+
+def choice_of(kernel: str, variant: dict, why: str) -> Choice:
+    """The Choice running ``kernel`` at ``variant`` (mx_gemm: a tile, resolved by ops/dense_mx.py)."""
+    if kernel != DENSE:
+        return Choice(kernel, variant, why)
+    c = dense_mx.configured(variant, ARCH, "e4m3", "e4m3", "bf16")
+    return Choice(c.kernel, c.variant, why, c.options)
 
 
 def tuned_config(M: int, N: int, K: int, arch: str = ARCH):
@@ -111,7 +130,7 @@ def tuned_config(M: int, N: int, K: int, arch: str = ARCH):
     if row is None or not serves(row[1][0], M, K):
         return None
     (kernel, variant), m = row[1], row[0]
-    return Choice(kernel, variant, f"tuned CSV row M={m} N={N} K={K} (source={row[2]})")
+    return choice_of(kernel, variant, f"tuned CSV row M={m} N={N} K={K} (source={row[2]})")
 
 
 CONFIG = ConfigGrammar("smallm_mxfp8_gemm", {"kernel": str, **{p: int for p in CSV_PARAMS}})
@@ -124,9 +143,13 @@ def parse_config(config) -> tuple | None:
     if cfg is None:
         return None
     kernel = cfg.pop("kernel", None)
-    if kernel not in (GEMV, MFMA):
-        guards.fail("config", f"config kernel must be {GEMV!r} or {MFMA!r}; got {kernel!r}")
-    if cfg not in registry.get(kernel).variants:
+    if kernel not in (GEMV, MFMA, DENSE):
+        guards.fail("config", f"config kernel must be {GEMV!r}, {MFMA!r} or {DENSE!r}; got {kernel!r}")
+    if kernel == DENSE:
+        if not set(cfg) <= {"BM", "BN"}:
+            guards.fail("config", f"an {DENSE} config takes BM and BN (its tile); got {cfg}")
+        dense_mx.configured(cfg, ARCH, "e4m3", "e4m3", "bf16")
+    elif cfg not in registry.get(kernel).variants:
         guards.fail("config", f"{kernel} has no variant {cfg}; registered: {list(registry.get(kernel).variants)}")
     return kernel, cfg
 
@@ -149,12 +172,13 @@ def _plan(x) -> Plan:
     forced = parse_config(x.config)
     if forced is not None:
         kernel, variant = forced
-        lo, hi = registry.get(kernel).m_range
-        if not lo <= M <= hi:
-            guards.fail("M-range", f"M = {M} is outside {kernel}'s envelope [{lo}, {hi}]")
-        align = registry.get(kernel).k_align
-        guards.check_multiple(K, "K", align, f"K%{align}")
-        choice = Choice(kernel, variant, "config given by the caller")
+        k = registry.get(kernel)
+        if k.m_range and not k.m_range[0] <= M <= k.m_range[1]:
+            guards.fail("M-range", f"M = {M} is outside {kernel}'s envelope [{k.m_range[0]}, {k.m_range[1]}]")
+        guards.check_multiple(K, "K", k.k_align, f"K%{k.k_align}")
+        if kernel == DENSE:
+            guards.check_multiple(N, "N", k.n_align, f"N%{k.n_align}")
+        choice = choice_of(kernel, variant, "config given by the caller")
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
         if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
@@ -190,9 +214,11 @@ def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     a: [M, K] float8_e4m3fn, a_scale: [M, K/32] uint8 | float8_e8m0fnu
     b: [N, K] float8_e4m3fn (weights, K contiguous), b_scale: [N, K/32]
     out: optional [M, N] bf16 (contiguous), written in place and returned.
-    config: force a kernel, e.g. {"kernel": "smallm_mxfp8_gemv", "M_TILE": 4, "N_SUB": 1}.
+    config: force a kernel, e.g. {"kernel": "smallm_mxfp8_gemv", "M_TILE": 4, "N_SUB": 1} or
+    {"kernel": "mx_gemm", "BM": 64, "BN": 64}.
     fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (K % 128 != 0
     with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
     Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0),
-    mx_gemm for M > 64 (K % 128 == 0, N % 32 == 0; bitwise mx_gemm_ref(chunk=128) on the emulator).
+    mx_gemm for M > 64 and where a tuned row names it (K % 128 == 0, N % 32 == 0; bitwise
+    mx_gemm_ref(chunk=128) on the emulator, the others bitwise smallm_mxfp8_gemm_ref).
     """

@@ -11,13 +11,17 @@ def call(kernel, v, shape, inp: Inputs) -> Call:
     return Call(OP, (*inp.mx(M, K), *inp.mx(N, K)), dict(config={"kernel": kernel, **v}, fallback="error"))
 
 
+def compulsory_bytes(M, N, K) -> int:
+    """A, B and their scales read once, the bf16 output written once."""
+    return mx_bytes(M, K, 8) + mx_bytes(N, K, 8) + 2 * M * N
+
+
 def work(kernel, v, M, N, K) -> Work:
     g = grid(kernel, v, N=N, M=M)
     wgs = g[0] * g[1]
     # GEMV: 16 lanes split a row's K blocks (32 wide); MFMA: SPLIT_K waves share 128-wide K steps
     iters = -(-K // 512) if kernel.endswith("gemv") else -(-K // (128 * v["SPLIT_K"]))
-    return Work(2.0 * M * N * K, mx_bytes(M, K, 8) + mx_bytes(N, K, 8) + 2 * M * N, "fp8", g, wgs,
-                wgs * waves(kernel, v) * iters, iters)
+    return Work(2.0 * M * N * K, compulsory_bytes(M, N, K), "fp8", g, wgs, wgs * waves(kernel, v) * iters, iters)
 
 
 def race(kernel, v) -> list:

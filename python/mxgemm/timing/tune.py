@@ -12,7 +12,9 @@ heuristic was written without any timing: every tuned shape is held out from it)
 Families:
 - smallm (smallm_mxfp8_gemm; python/mxgemm/configs/smallm_mxfp8_gfx950.csv; default shapes: the
   decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 64, the M_TILE
-  boundaries, so every M up to 64 finds its row at the nearest tuned M above; --shapes MxNxK).
+  boundaries, so every M up to 64 finds its row at the nearest tuned M above; --shapes MxNxK;
+  candidates: the GEMV and MFMA variants at their smallest M_TILE >= M and mx_gemm's tiles at its
+  smallest BM >= M).
 - moe_mxfp8 (moe_mxfp8_grouped_gemm at block_m 16; python/mxgemm/configs/moe_mxfp8_gfx950.csv;
   default shapes: the cells of mxgemm.timing.peers.moe_mxfp8; --shapes TxTOPKxExNxKxR, R 1 for
   gemm2's call (a row per route, top-k weights, fp32 out), 0 for gemm1's (a row per token, bf16).
@@ -93,7 +95,10 @@ def _smallm():
         from .. import launcher, reference
         with launcher.emulator_settings(race_check=False):
             got = call(shape, kernel, variant)()
-        return got, reference.smallm_mxfp8_gemm_ref(*peer.operands(*shape))
+        ops = peer.operands(*shape)
+        if kernel == op.DENSE:
+            return got, reference.mx_gemm_ref(*ops, chunk=reference.MX_MMA_K)
+        return got, reference.smallm_mxfp8_gemm_ref(*ops)
 
     def run_peer(shape):
         out, t = peer.time_peer(*peer.operands(*shape), xcd0=True)
@@ -113,7 +118,7 @@ def _smallm():
         """Markdown: a row per simulated shape, ours (tuned) vs the peer, and ours' fraction of the HBM
         roofline (compulsory bytes at 8 TB/s) where the weights exceed 16 MB."""
         from ..asm_facts import LIMITS
-        from ..specs.smallm_mxfp8 import work
+        from ..specs.smallm_mxfp8 import compulsory_bytes
         layer = {(N, K): name for name, N, K in peer.LAYERS}
         lines = ["| layer | M | N | K | ours (us) | our config | runner-up (us) | peer (us) | peer / ours | "
                  "of HBM roofline |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -121,8 +126,7 @@ def _smallm():
             if r["source"] != "simulated":
                 continue
             M, N, K, us = int(r["M"]), int(r["N"]), int(r["K"]), float(r["us"])
-            w = work(r["kernel"], op._variant_of(r), M, N, K)
-            roof = f"{w.bytes / (us * 1e-6) / (LIMITS['gfx950']['hbm_tbps'] * 1e12):.2f}" \
+            roof = f"{compulsory_bytes(M, N, K) / (us * 1e-6) / (LIMITS['gfx950']['hbm_tbps'] * 1e12):.2f}" \
                 if N * K * 33 / 32 > 16e6 else ""
             cfg = label(r["kernel"], op._variant_of(r)).replace("smallm_mxfp8_", "")
             lines.append(f"| {layer.get((N, K), '')} | {M} | {N} | {K} | {us:.2f} | {cfg} | {r['runner_up_us']} | "
