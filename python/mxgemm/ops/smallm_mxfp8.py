@@ -6,8 +6,8 @@ prints it): a tuned CSV row for (arch, M, N, K) if one exists (exact M, else the
 M above with the same N, K), else the rule of ``heuristic_config``. A row may name the prefill
 kernel mx_gemm (ops/dense_mx.py, its BM x BN tile), which the tuner also times where it takes
 the shape (K % 128, N % 32); M above the small-M envelope runs mx_gemm by rule. Other
-out-of-envelope calls run the fallback of ``ops/_mxfp8.py`` unless ``fallback="error"``. Malformed calls (dtype, shape,
-K % 32, contiguity, device) always raise, before any launch.
+out-of-envelope calls run the fallback of ``ops/_mxfp8.py`` unless ``fallback="error"``.
+Malformed calls (dtype, shape, K % 32, contiguity, device) always raise, before any launch.
 """
 from __future__ import annotations
 
