@@ -209,6 +209,18 @@ def test_large_m_routes_to_mx_gemm_and_explain_says_so():
     metrics.assert_bitwise_equal(got, reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K))
 
 
+def test_m_above_16_runs_mx_gemm_where_its_tiles_fill_the_cus():
+    g = torch.Generator().manual_seed(1)
+    a, sa = mx_operand(17, 128, g, (0,))
+    b, sb = mx_operand(16384, 128, g, (0,))     # 256 tiles of 64 x 64: one per CU
+    plan = mxgemm.explain("smallm_mxfp8_gemm", a, sa, b, sb)
+    assert plan.kernel == "mx_gemm" and "fill the 256 CUs" in plan.reason, plan
+    got = mxgemm.smallm_mxfp8_gemm(a, sa, b, sb, fallback="error")
+    metrics.assert_bitwise_equal(got, reference.mx_gemm_ref(a, sa, b, sb, chunk=reference.MX_MMA_K))
+    assert mxgemm.explain("smallm_mxfp8_gemm", a[:16], sa[:16], b, sb).kernel == MFMA
+    assert mxgemm.explain("smallm_mxfp8_gemm", a, sa, b[:16352], sb[:16352]).kernel == MFMA   # 255 tiles
+
+
 def test_out_of_every_kernel_runs_fallback_and_explain_says_so():
     g = torch.Generator().manual_seed(1)
     a, sa = mx_operand(65, 160, g, (0,))           # M > 64 and K % 128 != 0: no kernel serves it

@@ -50,6 +50,11 @@ def heuristic_config(M: int, N: int, K: int):
         workgroups per CU with it; else, when 16 lanes per row leave under 1.5 workgroups per CU
         and K gives each of 64 lanes at least 2 MX blocks (K >= 4096), K_LANES = 64 (4 rows per
         workgroup, 4x the workgroups) where the tile has it; else N_SUB = 1.
+      * above the GEMV's envelope (M > 16), where mx_gemm takes the shape and its tile at the
+        smallest BM >= M gives every CU a workgroup (N / 64 >= 256 at 64 x 64): mx_gemm. (Read
+        off the tuned shapes: at 28672 x 4096 mx_gemm took 22.43 / 24.79 us at M 32 / 64, the
+        MFMA kernel 28.09 / 47.08, its M_TILE 32 / 64 waves limited by L1; at M 16 the MFMA
+        kernel was ahead, 20.25 against 21.65, and with 128 / 144 tiles, N 8192 / 9216, too.)
       * within the MFMA kernel's envelope (8 <= M <= 64) and K % 128 == 0: MFMA, M_TILE = the
         smallest tile >= M, SPLIT_K = the largest registered split, capped by the number of
         128-wide K steps so no wave idles. (It was the smallest split giving >= NUM_CUS
@@ -69,6 +74,10 @@ def heuristic_config(M: int, N: int, K: int):
         return Choice(GEMV, variant, "heuristic: GEMV (M < 8 or K % 128 != 0)")
     if K % _MFMA.k_align:
         return None
+    dense = _dense_tiles(M, N, K)
+    if M > _GEMV.m_range[1] and dense and N // dense[0]["BN"] * -(-M // dense[0]["BM"]) >= NUM_CUS:
+        return choice_of(DENSE, dense[0], f"heuristic: mx_gemm (M > {_GEMV.m_range[1]}, its {dense[0]['BM']} x "
+                                          f"{dense[0]['BN']} tiles fill the {NUM_CUS} CUs)")
     m_tile = _at_least(M, _MFMA.values("M_TILE"))
     split = max(_MFMA.values("SPLIT_K"))
     while split > 1 and split > K // _MFMA.k_align:
