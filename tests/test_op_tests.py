@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from mxgemm import registry
+from mxgemm.guards import GuardError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +50,8 @@ def test_mx_gemm_emulator_cases_pass():
     assert sum("shuffled scales" in l for l in cases) == 1, out
 
 
-CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "K_LANES", "us", "source", "runner_up",
-              "runner_up_us", "peer_us"]
+CSV_HEADER = ["arch", "M", "N", "K", "kernel", "M_TILE", "N_SUB", "SPLIT_K", "K_LANES", "BM", "BN", "us", "source",
+              "runner_up", "runner_up_us", "peer_us"]
 SHIPPED_CSV = ROOT / "python" / "mxgemm" / "configs" / "smallm_mxfp8_gfx950.csv"
 
 
@@ -61,8 +62,10 @@ def csv_rows(path):
 
 
 def row_variant(r) -> dict:
-    """A row's variant: its non-blank parameter columns as ints."""
-    return {p: int(r[p]) for p in CSV_HEADER[5:9] if r[p] != ""}
+    """A row's registered variant: its non-blank parameter columns as ints (an mx_gemm row's tile
+    resolved to its variant by the op)."""
+    from mxgemm.ops import smallm_mxfp8 as op
+    return op.choice_of(r["kernel"], {p: int(r[p]) for p in CSV_HEADER[5:11] if r[p] != ""}, "").variant
 
 
 def csv_problems(path) -> list[str]:
@@ -89,8 +92,11 @@ def csv_problems(path) -> list[str]:
             continue
         if r["arch"] not in kernel.archs:
             bad.append(f"{where}: {kernel.name} is not built for {r['arch']}")
-        if row_variant(r) not in kernel.variants:
-            bad.append(f"{where}: {kernel.name} has no variant {row_variant(r)}")
+        try:
+            if row_variant(r) not in kernel.variants:
+                bad.append(f"{where}: {kernel.name} has no variant {row_variant(r)}")
+        except GuardError as e:
+            bad.append(f"{where}: {e}")
         timed = r["source"] in ("measured", "simulated")
         if r["source"] not in ("heuristic", "measured", "simulated") or timed != (r["us"] != ""):
             bad.append(f"{where}: source {r['source']!r} with us {r['us']!r} (measured rows carry their time)")
@@ -117,12 +123,13 @@ def test_shipped_config_csv_rows_are_valid_buildable_configs():
 def test_config_csv_check_rejects_broken_rows(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text(",".join(CSV_HEADER) + "\n"
-                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,,heuristic,,,\n"
-                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,,heuristic,,,\n"
-                   "gfx950,8,1280,8200,nosuch,16,,4,,,heuristic,,,\n"
-                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,,heuristic,,,\n"
-                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,,measured,,,\n"
-                   "gfx950,32,1280,8192,smallm_mxfp8_mfma,32,,4,,3.5,simulated,,,\n")
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,,,,heuristic,,,\n"
+                   "gfx950,4,1280,8192,smallm_mxfp8_gemv,4,1,,,,,,heuristic,,,\n"
+                   "gfx950,8,1280,8200,nosuch,16,,4,,,,,heuristic,,,\n"
+                   "gfx1250,8,1280,8192,smallm_mxfp8_mfma,16,,3,,,,,heuristic,,,\n"
+                   "gfx950,16,1280,8192,smallm_mxfp8_mfma,16,,4,,,,,measured,,,\n"
+                   "gfx950,32,1280,8192,smallm_mxfp8_mfma,32,,4,,,,3.5,simulated,,,\n"
+                   "gfx950,64,1280,8192,mx_gemm,,,,,48,64,,heuristic,,,\n")
     assert csv_problems(bad) == [
         "line 3: duplicate shape 4x1280x8192",
         "line 4: shape 8x1280x8200 (positive, K a multiple of the MX block 32)",
@@ -130,7 +137,9 @@ def test_config_csv_check_rejects_broken_rows(tmp_path):
         "line 5: smallm_mxfp8_mfma is not built for gfx1250",
         "line 5: smallm_mxfp8_mfma has no variant {'M_TILE': 16, 'SPLIT_K': 3}",
         "line 6: source 'measured' with us '' (measured rows carry their time)",
-        "line 7: source 'simulated' with peer_us '' (simulated rows carry the peer's)"]
+        "line 7: source 'simulated' with peer_us '' (simulated rows carry the peer's)",
+        "line 8: [config] no gfx950 mx_gemm variant e4m3 x e4m3 -> bf16 with SPLITS=1 and tile 48x64; registered "
+        "tiles: [(64, 64), (128, 128), (256, 128)]"]
     (tmp_path / "renamed.csv").write_text(SHIPPED_CSV.read_text().replace("SPLIT_K", "SPLITK", 1))
     assert csv_problems(tmp_path / "renamed.csv")[0].startswith("header ")
 
