@@ -228,6 +228,7 @@ def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (K % 128 != 0
     with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
     Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0),
-    mx_gemm for M > 64 and where a tuned row names it (K % 128 == 0, N % 32 == 0; bitwise
+    mx_gemm for M > 64, for M > 16 where its 64 x 64 tiles fill the CUs and where a tuned row
+    names it (K % 128 == 0, N % 32 == 0; bitwise
     mx_gemm_ref(chunk=128) on the emulator, the others bitwise smallm_mxfp8_gemm_ref).
     """
