@@ -103,11 +103,13 @@ def serves(kernel: str, M: int, K: int) -> bool:
 
 
 def _dense_tiles(M: int, N: int, K: int) -> list:
-    """mx_gemm's bf16 e4m3 tiles at the smallest BM >= M, where it takes the shape."""
+    """mx_gemm's bf16 e4m3 tiles at the smallest BM >= M (past the largest BM: at it), where it
+    takes the shape; [] where it does not."""
     if K % dense_mx.KERNEL.k_align or N % dense_mx.KERNEL.n_align:
         return []
     tiles = [(c["BM"], c["BN"]) for c in dense_mx.candidates(ARCH, "e4m3", "e4m3", "bf16") if c["SPLITS"] == 1]
-    bm = _at_least(M, sorted({bm for bm, _ in tiles}))
+    bms = sorted({bm for bm, _ in tiles})
+    bm = _at_least(min(M, bms[-1]), bms)
     return [{"BM": bm, "BN": bn} for b, bn in tiles if b == bm]
 
 
@@ -190,7 +192,7 @@ def _plan(x) -> Plan:
         choice = choice_of(kernel, variant, "config given by the caller")
     else:
         choice = tuned_config(M, N, K) or heuristic_config(M, N, K)
-        if choice is None and M > M_MAX and K % dense_mx.KERNEL.k_align == 0 and N % dense_mx.KERNEL.n_align == 0:
+        if choice is None and M > M_MAX and _dense_tiles(M, N, K):
             big = dense_mx.heuristic_config(launcher.backend_for(device, dense_mx.KERNEL.archs)[1],
                                             "e4m3", "e4m3", "bf16", M, N, K)
             choice = Choice(big.kernel, big.variant, f"routed to mx_gemm: M = {M} is outside the small-M kernels' "
