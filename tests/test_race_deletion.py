@@ -38,6 +38,11 @@ _MOE_MFMA_LGKM = ("the MFMA chunk uses no LDS but ds_bpermute (lane exchange, no
                   "each ds_bpermute's result is waited for before it is read; the expert id's s_load is retired "
                   "right after it is issued: no LGKM operation whose result is still to be read is outstanding here")
 REDUNDANT = (
+    ("smallm_mxfp8_mfma", tuple(registry.variant_id(v) for v in registry.get("smallm_mxfp8_mfma").variants
+                               if v["SPLIT_K"] == 1), "s_waitcnt lgkmcnt(0)", "global_store_short",
+     "epilog store of a row after the tile's first (no split-K reduction, so no LDS wait before): the out "
+     "pointer's s_load is retired by the first store's wait, and a lane stores a later row only if it stored "
+     "the first (rows ascend, one column per lane), so that block ran"),
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
      "lgkmcnt(0) on every path (K >= 256)"),

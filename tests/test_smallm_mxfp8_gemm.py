@@ -132,7 +132,7 @@ def run_and_check(M, N, K, config=None, seed=0):
 # Every kernel variant on the emulator (race mode), M across the kernel's envelope
 # ------------------------------------------------------------------------------------------
 def _cases(kernel, ms):
-    shapes = [(128, 256), (256, 1024), (256, 256), (128, 1024)]
+    shapes = [(128, 256), (256, 1024), (256, 256), (128, 1024), (128, 640)]   # K 640: odd K-step counts
     out = []
     for v in registry.get(kernel).variants:
         for i, M in enumerate(ms):
@@ -149,7 +149,7 @@ def test_gemv_variant_matches_reference(M, N, K, config):
     run_and_check(M, N, K, config)
 
 
-@pytest.mark.parametrize("M,N,K,config", _cases(MFMA, (8, 16, 32, 64)))
+@pytest.mark.parametrize("M,N,K,config", _cases(MFMA, (1, 3, 8, 16, 32, 64)))
 def test_mfma_variant_matches_reference(M, N, K, config):
     plan = mxgemm.explain("smallm_mxfp8_gemm", *operands(M, N, K), config=config)
     assert plan.kernel == MFMA

@@ -6,7 +6,7 @@
 // bytes (OCP MX, one scale per 32 consecutive K). Three kernels, each emitted only when its
 // defining variant parameter is set, so one build compiles one kernel:
 //   N_SUB    -> smallm_mxfp8_gemv             M in 1..16, packed FMA, scales applied in registers
-//   SPLIT_K  -> smallm_mxfp8_mfma             M in 8..64, v_mfma_scale_f32_16x16x128_f8f6f4
+//   SPLIT_K  -> smallm_mxfp8_mfma             M in 1..64, v_mfma_scale_f32_16x16x128_f8f6f4
 //   BLOCK_N  -> smallm_mxfp8_moe_grouped_gemm sorted-token MoE, the GEMV core per expert
 // All workgroups are 256 threads (4 wave64s). Every tensor is addressed through one raw buffer
 // resource (32-bit offsets: the host guarantees each is < 2^31 bytes; MoE weights are rebased
@@ -223,19 +223,47 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 #pragma unroll
   for (uint32_t mi = 0; mi < MI; ++mi) a_row[mi] = min_u32(m0 + mi * kMfmaRows + r, um - 1u);
 
+  // One K step's operands, loaded a step ahead: the next step's loads are in flight during this
+  // step's MFMAs instead of each step waiting a memory latency. Two steps an iteration alternate
+  // two register sets (copying a prefetched set would wait for its loads); past the last step the
+  // clamped index requests the last one again, a cache hit never used, rather than branch.
+  struct Step {
+    i32x8 b, a[MI];
+    uint32_t sb, sa[MI];
+  };
+  const uint32_t steps = uk / kMfmaK, last = steps - 1u;
   f32x4 acc[MI];
 #pragma unroll
   for (uint32_t mi = 0; mi < MI; ++mi) acc[mi] = f32x4{0.f, 0.f, 0.f, 0.f};
-  for (uint32_t step = ks; step < uk / kMfmaK; step += SPLIT_K) {
+  const auto load_step = [&](uint32_t step) {
     const uint32_t k0 = step * kMfmaK, kb = k0 / kMxBlock + kb_lane;
-    const i32x8 bv = load_mfma_row(rb, b_row, uk, k0, lane);
-    const uint32_t sb = load_u8(rsb, b_row * k_blocks + kb);
+    Step s;
+    s.b = load_mfma_row(rb, b_row, uk, k0, lane);
+    s.sb = load_u8(rsb, b_row * k_blocks + kb);
 #pragma unroll
     for (uint32_t mi = 0; mi < MI; ++mi) {
-      const i32x8 av = load_mfma_row(ra, a_row[mi], uk, k0, lane);
-      acc[mi] = mfma_scale_16x16x128_e4m3(av, bv, acc[mi], load_u8(rsa, a_row[mi] * k_blocks + kb), sb);
+      s.a[mi] = load_mfma_row(ra, a_row[mi], uk, k0, lane);
+      s.sa[mi] = load_u8(rsa, a_row[mi] * k_blocks + kb);
     }
+    return s;
+  };
+
+  const auto mma = [&](const Step& s) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < MI; ++mi)
+      acc[mi] = mfma_scale_16x16x128_e4m3(s.a[mi], s.b, acc[mi], s.sa[mi], s.sb);
+  };
+  Step even = load_step(min_u32(ks, last));
+  uint32_t step = ks;
+  for (; step + SPLIT_K < steps; step += 2u * SPLIT_K) {
+    const Step odd = load_step(step + SPLIT_K);
+    __builtin_amdgcn_sched_barrier(0);
+    mma(even);
+    even = load_step(min_u32(step + 2u * SPLIT_K, last));
+    __builtin_amdgcn_sched_barrier(0);
+    mma(odd);
   }
+  if (step < steps) mma(even);
 #if SPLIT_K > 1
   __shared__ f32x4 red[(SPLIT_K - 1) * WAVES_N * MI * 64];
   if (ks > 0) {

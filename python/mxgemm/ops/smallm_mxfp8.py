@@ -41,37 +41,42 @@ def _at_least(x: int, choices) -> int:
 def heuristic_config(M: int, N: int, K: int):
     """The Choice for a dense shape, or None when no kernel serves it.
 
-    Rule (written before any hardware timing; op_tests/tune_smallm_mxfp8.py replaces it with
-    measurements on an MI355X):
-      * M below the MFMA kernel's envelope (M < 8), or K not MFMA-aligned (K % 128) within the
-        GEMV's (M <= 16): GEMV. Its VALU work grows with M while the weight stream does not,
-        so from M = 8 the scaled MFMA wins. M_TILE = the smallest tile >= M; N_SUB = 2 (two
-        weight rows per lane group, reusing the decoded A block) once N gives at least 2
-        workgroups per CU with it; else, when 16 lanes per row leave under 1.5 workgroups per CU
-        and K gives each of 64 lanes at least 2 MX blocks (K >= 4096), K_LANES = 64 (4 rows per
-        workgroup, 4x the workgroups) where the tile has it; else N_SUB = 1.
+    Rule (read off the tuned shapes of the timing model, `docs/performance.md` section 1;
+    op_tests/tune_smallm_mxfp8.py replaces it with measurements on an MI355X):
+      * K not MFMA-aligned (K % 128) within the GEMV's envelope (M <= 16), or M <= 2 where the
+        MFMA kernel's split-4 grid (N / 16 workgroups) gives under half a workgroup per CU:
+        GEMV. (Its VALU work grows with M while the weight stream does not; from M = 4 the
+        scaled MFMA, whose 16-row tile costs the same at any M, was ahead in every tuned shape,
+        and at M 1-2 wherever its grid reached half the CUs.) M_TILE = the smallest tile >= M;
+        N_SUB = 2 (two weight rows per lane group, reusing the decoded A block) once N gives at
+        least 2 workgroups per CU with it; else, when 16 lanes per row leave under 1.5
+        workgroups per CU and K gives each of 64 lanes at least 2 MX blocks (K >= 4096),
+        K_LANES = 64 (4 rows per workgroup, 4x the workgroups) where the tile has it; else
+        N_SUB = 1.
       * above the GEMV's envelope (M > 16), where mx_gemm takes the shape and its tile at the
         smallest BM >= M gives every CU a workgroup (N / 64 >= 256 at 64 x 64): mx_gemm. (Read
         off the tuned shapes: at 28672 x 4096 mx_gemm took 22.43 / 24.79 us at M 32 / 64, the
         MFMA kernel 28.09 / 47.08, its M_TILE 32 / 64 waves limited by L1; at M 16 the MFMA
         kernel was ahead, 20.25 against 21.65, and with 128 / 144 tiles, N 8192 / 9216, too.)
-      * within the MFMA kernel's envelope (8 <= M <= 64) and K % 128 == 0: MFMA, M_TILE = the
-        smallest tile >= M, SPLIT_K = the largest registered split, capped by the number of
-        128-wide K steps so no wave idles. (It was the smallest split giving >= NUM_CUS
-        workgroups; on the timing model the largest won in all 60 tuned MFMA shapes, by 31-38 %
-        at N 9216 where 2 already gave 288 workgroups: a narrower column block per workgroup and
-        more workgroups per CU keep more weight loads in flight.)
+      * else, K % 128 == 0: MFMA, M_TILE = the smallest tile >= M, SPLIT_K = the largest
+        registered split (a narrower column block per workgroup and more workgroups per CU keep
+        more weight loads in flight), halved at M_TILE >= 32 where the split-4 grid gives some
+        CU a second workgroup and the split-2 grid none (each 16-column block re-reads the A
+        tile, and half the blocks halve those reads, at no cost in balance), and capped by the
+        number of 128-wide K steps so no wave idles.
     """
     if M < _GEMV.m_range[0] or M > M_MAX or K % _GEMV.k_align:
         return None
-    if M < _MFMA.m_range[0] or (K % _MFMA.k_align and M <= _GEMV.m_range[1]):
+    mfma_grid = N // (_MFMA.tile({"M_TILE": 16, "SPLIT_K": max(_MFMA.values("SPLIT_K"))})["N"])
+    if (K % _MFMA.k_align and M <= _GEMV.m_range[1]) or (M <= 2 and 2 * mfma_grid < NUM_CUS):
         m_tile = _at_least(M, _GEMV.values("M_TILE"))
         variant = {"M_TILE": m_tile, "N_SUB": 1}
         if {"M_TILE": m_tile, "N_SUB": 2} in _GEMV.variants and N >= 2 * NUM_CUS * 32:
             variant["N_SUB"] = 2
         elif 2 * N < 3 * NUM_CUS * 16 and K >= 64 * 2 * 32 and variant | {"K_LANES": 64} in _GEMV.variants:
             variant["K_LANES"] = 64
-        return Choice(GEMV, variant, "heuristic: GEMV (M < 8 or K % 128 != 0)")
+        return Choice(GEMV, variant, "heuristic: GEMV (K % 128 != 0, or M <= 2 and the MFMA grid under half "
+                                     "the CUs)")
     if K % _MFMA.k_align:
         return None
     dense = _dense_tiles(M, N, K)
@@ -80,9 +85,11 @@ def heuristic_config(M: int, N: int, K: int):
                                           f"{dense[0]['BN']} tiles fill the {NUM_CUS} CUs)")
     m_tile = _at_least(M, _MFMA.values("M_TILE"))
     split = max(_MFMA.values("SPLIT_K"))
+    if m_tile >= 32 and mfma_grid > NUM_CUS >= mfma_grid // 2:
+        split //= 2
     while split > 1 and split > K // _MFMA.k_align:
         split //= 2
-    return Choice(MFMA, {"M_TILE": m_tile, "SPLIT_K": split}, "heuristic: scaled MFMA (8 <= M <= 64, K % 128 == 0)")
+    return Choice(MFMA, {"M_TILE": m_tile, "SPLIT_K": split}, "heuristic: scaled MFMA (K % 128 == 0)")
 
 
 def _variant_of(row: dict) -> dict:
@@ -229,7 +236,7 @@ def smallm_mxfp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     {"kernel": "mx_gemm", "BM": 64, "BN": 64}.
     fallback: "auto" runs dequantise + torch matmul outside the kernels' envelope (K % 128 != 0
     with M > 16, non-gfx950 device, a tensor >= 2 GB); "error" raises instead.
-    Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for 8 <= M <= 64 (K % 128 == 0),
+    Kernels: GEMV for M <= 16 (K % 32 == 0), scaled MFMA for M <= 64 (K % 128 == 0),
     mx_gemm for M > 64, for M > 16 where its 64 x 64 tiles fill the CUs and where a tuned row
     names it (K % 128 == 0, N % 32 == 0; bitwise
     mx_gemm_ref(chunk=128) on the emulator, the others bitwise smallm_mxfp8_gemm_ref).

@@ -25,11 +25,13 @@ def work(kernel, v, M, N, K) -> Work:
 
 
 def race(kernel, v) -> list:
-    """One workgroup; K covers several K steps per lane (GEMV) / per slice (MFMA)."""
-    gemv = "N_SUB" in v
-    n, k = (16 * v["N_SUB"], 1024) if gemv else (64 // v["SPLIT_K"], 256 * v["SPLIT_K"])
-    shape = dict(M=v["M_TILE"], N=n, K=k)
-    return [call(kernel, v, shape, Inputs(seed=1))]
+    """One workgroup; K covers several K steps per lane (GEMV) / per slice (MFMA: two, where the
+    two-step loop ends with the next step's loads in flight, and five, where the loop runs twice
+    and its one-step tail runs)."""
+    if "N_SUB" in v:
+        return [call(kernel, v, dict(M=v["M_TILE"], N=16 * v["N_SUB"], K=1024), Inputs(seed=1))]
+    return [call(kernel, v, dict(M=v["M_TILE"], N=64 // v["SPLIT_K"], K=steps * 128 * v["SPLIT_K"]), Inputs(seed=1))
+            for steps in (2, 5)]
 
 
 def decode(inp: Inputs) -> dict:

@@ -60,13 +60,19 @@ CATALOGUE = (
         (SMALLM_SRC, "__builtin_ldexpf(s, (int)(sa + sb) - 254)", "__builtin_ldexpf(s, (int)(sa + 127u) - 254)"),),
         "GEMV core ignores the weight's e8m0 scale"),
     Mutation("smallm-mfma-drop-b-scale", (MFMA,), (
-        (SMALLM_SRC, "load_u8(rsa, a_row[mi] * k_blocks + kb), sb);",
-         "load_u8(rsa, a_row[mi] * k_blocks + kb), 127u);"),),
+        (SMALLM_SRC, "mfma_scale_16x16x128_e4m3(s.a[mi], s.b, acc[mi], s.sa[mi], s.sb);",
+         "mfma_scale_16x16x128_e4m3(s.a[mi], s.b, acc[mi], s.sa[mi], 127u);"),),
         "scaled MFMA gets scale 1.0 for B"),
     Mutation("smallm-mfma-swap-operands", (MFMA,), (
-        (SMALLM_SRC, "mfma_scale_16x16x128_e4m3(av, bv, acc[mi], load_u8(rsa, a_row[mi] * k_blocks + kb), sb)",
-         "mfma_scale_16x16x128_e4m3(bv, av, acc[mi], sb, load_u8(rsa, a_row[mi] * k_blocks + kb))"),),
+        (SMALLM_SRC, "mfma_scale_16x16x128_e4m3(s.a[mi], s.b, acc[mi], s.sa[mi], s.sb)",
+         "mfma_scale_16x16x128_e4m3(s.b, s.a[mi], acc[mi], s.sb, s.sa[mi])"),),
         "A and B (with their scales) swapped: the transposed tile"),
+    Mutation("smallm-mfma-drop-last-odd-step", (MFMA,), (
+        (SMALLM_SRC, "  if (step < steps) mma(even);", ""),),
+        "MFMA kernel skips a wave's last K step when it has an odd number"),
+    Mutation("smallm-mfma-prefetch-same-step", (MFMA,), (
+        (SMALLM_SRC, "const Step odd = load_step(step + SPLIT_K);", "const Step odd = load_step(step);"),),
+        "MFMA kernel's prefetch loads the current K step again instead of the next"),
     Mutation("smallm-gemv-row-off-by-one", (GEMV,), (
         (SMALLM_SRC, "a_row[m] = min_u32(m0 + m, um - 1u);", "a_row[m] = min_u32(m0 + m + 1u, um - 1u);"),),
         "GEMV reads the next A row"),
