@@ -155,7 +155,7 @@ register(Kernel(
     name="smallm_mxfp8_mfma", language="hip", source=_SMALLM_SRC, symbol="smallm_mxfp8_mfma",
     args=_SMALLM_DENSE_ARGS, grid=("N", "M"), m_range=(1, 64), k_align=128,
     # 4 waves of 16 columns, SPLIT_K of them sharing each column block. Any M from 1: rows past M
-    # reload the last row and are not stored; the weight stream, not the MFMA, sets its time.
+    # reload the last row and are not stored.
     tile=lambda v: {"N": 16 * (4 // v["SPLIT_K"]), "M": v["M_TILE"]},
     variants=variant_grid(M_TILE=(16, 32, 64), SPLIT_K=(1, 2, 4)),
     doc="MXFP8 small-M GEMM on v_mfma_scale_f32_16x16x128_f8f6f4; in-workgroup split-K; K % 128"))
