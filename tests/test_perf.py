@@ -21,9 +21,10 @@ HAND = [
     # 1x16x1024 MXFP8: a 1024 + 32 scales, b 16x1024 + 16x32, out 16 bf16; 2 K halves of 512 x 4 waves
     ("smallm_mxfp8_gemv", {"M_TILE": 1, "N_SUB": 1}, dict(M=1, N=16, K=1024),
      2 * 16 * 1024, 1024 + 32 + 16 * 1024 + 16 * 32 + 2 * 16, (1, 1, 1), 2 * 4),
-    # 16x32x512: 2 column blocks of 16 (SPLIT_K 2: 2 waves per column), K steps of 128 shared by 2 waves
+    # 16x32x512: 2 column blocks of 16 (SPLIT_K 2: 2 waves per column), K steps of 128 shared by 2 waves,
+    # two steps a loop iteration: 4 waves x 1 iteration
     ("smallm_mxfp8_mfma", {"M_TILE": 16, "SPLIT_K": 2}, dict(M=16, N=32, K=512),
-     2 * 16 * 32 * 512, 16 * 512 + 16 * 16 + 32 * 512 + 32 * 16 + 2 * 16 * 32, (1, 1, 1), 2 * 4),
+     2 * 16 * 32 * 512, 16 * 512 + 16 * 16 + 32 * 512 + 32 * 16 + 2 * 16 * 32, (1, 1, 1), 4 * 1),
     # 3 tokens x top-4 of 4 experts: every expert active with 3 rows -> 4 live blocks of 16 sorted rows;
     # the grid has a row per block the 12 routes can fill, 4 + (12 - 4) // 16 = 4; out: the 12 routes' rows
     ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 16, "M_CHUNK": 2}, dict(tokens=3, topk=4, experts=4, N=16, K=512),

@@ -19,8 +19,9 @@ def compulsory_bytes(M, N, K) -> int:
 def work(kernel, v, M, N, K) -> Work:
     g = grid(kernel, v, N=N, M=M)
     wgs = g[0] * g[1]
-    # GEMV: 16 lanes split a row's K blocks (32 wide); MFMA: SPLIT_K waves share 128-wide K steps
-    iters = -(-K // 512) if kernel.endswith("gemv") else -(-K // (128 * v["SPLIT_K"]))
+    # GEMV: 16 lanes split a row's K blocks (32 wide); MFMA: SPLIT_K waves share 128-wide K steps,
+    # two a loop iteration (an odd last step runs after the loop)
+    iters = -(-K // 512) if kernel.endswith("gemv") else -(-K // (128 * v["SPLIT_K"])) // 2
     return Work(2.0 * M * N * K, compulsory_bytes(M, N, K), "fp8", g, wgs, wgs * waves(kernel, v) * iters, iters)
 
 
