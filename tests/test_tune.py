@@ -243,6 +243,12 @@ def test_mx_gemm_runs_the_tuned_row_at_the_nearest_m_above(tmp_path, monkeypatch
         dense_mx.mx_gemm.clear_plans()
 
 
+def test_the_smallm_tuner_finds_a_heuristic_mx_gemm_pick_among_its_candidates():
+    shape = (64, 16384, 2048)   # M > 16 and 256 tiles of 64 x 64: the rule takes mx_gemm
+    assert op.heuristic_config(*shape).kernel == op.DENSE
+    assert tune.FAMILIES["smallm"]()["heuristic"](shape) in op.candidates(*shape)
+
+
 def test_every_mx_gemm_heuristic_pick_is_a_candidate():
     for *fmts, out in (("e4m3", "e4m3", "bf16"), ("e2m1", "e2m1", "f32"), ("e4m3", "e2m1", "f32"),
                        ("e2m3", "e5m2", "bf16")):      # FP6: bf16 out only
