@@ -342,11 +342,13 @@ def test_guard_expert_id_beyond_w(problem):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_mfma_chunk_is_bitwise(out_dtype):
+@pytest.mark.parametrize("K", [384, 512, 640])
+def test_mfma_chunk_is_bitwise(out_dtype, K):
     """M_CHUNK 16 sums each 128-K MFMA step exactly and rounds once (reference chunk 128): every
-    output bit equals the reference's, top-k weights, padding and per-slot A rows included."""
+    output bit equals the reference's, top-k weights, padding and per-slot A rows included. K steps
+    3, 4 and 5: the two-step loop with and without its one-step tail."""
     variant = {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
-    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(T=40, E=4, topk=2, N=128, K=512, block_m=16, seed=7,
+    a, a_scale, w, w_scale, srt, tw, _ = moe_problem(T=40, E=4, topk=2, N=128, K=K, block_m=16, seed=7,
                                                      per_slot_a=True)
     got = mxgemm.moe_mxfp8_grouped_gemm(
         a, a_scale, w, w_scale, srt.sorted_token_ids, srt.sorted_expert_ids, srt.num_valid_ids,

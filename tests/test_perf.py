@@ -78,6 +78,8 @@ LOOPS = [
     ("smallm_mxfp8_mfma", {"M_TILE": 16, "SPLIT_K": 2}, dict(M=16, N=32), "K", (512, 1024)),
     ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 16, "M_CHUNK": 2}, dict(tokens=3, topk=2, experts=4, N=16), "K",
      (512, 1024)),
+    ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 64, "M_CHUNK": 16}, dict(tokens=3, topk=2, experts=4, N=64), "K",
+     (512, 1024)),
     ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
     ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
     # 32 x 32 runs three K blocks of 128 per iteration: K in whole iterations

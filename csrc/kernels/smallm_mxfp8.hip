@@ -158,6 +158,28 @@ MXGEMM_DEVICE i32x8 load_mfma_row(buffer_rsrc r, uint32_t row, uint32_t K, uint3
                           load_b128(r, row * K + k0 + mfma_fp8_k_offset(lane, 1)));
 }
 
+// mma(load_step(s)) for s = first, first + stride, ... below steps, each step's operands loaded
+// one step ahead: the next step's loads are in flight during this step's MFMAs instead of each
+// step waiting a memory latency. Two steps an iteration alternate two register sets (copying a
+// prefetched set would wait for its loads); sched barriers keep each step's loads ahead of the
+// MFMAs before them. Past the last step the clamped index requests the last one again, a cache
+// hit never used, rather than branch.
+template <typename LoadStep, typename Mma>
+MXGEMM_DEVICE void pipelined_steps(uint32_t first, uint32_t stride, uint32_t steps, LoadStep load_step, Mma mma) {
+  const uint32_t last = steps - 1u;
+  auto even = load_step(min_u32(first, last));
+  uint32_t step = first;
+  for (; step + stride < steps; step += 2u * stride) {
+    const auto odd = load_step(step + stride);
+    __builtin_amdgcn_sched_barrier(0);
+    mma(even);
+    even = load_step(min_u32(step + 2u * stride, last));
+    __builtin_amdgcn_sched_barrier(0);
+    mma(odd);
+  }
+  if (step < steps) mma(even);
+}
+
 }  // namespace
 #endif  // __gfx950__
 
@@ -223,15 +245,10 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 #pragma unroll
   for (uint32_t mi = 0; mi < MI; ++mi) a_row[mi] = min_u32(m0 + mi * kMfmaRows + r, um - 1u);
 
-  // One K step's operands, loaded a step ahead: the next step's loads are in flight during this
-  // step's MFMAs instead of each step waiting a memory latency. Two steps an iteration alternate
-  // two register sets (copying a prefetched set would wait for its loads); past the last step the
-  // clamped index requests the last one again, a cache hit never used, rather than branch.
-  struct Step {
+  struct Step {  // one K step's operands
     i32x8 b, a[MI];
     uint32_t sb, sa[MI];
   };
-  const uint32_t steps = uk / kMfmaK, last = steps - 1u;
   f32x4 acc[MI];
 #pragma unroll
   for (uint32_t mi = 0; mi < MI; ++mi) acc[mi] = f32x4{0.f, 0.f, 0.f, 0.f};
@@ -253,17 +270,7 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
     for (uint32_t mi = 0; mi < MI; ++mi)
       acc[mi] = mfma_scale_16x16x128_e4m3(s.a[mi], s.b, acc[mi], s.sa[mi], s.sb);
   };
-  Step even = load_step(min_u32(ks, last));
-  uint32_t step = ks;
-  for (; step + SPLIT_K < steps; step += 2u * SPLIT_K) {
-    const Step odd = load_step(step + SPLIT_K);
-    __builtin_amdgcn_sched_barrier(0);
-    mma(even);
-    even = load_step(min_u32(step + 2u * SPLIT_K, last));
-    __builtin_amdgcn_sched_barrier(0);
-    mma(odd);
-  }
-  if (step < steps) mma(even);
+  pipelined_steps(ks, SPLIT_K, uk / kMfmaK, load_step, mma);
 #if SPLIT_K > 1
   __shared__ f32x4 red[(SPLIT_K - 1) * WAVES_N * MI * 64];
   if (ks > 0) {
@@ -312,7 +319,7 @@ SMALLM_WG256 MXGEMM_KERNEL(smallm_mxfp8_mfma)(const uint8_t* __restrict__ a, con
 namespace {
 // One M_CHUNK of 16 sorted rows x the workgroup's 64 columns on scaled MFMAs: wave w owns columns
 // n0 + 16 w .. + 15, lane r = lane % 16 gathers A row r of the chunk (its sorted id by lane
-// exchange), K runs in 128-wide steps; each route's row is stored at its route.
+// exchange), K runs in 128-wide steps loaded a step ahead; each route's row is stored at its route.
 MXGEMM_DEVICE void moe_mfma_chunk(void* out, buffer_rsrc ra, buffer_rsrc rsa, buffer_rsrc rw,
                                   buffer_rsrc rsw, const float* topk_weights, uint32_t my_id, uint32_t seg,
                                   uint32_t r0, uint32_t rows_end, uint32_t n0, uint32_t un, uint32_t uk,
@@ -324,12 +331,17 @@ MXGEMM_DEVICE void moe_mfma_chunk(void* out, buffer_rsrc ra, buffer_rsrc rsa, bu
   const uint32_t token = id & 0xFFFFFFu;
   const uint32_t a_row = token < ut ? (per_slot ? token * utopk + (id >> 24) : token) : 0u;
   const uint32_t kb_lane = mfma_scale_block(lane);
-  for (uint32_t k0 = 0; k0 < uk; k0 += kMfmaK) {
-    const uint32_t kb = k0 / kMxBlock + kb_lane;
-    const i32x8 wv = load_mfma_row(rw, w_row, uk, k0, lane), av = load_mfma_row(ra, a_row, uk, k0, lane);
-    acc = mfma_scale_16x16x128_e4m3(av, wv, acc, load_u8(rsa, a_row * k_blocks + kb),
-                                    load_u8(rsw, w_row * k_blocks + kb));
-  }
+  struct Step {  // one K step's operands
+    i32x8 w, a;
+    uint32_t sw, sa;
+  };
+  const auto load_step = [&](uint32_t step) {
+    const uint32_t k0 = step * kMfmaK, kb = k0 / kMxBlock + kb_lane;
+    return Step{load_mfma_row(rw, w_row, uk, k0, lane), load_mfma_row(ra, a_row, uk, k0, lane),
+                load_u8(rsw, w_row * k_blocks + kb), load_u8(rsa, a_row * k_blocks + kb)};
+  };
+  pipelined_steps(0u, 1u, uk / kMfmaK, load_step,
+                  [&](const Step& s) { acc = mfma_scale_16x16x128_e4m3(s.a, s.w, acc, s.sa, s.sw); });
 #pragma unroll
   for (uint32_t i = 0; i < 4; ++i) {
     const uint32_t row = r0 + 4u * (lane / 16u) + i;  // D layout: see mfma.h

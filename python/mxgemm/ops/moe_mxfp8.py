@@ -48,15 +48,16 @@ def tuned_config(tokens: int, experts: int, topk: int, per_route_a: bool, N: int
 
 
 def moe_heuristic_config(num_tokens: int, N: int, K: int, block_m: int, live_blocks: int):
-    """BLOCK_N: the widest (fewer, fuller workgroups, each lane a longer run of K) that still
-    launches 3 workgroups per CU over the blocks the routes fill, else 8. When BLOCK_N 64 does,
-    M_CHUNK 16, the MFMA core (when K and block_m allow it): it has no K split, so it needs that
-    many workgroups to keep HBM busy, and then it streams the weights faster than the GEMV core
-    (docs/peers/moe_mxfp8.md). Else M_CHUNK = 4 when an expert gets >= 4 rows on average (T >= 4),
-    else 2 so padding-heavy decode blocks skip more."""
-    wide = [bn for bn in (64, 32, 16) if -(-N // bn) * live_blocks >= 3 * NUM_CUS]
-    if wide and wide[0] == 64 and K % MFMA_K == 0 and block_m % MFMA_CHUNK == 0:
+    """M_CHUNK 16, the MFMA core with BLOCK_N 64 (when K and block_m allow it), where its workgroups
+    over the blocks the routes fill reach 3/4 of the CUs: it has no K split, but with its loads a
+    step ahead that many keep HBM busy, and then it streams the weights faster than the GEMV core
+    (docs/peers/moe_mxfp8.md). Else the GEMV core, BLOCK_N the widest (fewer, fuller workgroups,
+    each lane a longer run of K) that still launches 3 workgroups per 2 CUs, else 8; M_CHUNK = 4
+    when an expert gets >= 4 rows on average (T >= 4), else 2 so padding-heavy decode blocks skip
+    more."""
+    if K % MFMA_K == 0 and block_m % MFMA_CHUNK == 0 and 4 * -(-N // 64) * live_blocks >= 3 * NUM_CUS:
         return Choice(MOE, {"BLOCK_N": 64, "M_CHUNK": MFMA_CHUNK}, "heuristic (moe_heuristic_config)")
+    wide = [bn for bn in (64, 32, 16) if 2 * -(-N // bn) * live_blocks >= 3 * NUM_CUS]
     return Choice(MOE, {"BLOCK_N": wide[0] if wide else 8, "M_CHUNK": 4 if num_tokens >= 4 else 2},
                   "heuristic (moe_heuristic_config)")
 

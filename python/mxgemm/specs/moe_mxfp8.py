@@ -29,8 +29,9 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
     g = grid(kernel, v, N=N, grid_blocks=rows)
     chunks = live.sum(1)                                          # live chunks per block; row y takes y, y + rows, ...
     per_row = torch.zeros(rows, dtype=chunks.dtype).index_add_(0, torch.arange(chunks.numel()) % rows, chunks)
-    # a wave's K steps: 128-wide MFMA steps, or the GEMV core's 256 / BLOCK_N lanes per weight row
-    iters = -(-K // (MFMA_K if v["M_CHUNK"] == MFMA_CHUNK else 32 * 256 // v["BLOCK_N"]))
+    # a wave's K loop iterations: two 128-wide MFMA steps each, or one of the GEMV core's 256 / BLOCK_N
+    # lanes per weight row
+    iters = -(-K // MFMA_K) // 2 if v["M_CHUNK"] == MFMA_CHUNK else -(-K // (32 * 256 // v["BLOCK_N"]))
     return Work(2.0 * routes * N * K, mx_bytes(tokens, K, 8) + mx_bytes(active * N, K, 8) + 2 * routes * N,
                 "fp8", g, g[0] * min(rows, chunks.numel()), g[0] * waves(kernel, v) * int(live.sum()) * iters,
                 iters * int(per_row.max()))
@@ -38,14 +39,16 @@ def work(kernel, v, tokens, topk, experts, N, K) -> Work:
 
 def race(kernel, v) -> list:
     """Expert 0: 6 real rows + padding (two live M_CHUNKs of 2 or 4); expert 1: one row. Blocks of
-    8 rows, or of the chunk when it is larger (16)."""
-    T, K, N, bm = 7, 256, v["BLOCK_N"], max(8, v["M_CHUNK"])
+    8 rows, or of the chunk when it is larger (16). K 256; the MFMA chunk also K 640: two 128-K
+    steps (its two-step loop ends with the next step's loads in flight) and five (the loop runs
+    twice and its one-step tail runs)."""
+    T, N, bm = 7, v["BLOCK_N"], max(8, v["M_CHUNK"])
     srt = routing.moe_sorting(torch.tensor([[0], [0], [0], [1], [0], [0], [0]]),
                               torch.rand(T, 1, generator=torch.Generator().manual_seed(10)) + 0.5, 2, block_m=bm)
     inp = Inputs(seed=3)
-    args = (*inp.mx(T, K), *inp.mx(2, N, K), *sorted_ids(srt, "cpu"))
     kw = dict(topk_weights=srt.sorted_weights.new_ones(T, 1), block_m=bm, config=v, fallback="error")
-    return [Call(OP, args, kw)]
+    return [Call(OP, (*inp.mx(T, K), *inp.mx(2, N, K), *sorted_ids(srt, "cpu")), kw)
+            for K in ((256, 640) if v["M_CHUNK"] == MFMA_CHUNK else (256,))]
 
 
 def decode(inp: Inputs) -> dict:

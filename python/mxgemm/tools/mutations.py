@@ -67,12 +67,12 @@ CATALOGUE = (
         (SMALLM_SRC, "mfma_scale_16x16x128_e4m3(s.a[mi], s.b, acc[mi], s.sa[mi], s.sb)",
          "mfma_scale_16x16x128_e4m3(s.b, s.a[mi], acc[mi], s.sb, s.sa[mi])"),),
         "A and B (with their scales) swapped: the transposed tile"),
-    Mutation("smallm-mfma-drop-last-odd-step", (MFMA,), (
+    Mutation("smallm-mfma-drop-last-odd-step", (MFMA, MOE), (
         (SMALLM_SRC, "  if (step < steps) mma(even);", ""),),
-        "MFMA kernel skips a wave's last K step when it has an odd number"),
-    Mutation("smallm-mfma-prefetch-same-step", (MFMA,), (
-        (SMALLM_SRC, "const Step odd = load_step(step + SPLIT_K);", "const Step odd = load_step(step);"),),
-        "MFMA kernel's prefetch loads the current K step again instead of the next"),
+        "MFMA K loops (dense, MoE chunk) skip a wave's last K step when it has an odd number"),
+    Mutation("smallm-mfma-prefetch-same-step", (MFMA, MOE), (
+        (SMALLM_SRC, "const auto odd = load_step(step + stride);", "const auto odd = load_step(step);"),),
+        "MFMA K loops' prefetch loads the current K step again instead of the next"),
     Mutation("smallm-gemv-row-off-by-one", (GEMV,), (
         (SMALLM_SRC, "a_row[m] = min_u32(m0 + m, um - 1u);", "a_row[m] = min_u32(m0 + m + 1u, um - 1u);"),),
         "GEMV reads the next A row"),
