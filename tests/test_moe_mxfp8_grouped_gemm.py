@@ -278,6 +278,16 @@ def test_guard_mfma_chunk_needs_k_multiple_of_128():
     assert op.moe_heuristic_config(5, 64 * 12, 256, 8, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
     mxgemm.moe_mxfp8_grouped_gemm(*args, **kw)   # the heuristic's choice at K 160 runs
 
+
+def test_heuristic_thresholds():
+    """The MFMA core from 3/4 of the CUs' worth of its workgroups (N / 64 x live blocks); below, the
+    GEMV core's widest BLOCK_N with 3 workgroups per 2 CUs, else 8 (docs/peers/moe_mxfp8.md)."""
+    mfma = {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
+    assert op.moe_heuristic_config(1, 1536, 6144, 16, op.NUM_CUS * 3 // 4 // 24).variant == mfma
+    assert op.moe_heuristic_config(1, 1536, 6144, 16, op.NUM_CUS * 3 // 4 // 24 - 1).variant == \
+        {"BLOCK_N": 16, "M_CHUNK": 2}
+    assert op.moe_heuristic_config(1, 1536, 6144, 16, 1).variant == {"BLOCK_N": 8, "M_CHUNK": 2}
+
 def test_guard_expert_block_count(problem):
     (a, sa, w, sw, ids, eids, nv), tw, out = problem
     assert "blocks" in _rejects("shape", a, sa, w, sw, ids, eids[:1], nv, out=out, block_m=4, topk=2)
