@@ -60,11 +60,14 @@ def test_the_tuner_keeps_the_fastest_candidate_with_the_runner_up_and_the_peer(t
     assert len(table) == 3 and table[2].startswith(f"|  | {M} | {N} | {K} | {r['us']} | ")
 
 
-def test_every_candidate_serves_its_shape_at_its_smallest_tile():
+def test_every_candidate_serves_its_shape_at_its_smallest_tile_or_below():
     for M in (1, 2, 3, 8, 9, 16, 33, 64):
         cands = op.candidates(M, 1024, 1024)
         assert cands and all(op.serves(k, M, 1024) for k, _ in cands)
-        assert {v["M_TILE"] for _, v in cands if _ == op.MFMA} <= {min(t for t in (16, 32, 64) if t >= M)}
+        covering = min(t for t in (16, 32, 64) if t >= M)
+        assert {v["M_TILE"] for k, v in cands if k == op.GEMV} <= {min((t for t in (1, 2, 4, 8, 16) if t >= M),
+                                                                      default=None)}
+        assert {v["M_TILE"] for k, v in cands if k == op.MFMA} == {t for t in (16, 32, 64) if t <= covering}
         heuristic = op.heuristic_config(M, 1024, 1024)
         assert (heuristic.kernel, heuristic.variant) in cands      # the tuner can tell how good it was
     assert op.candidates(16, 1024, 96) == [(op.GEMV, {"M_TILE": 16, "N_SUB": 1})]   # K % 128: no MFMA

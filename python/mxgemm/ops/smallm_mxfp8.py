@@ -58,7 +58,10 @@ def heuristic_config(M: int, N: int, K: int):
         off the tuned shapes: at 28672 x 4096 mx_gemm took 22.43 / 24.79 us at M 32 / 64, the
         MFMA kernel 28.09 / 47.08, its M_TILE 32 / 64 waves limited by L1; at M 16 the MFMA
         kernel was ahead, 20.25 against 21.65, and with 128 / 144 tiles, N 8192 / 9216, too.)
-      * else, K % 128 == 0: MFMA, M_TILE = the smallest tile >= M, SPLIT_K = the largest
+      * else, K % 128 == 0: MFMA, M_TILE = the smallest tile >= M, halved while the split-4 grid at
+        the half tile (N / 16 x row blocks) still gives no CU a second workgroup (narrow layers:
+        more row blocks, more weight loads in flight; 64 x 768 x 6144 10.91 -> 4.71 us at M_TILE
+        16), SPLIT_K = the largest
         registered split (a narrower column block per workgroup and more workgroups per CU keep
         more weight loads in flight), halved at M_TILE >= 32 where the split-4 grid gives some
         CU a second workgroup and the split-2 grid none (each 16-column block re-reads the A
@@ -84,6 +87,8 @@ def heuristic_config(M: int, N: int, K: int):
         return choice_of(DENSE, dense[0], f"heuristic: mx_gemm (M > {_GEMV.m_range[1]}, its {dense[0]['BM']} x "
                                           f"{dense[0]['BN']} tiles fill the {NUM_CUS} CUs)")
     m_tile = _at_least(M, _MFMA.values("M_TILE"))
+    while m_tile > min(_MFMA.values("M_TILE")) and mfma_grid * -(-M // (m_tile // 2)) <= NUM_CUS:
+        m_tile //= 2
     split = max(_MFMA.values("SPLIT_K"))
     if m_tile >= 32 and mfma_grid > NUM_CUS >= mfma_grid // 2:
         split //= 2
@@ -123,13 +128,15 @@ def _dense_tiles(M: int, N: int, K: int) -> list:
 def candidates(M: int, N: int, K: int) -> list:
     """(kernel, variant) pairs a tuner times for a shape: every kernel serving it, at its smallest
     M_TILE (mx_gemm: BM) >= M (a larger tile does the same rows' work and more) with each value of
-    the others."""
+    the others; the MFMA kernel also at every smaller M_TILE (more row blocks: more workgroups for
+    narrow layers)."""
     out = []
     for kernel in (GEMV, MFMA):
         if serves(kernel, M, K):
             k = registry.get(kernel)
             m_tile = _at_least(M, k.values("M_TILE"))
-            out += [(kernel, v) for v in k.variants if v["M_TILE"] == m_tile]
+            out += [(kernel, v) for v in k.variants
+                    if v["M_TILE"] == m_tile or (kernel == MFMA and v["M_TILE"] < m_tile)]
     return out + [(DENSE, v) for v in _dense_tiles(M, N, K)]
 
 
