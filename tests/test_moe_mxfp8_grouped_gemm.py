@@ -283,10 +283,11 @@ def test_heuristic_thresholds():
     """The MFMA core from 3/4 of the CUs' worth of its workgroups (N / 64 x live blocks); below, the
     GEMV core's widest BLOCK_N with 3 workgroups per 2 CUs, else 8 (docs/peers/moe_mxfp8.md)."""
     mfma = {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
-    assert op.moe_heuristic_config(1, 1536, 6144, 16, op.NUM_CUS * 3 // 4 // 24).variant == mfma
-    assert op.moe_heuristic_config(1, 1536, 6144, 16, op.NUM_CUS * 3 // 4 // 24 - 1).variant == \
-        {"BLOCK_N": 16, "M_CHUNK": 2}
+    blocks = op.NUM_CUS * 3 // 4 // (1536 // 64)    # the fewest whose MFMA grid reaches 3/4 of the CUs
+    assert op.moe_heuristic_config(1, 1536, 6144, 16, blocks).variant == mfma
+    assert op.moe_heuristic_config(1, 1536, 6144, 16, blocks - 1).variant == {"BLOCK_N": 16, "M_CHUNK": 2}
     assert op.moe_heuristic_config(1, 1536, 6144, 16, 1).variant == {"BLOCK_N": 8, "M_CHUNK": 2}
+
 
 def test_guard_expert_block_count(problem):
     (a, sa, w, sw, ids, eids, nv), tw, out = problem
