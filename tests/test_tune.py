@@ -2,6 +2,7 @@
 runner-up and the peer's time, keeps other shapes' rows, and writes a table the planner reads."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import mxgemm
@@ -13,7 +14,7 @@ from mxgemm.ops import moe_mxfp8 as moe
 from mxgemm.ops import smallm_mxfp8 as op
 from mxgemm.ops import train_grouped_gemm as tgg
 from mxgemm.timing import tune
-from mxgemm.timing.peers import blockscale, grouped_fp8, moe_mxfp8, mx_gemm, smallm, time_ours
+from mxgemm.timing.peers import NoPeer, blockscale, grouped_fp8, moe_mxfp8, mx_gemm, smallm, time_ours
 
 
 def _tuned_beside(path, capsys, fields, other, argv) -> dict:
@@ -106,6 +107,24 @@ def test_the_moe_tuner_writes_the_fastest_variant_the_planner_then_reads(tmp_pat
     finally:
         moe.tuned_table.cache_clear()
         moe.moe_mxfp8_grouped_gemm.clear_plans()
+
+
+def test_the_moe_tuner_writes_a_row_without_a_peer_where_the_peer_is_not_defined(tmp_path, capsys):
+    """The peer reads whole 128-K slices with no mask: at K 192 it refuses before compiling, and the
+    row is ours alone, its peer columns empty in the CSV and '-' in the table."""
+    path = tmp_path / "moe.csv"
+    T, k, E, N, K = 2, 2, 4, 64, 192
+    ids, weights, srt = moe_mxfp8.routing(T, k, E)
+    a, sa, w, sw = moe_mxfp8.operands(T, k, E, N, K, True, srt)
+    with pytest.raises(NoPeer, match="K % 128 == 0, got K=192"):
+        moe_mxfp8.time_peer(a, sa, w, sw, ids, weights)
+    assert tune.main(["moe_mxfp8", "--shapes", f"{T}x{k}x{E}x{N}x{K}x1", "--out", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "no peer at this shape: " in printed and "ours faster than the peer: 0 of 0 with a peer" in printed
+    (r,) = tuned.read_rows(path)
+    assert r["source"] == "simulated" and float(r["us"]) > 0 and r["peer_us"] == ""
+    assert tune.main(["moe_mxfp8", "--table", "--out", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].endswith(f"| {r['runner_up_us']} | - | - |")
 
 
 def test_the_grouped_fp8_tuner_writes_the_fastest_config_the_planner_then_reads(tmp_path, capsys, monkeypatch):

@@ -22,6 +22,10 @@ FAMILIES = ("smallm", "moe_mxfp8", "moe_a4w4", "mx_gemm", "grouped_fp8", "blocks
 WARP = ARCH_LIMITS["gfx950"]["wave_size"]     # lanes of a Triton warp on gfx950: a wave
 
 
+class NoPeer(ValueError):
+    """The peer kernel is not defined at this shape (the rule it would break is the message)."""
+
+
 def family(name: str):
     if name not in FAMILIES:
         raise ValueError(f"unknown peer family {name!r}; known: {list(FAMILIES)}")

@@ -19,7 +19,7 @@ import functools
 import torch
 
 from ...routing import decode_sorted_id, moe_sorting
-from . import compile_as_launched, launch_triton, time_ours
+from . import NoPeer, compile_as_launched, launch_triton, time_ours
 
 PEER_BLOCK_M = 64          # fused_moe_mxfp8_native's moe_align_block_size block
 OUR_BLOCK_M = 16           # specs/moe_mxfp8.py's block_m
@@ -103,6 +103,8 @@ def time_peer(a, sa, w, sw, topk_ids, weights=None, machine="mi355x", rounds=ROU
     [T, top_k], fp32 out."""
     from ...emu import Emulator
     E, N, K = w.shape
+    if K % 128:
+        raise NoPeer(f"the peer reads whole BLOCK_K 128 slices with no K mask: K % 128 == 0, got K={K}")
     T, top_k = topk_ids.shape
     per_route = weights is not None
     a, sa = a.reshape(-1, K), sa.reshape(-1, K // 32)
