@@ -273,9 +273,9 @@ def test_guard_mfma_chunk_needs_k_multiple_of_128():
     assert "K = 160 must be a multiple of 128" in _rejects("shape", *args, out=out, block_m=16, topk=2,
                                                           config={"BLOCK_N": 64, "M_CHUNK": 16})
     kw = dict(block_m=16, topk=2, out=out, fallback="error")
-    assert op.moe_heuristic_config(5, 64 * 12, 160, 16, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
-    assert op.moe_heuristic_config(5, 64 * 12, 256, 16, 64).variant == {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
-    assert op.moe_heuristic_config(5, 64 * 12, 256, 8, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
+    assert op.moe_heuristic_config(10, 8, 64 * 12, 160, 16, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
+    assert op.moe_heuristic_config(10, 8, 64 * 12, 256, 16, 64).variant == {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
+    assert op.moe_heuristic_config(10, 8, 64 * 12, 256, 8, 64).variant["M_CHUNK"] != op.MFMA_CHUNK
     mxgemm.moe_mxfp8_grouped_gemm(*args, **kw)   # the heuristic's choice at K 160 runs
 
 
@@ -284,9 +284,20 @@ def test_heuristic_thresholds():
     GEMV core's widest BLOCK_N with 3 workgroups per 2 CUs, else 8 (docs/peers/moe_mxfp8.md)."""
     mfma = {"BLOCK_N": 64, "M_CHUNK": op.MFMA_CHUNK}
     blocks = op.NUM_CUS * 3 // 4 // (1536 // 64)    # the fewest whose MFMA grid reaches 3/4 of the CUs
-    assert op.moe_heuristic_config(1, 1536, 6144, 16, blocks).variant == mfma
-    assert op.moe_heuristic_config(1, 1536, 6144, 16, blocks - 1).variant == {"BLOCK_N": 16, "M_CHUNK": 2}
-    assert op.moe_heuristic_config(1, 1536, 6144, 16, 1).variant == {"BLOCK_N": 8, "M_CHUNK": 2}
+    assert op.moe_heuristic_config(8, 256, 1536, 6144, 16, blocks).variant == mfma
+    assert op.moe_heuristic_config(8, 256, 1536, 6144, 16, blocks - 1).variant == {"BLOCK_N": 16, "M_CHUNK": 2}
+    assert op.moe_heuristic_config(1, 32, 1536, 6144, 16, 1).variant == {"BLOCK_N": 8, "M_CHUNK": 2}
+
+
+def test_heuristic_gemv_chunk_of_4_only_where_throughput_decides():
+    """The GEMV core (K 192: no MFMA core; N 4096 at BLOCK_N 64 is 64 column groups) reads a weight
+    tile once per 4 rows where its grid fills the chip's resident workgroups (64 x 32 blocks = 8
+    per CU) and an active expert averages >= 1.5 rows (256 routes over 128 experts: about 111
+    active, 2.3 rows each); else 2 (64 routes: about 50 active, 1.3 rows; or 31 blocks)."""
+    blocks = op.NUM_CUS * 8 // 64
+    assert op.moe_heuristic_config(256, 128, 4096, 192, 16, blocks).variant == {"BLOCK_N": 64, "M_CHUNK": 4}
+    assert op.moe_heuristic_config(256, 128, 4096, 192, 16, blocks - 1).variant == {"BLOCK_N": 64, "M_CHUNK": 2}
+    assert op.moe_heuristic_config(64, 128, 4096, 192, 16, blocks).variant == {"BLOCK_N": 64, "M_CHUNK": 2}
 
 
 def test_guard_expert_block_count(problem):

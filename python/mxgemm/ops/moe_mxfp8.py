@@ -47,22 +47,25 @@ def tuned_config(tokens: int, experts: int, topk: int, per_route_a: bool, N: int
                                f"(source={row[2]})")
 
 
-def moe_heuristic_config(num_tokens: int, N: int, K: int, block_m: int, live_blocks: int):
+RESIDENT_WGS = NUM_CUS * 8   # 256-thread workgroups a full chip holds at once (8 per CU: 32 wave slots)
+
+
+def moe_heuristic_config(routes: int, experts: int, N: int, K: int, block_m: int, live_blocks: int):
     """M_CHUNK 16, the MFMA core with BLOCK_N 64 (when K and block_m allow it), where its workgroups
     over the blocks the routes fill reach 3/4 of the CUs: it has no K split, but with its loads a
     step ahead that many keep HBM busy, and then it streams the weights faster than the GEMV core
     (docs/peers/moe_mxfp8.md). Else the GEMV core, BLOCK_N the widest (fewer, fuller workgroups,
-    each lane a longer run of K) that still launches 3 workgroups per 2 CUs, else 8; M_CHUNK = 4
-    when an expert gets >= 4 rows on average (T >= 4), else 2 so padding-heavy decode blocks skip
-    more."""
+    each lane a longer run of K) that still launches 3 workgroups per 2 CUs, else 8. Its M_CHUNK is
+    4 (a weight tile read once per 4 rows) only where throughput decides: its grid fills every
+    resident slot and an active expert averages >= 1.5 rows; else 2, whose loads run a step ahead
+    and whose padding rows skip more."""
     if K % MFMA_K == 0 and block_m % MFMA_CHUNK == 0 and 4 * -(-N // 64) * live_blocks >= 3 * NUM_CUS:
         return Choice(MOE, {"BLOCK_N": 64, "M_CHUNK": MFMA_CHUNK}, "heuristic (moe_heuristic_config)")
     wide = [bn for bn in (64, 32, 16) if 2 * -(-N // bn) * live_blocks >= 3 * NUM_CUS]
-    return Choice(MOE, {"BLOCK_N": wide[0] if wide else 8, "M_CHUNK": 4 if num_tokens >= 4 else 2},
-                  "heuristic (moe_heuristic_config)")
-
-
-RESIDENT_WGS = NUM_CUS * 8   # 256-thread workgroups a full chip holds at once (8 per CU: 32 wave slots)
+    block_n = wide[0] if wide else 8
+    active = experts * (1 - (1 - 1 / experts) ** routes)      # experts holding a route, routes uniform
+    full = -(-N // block_n) * live_blocks >= RESIDENT_WGS and routes >= 1.5 * active
+    return Choice(MOE, {"BLOCK_N": block_n, "M_CHUNK": 4 if full else 2}, "heuristic (moe_heuristic_config)")
 
 
 def route_blocks(routes: int, experts: int, block_m: int) -> int:
@@ -76,7 +79,7 @@ def heuristic_choice(tokens: int, topk: int, experts: int, N: int, K: int, block
     """moe_heuristic_config at the call's live blocks: the blocks the routes can fill, within the
     sorted buffer's (at least one)."""
     blocks = min(-(-sorted_rows // block_m), route_blocks(tokens * topk, experts, block_m))
-    return moe_heuristic_config(tokens, N, K, block_m, max(1, blocks))
+    return moe_heuristic_config(tokens * topk, experts, N, K, block_m, max(1, blocks))
 
 
 def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int) -> int:
