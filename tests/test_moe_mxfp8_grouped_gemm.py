@@ -294,7 +294,7 @@ def test_heuristic_gemv_chunk_of_4_only_where_throughput_decides():
     tile once per 4 rows where its grid fills the chip's resident workgroups (64 x 32 blocks = 8
     per CU) and an active expert averages >= 1.5 rows (256 routes over 128 experts: about 111
     active, 2.3 rows each); else 2 (64 routes: about 50 active, 1.3 rows; or 31 blocks)."""
-    blocks = op.NUM_CUS * 8 // 64
+    blocks = op.RESIDENT_WGS // 64
     assert op.moe_heuristic_config(256, 128, 4096, 192, 16, blocks).variant == {"BLOCK_N": 64, "M_CHUNK": 4}
     assert op.moe_heuristic_config(256, 128, 4096, 192, 16, blocks - 1).variant == {"BLOCK_N": 64, "M_CHUNK": 2}
     assert op.moe_heuristic_config(64, 128, 4096, 192, 16, blocks).variant == {"BLOCK_N": 64, "M_CHUNK": 2}

@@ -78,8 +78,9 @@ def route_blocks(routes: int, experts: int, block_m: int) -> int:
 def heuristic_choice(tokens: int, topk: int, experts: int, N: int, K: int, block_m: int, sorted_rows: int):
     """moe_heuristic_config at the call's live blocks: the blocks the routes can fill, within the
     sorted buffer's (at least one)."""
-    blocks = min(-(-sorted_rows // block_m), route_blocks(tokens * topk, experts, block_m))
-    return moe_heuristic_config(tokens * topk, experts, N, K, block_m, max(1, blocks))
+    routes = tokens * topk
+    blocks = min(-(-sorted_rows // block_m), route_blocks(routes, experts, block_m))
+    return moe_heuristic_config(routes, experts, N, K, block_m, max(1, blocks))
 
 
 def grid_blocks(blocks: int, col_groups: int, block_m: int, experts: int, routes: int) -> int:

@@ -474,9 +474,9 @@ def tune(family: str, shapes=None, out_csv=None, retune=False, out=print) -> lis
         try:
             peer_us, theirs = f["run_peer"](shape)
         except NoPeer as e:
-            peer_us, theirs = None, None
+            peer_us = None
             out(f"    no peer at this shape: {e}")
-        if theirs is not None:
+        else:
             theirs = theirs[checked]
             wrote = ~theirs.isnan()
             assert wrote.any(), f"{shape}: the peer's simulated workgroups wrote nothing the product check holds"
