@@ -262,7 +262,7 @@ def test_config_csv_rows_are_valid_and_match_the_documented_heuristic():
 def test_planner_uses_csv_row_nearest_tuned_m_above():
     op.tuned_table.cache_clear()
     (N, K), = [(n, k) for (arch, n, k) in op.tuned_table() if (n, k) == (1280, 8192)]
-    for M, want_row_m in ((1, 1), (3, 4), (33, 64)):
+    for M, want_row_m in ((1, 1), (3, 4), (33, 40), (41, 48), (49, 64)):
         a = torch.empty(M, K, dtype=torch.float8_e4m3fn)
         sa = torch.empty(M, K // 32, dtype=torch.uint8)
         b = torch.empty(N, K, dtype=torch.float8_e4m3fn)
