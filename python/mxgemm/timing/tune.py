@@ -11,10 +11,12 @@ heuristic was written without any timing: every tuned shape is held out from it)
 
 Families:
 - smallm (smallm_mxfp8_gemm; python/mxgemm/configs/smallm_mxfp8_gfx950.csv; default shapes: the
-  decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 64, the M_TILE
-  boundaries, so every M up to 64 finds its row at the nearest tuned M above; --shapes MxNxK;
-  candidates: the GEMV and MFMA variants at their smallest M_TILE >= M and mx_gemm's tiles at its
-  smallest BM >= M).
+  decode linear layers of mxgemm.timing.peers.smallm at M 1, 2, 4, 8, 16, 32, 40, 48, 64: the
+  M_TILE boundaries, and 40 / 48 because at M 33-48 a tile below the M 64 row's can be the best
+  (three or fewer 16-row blocks, or one 64-row block mostly past M); every M up to 64 finds its
+  row at the nearest tuned M above; --shapes MxNxK; candidates: the GEMV and MFMA variants at
+  their smallest M_TILE >= M, the MFMA kernel also at each smaller M_TILE, and mx_gemm's tiles
+  at its smallest BM >= M).
 - moe_mxfp8 (moe_mxfp8_grouped_gemm at block_m 16; python/mxgemm/configs/moe_mxfp8_gfx950.csv;
   default shapes: the cells of mxgemm.timing.peers.moe_mxfp8; --shapes TxTOPKxExNxKxR, R 1 for
   gemm2's call (a row per route, top-k weights, fp32 out), 0 for gemm1's (a row per token, bf16).
@@ -84,7 +86,7 @@ def _smallm():
 
     def shapes():
         layers = sorted({(N, K) for _, N, K in peer.LAYERS}, key=lambda nk: nk[0] * nk[1])   # smallest first
-        return [(M, N, K) for N, K in layers for M in (1, 2, 4, 8, 16, 32, 64)]
+        return [(M, N, K) for N, K in layers for M in (1, 2, 4, 8, 16, 32, 40, 48, 64)]
 
     def label(kernel, variant):
         return ",".join([kernel, *(f"{k}={v}" for k, v in variant.items())])
