@@ -31,11 +31,10 @@ from mxgemm.ops import smallm_mxfp8 as op
 NK = [(1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584),
       (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
       (2112, 7168), (7168, 2048), (4096, 7168)]
-MS = [1, 2, 4, 8, 16, 32, 40, 48, 64]   # 40 / 48: at M 33-48 a tile below the M 64 row's can be the best
 
 
 def default_shapes():
-    return [(m, n, k) for n, k in NK for m in MS]
+    return [(m, n, k) for n, k in NK for m in op.TUNED_MS]
 
 
 def time_config(M, N, K, kernel, variant) -> float:

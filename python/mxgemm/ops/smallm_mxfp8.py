@@ -101,6 +101,11 @@ def _variant_of(row: dict) -> dict:
     return {k: int(row[k]) for k in CSV_PARAMS if row.get(k)}
 
 
+# The M of a tuned (N, K)'s rows; a call takes the nearest at or above its own. The M_TILE
+# boundaries, and 40 / 48: at M 33-48 a tile below the M 64 row's can be the best.
+TUNED_MS = (1, 2, 4, 8, 16, 32, 40, 48, 64)
+
+
 @functools.lru_cache(maxsize=1)
 def tuned_table() -> dict:
     """CSV rows keyed (arch, N, K) -> list of (M, (kernel, variant), source) by M. Read once."""

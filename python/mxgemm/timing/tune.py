@@ -86,7 +86,7 @@ def _smallm():
 
     def shapes():
         layers = sorted({(N, K) for _, N, K in peer.LAYERS}, key=lambda nk: nk[0] * nk[1])   # smallest first
-        return [(M, N, K) for N, K in layers for M in (1, 2, 4, 8, 16, 32, 40, 48, 64)]
+        return [(M, N, K) for N, K in layers for M in op.TUNED_MS]
 
     def label(kernel, variant):
         return ",".join([kernel, *(f"{k}={v}" for k, v in variant.items())])
