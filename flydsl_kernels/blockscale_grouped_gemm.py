@@ -164,21 +164,22 @@ def _psum_group(B, layout, groups, row_base):
 
 
 def _xcd_tile(B, n_tiles, m_tiles, band):
-    """(column tile, row tile) of this workgroup. Workgroup w (x fastest) runs on XCD w % XCDS, so in
-    grid order each XCD would take every eighth column tile of every row tile: the A rows of every
-    group through each XCD's L2. Instead each XCD takes a contiguous run of the tile order (bands of
-    ``band`` row tiles, each band column tile by column tile, its row tiles together), so an XCD
-    reads the A rows of few bands and each B tile once for its band. The grid's last w % XCDS
-    workgroups keep their place; a permutation of the grid."""
+    """(column tile, band, row tile in the band) of this workgroup. Workgroup w (x fastest) runs on
+    XCD w % XCDS, so in grid order each XCD would take every eighth column tile of every row tile:
+    the A rows of every group through each XCD's L2. Instead each XCD takes a contiguous run of the
+    tile order (bands of ``band`` row tiles, each band column tile by column tile, its row tiles
+    together), so an XCD reads the A rows of few bands and each B tile once for its band. The grid's
+    last w % XCDS workgroups keep their place; a permutation of the grid. Every load waits for it,
+    so its divisions are small_divmod's (the op keeps the grid under 2**21 workgroups)."""
     w = Int(fx.block_idx.x.ir_value()) + Int(fx.block_idx.y.ir_value()) * n_tiles
     total = n_tiles * m_tiles
     dealt = total - total % XCDS
     q = Int(B.sel(B.cmp("slt", w, dealt), w % XCDS * (dealt // XCDS) + w // XCDS, w))
-    per_band = n_tiles * band
-    first = q // per_band * band                    # the band's first row tile
+    band_index, r = B.small_divmod(q, n_tiles * band)
+    first = band_index * band                       # the band's first row tile
     rows_in_band = Int(B.sel(B.cmp("slt", m_tiles - first, band), m_tiles - first, band))
-    r = q % per_band
-    return r // rows_in_band, first + r % rows_in_band
+    column, row = B.small_divmod(r, rows_in_band)
+    return column, band_index, row
 
 
 def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad,
@@ -189,11 +190,11 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
     sfa_sg, sfa_sm = map(Int, sfa_st[:2])
     B = Builder()
     tiles = (m_max + (bm - 1)) // bm                # masked: a group's row tiles, a band of the XCD order
-    bx, by = (_xcd_tile(B, n // bn, groups * tiles, tiles) if masked
-              else _xcd_tile(B, n // bn, (rows + (bm - 1)) // bm, B.c(BAND)))
+    bx, band_index, row = (_xcd_tile(B, n // bn, groups * tiles, tiles) if masked
+                           else _xcd_tile(B, n // bn, (rows + (bm - 1)) // bm, B.c(BAND)))
     if masked:
-        group = by // tiles
-        m_in_group = by % tiles * bm
+        group = band_index                          # masked: a band is a group's row tiles
+        m_in_group = row * bm
         limit = B.gload(B.i32, layout, group * 4, 4)
         row_base = group * m_max + m_in_group
         run = B.cmp("slt", m_in_group, limit)
@@ -203,14 +204,14 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         def row_ok(rl):
             return B.cmp("slt", m_in_group + rl, limit)
     elif psum:
-        row_base = by * bm
+        row_base = (band_index * BAND + row) * bm
         group, end = _psum_group(B, layout, groups, row_base)
         run = B.cmp("slt", row_base, end)
 
         def row_ok(rl):
             return B.cmp("slt", row_base + rl, end)
     else:
-        row_base = by * bm
+        row_base = (band_index * BAND + row) * bm
         group = Int(B.gload(B.i32, layout, row_base * 4, 4))
         run = arith.andi(B.cmp("sge", group, B.c(0)), B.cmp("slt", group, groups))
 

@@ -217,6 +217,15 @@ class Builder:
     def sel(self, cond, a, b):
         return arith.select(cond, a, b)
 
+    def small_divmod(self, q, d):
+        """(q // d, q % d) of unsigned q < 2**21 and 1 <= d < 2**24 in a few float ops, where the
+        compiler's exact 32-bit division takes some 25: (2q + 1) / (2d) lies at least 1 / (2d) from
+        an integer, farther than the error of its float product at these sizes (v_rcp_f32: 1 ulp,
+        the product: half an ulp; < 1.5 * 2**-23 relative), so truncating it gives q // d."""
+        half_rcp = arith.mulf(rocdl.rcp(self.f32, arith.uitofp(self.f32, d)), arith.constant(self.f32, 0.5))
+        k = Int(arith.fptoui(self.i32, arith.mulf(arith.uitofp(self.f32, Int(q) * 2 + 1), half_rcp)))
+        return k, Int(q) - k * d
+
     def u64(self, a):
         return arith.extui(self.i64, a)
 

@@ -251,6 +251,34 @@ def test_masked_matches_reference(variant, sfa_layout):
     _check(d, ref, written, torch.einsum("gmk,gnk->gmn", x, w), f"masked {variant}")
 
 
+@pytest.mark.parametrize("masked", [1, 0], ids=["masked", "contiguous"])
+def test_tile_order_at_divisors_whose_float_reciprocal_rounds_down(masked):
+    """The XCD tile order divides in float. N = 41 x 32 makes its band of 32 x 32 tiles 41 tiles
+    (masked: a group's one row tile) or 164 (contiguous: 4 row tiles), divisors whose f32
+    reciprocal rounds down, and the first tile of each later band an exact multiple of it."""
+    variant, n, k = SMALL[0], 41 * 32, 128
+    assert all(float(torch.tensor(1.0) / torch.tensor(float(q))) * q < 1 for q in (41, 164))
+    g = torch.Generator().manual_seed(41)
+    if masked:
+        x, w = torch.randn(3, 20, k, generator=g), torch.randn(3, n, k, generator=g)
+        masked_m = torch.tensor([20, 7, 13], dtype=torch.int32)
+        written = torch.arange(20)[None, :] < masked_m[:, None]
+    else:
+        x, w, m_indices = contiguous_case([100, 37, 128], n=n, k=k, seed=41)
+        written = m_indices >= 0
+    a, sfa, b, sfb = quantize(x, w, 0)
+    d = torch.full((*x.shape[:-1], n), SENTINEL, dtype=torch.bfloat16)
+    if masked:
+        run_masked(variant, a, sfa, b, sfb, d, masked_m, 16)
+        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, torch.bfloat16), \
+            torch.einsum("gmk,gnk->gmn", x, w)
+    else:
+        run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
+        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, torch.bfloat16), \
+            torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
+    _check(d, ref, written, product, f"N={n} {'masked' if masked else 'contiguous'}", SENTINEL if masked else 0.0)
+
+
 # ---- DeepGEMM 2.6: the psum layout and FP8 x FP4 ----
 def psum_case(group_rows, m, n, k, seed):
     """DeepGEMM's generate_m_grouped_contiguous with use_psum_layout: group g's rows start at the

@@ -354,6 +354,25 @@ def test_grouped_gemm_fp8_on_an_empty_batch():
     assert torch.equal(b.grad, torch.zeros_like(b))
 
 
+def test_deep_gemm_grid_past_the_tile_order_limit_is_refused(monkeypatch):
+    # a real call past 2^21 workgroups needs b of 1 GB or more (G x N rows of 16 or more bytes), so
+    # the limit is lowered to the small call's own grid
+    from mxgemm.ops import blockscale_grouped_gemm as op
+    name = "deep_gemm_fp8_grouped_gemm"
+    args, kw = small(name)
+    d = args[5]
+    d.fill_(3)
+    grid = OPS[name].plan(flat_of(name, args, kw)).grid
+    workgroups = grid[0] * grid[1] * grid[2]
+    monkeypatch.setattr(op, "MAX_WORKGROUPS", workgroups)
+    OPS[name].clear_plans()
+    msg = rejects("workgroups", lambda: mxgemm.deep_gemm_fp8_grouped_gemm(*args, **kw), d)
+    assert f"make {workgroups} workgroups" in msg and "split the call" in msg
+    monkeypatch.setattr(op, "MAX_WORKGROUPS", workgroups + 1)
+    mxgemm.deep_gemm_fp8_grouped_gemm(*args, **kw)
+    OPS[name].clear_plans()
+
+
 @pytest.mark.parametrize("bad", [{"BM": 128}, "BM=x,BN=64", "BM", "nosuch"])
 def test_deep_gemm_config_errors_name_the_rule(bad):
     args, kw = small("deep_gemm_fp8_grouped_gemm")

@@ -18,6 +18,7 @@ _KERNEL = registry.get("blockscale_grouped_gemm")
 BLOCK = 128                        # scale block (1x128 activations, 128x128 weights)
 FP4_BLOCK = 32                     # scale block along K of FP4 weights (recipe_b (1, 32))
 M_ALIGN = 128                      # row alignment of each group in the contiguous layouts (kernel's M_ALIGN)
+MAX_WORKGROUPS = 2 ** 21           # the kernel's tile order divides in float, exact below this
 FP4 = (torch.int8, torch.uint8)    # b as e2m1 packed two per byte, even K in the low nibble
 # UE8M0 scales: one byte per scale, or DeepGEMM's SM100 packing of four to an int32 (byte i of
 # word j = K block 4j + i, little-endian; sfb then holds one scale per row of b)
@@ -217,6 +218,10 @@ def _plan(x) -> Plan:
     choice = choose_variant(G, m_max if masked else rows, N, K, m_tiles, family, x.config)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
+    if m_tiles(bm) * (N // bn) >= MAX_WORKGROUPS:
+        guards.fail("workgroups", f"{m_tiles(bm)} row tiles x {N // bn} column tiles of {bm}x{bn} make "
+                                  f"{m_tiles(bm) * (N // bn)} workgroups; the kernel takes fewer than "
+                                  f"{MAX_WORKGROUPS} (2^21): split the call (fewer groups or columns of b)")
     scales = ("no scales, bf16 MFMAs" if bf16 else
               f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
               if ue8m0 else "fp32 scales, exact per-128-K promotion")

@@ -214,6 +214,9 @@ CATALOGUE = (
         (BLOCKSCALE, "rows_in_band = Int(B.sel(B.cmp(\"slt\", m_tiles - first, band), m_tiles - first, band))",
          "rows_in_band = Int(band)"),),
         "the XCD tile order takes a partial last band of row tiles as a whole one"),
+    Mutation("deep-gemm-xcd-divide-no-margin", ("blockscale_grouped_gemm",), (
+        (IR_BUILDER, "Int(q) * 2 + 1), half_rcp", "Int(q) * 2), half_rcp"),),
+        "the tile order's float division without its half step: an exact multiple can land one below"),
     Mutation("deep-gemm-xcd-order-drops-round", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "w % XCDS * (dealt // XCDS) + w // XCDS", "w % XCDS * (dealt // XCDS)"),),
         "the XCD tile order maps each XCD's workgroups to its first tile"),
