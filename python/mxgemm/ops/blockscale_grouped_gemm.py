@@ -314,7 +314,7 @@ def deep_gemm_fp8_grouped_gemm(a: torch.Tensor, sfa: torch.Tensor | None, b: tor
     validate: check m_indices / grouped_layout / masked_m before the launch (a sync on a GPU);
     False skips it.
     config: the tile "BM=..,BN=.." (registered: 128x128; 128x64 and 64x128 for bf16 out; 32x32); default: see
-    choose_tile. N % 32 == 0 (N % BN).
+    choose_tile. N % 32 == 0 (N % BN); fewer than 2^21 tiles in all.
     K % 16 == 0: a K step is one 128-K scale block; a partial last block (K % 128 != 0, scales
     still ceil(K/128) per row) loads its 16-byte chunks past K as zeros, so the kernel needs K in
     whole chunks. DeepGEMM's M-grouped API likewise sizes scales with ceil(K/128) and does not
