@@ -197,6 +197,27 @@ def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout, zero_p
     _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}", 0.0)
 
 
+def run_and_check(variant, x, w, layout, masked, name):
+    """Quantize x [.., K] and w [G, N, K], run the masked (layout = masked_m) or contiguous
+    (layout = m_indices) call on a d pre-filled with the sentinel and check it (_check: masked
+    rows past masked_m untouched, m_indices padding rows zeros). -> (sfa, sfb)."""
+    out = OUT_DTYPE[variant["OUT"]]
+    a, sfa, b, sfb = quantize(x, w, variant["UE8M0"])
+    d = torch.full((*x.shape[:-1], w.shape[1]), SENTINEL, dtype=out)
+    if masked:
+        run_masked(variant, a, sfa, b, sfb, d, layout, 32)
+        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, layout, out), \
+            torch.einsum("gmk,gnk->gmn", x, w)
+        written = torch.arange(x.shape[1])[None, :] < layout[:, None]
+    else:
+        run_contiguous(variant, a, sfa, b, sfb, d, layout)
+        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, layout, out), \
+            torch.einsum("mk,mnk->mn", x, w[layout.clamp(min=0).long()])
+        written = layout >= 0
+    _check(d, ref, written, product, name, SENTINEL if masked else 0.0)
+    return sfa, sfb
+
+
 # K blocks 1 to 5: the K loop runs its steps in groups of two or, where loads run two steps ahead
 # (32 x 32, 128 x 64), three, then the last ones
 PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336),
@@ -209,27 +230,15 @@ PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=
                               for v, m, k in PARTIAL_K])
 def test_partial_last_k_block_matches_reference(variant, masked, k):
     """K % 128 != 0 (K % 16 == 0): the last K block holds K % 128 elements, scales ceil(K/128)."""
-    ue8m0, out, n = variant["UE8M0"], OUT_DTYPE[variant["OUT"]], variant["BN"] * 2
+    n = variant["BN"] * 2
     g = torch.Generator().manual_seed(k)
     if masked:
         x, w = torch.randn(3, 40, k, generator=g), torch.randn(3, n, k, generator=g)
-        masked_m = torch.tensor([40, 0, 23], dtype=torch.int32)
-        written = torch.arange(40)[None, :] < masked_m[:, None]
+        layout = torch.tensor([40, 0, 23], dtype=torch.int32)
     else:
-        x, w, m_indices = contiguous_case([100, 0, 37], n=n, k=k, seed=k)
-        written = m_indices >= 0
-    a, sfa, b, sfb = quantize(x, w, ue8m0)
+        x, w, layout = contiguous_case([100, 0, 37], n=n, k=k, seed=k)
+    sfa, sfb = run_and_check(variant, x, w, layout, masked, f"K={k} {variant}")
     assert sfa.shape[-1] == sfb.shape[-1] == -(-k // 128)
-    d = torch.full((*x.shape[:-1], n), SENTINEL, dtype=out)
-    if masked:
-        run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)
-        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out), \
-            torch.einsum("gmk,gnk->gmn", x, w)
-    else:
-        run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
-        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out), \
-            torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
-    _check(d, ref, written, product, f"K={k} {variant}", SENTINEL if masked else 0.0)   # m_indices padding: zeros
 
 
 MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn")]
@@ -256,27 +265,15 @@ def test_tile_order_at_divisors_whose_float_reciprocal_rounds_down(masked):
     """The XCD tile order divides in float. N = 41 x 32 makes its band of 32 x 32 tiles 41 tiles
     (masked: a group's one row tile) or 164 (contiguous: 4 row tiles), divisors whose f32
     reciprocal rounds down, and the first tile of each later band an exact multiple of it."""
-    variant, n, k = SMALL[0], 41 * 32, 128
+    n, k = 41 * 32, 128
     assert all(float(torch.tensor(1.0) / torch.tensor(float(q))) * q < 1 for q in (41, 164))
     g = torch.Generator().manual_seed(41)
     if masked:
         x, w = torch.randn(3, 20, k, generator=g), torch.randn(3, n, k, generator=g)
-        masked_m = torch.tensor([20, 7, 13], dtype=torch.int32)
-        written = torch.arange(20)[None, :] < masked_m[:, None]
+        layout = torch.tensor([20, 7, 13], dtype=torch.int32)
     else:
-        x, w, m_indices = contiguous_case([100, 37, 128], n=n, k=k, seed=41)
-        written = m_indices >= 0
-    a, sfa, b, sfb = quantize(x, w, 0)
-    d = torch.full((*x.shape[:-1], n), SENTINEL, dtype=torch.bfloat16)
-    if masked:
-        run_masked(variant, a, sfa, b, sfb, d, masked_m, 16)
-        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, torch.bfloat16), \
-            torch.einsum("gmk,gnk->gmn", x, w)
-    else:
-        run_contiguous(variant, a, sfa, b, sfb, d, m_indices)
-        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, torch.bfloat16), \
-            torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
-    _check(d, ref, written, product, f"N={n} {'masked' if masked else 'contiguous'}", SENTINEL if masked else 0.0)
+        x, w, layout = contiguous_case([100, 37, 128], n=n, k=k, seed=41)
+    run_and_check(SMALL[0], x, w, layout, masked, f"N={n} {'masked' if masked else 'contiguous'}")
 
 
 # ---- DeepGEMM 2.6: the psum layout and FP8 x FP4 ----

@@ -218,9 +218,10 @@ def _plan(x) -> Plan:
     choice = choose_variant(G, m_max if masked else rows, N, K, m_tiles, family, x.config)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
-    if m_tiles(bm) * (N // bn) >= MAX_WORKGROUPS:
+    workgroups = m_tiles(bm) * (N // bn)
+    if workgroups >= MAX_WORKGROUPS:
         guards.fail("workgroups", f"{m_tiles(bm)} row tiles x {N // bn} column tiles of {bm}x{bn} make "
-                                  f"{m_tiles(bm) * (N // bn)} workgroups; the kernel takes fewer than "
+                                  f"{workgroups} workgroups; the kernel takes fewer than "
                                   f"{MAX_WORKGROUPS} (2^21): split the call (fewer groups or columns of b)")
     scales = ("no scales, bf16 MFMAs" if bf16 else
               f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
