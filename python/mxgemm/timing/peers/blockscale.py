@@ -27,9 +27,10 @@ SHAPES = ((2048, 7168), (7168, 2048))       # (N, K): DeepSeek-V3 experts, hidde
 MS = (64, 128, 256, 512)    # rows per group, the goal's
 ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxgemm time`)
 # K simulated; the time is extrapolated linearly to the cell's K, as `time --calibrate` extrapolates
-# (the K loop is the steady state, docs/timing_model.md §3): a whole 7168-K cell took over 25 minutes
-# of the shared cores. Both K run every kernel's K loop in its steady state: at 256, a loop of three
-# steps per iteration (ours at 128 x 64) never runs an iteration
+# (the K loop is the steady state, docs/timing_model.md §3): a whole 7168-K cell takes 6-12 minutes
+# of the shared cores a side. Both K run every kernel's K loop in its steady state: at 256, a loop of
+# three steps per iteration (ours at 128 x 64) never runs an iteration. The extrapolation misses what
+# grows with K: row-major scales' L1 misses at K 7168 (docs/peers/blockscale.md, "The whole K")
 K_SAMPLE = (512, 1024)
 NAME = "blockscale_moe"
 
