@@ -169,6 +169,29 @@ def _check(d, ref, written, fp32_product, name, pad=SENTINEL, max_diff=1e-3):
     assert diff < max_diff, f"{name}: calc_diff {diff}"
 
 
+def run_and_check(variant, x, w, layout, masked, name, sfa_layout="row", zero_padding=False):
+    """Quantize x [.., K] and w [G, N, K] (sfa_layout "mn": activation scales MN-major), run the
+    masked (layout = masked_m) or contiguous (layout = m_indices) call on a d pre-filled with the
+    sentinel and check it (_check: masked rows past masked_m untouched, m_indices padding rows
+    zeros whatever ensure_zero_padding says: DeepGEMM computes them). -> (sfa, sfb)."""
+    out = OUT_DTYPE[variant["OUT"]]
+    a, sfa, b, sfb = quantize(x, w, variant["UE8M0"])
+    sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
+    d = torch.full((*x.shape[:-1], w.shape[1]), SENTINEL, dtype=out)
+    if masked:
+        run_masked(variant, a, sfa, b, sfb, d, layout, 32)
+        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, layout, out), \
+            torch.einsum("gmk,gnk->gmn", x, w)
+        written = torch.arange(x.shape[1])[None, :] < layout[:, None]
+    else:
+        run_contiguous(variant, a, sfa, b, sfb, d, layout, zero_padding)
+        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, layout, out), \
+            torch.einsum("mk,mnk->mn", x, w[layout.clamp(min=0).long()])
+        written = layout >= 0
+    _check(d, ref, written, product, name, SENTINEL if masked else 0.0)
+    return sfa, sfb
+
+
 # (variant, group row counts, N, activation-scale layout, ensure_zero_padding): every small variant
 # on 4 groups with an empty one and unaligned sizes (padding zeroed or untouched); 1 and 8 groups
 # and MN-major scales on some; the 128 x 128 and 128 x 64 tiles once each, 64 x 128 twice. With 8 groups of at most
@@ -185,37 +208,8 @@ CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row", i % 2 == 1) for i, v in enumerat
 @pytest.mark.parametrize("variant,group_rows,n,sfa_layout,zero_padding", CONTIGUOUS,
                          ids=[f"{registry.variant_id(v)}-G{len(g)}-{s}-zero{int(z)}" for v, g, _, s, z in CONTIGUOUS])
 def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout, zero_padding):
-    ue8m0, out = variant["UE8M0"], OUT_DTYPE[variant["OUT"]]
-    x, w, m_indices = contiguous_case(group_rows, n=n, k=256, seed=len(group_rows) + ue8m0)
-    a, sfa, b, sfb = quantize(x, w, ue8m0)
-    sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
-    d = torch.full((len(m_indices), n), SENTINEL, dtype=out)
-    run_contiguous(variant, a, sfa, b, sfb, d, m_indices, zero_padding)
-    ref = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, m_indices, out)
-    fp32_product = torch.einsum("mk,mnk->mn", x, w[m_indices.clamp(min=0).long()])
-    # m_indices padding rows are zeros whatever ensure_zero_padding says (DeepGEMM computes them)
-    _check(d, ref, m_indices >= 0, fp32_product, f"contiguous {variant}", 0.0)
-
-
-def run_and_check(variant, x, w, layout, masked, name):
-    """Quantize x [.., K] and w [G, N, K], run the masked (layout = masked_m) or contiguous
-    (layout = m_indices) call on a d pre-filled with the sentinel and check it (_check: masked
-    rows past masked_m untouched, m_indices padding rows zeros). -> (sfa, sfb)."""
-    out = OUT_DTYPE[variant["OUT"]]
-    a, sfa, b, sfb = quantize(x, w, variant["UE8M0"])
-    d = torch.full((*x.shape[:-1], w.shape[1]), SENTINEL, dtype=out)
-    if masked:
-        run_masked(variant, a, sfa, b, sfb, d, layout, 32)
-        ref, product = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, layout, out), \
-            torch.einsum("gmk,gnk->gmn", x, w)
-        written = torch.arange(x.shape[1])[None, :] < layout[:, None]
-    else:
-        run_contiguous(variant, a, sfa, b, sfb, d, layout)
-        ref, product = reference.m_grouped_fp8_gemm_nt_contiguous_ref(a, sfa, b, sfb, layout, out), \
-            torch.einsum("mk,mnk->mn", x, w[layout.clamp(min=0).long()])
-        written = layout >= 0
-    _check(d, ref, written, product, name, SENTINEL if masked else 0.0)
-    return sfa, sfb
+    x, w, m_indices = contiguous_case(group_rows, n=n, k=256, seed=len(group_rows) + variant["UE8M0"])
+    run_and_check(variant, x, w, m_indices, False, f"contiguous {variant}", sfa_layout, zero_padding)
 
 
 # K blocks 1 to 5: the K loop runs its steps in groups of two or, where loads run two steps ahead
@@ -246,18 +240,11 @@ MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn")]
 
 @pytest.mark.parametrize("variant,sfa_layout", MASKED, ids=[f"{registry.variant_id(v)}-{s}" for v, s in MASKED])
 def test_masked_matches_reference(variant, sfa_layout):
-    ue8m0, out = variant["UE8M0"], OUT_DTYPE[variant["OUT"]]
     G, m_max, n, k = 4, 46, 64, 256
-    g = torch.Generator().manual_seed(2 + ue8m0)
+    g = torch.Generator().manual_seed(2 + variant["UE8M0"])
     x, w = torch.randn(G, m_max, k, generator=g), torch.randn(G, n, k, generator=g)
     masked_m = torch.tensor([46, 0, 17, 33], dtype=torch.int32)  # full, empty, partial tiles
-    a, sfa, b, sfb = quantize(x, w, ue8m0)
-    sfa = mn_major(sfa) if sfa_layout == "mn" else sfa
-    d = torch.full((G, m_max, n), SENTINEL, dtype=out)
-    run_masked(variant, a, sfa, b, sfb, d, masked_m, 32)
-    ref = reference.m_grouped_fp8_gemm_nt_masked_ref(a, sfa, b, sfb, masked_m, out)
-    written = torch.arange(m_max)[None, :] < masked_m[:, None]
-    _check(d, ref, written, torch.einsum("gmk,gnk->gmn", x, w), f"masked {variant}")
+    run_and_check(variant, x, w, masked_m, True, f"masked {variant}", sfa_layout)
 
 
 @pytest.mark.parametrize("masked", [1, 0], ids=["masked", "contiguous"])
