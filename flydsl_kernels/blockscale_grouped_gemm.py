@@ -39,6 +39,14 @@ compile-time variants:
             mxgemm.reference sums 32-K chunks the same way (bit-exact). Registers as the e4m3
             path's without the scale registers; the kernel's k argument is K in elements, a row
             is 2K bytes; K % 16 (32 bytes: the 16-byte chunk rule with room to spare).
+  SFA_KMAJOR 1 (fp32 scales only): sfa is row-major ([.., rows, K blocks], sfa_sk1 = 4, sfa_sk4 = 16)
+            and ends at byte rows * sfa_sm. A lane then loads the scales of a window of its rows' next
+            K blocks (sfa_window: one K-loop iteration's steps) in one load per window, not one per
+            step: at long K each row's scales are a line of their own, and the A and B DMA of the
+            steps in between evict it from the L1 (masked m 256 per group, N 2048, K 7168: 16 lines
+            per 16 rows and step went to the L2 again). The window's offset is a voffset, so the
+            last window's blocks past the tensor's end read 0 (the range check is per dword);
+            those past a row's end read the next row's scales, which no step uses.
   OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
   BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
             tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
@@ -112,6 +120,12 @@ def load_depth(bm, bn, bf16: bool) -> int:
     return 2 if not bf16 and (bm, bn) in ((128, 64), (32, 32)) else 1
 
 
+def sfa_window(bm, bn, sfa_kmajor) -> int:
+    """K blocks of sfa a lane loads at once (SFA_KMAJOR; 0: one per step): the steps of one K-loop
+    iteration, 3 where loads run two steps ahead (three register sets), else 4 (a dwordx4)."""
+    return (3 if load_depth(bm, bn, False) == 2 else 4) if sfa_kmajor else 0
+
+
 def b_through_lds(b_fmt) -> bool:
     """e4m3 b reaches the MFMAs through LDS by DMA, as A does: loaded into registers, each B row
     went through the CU's L1 once per wave row that uses it (twice), the L1 the limit of the
@@ -124,16 +138,18 @@ def buffer_bytes(bm, bn, b_fmt) -> int:
     return (bm + (bn if b_through_lds(b_fmt) else 0)) * BLOCK_K
 
 
-def _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out):
+def _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out, sfa_kmajor):
     bf16 = a_fmt == "bf16"
-    if (bm not in TILES or bn not in TILES or masked not in (0, 1) or psum not in (0, 1) or ue8m0 not in (0, 1)
+    if (sfa_kmajor not in (0, 1) or (sfa_kmajor and (ue8m0 or bf16))
+            or bm not in TILES or bn not in TILES or masked not in (0, 1) or psum not in (0, 1) or ue8m0 not in (0, 1)
             or a_fmt not in A_FMTS or out not in ("bf16", "f16") or (masked and psum)
             or (b_fmt != "bf16" if bf16 else b_fmt not in FMT_CODE) or (b_fmt == "e2m1" and not ue8m0)
             or (bf16 and ue8m0)):
         raise ValueError(f"variant BM={bm} BN={bn} MASKED={masked} PSUM={psum} UE8M0={ue8m0} A_FMT={a_fmt} "
-                         f"B_FMT={b_fmt} OUT={out}: BM, BN in {TILES}; MASKED, PSUM, UE8M0 in (0, 1), PSUM only "
-                         f"contiguous; A_FMT in {A_FMTS}; B_FMT in {tuple(FMT_CODE)} (e4m3 a), e2m1 only with "
-                         f"UE8M0; bf16 a: b bf16, no scales (UE8M0 0); OUT bf16 or f16")
+                         f"B_FMT={b_fmt} OUT={out} SFA_KMAJOR={sfa_kmajor}: BM, BN in {TILES}; MASKED, PSUM, UE8M0, "
+                         f"SFA_KMAJOR in (0, 1), PSUM only contiguous; A_FMT in {A_FMTS}; B_FMT in "
+                         f"{tuple(FMT_CODE)} (e4m3 a), e2m1 only with UE8M0; bf16 a: b bf16, no scales (UE8M0 0); "
+                         f"SFA_KMAJOR only with fp32 scales; OUT bf16 or f16")
 
 
 def _psum_group(B, layout, groups, row_base):
@@ -182,8 +198,8 @@ def _xcd_tile(B, n_tiles, m_tiles, band):
     return column, band_index, row
 
 
-def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups, zero_pad,
-          sfa_st, sfb_st, lds):
+def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, sfa_kmajor, a, sfa, b, sfb, d, layout, rows, n, k, m_max, groups,
+          zero_pad, sfa_st, sfb_st, lds):
     rows, n, k, m_max, groups = map(Int, (rows, n, k, m_max, groups))
     if b_fmt == "bf16":
         k = k * 2                                   # from here on: bytes of a row of a (and of b)
@@ -229,14 +245,14 @@ def _body(bm, bn, masked, psum, ue8m0, b_fmt, out, a, sfa, b, sfb, d, layout, ro
         sfa_tile = row_base * sfa_sm
     if_run = scf.IfOp(active, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        t = _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, bx * bn, row_base, row_ok, sfa_tile,
+        t = _tile(B, bm, bn, ue8m0, b_fmt, out, sfa_kmajor, rows, n, k, lds, group, bx * bn, row_base, row_ok, sfa_tile,
                   tuple(map(Int, sfa_st)), tuple(map(Int, sfb_st)), None if masked else run, pad)
         _epilogue(t, _k_loop(t, *_loaders(t, a, sfa, b, sfb, d)))
         scf.YieldOp([])
 
 
-def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, row_ok, sfa_tile, sfa_st, sfb_st, run,
-          pad):
+def _tile(B, bm, bn, ue8m0, b_fmt, out, sfa_kmajor, rows, n, k, lds, group, n0, row_base, row_ok, sfa_tile, sfa_st,
+          sfb_st, run, pad):
     """What every part of one workgroup's tile uses: its geometry, this lane's place in it, the
     K blocks (k in bytes). run: whether the tile has a group (None: always, the masked layout);
     pad: write rows of no group as zeros (None: never)."""
@@ -249,7 +265,8 @@ def _tile(B, bm, bn, ue8m0, b_fmt, out, rows, n, k, lds, group, n0, row_base, ro
         wm_rows=bm // 2, wn_cols=bn // 2, m_tiles=bm // 2 // 16, n_tiles=bn // 2 // 16,
         dmas=bm * (BLOCK_K // 16) // THREADS,        # 16-byte A chunks per thread per K block
         b_lds=b_lds, bdmas=bn * (BLOCK_K // 16) // THREADS if b_lds else 0,   # B's, when b_lds
-        buf_bytes=buffer_bytes(bm, bn, b_fmt), depth=load_depth(bm, bn, b_fmt == "bf16"))
+        buf_bytes=buffer_bytes(bm, bn, b_fmt), depth=load_depth(bm, bn, b_fmt == "bf16"),
+        window=sfa_window(bm, bn, sfa_kmajor))
     t.buffers = t.depth + 1
     t.tid = Int(fx.thread_idx.x.ir_value())
     lane = t.tid % 64
@@ -277,7 +294,8 @@ def _loaders(t, a, sfa, b, sfb, d):
     LDS buffer by buffer->LDS DMA; past the end (live false) both read the empty resource."""
     B, (sfa_sk4, sfa_sk1), (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift) = t.B, t.sfa_st[2:], t.sfb_st
     a_rsrc = B.rsrc(a, t.rows * t.k)
-    sfa_rsrc = B.rsrc(sfa, B.c(INVALID_OFFSET - 1))   # strided scales: range checks only reject INVALID_OFFSET
+    # strided scales: range checks only reject INVALID_OFFSET; K-major windows: up to the tensor's end
+    sfa_rsrc = B.rsrc(sfa, t.rows * t.sfa_st[1] if t.window else B.c(INVALID_OFFSET - 1))
     row_bytes = t.k // 2 if t.fp4 else t.k            # of b: e2m1 packs two K per byte
     b_rsrc = B.rsrc(B.gep(b, arith.muli(B.u64(t.group), B.u64(t.n * row_bytes))), t.n * row_bytes)
     sfb_group = t.group * sfb_sg
@@ -305,30 +323,40 @@ def _loaders(t, a, sfa, b, sfb, d):
     elif not t.bf16:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
         sfb_row = B.gep(sfb, sfb_group + (t.n0 >> sfb_shift) * sfb_sn)
     scale_t = B.i8 if t.ue8m0 else B.f32
+    window_t = ir.VectorType.get([t.window], B.f32) if t.window else None
 
     def k_block(kt, sk4, sk1):
         """Byte offset of K block kt in a scale tensor."""
         return (kt >> 2) * sk4 + (kt & 3) * sk1
 
-    def load_step(kt, live):
+    def load_step(kt, live, at=0, prev=None):
+        """Step kt's register loads -> (B halves, sfa [m-tile], sfb, sfa windows [m-tile]; with windows
+        sfa is [], the step takes its scales from the window); ``at``: kt's place in its sfa window
+        (known at trace time), prev: step kt - 1's registers (its windows)."""
         br, sr = llvm.select(live, b_rsrc, t.null_rsrc), llvm.select(live, sfa_rsrc, t.null_rsrc)
         soff, is_last = kt * (BLOCK_K // 2 if t.fp4 else BLOCK_K), B.cmp("eq", kt, t.last)
         bw = [[rocdl.raw_ptr_buffer_load(B.v4i32, br, B.sel(is_last, last, v), soff, aux=B.c_attr(0))
                for v, last in zip(chunks, lasts)] for chunks, lasts in zip(b_voff, b_voff_last)]
         if t.bf16:
-            return bw, [], []                        # no scales
-        sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
-              for mt in range(t.m_tiles)]
+            return bw, [], [], []                    # no scales
+        win = []
+        if not t.window:
+            sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
+                  for mt in range(t.m_tiles)]
+        else:  # K-major: K block kt at byte 4 kt of the row
+            win = prev[3] if at else [rocdl.raw_ptr_buffer_load(window_t, sr, sfa_voff[mt] + kt * 4, B.c(0),
+                                                                aux=B.c_attr(0)) for mt in range(t.m_tiles)]
+            sa = []
         if t.fp4:
             sbr = llvm.select(live, sfb_rsrc, t.null_rsrc)
             sb = [rocdl.raw_ptr_buffer_load(B.i8, sbr, B.sel(is_last, last, v), kt * sfb_sk4, aux=B.c_attr(0))
                   for v, last in zip(sfb_voff, sfb_voff_last)]
-            return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb]
+            return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb], win
         if t.ue8m0:
             sbr, sbk = llvm.select(live, sfb_rsrc, t.null_rsrc), k_block(kt, sfb_sk4, sfb_sk1)
             sb = [rocdl.raw_ptr_buffer_load(B.i8, sbr, v, sbk, aux=B.c_attr(0)) for v in sfb_voff]
-            return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb]
-        return bw, sa, [B.gload(B.f32, sfb_row, k_block(Int(B.sel(live, kt, B.c(0))), sfb_sk4, sfb_sk1), 4)]
+            return bw, [arith.extui(B.i32, x) for x in sa], [arith.extui(B.i32, x) for x in sb], win
+        return bw, sa, [B.gload(B.f32, sfb_row, k_block(Int(B.sel(live, kt, B.c(0))), sfb_sk4, sfb_sk1), 4)], win
 
     def dma_step(kt, live, slot):
         lds_buf = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
@@ -415,11 +443,14 @@ def _k_loop(t, load_step, dma_step):
         return (halves if t.bf16 else [_cat(B, hs) for hs in halves]), read(t.b_lds_off)
 
     def run_step(kt, acc, cur, slot, in_flight):
-        (af, b_tile), nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot), load_step,
+        (af, b_tile), nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot),
+                                          lambda kn, live: load_step(kn, live, window_at(slot + t.depth), cur[-1]),
                                           lambda kt, live: dma_step(kt, live, (slot + t.depth) % t.buffers), t.depth,
                                           in_flight)
-        bw, sa, sb = cur[0]
+        bw, sa, sb, win = cur[0]
         bw = b_tile or bw
+        # from the window: a scale the loop carries besides its window would take a copy at the back edge
+        sa = [llvm.extractelement(w, B.c(window_at(slot))) for w in win] or sa
         nxt = (*cur[1:], nxt)
         acc = [list(x) for x in acc]
         if t.bf16:  # K half h of the block: bytes 16g + 64h of each row, one 16x16x32 MFMA
@@ -444,23 +475,33 @@ def _k_loop(t, load_step, dma_step):
         fx.rocdl.sched_barrier(0)
         return acc, nxt
 
+    def window_at(step):
+        """A step's place in its sfa window; steps are loop slots (iterations of one window each)."""
+        return step % t.window if t.window else 0
+
     first = B.c(1, B.i1) if t.run is None else t.run
     regs = []
     for kt in range(t.depth):   # the prologue: steps 0 .. depth-1 in flight
         live = first if kt == 0 else arith.andi(first, B.cmp("slt", B.c(kt), t.kb))
-        regs.append(load_step(B.c(kt), live))
+        regs.append(load_step(B.c(kt), live, window_at(kt), regs[-1] if kt else None))
         dma_step(B.c(kt), live, kt)
-    # a step's vector-memory ops, the ones the barrier may leave pending (fp32 sfb not counted:
-    # it may be a scalar load; counting fewer only waits longer); in the last steps the DMA only:
-    # the registers' loads there are past the end, dead code the compiler removes
-    bw, sa, sb = regs[0]
-    in_flight = 0 if t.depth == 1 else len(flatten(bw)) + len(sa) + (len(sb) if t.ue8m0 else 0) + t.dmas + t.bdmas
+    # the vector-memory ops a step's barrier may leave pending: those of the step before it, the loads
+    # of step kt + 1 (fp32 sfb not counted: it may be a scalar load; sfa only where a window starts;
+    # counting fewer only waits longer); in the last steps the DMA only: the registers' loads there are
+    # past the end, dead code the compiler removes
+    bw, sa, sb, _ = regs[0]
+
+    def in_flight(slot):
+        if t.depth == 1:
+            return 0
+        sfa_loads = t.m_tiles if window_at(slot + 1) == 0 else 0
+        return len(flatten(bw)) + sfa_loads + (len(sb) if t.ue8m0 else 0) + t.dmas + t.bdmas
     in_flight_last = 0 if t.depth == 1 else t.dmas + t.bdmas
     # bf16: the pair's second register set takes 128 x 128 to 170 VGPRs (2 workgroups per CU, not 3), which
     # costs more than the overlap gains (masked m 512, N 7168, K 256: 24.33 -> 25.32 us on the model)
     return k_loop(t.kb, [[zero_acc] * t.m_tiles for _ in range(t.n_tiles)], regs,
-                  lambda *a: run_step(*a, in_flight), unroll=1 if t.bf16 else t.depth + 1,
-                  tail_step=lambda *a: run_step(*a, in_flight_last))
+                  lambda kt, acc, cur, slot: run_step(kt, acc, cur, slot, in_flight(slot)),
+                  unroll=1 if t.bf16 else t.window or t.depth + 1, tail_step=lambda *a: run_step(*a, in_flight_last))
 
 
 def _epilogue(t, acc):
@@ -499,11 +540,11 @@ def _epilogue(t, acc):
         rocdl.raw_ptr_buffer_store(v, t.d_rsrc, voff, B.c(0), aux=B.c_attr(0))
 
 
-def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", b_fmt=None, out="bf16"):
+def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", b_fmt=None, out="bf16", sfa_kmajor=0):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build);
     b_fmt None: a's format."""
     b_fmt = b_fmt or a_fmt
-    _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out)
+    _check(bm, bn, masked, psum, ue8m0, a_fmt, b_fmt, out, sfa_kmajor)
 
     @fx.struct
     class SharedStorage:
@@ -516,7 +557,8 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", 
                              sfa_sk4: fx.Int32, sfa_sk1: fx.Int32, sfb_sg: fx.Int32, sfb_sn: fx.Int32,
                              sfb_sk4: fx.Int32, sfb_sk1: fx.Int32, sfb_shift: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
-        _body(bm, bn, masked, psum, ue8m0, b_fmt, out, *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
+        _body(bm, bn, masked, psum, ue8m0, b_fmt, out, sfa_kmajor,
+              *[fx.to_llvm_ptr(p) for p in (a, sfa, b, sfb, d, layout)],
               *[v.ir_value() for v in (rows, n, k, m_max, groups, zero_pad)],
               [v.ir_value() for v in (sfa_sg, sfa_sm, sfa_sk4, sfa_sk1)],
               [v.ir_value() for v in (sfb_sg, sfb_sn, sfb_sk4, sfb_sk1, sfb_shift)], fx.to_llvm_ptr(lds.buf.ptr))
@@ -535,10 +577,10 @@ def build(symbol: str, bm=128, bn=128, masked=0, psum=0, ue8m0=0, a_fmt="e4m3", 
 
 
 def compile_for_build(arch: str, symbol: str, BM=128, BN=128, MASKED=0, PSUM=0, UE8M0=0, A_FMT="e4m3", B_FMT=None,
-                      OUT="bf16"):
+                      OUT="bf16", SFA_KMAJOR=0):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
     Null pointers and Python ints are compile placeholders: nothing touches a device."""
-    fn = build(symbol, BM, BN, MASKED, PSUM, UE8M0, A_FMT, B_FMT, OUT)
+    fn = build(symbol, BM, BN, MASKED, PSUM, UE8M0, A_FMT, B_FMT, OUT, SFA_KMAJOR)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8, f32, i32 = fx.Uint8, fx.Float32, fx.Int32
     sf = u8 if UE8M0 else f32

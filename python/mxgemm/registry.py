@@ -192,7 +192,14 @@ register(Kernel(
 # --- DeepGEMM-compatible FP8 block-scale grouped GEMMs ---
 # One FlyDSL body: contiguous / masked grouping (MASKED), fp32 software-promoted / e8m0 hardware
 # scales (UE8M0) and the output type (OUT) are parameters. BM=BN=128 is the production tile;
-# 32 x 32 keeps emulator tests fast.
+# 32 x 32 keeps emulator tests fast. Every fp32-scale FP8 variant also comes with SFA_KMAJOR=1, which
+# the op runs for row-major activation scales (the others: MN-major).
+_BLOCKSCALE_FP8 = (
+    variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    + variant_grid(BM=(128,), BN=(64,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
+    + variant_grid(BM=(64,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
+    + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    + tuple(dict(BM=t, BN=t, MASKED=0, PSUM=1, UE8M0=0, OUT="bf16") for t in (128, 32)))
 register(Kernel(
     name="blockscale_grouped_gemm", language="flydsl", source="flydsl_kernels/blockscale_grouped_gemm.py",
     symbol="blockscale_grouped_gemm",
@@ -205,10 +212,7 @@ register(Kernel(
     # tiles (the op's config space): 128 x 128, 128 x 64 for grids too small to fill the GPU with
     # 128 x 128 and 64 x 128 for masked buffers of 64 rows (bf16, DeepGEMM's output), 32 x 32 for
     # N % 64 != 0 (and fast emulator tests)
-    variants=variant_grid(BM=(128,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
-    + variant_grid(BM=(128,), BN=(64,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
-    + variant_grid(BM=(64,), BN=(128,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16",))
-    + variant_grid(BM=(32,), BN=(32,), MASKED=(0, 1), UE8M0=(0, 1), OUT=("bf16", "f16"))
+    variants=_BLOCKSCALE_FP8 + tuple(dict(v, SFA_KMAJOR=1) for v in _BLOCKSCALE_FP8 if not v["UE8M0"])
     # DeepGEMM's unscaled BF16 grouped GEMMs (A_FMT bf16: a and b bf16, no scales, bf16 d): m_indices,
     # psum and masked layouts, 128 x 128 (hardware) and 32 x 32 (emulator)
     + tuple(dict(BM=t, BN=t, A_FMT="bf16", UE8M0=0, OUT="bf16", **f) for t in (128, 32)
@@ -217,7 +221,7 @@ register(Kernel(
     # (B_FMT: FP4 weights, per-32-K e8m0 scales) in every layout; 128 x 128 (hardware), 32 x 32 (emulator;
     # last: the race sweep's sample)
     + tuple(dict(BM=t, BN=t, OUT="bf16", **f) for t in (128, 32) for f in (
-        dict(MASKED=0, PSUM=1, UE8M0=0), dict(MASKED=0, PSUM=1, UE8M0=1), dict(MASKED=0, UE8M0=1, B_FMT="e2m1"),
+        dict(MASKED=0, PSUM=1, UE8M0=1), dict(MASKED=0, UE8M0=1, B_FMT="e2m1"),
         dict(MASKED=1, UE8M0=1, B_FMT="e2m1"), dict(MASKED=0, PSUM=1, UE8M0=1, B_FMT="e2m1"))),
     doc="e4m3 x e4m3 or e4m3 x e2m1 grouped GEMM with 1x128 / 128x128 (or per-row 1x128; 1x32 for e2m1) "
         "block scales: fp32, or e8m0 bytes, packed or not; or bf16 x bf16 unscaled (A_FMT bf16); DeepGEMM's "

@@ -107,15 +107,17 @@ def row_tiles(masked: bool, G: int, M: int):
     return (lambda bm: G * -(-M // bm)) if masked else (lambda bm: -(-M // bm))
 
 
-def choose_variant(G: int, M: int, N: int, K: int, m_tiles, family: dict, config="") -> Choice:
+def choose_variant(G: int, M: int, N: int, K: int, m_tiles, family: dict, config="", sfa_kmajor=False) -> Choice:
     """The Choice of the family's registered variants: the caller's config, else the tuned row,
-    else the tile of choose_tile (M: the tuned table's, module docstring)."""
+    else the tile of choose_tile (M: the tuned table's, module docstring); sfa_kmajor: that tile's
+    SFA_KMAJOR form (row-major fp32 activation scales, loaded a window of K blocks at a time)."""
     tiles = family_tiles(family)
     if not tiles:
         guards.fail("variant", f"no registered variant for {family}: the FP4 and psum forms have bf16 out only")
     picked = tuned_tile(family, G, M, N, K) if parse_config(config) is None else None
     bm, bn, why = picked or choose_tile(N, m_tiles, tiles, config)
-    return Choice(_KERNEL.name, registry.find_variant(_KERNEL, BM=bm, BN=bn, **family), why)
+    return Choice(_KERNEL.name, registry.find_variant(_KERNEL, BM=bm, BN=bn, **family,
+                                                      **({"SFA_KMAJOR": 1} if sfa_kmajor else {})), why)
 
 
 def scale_strides(sf: torch.Tensor, name: str) -> tuple:
@@ -215,7 +217,9 @@ def _plan(x) -> Plan:
                   **({"PSUM": 1} if psum else {}), **({"B_FMT": "e2m1"} if fp4 else {}),
                   **({"A_FMT": "bf16"} if bf16 else {}))
     m_tiles = row_tiles(masked, G, m_max if masked else rows)
-    choice = choose_variant(G, m_max if masked else rows, N, K, m_tiles, family, x.config)
+    # row-major fp32 sfa (K blocks adjacent): the kernel loads a window of them per row at once
+    sfa_kmajor = not ue8m0 and not bf16 and sfa_st[2:] == (16, 4)
+    choice = choose_variant(G, m_max if masked else rows, N, K, m_tiles, family, x.config, sfa_kmajor)
     variant, why = choice.variant, choice.why
     bm, bn = variant["BM"], variant["BN"]
     workgroups = m_tiles(bm) * (N // bn)
@@ -225,7 +229,7 @@ def _plan(x) -> Plan:
                                   f"{MAX_WORKGROUPS} (2^21): split the call (fewer groups or columns of b)")
     scales = ("no scales, bf16 MFMAs" if bf16 else
               f"e8m0 scales{' (packed)' if PACKED in (x.sfa.dtype, x.sfb.dtype) else ''} on the scaled MFMA"
-              if ue8m0 else "fp32 scales, exact per-128-K promotion")
+              if ue8m0 else f"fp32 scales ({'row' if sfa_kmajor else 'MN'}-major sfa), exact per-128-K promotion")
     layout = "masked layout" if masked else f"contiguous ({'psum' if psum else 'm_indices'}) layout, padding " \
         f"rows {'zeroed' if x.zero_padding else 'untouched'}"
     operands = "bf16" if bf16 else "e4m3 x e2m1" if fp4 else "e4m3"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..deep_gemm.layout import get_mn_major_tma_aligned_tensor
 from .base import BITWISE, OUT_DTYPES, Call, Case, Inputs, OpSpec, Smoke, Work, grid, k_per_iteration, waves
 
 OP = "deep_gemm_fp8_grouped_gemm"
@@ -22,7 +23,8 @@ def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="", zero_padding=Fa
     """Groups of ``group_rows`` rows: masked [G, m_max, K], or contiguous in G * m_max rows, each
     group padded to m_max rows (layout -1 past a group's rows) or, PSUM, DeepGEMM's psum layout (the
     groups' ends, each group starting at the previous end aligned to 128; m_max a multiple of 128);
-    B_FMT e2m1: FP4 b with 1x32 e8m0 scales; A_FMT bf16: bf16 a and b, no scales."""
+    B_FMT e2m1: FP4 b with 1x32 e8m0 scales; A_FMT bf16: bf16 a and b, no scales; fp32 sfa row-major
+    for SFA_KMAJOR, else MN-major (the layout each variant runs)."""
     sf = inp.scale if v["UE8M0"] else inp.fp32_scale
     psum = bool(v.get("PSUM"))
     if v["MASKED"]:
@@ -44,6 +46,8 @@ def _call(inp: Inputs, v, G, group_rows, m_max, N, K, config="", zero_padding=Fa
         b, sfb = inp.mx(G, N, K, fmt="e2m1") if v.get("B_FMT") == "e2m1" else \
             (inp.fp8(G, N, K), sf(G, -(-N // 128), kb))
         a, sfa = inp.fp8(*rows, K), sf(*rows, kb)
+        if not v["UE8M0"] and not v.get("SFA_KMAJOR"):  # the fp32 variants for MN-major activation scales
+            sfa = get_mn_major_tma_aligned_tensor(sfa)
     args = (a, sfa, b, sfb, layout.to(inp.device), out)
     kw = dict(masked=bool(v["MASKED"]), config=config,
               **({} if v["MASKED"] else dict(psum=psum, zero_padding=zero_padding)))
@@ -75,17 +79,17 @@ def work(kernel, v, groups, m, N, K) -> Work:
 
 def race(kernel, v) -> list:
     """Groups of 40, 0 and 23 rows (full, skipped and partial BM tiles; masked, or contiguous with
-    each group padded to 128 rows, or psum), K = 1, 6 and 8 blocks of 128 bytes, the 8th partial
-    (976 bytes; 992 for FP4 b, K % 32, and bf16, K % 16: K = 64, 384, 496 elements) (the K loop runs
-    2 or 3 steps per iteration, then the remainder: 8 leaves 2 steps after groups of 3, 1 takes
-    the path that skips the loop; with 6 the dead prefetch DMA of the last step lands in LDS
-    buffer 0, where the epilogue's C tile goes); contiguous calls with K = 6 blocks write their
+    each group padded to 128 rows, or psum), K = 1, 6, 8 and 11 blocks of 128 bytes, the 11th partial
+    (1360 bytes; 1376 for FP4 b, K % 32, and bf16, K % 16: K = 64, 384, 512, 688 elements) (the K loop
+    runs 2, 3 or 4 steps per iteration, then the remainder: every remainder of 3 and of 4 occurs, 1
+    takes the path that skips the loop; with 6 and 11 the dead prefetch DMA of the last step lands
+    in LDS buffer 0, where the epilogue's C tile goes); contiguous calls with K = 6 blocks write their
     padding rows as zeros (padding-only tiles run with no K loop)."""
     rows = torch.tensor([40, 0, 23])
     bf16 = v.get("A_FMT") == "bf16"
     return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K // 2 if bf16 else K,
                   f"BM={v['BM']},BN={v['BN']}", zero_padding=K == 768)
-            for K in (128, 768, 992 if bf16 or v.get("B_FMT") == "e2m1" else 976)]
+            for K in (128, 768, 1024, 1376 if bf16 or v.get("B_FMT") == "e2m1" else 1360)]
 
 
 def decode(inp: Inputs) -> dict:

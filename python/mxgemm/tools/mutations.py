@@ -187,6 +187,18 @@ CATALOGUE = (
         (BLOCKSCALE, "sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1)",
          "sfa_voff[mt], k_block(B.add(kt, B.c(1)), sfa_sk4, sfa_sk1)"),),
         "activation scale of the next 128-K block (off by one in the K-block scale index)"),
+    Mutation("deep-gemm-sfa-window-next-k-block", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "sfa_voff[mt] + kt * 4, B.c(0)", "sfa_voff[mt] + (kt + 1) * 4, B.c(0)"),),
+        "row-major activation scales: each window starts one K block late"),
+    Mutation("deep-gemm-sfa-window-first-block", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "llvm.extractelement(w, B.c(window_at(slot)))", "llvm.extractelement(w, B.c(0))"),),
+        "row-major activation scales: every step of a window takes its first K block's scale"),
+    Mutation("deep-gemm-sfa-window-unbounded", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "t.rows * t.sfa_st[1] if t.window", "B.c(INVALID_OFFSET - 1) if t.window"),),
+        "row-major activation scales: the last window reads past the tensor's end"),
+    Mutation("deep-gemm-sfa-window-wait-counts-every-step", ("blockscale_grouped_gemm",), (
+        (BLOCKSCALE, "sfa_loads = t.m_tiles if window_at(slot + 1) == 0 else 0", "sfa_loads = t.m_tiles"),),
+        "sfa windows, loads two steps ahead: a barrier counts window loads the step before did not issue"),
     Mutation("deep-gemm-sfb-per-block-only", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "(c >> sfb_shift) * sfb_sn", "(c >> 7) * sfb_sn"),),
         "UE8M0 weight scales always read per 128 rows of b: per-row (packed recipe) scales ignored"),
