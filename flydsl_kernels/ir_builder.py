@@ -127,8 +127,9 @@ def pipelined_step(b, kt, k_steps, read_tile, load_step, dma_step, depth=1, in_f
 
 def k_loop(k_steps, acc, regs, run_step, unroll=2, tail_step=None):
     """The K loop of the kernels whose prefetched operands go from registers straight to the
-    MFMAs: ``unroll`` steps per iteration, one per register set (each step's prefetch lands in a
-    set no step in flight reads), then the last k_steps % unroll steps. With one step per
+    MFMAs: ``unroll`` steps per iteration, at least one per register set (each step's prefetch
+    lands in a set no step in flight reads; more where a step's place in the iteration decides
+    its loads), then the last k_steps % unroll steps. With one step per
     iteration (unroll 1) the loop copies the prefetched registers at its back edge, and the copy
     waits for the loads, so they overlap only other workgroups' work; each extra register set
     costs VGPRs. run_step(kt, acc, cur, slot) -> (acc, the registers of the steps after kt); acc, regs:

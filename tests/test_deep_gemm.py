@@ -198,15 +198,20 @@ def run_and_check(variant, x, w, layout, masked, name, sfa_layout="row", zero_pa
 
 # (variant, group row counts, N, activation-scale layout, ensure_zero_padding): every small variant
 # on 4 groups with an empty one and unaligned sizes (padding zeroed or untouched); 1 and 8 groups
-# and MN-major scales on some; the 128 x 128 and 128 x 64 tiles once each, 64 x 128 twice. With 8 groups of at most
-# 30 rows, most 32-row tiles are padding only: their zeros come from tiles with no K loop.
+# and MN-major scales on some; the 128 x 128 and 128 x 64 tiles twice each, 64 x 128 three times.
+# With 8 groups of at most 30 rows, most 32-row tiles are padding only: their zeros come from tiles
+# with no K loop.
 CONTIGUOUS = [(v, [100, 0, 37, 128], 64, "row", i % 2 == 1) for i, v in enumerate(SMALL)] + [
     (SMALL[0], [45], 32, "mn", False), (SMALL[3], [3, 0, 17, 1, 0, 30, 9, 2], 32, "mn", True),
     (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
     (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), [100, 128], 64, "row", False),
     (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "row", True),
     # 6 row tiles x 3 column tiles: 18 workgroups, not a multiple of the 8 XCDs they are dealt to
-    (dict(BM=64, BN=128, UE8M0=1, OUT="bf16"), [100, 0, 130], 384, "row", False)]
+    (dict(BM=64, BN=128, UE8M0=1, OUT="bf16"), [100, 0, 130], 384, "row", False),
+    # fp32 scales MN-major: the variants that load sfa a step at a time (row-major ones load windows)
+    (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), [100, 128], 128, "mn", False),
+    (dict(BM=128, BN=64, UE8M0=0, OUT="bf16"), [100, 128], 64, "mn", True),
+    (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), [100, 0, 130], 384, "mn", False)]
 
 
 @pytest.mark.parametrize("variant,group_rows,n,sfa_layout,zero_padding", CONTIGUOUS,
@@ -239,7 +244,7 @@ def test_partial_last_k_block_matches_reference(variant, masked, k):
     assert sfa.shape[-1] == sfb.shape[-1] == -(-k // 128)
 
 
-MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn")]
+MASKED = [(v, "row") for v in SMALL] + [(SMALL[1], "mn"), (dict(BM=128, BN=64, UE8M0=0, OUT="bf16"), "mn")]
 
 
 @pytest.mark.parametrize("variant,sfa_layout", MASKED, ids=[f"{registry.variant_id(v)}-{s}" for v, s in MASKED])

@@ -30,7 +30,8 @@ ROUNDS = 3          # rounds of XCD 0's workgroups simulated (as `python -m mxge
 # (the K loop is the steady state, docs/timing_model.md §3): a whole 7168-K cell takes 6-12 minutes
 # of the shared cores a side. Both K run every kernel's K loop in its steady state: at 256, a loop of
 # three steps per iteration (ours at 128 x 64) never runs an iteration. The extrapolation misses what
-# grows with K: row-major scales' L1 misses at K 7168 (docs/peers/blockscale.md, "The whole K")
+# grows with K: row-major scales' L1 misses at K 7168, fewer since ours loads them in windows
+# (docs/peers/blockscale.md, "The whole K" and "Row-major scales in windows")
 K_SAMPLE = (512, 1024)
 NAME = "blockscale_moe"
 
