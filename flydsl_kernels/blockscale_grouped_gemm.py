@@ -40,13 +40,15 @@ compile-time variants:
             path's without the scale registers; the kernel's k argument is K in elements, a row
             is 2K bytes; K % 16 (32 bytes: the 16-byte chunk rule with room to spare).
   SFA_KMAJOR 1 (fp32 scales only): sfa is row-major ([.., rows, K blocks], sfa_sk1 = 4, sfa_sk4 = 16)
-            and ends at byte rows * sfa_sm. A lane then loads the scales of a window of its rows' next
-            K blocks (sfa_window: one K-loop iteration's steps) in one load per window, not one per
-            step: at long K each row's scales are a line of their own, and the A and B DMA of the
-            steps in between evict it from the L1 (masked m 256 per group, N 2048, K 7168: 16 lines
-            per 16 rows and step went to the L2 again). The window's offset is a voffset, so the
-            last window's blocks past the tensor's end read 0 (the range check is per dword);
-            those past a row's end read the next row's scales, which no step uses.
+            and ends at byte rows * sfa_sm. The four lanes of a row (lane groups g = 0..3) then load
+            the scales of a window of its next K blocks (sfa_window: one K-loop iteration's steps, 12
+            or 16), each a quarter (3 or 4 blocks) in one load, and a step's ds_bpermute brings its
+            block from the group that holds it; not one load per step: at long K each row's scales
+            are a line of their own, and the A and B DMA of the steps in between evict it from the
+            L1 (masked m 256 per group, N 2048, K 7168: 16 lines per 16 rows and step went to the
+            L2 again). The window's offset is a voffset, so the last window's blocks past the
+            tensor's end read 0 (the range check is per dword); those past a row's end read the
+            next row's scales, which no step uses.
   OUT       "bf16" | "f16": RNE conversion of the fp32 accumulator.
   BM x BN   workgroup tile (rows x columns); 4 waves as 2 x 2, each (BM/2) x (BN/2) in 16x16 MFMA
             tiles. BN divides 128, so one per-128-row sfb value covers the workgroup per K block.
@@ -121,9 +123,11 @@ def load_depth(bm, bn, bf16: bool) -> int:
 
 
 def sfa_window(bm, bn, sfa_kmajor) -> int:
-    """K blocks of sfa a lane loads at once (SFA_KMAJOR; 0: one per step): the steps of one K-loop
-    iteration, 3 where loads run two steps ahead (three register sets), else 4 (a dwordx4)."""
-    return (3 if load_depth(bm, bn, False) == 2 else 4) if sfa_kmajor else 0
+    """K blocks of sfa a row's four lanes load at once (SFA_KMAJOR; 0: one per step), the steps of one
+    K-loop iteration: lane group g loads blocks g*c .. g*c+c-1 of the window in one load, c = 3 (a
+    dwordx3) where loads run two steps ahead (an iteration a multiple of the three register sets),
+    else 4 (a dwordx4)."""
+    return 4 * (3 if load_depth(bm, bn, False) == 2 else 4) if sfa_kmajor else 0
 
 
 def b_through_lds(b_fmt) -> bool:
@@ -323,7 +327,7 @@ def _loaders(t, a, sfa, b, sfb, d):
     elif not t.bf16:  # one fp32 scale per 128 columns: uniform over the workgroup (BN divides 128)
         sfb_row = B.gep(sfb, sfb_group + (t.n0 >> sfb_shift) * sfb_sn)
     scale_t = B.i8 if t.ue8m0 else B.f32
-    window_t = ir.VectorType.get([t.window], B.f32) if t.window else None
+    window_t = ir.VectorType.get([t.window // 4], B.f32) if t.window else None
 
     def k_block(kt, sk4, sk1):
         """Byte offset of K block kt in a scale tensor."""
@@ -343,7 +347,7 @@ def _loaders(t, a, sfa, b, sfb, d):
         if not t.window:
             sa = [rocdl.raw_ptr_buffer_load(scale_t, sr, sfa_voff[mt], k_block(kt, sfa_sk4, sfa_sk1), aux=B.c_attr(0))
                   for mt in range(t.m_tiles)]
-        else:  # K-major: K block kt at byte 4 kt of the row
+        else:  # K-major: K block kt at byte 4 kt of the row (sfa_voff holds the lane group's part)
             win = prev[3] if at else [rocdl.raw_ptr_buffer_load(window_t, sr, sfa_voff[mt] + kt * 4, B.c(0),
                                                                 aux=B.c_attr(0)) for mt in range(t.m_tiles)]
             sa = []
@@ -408,7 +412,8 @@ def _lane_rows(t):
     for mt in range(t.m_tiles):
         rl = t.wm * t.wm_rows + (mt * 16 + t.r16)
         a_lds_off.append(_tile_lds_offsets(t, 0, rl))
-        sfa_voff.append(B.sel(t.row_ok(rl), t.sfa_tile + rl * t.sfa_st[1], B.c(INVALID_OFFSET)))
+        part = t.g * t.window if t.window else 0    # bytes: a window of 4 lane groups' parts of window/4 blocks
+        sfa_voff.append(B.sel(t.row_ok(rl), t.sfa_tile + rl * t.sfa_st[1] + part, B.c(INVALID_OFFSET)))
     t.b_lds_off = [_tile_lds_offsets(t, t.bm * BLOCK_K, t.wn * t.wn_cols + (nt * 16 + t.r16))
                    for nt in range(t.n_tiles)] if t.b_lds else []
     return a_lds_off, sfa_voff
@@ -432,25 +437,29 @@ def _k_loop(t, load_step, dma_step):
 
     v8bf16 = ir.VectorType.get([8], B.bf16)
 
-    def read_tile(kt, slot):
-        """Step kt's operands from its LDS buffer: A halves [m-tile] (and B halves [n-tile])."""
+    def read_tile(kt, slot, win):
+        """Step kt's operands from its LDS buffer: A halves [m-tile] (and B halves [n-tile]); and its
+        sfa [m-tile] out of the windows: block j of a window is element j % c of lane group j // c
+        (c = window / 4), which a ds_bpermute brings to the row's four lanes."""
         tile = B.gep(t.lds, kt % t.buffers * t.buf_bytes)
 
         def read(offsets):
-            return [[llvm.load(B.v4i32, B.gep(tile, o), alignment=16, **_scopes(t, slot)) for o in row]
+            return [[llvm.load(B.v4i32, B.gep(tile, o), alignment=16, **_scopes(t, slot % t.buffers)) for o in row]
                     for row in offsets]
         halves = read(t.a_lds_off)
-        return (halves if t.bf16 else [_cat(B, hs) for hs in halves]), read(t.b_lds_off)
+        part, at = divmod(window_at(slot), t.window // 4 or 1)
+        sa = [llvm.bitcast(B.f32, rocdl.ds_bpermute(B.i32, t.r16 * 4 + part * 64,
+                                                     llvm.bitcast(B.i32, llvm.extractelement(w, B.c(at)))))
+              for w in win]
+        return (halves if t.bf16 else [_cat(B, hs) for hs in halves]), read(t.b_lds_off), sa
 
     def run_step(kt, acc, cur, slot, in_flight):
-        (af, b_tile), nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot),
+        bw, sa, sb, win = cur[0]
+        (af, b_tile, win_sa), nxt = pipelined_step(B, kt, t.kb, lambda kt: read_tile(kt, slot, win),
                                           lambda kn, live: load_step(kn, live, window_at(slot + t.depth), cur[-1]),
                                           lambda kt, live: dma_step(kt, live, (slot + t.depth) % t.buffers), t.depth,
                                           in_flight)
-        bw, sa, sb, win = cur[0]
-        bw = b_tile or bw
-        # from the window: a scale the loop carries besides its window would take a copy at the back edge
-        sa = [llvm.extractelement(w, B.c(window_at(slot))) for w in win] or sa
+        bw, sa = b_tile or bw, win_sa or sa
         nxt = (*cur[1:], nxt)
         acc = [list(x) for x in acc]
         if t.bf16:  # K half h of the block: bytes 16g + 64h of each row, one 16x16x32 MFMA

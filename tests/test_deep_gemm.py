@@ -222,10 +222,15 @@ def test_contiguous_matches_reference(variant, group_rows, n, sfa_layout, zero_p
 
 
 # K blocks 1 to 5: the K loop runs its steps in groups of two or, where loads run two steps ahead
-# (32 x 32, 128 x 64), three, then the last ones
+# (32 x 32, 128 x 64), three, then the last ones. Row-major fp32 scales (SFA_KMAJOR) run a window of
+# K blocks an iteration, 12 where loads run two steps ahead, else 16: 25 to 37 blocks take two or
+# three windows, the last one partial
 PARTIAL_K = [(SMALL[0], 0, 336), (SMALL[3], 1, 208), (dict(BM=128, BN=64, UE8M0=1, OUT="bf16"), 0, 336),
              (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), 1, 336), (dict(BM=64, BN=128, UE8M0=1, OUT="bf16"), 1, 112),
-             (SMALL[0], 0, 496), (SMALL[2], 1, 560), (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), 0, 592)]
+             (SMALL[0], 0, 496), (SMALL[2], 1, 560), (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), 0, 592),
+             (SMALL[0], 1, 25 * 128 - 48), (dict(BM=128, BN=64, UE8M0=0, OUT="bf16"), 1, 29 * 128 - 48),
+             (dict(BM=64, BN=128, UE8M0=0, OUT="bf16"), 0, 33 * 128 - 112),
+             (dict(BM=128, BN=128, UE8M0=0, OUT="bf16"), 1, 37 * 128 - 16)]
 
 
 @pytest.mark.parametrize("variant,masked,k", PARTIAL_K,
