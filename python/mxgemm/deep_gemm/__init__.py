@@ -16,8 +16,8 @@ DeepGEMM's SM100 kernels take them: four to an int32 along K (byte i of word j i
 4j + i), MN-major, sfa [.., M, ceil(K/512)] and sfb [G, N, ceil(K/512)] with one scale per row
 of b (recipe (1, 1, 128)); ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` makes them.
 Row-major and MN-major sfa are both read in place, but MN-major is the fast one at long K: a wave's
-16 rows share a cache line, where row-major gives each row a line per window of 3-4 K blocks (K 7168,
-masked m 256 N 2048 on the timing model: 28.0 us against 42.9; docs/peers/blockscale.md).
+16 rows share a cache line, where row-major gives each row a line per window of 12-16 K blocks (K 7168,
+masked m 256 N 2048 on the timing model: 28.0 us against 35.0; docs/peers/blockscale.md).
 ``compiled_dims`` and ``expected_m`` are JIT / scheduling hints of DeepGEMM's and change nothing
 here; ``config`` (mxgemm's, after DeepGEMM's arguments) picks the tile, else the tuned table
 or ``choose_tile`` (ops/blockscale_grouped_gemm.py). FP4 b (int8 / uint8 [G, N, K/2], two e2m1 per
