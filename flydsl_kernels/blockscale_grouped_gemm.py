@@ -412,8 +412,8 @@ def _lane_rows(t):
     for mt in range(t.m_tiles):
         rl = t.wm * t.wm_rows + (mt * 16 + t.r16)
         a_lds_off.append(_tile_lds_offsets(t, 0, rl))
-        part = t.g * t.window if t.window else 0    # bytes: a window of 4 lane groups' parts of window/4 blocks
-        sfa_voff.append(B.sel(t.row_ok(rl), t.sfa_tile + rl * t.sfa_st[1] + part, B.c(INVALID_OFFSET)))
+        quarter = t.g * t.window if t.window else 0    # bytes: lane group g's window/4 blocks, 4 bytes each
+        sfa_voff.append(B.sel(t.row_ok(rl), t.sfa_tile + rl * t.sfa_st[1] + quarter, B.c(INVALID_OFFSET)))
     t.b_lds_off = [_tile_lds_offsets(t, t.bm * BLOCK_K, t.wn * t.wn_cols + (nt * 16 + t.r16))
                    for nt in range(t.n_tiles)] if t.b_lds else []
     return a_lds_off, sfa_voff
@@ -447,8 +447,8 @@ def _k_loop(t, load_step, dma_step):
             return [[llvm.load(B.v4i32, B.gep(tile, o), alignment=16, **_scopes(t, slot % t.buffers)) for o in row]
                     for row in offsets]
         halves = read(t.a_lds_off)
-        part, at = divmod(window_at(slot), t.window // 4 or 1)
-        sa = [llvm.bitcast(B.f32, rocdl.ds_bpermute(B.i32, t.r16 * 4 + part * 64,
+        holder, at = divmod(window_at(slot), t.window // 4 or 1)
+        sa = [llvm.bitcast(B.f32, rocdl.ds_bpermute(B.i32, t.r16 * 4 + holder * 64,
                                                      llvm.bitcast(B.i32, llvm.extractelement(w, B.c(at)))))
               for w in win]
         return (halves if t.bf16 else [_cat(B, hs) for hs in halves]), read(t.b_lds_off), sa

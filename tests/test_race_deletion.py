@@ -8,7 +8,7 @@ cannot pass for redundancy.
 
 Default run: a deterministic sample, the last registered variant of each kernel (its largest
 tiles, ~30 s CPU in all). MXGEMM_RACE_SWEEP=all runs every variant (the block-scale kernel's
-alone: about 22 minutes).
+alone: about three hours, 24 minutes for each 128 x 128 variant with sfa windows).
 """
 import functools
 import os
@@ -38,6 +38,10 @@ _MOE_WAVE_LOCAL = ("BLOCK_N * M_CHUNK = 256 output slots, slot o read by thread 
 _MOE_MFMA_LGKM = ("the MFMA chunk uses no LDS but ds_bpermute (lane exchange, no memory shared between waves), and "
                   "each ds_bpermute's result is waited for before it is read; the expert id's s_load is retired "
                   "right after it is issued: no LGKM operation whose result is still to be read is outstanding here")
+_WINDOW_EPILOGUE = ("epilogue entry with sfa windows: every path into it last issued a K step's DMAs, after that "
+                    "step's sfb load and any window loads, so the higher vmcnt above retires every load into "
+                    "registers; the DMAs this wait retires write LDS only, and the vmcnt(0) and barrier below come "
+                    "before the C tile's LDS writes")
 REDUNDANT = (
     ("smallm_mxfp8_mfma", tuple(registry.variant_id(v) for v in registry.get("smallm_mxfp8_mfma").variants
                                if v["SPLIT_K"] == 1), "s_waitcnt lgkmcnt(0)", "global_store_short",
@@ -75,12 +79,26 @@ REDUNDANT = (
      "epilogue reuses. Past a tail step, that step's barrier wait (vmcnt(2)) retired it; past the loop, the "
      "loop's last step waits for its sfb load (vmcnt(2)), issued after the window. Only a tile with no K "
      "step (a contiguous padding tile; a masked tile has K >= 1 block) needs it"),
+    *(("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
+       "s_waitcnt lgkmcnt(0)", mem,
+       "right after a step's ds_bpermute, 32 x 32 with sfa windows: the compiler pairs the step's promotion "
+       "multiply with the next step's (one v_pk_mul of both scales), which reads the permuted scale after the "
+       "next step's own lgkmcnt(0)") for mem in ("buffer_load_dwordx4", "global_load_dword")),
+    *(("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
+       "s_waitcnt vmcnt(2)", mem,
+       "a remainder step's barrier wait, 32 x 32 with sfa windows: the step before ends with the compiler's "
+       "vmcnt(2) for its sfb load (read by its promotion v_pk_mul), and no vector-memory op is issued between "
+       "the two (the branch between them ends the basic block)") for mem in ("buffer_load_dwordx4", "global_load_dword")),
     ("blockscale_grouped_gemm", ("BM64_BN128_MASKED1_OUTbf16_SFA_KMAJOR1_UE8M00",), "s_waitcnt vmcnt(6)",
      "ds_write_b64",
      "epilogue entry, masked 64 x 128 with sfa windows: the registers written before the next wait are "
      "loaded only by the sfa windows, which the vmcnt(7) above retires on the one path that leaves them "
      "outstanding (out of the loop with no remainder step: the windows, the sfb load and 6 DMAs); every "
      "remainder step's barrier waits for vmcnt(0), and a masked tile runs at least one K step"),
+    ("blockscale_grouped_gemm", ("BM64_BN128_MASKED1_OUTbf16_SFA_KMAJOR1_UE8M00",), "s_waitcnt vmcnt(4)",
+     "ds_write_b64", _WINDOW_EPILOGUE),
+    *(("blockscale_grouped_gemm", tuple(f"BM128_BN128_MASKED0_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
+       f"s_waitcnt vmcnt({n})", "ds_write_b64", _WINDOW_EPILOGUE) for n in (5, 2)),
     ("mx_gemm", tuple(f"A_FMTe2m1_BM64_BN64_B_FMTe2m1_NUM_BUFFERS2_OUT{o}_SPLITK0" for o in ("bf16", "f16")),
      "s_waitcnt vmcnt(0) lgkmcnt(0)", "ds_read_b128",
      "K-loop remainder step's barrier: its vmcnt(0) repeats the wait a few lines above, and the only LGKM "

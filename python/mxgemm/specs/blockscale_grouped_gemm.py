@@ -85,11 +85,13 @@ def race(kernel, v) -> list:
     takes the path that skips the loop; with 6 and 11 the dead prefetch DMA of the last step lands
     in LDS buffer 0, where the epilogue's C tile goes); contiguous calls with K = 6 blocks write their
     padding rows as zeros (padding-only tiles run with no K loop). SFA_KMAJOR runs 12 or 16 steps an
-    iteration (its sfa window): those are all remainders, and K = 31 blocks, the last partial (3936
-    bytes), runs the loop (one iteration and 15 steps, or two and 7)."""
+    iteration (its sfa window): those are all remainders; one iteration's K leaves the loop with no
+    remainder, and K = 31 blocks, the last partial (3936 bytes), runs 15 or 7 steps after it."""
     rows = torch.tensor([40, 0, 23])
     bf16 = v.get("A_FMT") == "bf16"
-    ks = (128, 768, 1024, 1376 if bf16 or v.get("B_FMT") == "e2m1" else 1360) + ((3936,) if v.get("SFA_KMAJOR") else ())
+    ks = (128, 768, 1024, 1376 if bf16 or v.get("B_FMT") == "e2m1" else 1360)
+    if v.get("SFA_KMAJOR"):
+        ks += (k_per_iteration(kernel, v, v["BM"], v["BN"]), 3936)
     return [_call(Inputs(seed=7), v, 3, rows, 40 if v["MASKED"] else 128, v["BN"], K // 2 if bf16 else K,
                   f"BM={v['BM']},BN={v['BN']}", zero_padding=K == 768) for K in ks]
 

@@ -194,10 +194,10 @@ CATALOGUE = (
         (BLOCKSCALE, "llvm.extractelement(w, B.c(at))", "llvm.extractelement(w, B.c(0))"),),
         "row-major activation scales: every step takes the first K block of its lane group's part of the window"),
     Mutation("deep-gemm-sfa-window-own-part", ("blockscale_grouped_gemm",), (
-        (BLOCKSCALE, "t.r16 * 4 + part * 64", "t.r16 * 4 + t.g * 64"),),
+        (BLOCKSCALE, "t.r16 * 4 + holder * 64", "t.r16 * 4 + t.g * 64"),),
         "row-major activation scales: each lane takes its own lane group's part of the window, not the step's"),
     Mutation("deep-gemm-sfa-window-parts-overlap", ("blockscale_grouped_gemm",), (
-        (BLOCKSCALE, "part = t.g * t.window if t.window", "part = t.g * 4 if t.window"),),
+        (BLOCKSCALE, "quarter = t.g * t.window if t.window", "quarter = t.g * 4 if t.window"),),
         "row-major activation scales: the lane groups' parts of a window start one K block apart"),
     Mutation("deep-gemm-sfa-window-unbounded", ("blockscale_grouped_gemm",), (
         (BLOCKSCALE, "t.rows * t.sfa_st[1] if t.window", "B.c(INVALID_OFFSET - 1) if t.window"),),
