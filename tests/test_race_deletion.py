@@ -42,6 +42,7 @@ _WINDOW_EPILOGUE = ("epilogue entry with sfa windows: every path into it last is
                     "step's sfb load and any window loads, so the higher vmcnt above retires every load into "
                     "registers; the DMAs this wait retires write LDS only, and the vmcnt(0) and barrier below come "
                     "before the C tile's LDS writes")
+_WINDOW_32 = tuple(f"BM32_BN32_MASKED{m}_OUT{o}_SFA_KMAJOR1_UE8M00" for m in (0, 1) for o in ("bf16", "f16"))
 REDUNDANT = (
     ("smallm_mxfp8_mfma", tuple(registry.variant_id(v) for v in registry.get("smallm_mxfp8_mfma").variants
                                if v["SPLIT_K"] == 1), "s_waitcnt lgkmcnt(0)", "global_store_short",
@@ -79,12 +80,12 @@ REDUNDANT = (
      "epilogue reuses. Past a tail step, that step's barrier wait (vmcnt(2)) retired it; past the loop, the "
      "loop's last step waits for its sfb load (vmcnt(2)), issued after the window. Only a tile with no K "
      "step (a contiguous padding tile; a masked tile has K >= 1 block) needs it"),
-    *(("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
+    *(("blockscale_grouped_gemm", _WINDOW_32,
        "s_waitcnt lgkmcnt(0)", mem,
        "right after a step's ds_bpermute, 32 x 32 with sfa windows: the compiler pairs the step's promotion "
        "multiply with the next step's (one v_pk_mul of both scales), which reads the permuted scale after the "
        "next step's own lgkmcnt(0)") for mem in ("buffer_load_dwordx4", "global_load_dword")),
-    *(("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
+    *(("blockscale_grouped_gemm", _WINDOW_32,
        "s_waitcnt vmcnt(2)", mem,
        "a remainder step's barrier wait, 32 x 32 with sfa windows: the step before ends with the compiler's "
        "vmcnt(2) for its sfb load (read by its promotion v_pk_mul), and no vector-memory op is issued between "
