@@ -42,7 +42,8 @@ _WINDOW_EPILOGUE = ("epilogue entry with sfa windows: every path into it last is
                     "step's sfb load and any window loads, so the higher vmcnt above retires every load into "
                     "registers; the DMAs this wait retires write LDS only, and the vmcnt(0) and barrier below come "
                     "before the C tile's LDS writes")
-_WINDOW_32 = tuple(f"BM32_BN32_MASKED{m}_OUT{o}_SFA_KMAJOR1_UE8M00" for m in (0, 1) for o in ("bf16", "f16"))
+_WINDOW_32 = tuple(f"BM32_BN32_MASKED{m}_OUT{o}_SFA_KMAJOR1_UE8M00" for m in (0, 1) for o in ("bf16", "f16")) + (
+    "BM32_BN32_MASKED0_OUTbf16_PSUM1_SFA_KMAJOR1_UE8M00",)
 REDUNDANT = (
     ("smallm_mxfp8_mfma", tuple(registry.variant_id(v) for v in registry.get("smallm_mxfp8_mfma").variants
                                if v["SPLIT_K"] == 1), "s_waitcnt lgkmcnt(0)", "global_store_short",
