@@ -9,7 +9,8 @@ with the chunk ^ (row & 7) swizzle), same fences (s_waitcnt vmcnt(0) + workgroup
 per K step,
 lgkmcnt(0) before the MFMAs, a sched_barrier after them), same MFMA order (k-step, m-tile,
 n-tile) and the same epilog (f32 multiply by the top-k weight, RNE to bf16, two
-global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order). The HIP file's header
+global_atomic_pk_add_bf16 per (m-tile, n-tile) in the same order, or with ROUTE_ROWS one 8-byte
+store into the route's row). The HIP file's header
 comment documents the layouts; this file only names where the port differs in spelling, and in
 one load's place: at BM 16 (WEIGHTS_FIRST) the port reads each row's top-k weight in the
 prologue, with its sorted id, where HIP reads it in the epilog after the K loop, so that its
@@ -29,7 +30,8 @@ Kernel argument ABI (same order and types as the HIP kernel; no hidden arguments
   out                           global pointer (bf16)
   tokens, topk, experts, n, k   int32
 
-Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (16, 32, 64, 128), NT (0, 1).
+Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (16, 32, 64, 128), NT (0, 1),
+ROUTE_ROWS (0: out [T, N] by atomics; 1: out [T*topk, N], one row per route).
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -77,8 +79,8 @@ def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
     return arow, token, safe
 
 
-def _body(bm, nt, a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids, sorted_weights,
-          out, tokens, topk, experts, n, k, lds_base):
+def _body(bm, nt, route_rows, a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+          sorted_weights, out, tokens, topk, experts, n, k, lds_base):
     b = _B()
     m_tiles = bm // 16
     dma_waves = bm * ROW_BYTES // (dma_rounds(bm) * 64 * 16)
@@ -91,13 +93,14 @@ def _body(bm, nt, a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, n
                      arith.andi(b.cmp("sge", expert, b.c(0)), b.cmp("slt", expert, experts)))
     if_run = scf.IfOp(run, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
-        _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
-                   out, tokens, topk, n, k, lds_base, m0, num_valid, expert)
+        _workgroup(b, bm, m_tiles, dma_waves, aux_w, route_rows, a, a_scale, w, w_scale, sorted_token_ids,
+                   sorted_weights, out, tokens, topk, n, k, lds_base, m0, num_valid, expert)
         scf.YieldOp([])
 
 
-def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
-               out, tokens, topk, n, k, lds_base, m0, num_valid, expert):
+def _workgroup(b, bm, m_tiles, dma_waves, aux_w, route_rows, a, a_scale, w, w_scale, sorted_token_ids,
+               sorted_weights, out, tokens, topk, n, k, lds_base, m0, num_valid, expert):
+    v4bf16 = ir.VectorType.get([4], b.bf16)
     tid = fx.thread_idx.x.ir_value()
     lane = arith.remui(tid, b.c(64))
     wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(64)))  # uniform: scalar selects
@@ -222,18 +225,23 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
     acc = k_loop(k_steps, acc, regs0, run_step)
 
     # Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
-    # columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.
+    # columns]. Scale by the top-k weight in f32, round to bf16 (RNE); two packed atomics into the
+    # token's row, or (route_rows) one store into the route's row.
     for mt in range(m_tiles):
         ar, tok, safe = rows[mt]
         live = scf.IfOp(b.cmp("sge", ar, b.c(0)), [], has_else=False)
         with ir.InsertionPoint(live.then_block):
             topk_w = prologue_weights[mt] if weights_first else topk_weight(safe)
             col = b.add(n_wave, b.mul(b.c(4), g))
-            orow = b.gep(out, arith.muli(b.add(arith.muli(b.u64(tok), b.u64(n)), b.u64(col)), b.c(2, b.i64)))
+            out_row = ar if route_rows else tok
+            orow = b.gep(out, arith.muli(b.add(arith.muli(b.u64(out_row), b.u64(n)), b.u64(col)), b.c(2, b.i64)))
             undef = llvm.mlir_undef(b.v4f32)
             wsplat = llvm.shufflevector(b.v4f32, llvm.insertelement(undef, topk_w, b.c(0)), undef, [0, 0, 0, 0])
             for ntile in range(N_TILES):
                 v = arith.mulf(acc[ntile][mt], wsplat)
+                if route_rows:
+                    llvm.store(arith.truncf(v4bf16, v), b.gep(orow, b.c(2 * ntile * 16, b.i64)), alignment=8)
+                    continue
                 for p in range(2):
                     pair = llvm.shufflevector(b.v2f32, v, v, [2 * p, 2 * p + 1])
                     pk = arith.truncf(b.v2bf16, pair)
@@ -245,10 +253,11 @@ def _workgroup(b, bm, m_tiles, dma_waves, aux_w, a, a_scale, w, w_scale, sorted_
             scf.YieldOp([])
 
 
-def build(symbol: str, bm: int = 32, nt: int = 0):
+def build(symbol: str, bm: int = 32, nt: int = 0, route_rows: int = 0):
     """The ``@flyc.jit`` launcher for one variant (compile-only use; see compile_for_build)."""
-    if bm not in BLOCK_MS or nt not in (0, 1):
-        raise ValueError(f"variant BM={bm} NT={nt}: BM must be one of {BLOCK_MS}, NT 0 or 1")
+    if bm not in BLOCK_MS or nt not in (0, 1) or route_rows not in (0, 1):
+        raise ValueError(f"variant BM={bm} NT={nt} ROUTE_ROWS={route_rows}: BM must be one of {BLOCK_MS}, "
+                         "NT and ROUTE_ROWS 0 or 1")
 
     @fx.struct
     class SharedStorage:
@@ -260,8 +269,9 @@ def build(symbol: str, bm: int = 32, nt: int = 0):
                               num_valid_ids: fx.Pointer, sorted_weights: fx.Pointer, out: fx.Pointer,
                               tokens: fx.Int32, topk: fx.Int32, experts: fx.Int32, n: fx.Int32, k: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
-        _body(bm, nt, *[fx.to_llvm_ptr(p) for p in (a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
-                                                     num_valid_ids, sorted_weights, out)],
+        _body(bm, nt, route_rows,
+              *[fx.to_llvm_ptr(p) for p in (a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
+                                            num_valid_ids, sorted_weights, out)],
               *[v.ir_value() for v in (tokens, topk, experts, n, k)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
@@ -277,12 +287,12 @@ def build(symbol: str, bm: int = 32, nt: int = 0):
     return moe_gemm2_a4w4
 
 
-def compile_for_build(arch: str, symbol: str, BM: int = 32, NT: int = 0):
+def compile_for_build(arch: str, symbol: str, BM: int = 32, NT: int = 0, ROUTE_ROWS: int = 0):
     """Trace + compile once (arch from FLYDSL_GPU_ARCH, set by the build); returns the jit fn.
 
     Null pointers and Python ints are compile placeholders: nothing touches a device.
     """
-    fn = build(symbol, BM, NT)
+    fn = build(symbol, BM, NT, ROUTE_ROWS)
     p = lambda t: flyc.from_c_void_p(t, 0)  # noqa: E731
     u8 = fx.Uint8
     flyc.compile(fn, p(u8), p(u8), p(u8), p(u8), p(fx.Int32), p(fx.Int32), p(fx.Int32), p(fx.Float32),

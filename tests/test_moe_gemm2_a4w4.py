@@ -1,7 +1,8 @@
-"""mxgemm.moe_gemm2_a4w4: MXFP4 x MXFP4 MoE down-projection with top-k weighted bf16 atomics.
+"""mxgemm.moe_gemm2_a4w4: MXFP4 x MXFP4 MoE down-projection with top-k weighted bf16 atomics, or
+a row per route (out [T, topk, N], ROUTE_ROWS).
 
-Spec: every backend x variant (BM 16/32/64/128 x NT off/on) matches mxgemm.reference.moe_gemm2_a4w4_ref bit
-for bit on the emulator (race mode, linear workgroup order); both code objects are spill-free; the guards reject what the kernel
+Spec: every backend x variant (BM 16/32/64/128 x NT off/on x ROUTE_ROWS) matches
+mxgemm.reference.moe_gemm2_a4w4_ref bit for bit on the emulator (race mode, linear workgroup order); both code objects are spill-free; the guards reject what the kernel
 cannot run, before any launch, leaving `out` untouched. HIP vs FlyDSL bit-exact and structural
 parity: test_moe_gemm2_a4w4_parity.py.
 
@@ -10,7 +11,8 @@ row order, which is the atomics' arrival order when workgroups run in order, and
 addend as the kernels do (fp32 MFMA sum, x top-k weight in fp32, RNE to bf16); every output of
 every test case is bit-exact (a truncating epilog leaves ~1/3 of them off). In shuffled order
 the arrival order differs, and only the atomic-order bound below holds (40-70% bit-exact with
-top-k 4-9, and far from the reference where addends cancel).
+top-k 4-9, and far from the reference where addends cancel). A row per route has no sum to
+order: bitwise in any workgroup order.
 """
 import pytest
 import torch
@@ -45,8 +47,9 @@ def op_args(c, out):
             c["num_valid_ids"], c["sorted_weights"], out)
 
 
-def new_out(c):
-    return torch.zeros(c["a"].shape[0] // c["topk"], c["w"].shape[1], dtype=torch.bfloat16)
+def new_out(c, route_rows=0):
+    T, topk, n = c["a"].shape[0] // c["topk"], c["topk"], c["w"].shape[1]
+    return torch.zeros(*((T, topk, n) if route_rows else (T, n)), dtype=torch.bfloat16)
 
 
 def contributions_abs_sum(c):
@@ -66,17 +69,17 @@ def contributions_abs_sum(c):
     return s
 
 
-def run(c, backend, nt, wg_order="linear", seed=0):
-    out = new_out(c)
+def run(c, backend, nt, wg_order="linear", seed=0, route_rows=0):
+    out = new_out(c, route_rows)
     with launcher.emulator_settings(race_check=True, wg_order=wg_order, seed=seed):
         mxgemm.moe_gemm2_a4w4(*op_args(c, out), block_m=c["block_m"], nt=nt, language=backend)
     return out
 
 
-def reference_out(c):
+def reference_out(c, route_rows=0):
     return reference.moe_gemm2_a4w4_ref(c["a"], c["a_scale"], c["w"], c["w_scale"], c["sorted_token_ids"],
                                         c["sorted_weights"], c["sorted_expert_ids"], c["num_valid_ids"],
-                                        c["block_m"], c["topk"])
+                                        c["block_m"], c["topk"], route_rows=bool(route_rows))
 
 
 def assert_within_atomic_order_bound(out, ref, c, name):
@@ -107,7 +110,11 @@ def test_code_object_spill_free_with_reported_occupancy(kernel, variant):
     # waves/SIMD with 256-thread workgroups: BM 128's 128 accumulators per lane leave room for one
     assert info.occupancy(256) >= (1 if variant["BM"] == 128 else 2)
     assert info.count("v_mfma_scale_f32_16x16x128_f8f6f4") > 0
-    assert info.count("global_atomic_pk_add_bf16") == 2 * 4 * variant["BM"] // 16  # 2 per (n-tile, m-tile)
+    tiles = 4 * variant["BM"] // 16                                         # (n-tile, m-tile) pairs
+    if variant["ROUTE_ROWS"]:   # one 8-byte store per pair, no atomic
+        assert info.count("global_store_dwordx2") == tiles and info.count("global_atomic") == 0
+    else:                       # two packed atomics per pair, no store
+        assert info.count("global_atomic_pk_add_bf16") == 2 * tiles and info.count("global_store") == 0
     w_loads = [l for l in art.asm.splitlines() if "buffer_load_dwordx4 v[" in l]
     assert w_loads and all((" nt" in l) == bool(variant["NT"]) for l in w_loads)  # NT = weight loads only
     assert any("buffer_load_dwordx4" in l and " lds" in l for l in art.asm.splitlines())
@@ -125,20 +132,43 @@ def test_matches_reference(backend, variant):
         tokens, _ = routing.decode_sorted_id(c["sorted_token_ids"][:int(c["num_valid_ids"][0])])
         live_per_block = (tokens < c["a"].shape[0] // c["topk"]).reshape(-1, bm).sum(1)
         assert live_per_block.max() == bm and (live_per_block < bm).any()
-    out = run(c, backend, variant["NT"])
-    ref = reference_out(c)
+    out = run(c, backend, variant["NT"], route_rows=variant["ROUTE_ROWS"])
+    ref = reference_out(c, variant["ROUTE_ROWS"])
     assert ref.abs().max() > 0
     metrics.assert_bitwise_equal(out, ref, f"{backend} {variant}")
+
+
+@pytest.mark.parametrize("backend", ["hip", "flydsl"])
+def test_route_rows_any_order_touch_only_routed_rows(backend):
+    """A row per route: bitwise in shuffled workgroup order too (no sum to order); the rows no
+    sorted row names (the last token's, made padding here) keep their bytes; the top-k sum of the
+    rows is the atomic form's product within the atomic-order bound."""
+    c = make_case(tokens=12, topk=4, experts=6, k=512, block_m=16, skew=0.5, seed=3)
+    T, topk = 12, 4
+    tok, _ = routing.decode_sorted_id(c["sorted_token_ids"])
+    last = tok == T - 1
+    c["sorted_token_ids"] = torch.where(last, (topk << 24) | T, c["sorted_token_ids"])
+    c["sorted_weights"] = torch.where(last, 0.0, c["sorted_weights"])
+    out = new_out(c, 1).fill_(3.0)
+    with launcher.emulator_settings(race_check=True, wg_order="shuffled", seed=7):
+        mxgemm.moe_gemm2_a4w4(*op_args(c, out), language=backend)
+    ref = reference_out(c, 1)
+    assert bool((out[-1] == 3.0).all()) and bool((ref[:-1].abs().sum((1, 2)) > 0).all())
+    metrics.assert_bitwise_equal(out[:-1], ref[:-1], f"{backend} route rows, shuffled")
+    out[-1] = 0
+    assert_within_atomic_order_bound(out.double().sum(1).to(torch.bfloat16), reference_out(c), c,
+                                     f"{backend} route rows summed")
 
 
 def test_explain_names_kernel_variant_and_why():
     c = make_case(tokens=4, topk=2, experts=4, block_m=16)
     plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)))
-    assert plan.kernel == "moe_gemm2_a4w4" and plan.variant == {"BM": 16, "NT": 1}
+    assert plan.kernel == "moe_gemm2_a4w4" and plan.variant == {"BM": 16, "NT": 1, "ROUTE_ROWS": 0}
     assert plan.grid == (1, c["sorted_expert_ids"].numel(), 1) and plan.block == (256, 1, 1)
-    assert "BM=16" in str(plan) and "routing" in str(plan)
-    plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)), nt=False, language="flydsl")
-    assert plan.kernel == "moe_gemm2_a4w4_flydsl" and plan.variant == {"BM": 16, "NT": 0}
+    assert "BM=16" in str(plan) and "routing" in str(plan) and "atomics" in str(plan)
+    plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c, 1)), nt=False, language="flydsl")
+    assert plan.kernel == "moe_gemm2_a4w4_flydsl" and plan.variant == {"BM": 16, "NT": 0, "ROUTE_ROWS": 1}
+    assert "a row per route" in str(plan)
 
 
 @pytest.mark.parametrize("bm", [16, 32, 64])
@@ -198,6 +228,8 @@ def _bad_cases():
         ("a_scale shape", setk("a_scale", torch.zeros(8, 4, dtype=torch.uint8)), "shape"),
         ("w_scale shape", setk("w_scale", torch.zeros(4, 256, 4, dtype=torch.uint8)), "shape"),
         ("a rows not T*topk", setk("a", torch.zeros(7, 128, dtype=torch.uint8)), "shape"),
+        ("route rows out not [T, topk, N]", setk("out", torch.zeros(4, 3, 256, dtype=torch.bfloat16)), "shape"),
+        ("out 4-D", setk("out", torch.zeros(4, 2, 1, 256, dtype=torch.bfloat16)), "shape"),
         ("non-contiguous w", setk("w", torch.zeros(4, 128, 256, dtype=torch.uint8).transpose(1, 2)),
          "contiguity"),
         ("block_m not a kernel block size", setkw("block_m", 48), "block_m"),

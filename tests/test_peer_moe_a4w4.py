@@ -36,15 +36,19 @@ def test_the_peer_computes_the_weighted_addends_and_both_sides_are_timed(case):
     assert tp["us"] > 0 and tp["breakdown"]["workgroups_per_xcd"] == 1
     assert tp["breakdown"]["workgroups_simulated"] == 1
     for lang in KERNELS:
-        args, kw = moe_a4w4.ours(case, lang)
-        moe_a4w4.check_same_product(mxgemm.moe_gemm2_a4w4(*args, **kw), theirs, TOPK)
-        _, us, symbol, t = moe_a4w4.time_mine(case, lang)
-        # 2 experts x 1 block of 16 rows, 1 column block of 256: XCD 0 holds workgroup (0, 0)
-        assert us > 0 and symbol == "moe_gemm2_a4w4" and t["breakdown"]["workgroups_simulated"] == 1
+        for route_rows in (True, False):
+            args, kw = moe_a4w4.ours(case, lang, route_rows)
+            mine = mxgemm.moe_gemm2_a4w4(*args, **kw)
+            assert mine.shape == ((T, TOPK, N) if route_rows else (T, N))
+            moe_a4w4.check_same_product(mine, theirs, TOPK)
+            _, us, symbol, t = moe_a4w4.time_mine(case, lang, route_rows=route_rows)
+            # 2 experts x 1 block of 16 rows, 1 column block of 256: XCD 0 holds workgroup (0, 0)
+            assert us > 0 and symbol == "moe_gemm2_a4w4" and t["breakdown"]["workgroups_simulated"] == 1
 
 
 def test_the_product_check_catches_a_missing_or_wrong_addend(case):
-    """Ours modelled as its atomics: bf16 addends added one by one, each sum rounded to bf16."""
+    """Ours modelled as its atomics (bf16 addends added one by one, each sum rounded to bf16) and
+    as a row per route."""
     theirs = addends_f64(case).to(torch.bfloat16)
     mine = torch.zeros(T, N, dtype=torch.bfloat16)
     for s in range(TOPK):
@@ -56,6 +60,13 @@ def test_the_product_check_catches_a_missing_or_wrong_addend(case):
     wrong[1] *= 2
     with pytest.raises(AssertionError, match="ours and the peer differ"):
         moe_a4w4.check_same_product(mine, wrong, TOPK)
+    # a row per route: each addend on its own
+    moe_a4w4.check_same_product(theirs.reshape(T, TOPK, N), theirs, TOPK)
+    with pytest.raises(AssertionError, match="route row 1, "):
+        moe_a4w4.check_same_product(wrong.reshape(T, TOPK, N), theirs, TOPK)
+    swapped = theirs.reshape(T, TOPK, N).flip(1)
+    with pytest.raises(AssertionError, match="ours and the peer differ"):
+        moe_a4w4.check_same_product(swapped, theirs, TOPK)
 
 
 def test_the_peer_tiles_are_its_remapped_program_ids():

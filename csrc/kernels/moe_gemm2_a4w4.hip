@@ -15,7 +15,8 @@
 //   sorted_expert_ids [num_blocks] int32 (the expert of each BM-row block)
 //   num_valid_ids [>=1] int32: sorted rows below num_valid_ids[0] are live
 //   sorted_weights [num_blocks*BM] f32 (top-k weight of each sorted row)
-//   out      [T, N] bf16, accumulated with global_atomic_pk_add_bf16
+//   out      [T, N] bf16, accumulated with global_atomic_pk_add_bf16; with ROUTE_ROWS
+//            [T*topk, N] bf16, row token*topk + slot written with plain stores (no sum)
 // Launch: grid = (N/256, num_blocks, 1), block = (256, 1, 1). K % 256 == 0, N % 256 == 0.
 //
 // Tiles: a workgroup owns BM sorted rows x 256 output columns; wave w owns columns
@@ -49,7 +50,9 @@
 //   last step: empty resource, loads return zeros without touching memory)
 //   s_waitcnt lgkmcnt(0) ; 2 x M_TILES x 4 MFMAs ; sched_barrier (keeps them in this step)
 // Epilog: per m-tile (lanes of padding rows skip), per n-tile: f32 * top-k weight, RNE to
-// bf16, two global_atomic_pk_add_bf16.
+// bf16, two global_atomic_pk_add_bf16 into the token's row; with ROUTE_ROWS one 8-byte store
+// into the route's row instead (the top-k sum is left to the caller, as vLLM's fused MoE does:
+// at prefill the atomics, one per packed pair and route, are what the L2 spends its time on).
 #include "mxgemm/device.h"
 
 #ifndef BM
@@ -57,6 +60,9 @@
 #endif
 #ifndef NT
 #define NT 0
+#endif
+#ifndef ROUTE_ROWS
+#define ROUTE_ROWS 0
 #endif
 
 using namespace mxgemm;
@@ -86,6 +92,7 @@ typedef int v4i __attribute__((ext_vector_type(4)));
 typedef int v8i __attribute__((ext_vector_type(8)));
 typedef float v4f __attribute__((ext_vector_type(4)));
 typedef __bf16 bf16x2 __attribute__((ext_vector_type(2)));
+typedef __bf16 bf16x4 __attribute__((ext_vector_type(4)));
 typedef __attribute__((address_space(3))) void lds_void;
 
 MXGEMM_DEVICE __amdgpu_buffer_rsrc_t make_rsrc(const void* base, uint32_t bytes) {
@@ -294,20 +301,27 @@ extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(kThreads, kThre
   if (kt < k_steps) run_step(kt, regs0, regs1);
 
   // Epilog: lane holds D^T[n = 4g + i][m = r16] for i < 4, i.e. out[token, 4 consecutive
-  // columns]. Scale by the top-k weight in f32, round to bf16 (RNE), two packed atomics.
+  // columns]. Scale by the top-k weight in f32, round to bf16 (RNE); two packed atomics into
+  // the token's row, or (ROUTE_ROWS) one store into the route's row.
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     if (rows[mt].arow < 0) continue;
     const float topk_w = sorted_weights[rows[mt].safe];
-    __bf16* const orow = out + (uint64_t)rows[mt].token * (uint32_t)n + n_wave + 4 * g;
+    const uint32_t out_row = ROUTE_ROWS ? (uint32_t)rows[mt].arow : (uint32_t)rows[mt].token;
+    __bf16* const orow = out + (uint64_t)out_row * (uint32_t)n + n_wave + 4 * g;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       const v4f v = acc[nt][mt] * topk_w;
+      if constexpr (ROUTE_ROWS) {
+        const bf16x4 pk = {(__bf16)v[0], (__bf16)v[1], (__bf16)v[2], (__bf16)v[3]};
+        *(__attribute__((address_space(1))) bf16x4*)(orow + nt * 16) = pk;
+      } else {
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const bf16x2 pk = {(__bf16)v[2 * p], (__bf16)v[2 * p + 1]};
-        __builtin_amdgcn_global_atomic_fadd_v2bf16(
-            (__attribute__((address_space(1))) bf16x2*)(orow + nt * 16 + 2 * p), pk);
+        for (int p = 0; p < 2; ++p) {
+          const bf16x2 pk = {(__bf16)v[2 * p], (__bf16)v[2 * p + 1]};
+          __builtin_amdgcn_global_atomic_fadd_v2bf16(
+              (__attribute__((address_space(1))) bf16x2*)(orow + nt * 16 + 2 * p), pk);
+        }
       }
     }
   }

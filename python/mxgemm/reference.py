@@ -212,8 +212,10 @@ def moe_mxfp8_grouped_gemm_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_
 
 
 def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights, sorted_expert_ids,
-                       num_valid_ids, block_m: int, topk: int, order: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """a4w4 MXFP4 MoE down-projection with bf16 atomic accumulation into token rows.
+                       num_valid_ids, block_m: int, topk: int, order: Optional[torch.Tensor] = None,
+                       route_rows: bool = False) -> torch.Tensor:
+    """a4w4 MXFP4 MoE down-projection with bf16 atomic accumulation into token rows, or
+    (route_rows) its addends v as a row per route: [T, topk, N], +0 where no real row routes.
 
     a: [T*topk, K/2] packed e2m1, row = token*topk + slot; a_scale [T*topk, K/32] e8m0;
     w: [E, N, K/2] packed e2m1, w_scale [E, N, K/32]. For each real sorted row p:
@@ -231,6 +233,10 @@ def moe_gemm2_a4w4_ref(a, a_scale, w, w_scale, sorted_token_ids, sorted_weights,
         arow = tok[rows] * topk + slot[rows]
         acc = _mx_dot(a[arow], a_scale[arow], w[e], w_scale[e], "e2m1", "e2m1")
         val[rows] = F.bf16_rne(sorted_weights[rows].float()[:, None] * acc)
+    if route_rows:
+        out = torch.zeros(T * topk, w.shape[1], dtype=torch.bfloat16)
+        out[tok[real] * topk + slot[real]] = val[real]
+        return out.reshape(T, topk, -1)
     order = real.nonzero().squeeze(1) if order is None else order.long()
     assert torch.equal(order.sort().values, real.nonzero().squeeze(1)), "order must permute the real rows"
     # Adds to different tokens commute; run the k-th add of every token together.

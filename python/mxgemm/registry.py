@@ -171,19 +171,20 @@ register(Kernel(
 
 # --- a4w4 MXFP4 MoE gemm2 ---
 # One HIP reference kernel and its 1:1 FlyDSL port; BM (rows per workgroup, = the routing
-# block size) x NT (non-temporal weight loads) are parameters of one body in each language.
+# block size) x NT (non-temporal weight loads) x ROUTE_ROWS (out [T, N] summed by atomics, or
+# [T*topk, N], a row per route) are parameters of one body in each language.
 # A workgroup owns one routing block of BM sorted rows x 256 output columns; K runs in
 # 256-wide steps.
 _MOE_GEMM2_A4W4 = dict(
     args=("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
           "sorted_weights", "out", "tokens", "topk", "experts", "N", "K"),
     grid=("N", "blocks"), tile=lambda v: {"N": 256}, k_align=256, n_align=256,
-    variants=variant_grid(BM=(16, 32, 64, 128), NT=(0, 1)))
+    variants=variant_grid(BM=(16, 32, 64, 128), NT=(0, 1), ROUTE_ROWS=(0, 1)))
 register(Kernel(
     name="moe_gemm2_a4w4", language="hip", source="csrc/kernels/moe_gemm2_a4w4.hip",
     symbol="moe_gemm2_a4w4", **_MOE_GEMM2_A4W4,
     doc="MXFP4 x MXFP4 MoE down-projection: A rows -> LDS by buffer DMA, scaled MFMA, "
-        "top-k weighted bf16 atomics into out[T, N]; K % 256, N % 256"))
+        "top-k weighted bf16 atomics into out[T, N] or stores into out[T*topk, N]; K % 256, N % 256"))
 register(Kernel(
     name="moe_gemm2_a4w4_flydsl", language="flydsl", source="flydsl_kernels/moe_gemm2_a4w4.py",
     symbol="moe_gemm2_a4w4", **_MOE_GEMM2_A4W4,

@@ -1,4 +1,4 @@
-"""moe_gemm2_a4w4: MXFP4 x MXFP4 MoE down-projection ("gemm2") with bf16 atomic accumulation.
+"""moe_gemm2_a4w4: MXFP4 x MXFP4 MoE down-projection ("gemm2"): top-k summed by bf16 atomics, or a row per route.
 
 Two kernels compute it bit-identically: the hand-written HIP reference
 (csrc/kernels/moe_gemm2_a4w4.hip) and its 1:1 FlyDSL port (flydsl_kernels/moe_gemm2_a4w4.py).
@@ -58,8 +58,9 @@ def _plan(x) -> Plan:
     guards.check_multiple(K, "K (D_INTER)", _FACTS.k_align, f"D_INTER%{_FACTS.k_align}")
     guards.check_multiple(N, "N (D_HIDDEN)", _FACTS.n_align, f"D_HIDDEN%{_FACTS.n_align}")
     guards.check_shape(x.w_scale, "w_scale", (E, N, K // 32))
-    if out.dim() != 2 or out.shape[1] != N:
-        guards.fail("shape", f"out has shape {list(out.shape)}; expected [T, {N}] (N from w)")
+    route_rows = out.dim() == 3     # [T, topk, N]: a row per route, as vLLM's fused-MoE cache
+    if out.dim() not in (2, 3) or out.shape[-1] != N:
+        guards.fail("shape", f"out has shape {list(out.shape)}; expected [T, {N}] or [T, topk, {N}] (N from w)")
     T = out.shape[0]
     if a.dim() != 2:
         guards.fail("shape", f"a must be 2-D [T*topk, K/2]; got shape {list(a.shape)}")
@@ -67,6 +68,9 @@ def _plan(x) -> Plan:
         guards.fail("shape", f"a has K = {a.shape[1] * 2} (shape {list(a.shape)}, 2 values per byte) "
                              f"but w has K = {K} (shape {list(w.shape)})")
     rows = a.shape[0]
+    if route_rows and out.shape[0] * out.shape[1] != rows:
+        guards.fail("shape", f"out has shape {list(out.shape)}: its T x topk = {out.shape[0] * out.shape[1]} "
+                             f"is not the {rows} rows of a (one per token and top-k slot)")
     if rows % max(T, 1) or (T == 0) != (rows == 0):
         guards.fail("shape", f"out has shape {list(out.shape)}: its T = {T} does not divide the {rows} rows "
                              f"of a (a holds T*topk rows, one per token and top-k slot)")
@@ -116,9 +120,12 @@ def _plan(x) -> Plan:
     routing = dict(block_m=int(block_m), tokens=T, topk=topk, experts=E)   # what the data check reads
     if K == 0 or N == 0 or blocks == 0 or T == 0:
         return empty_plan("moe_gemm2_a4w4", "empty problem: nothing to launch", args=routing)
-    return kernel_plan("moe_gemm2_a4w4", _KERNEL[language], {"BM": int(block_m), "NT": int(nt)}, device,
+    variant = {"BM": int(block_m), "NT": int(nt), "ROUTE_ROWS": int(route_rows)}
+    return kernel_plan("moe_gemm2_a4w4", _KERNEL[language], variant, device,
                        f"{why}; BM={block_m} from the routing layout, NT={int(nt)} "
-                       f"({'weights streamed' if nt else 'weights cached'}; {rows} rows over {E} experts)",
+                       f"({'weights streamed' if nt else 'weights cached'}; {rows} rows over {E} experts); "
+                       f"ROUTE_ROWS={int(route_rows)} (out {list(out.shape)}: "
+                       f"{'a row per route, plain stores' if route_rows else 'top-k summed by bf16 atomics'})",
                        N=N, K=K, blocks=blocks, **routing)
 
 
@@ -134,10 +141,14 @@ def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
                    num_valid_ids: torch.Tensor, sorted_weights: torch.Tensor, out: torch.Tensor, *,
                    block_m: int | None = None, nt: bool | None = None, language: str = "auto",
                    backend: str | None = None, validate: bool = True) -> torch.Tensor:
-    """MoE down-projection, accumulated into ``out``: for every real sorted row p with
-    (token, slot) = sorted_token_ids[p] and expert e of p's block,
-        out[token, :] += bf16(sorted_weights[p] * (A[token*topk + slot] . W[e]^T))
-    with one bf16 atomic add (RNE) per element, so the result depends on arrival order.
+    """MoE down-projection: for every real sorted row p with (token, slot) = sorted_token_ids[p]
+    and expert e of p's block, v = bf16(sorted_weights[p] * (A[token*topk + slot] . W[e]^T)), then
+        out [T, N]:        out[token, :] += v, one bf16 atomic add (RNE) per element, so the
+                           result depends on arrival order;
+        out [T, topk, N]:  out[token, slot, :] = v, a plain store (deterministic; rows no sorted
+                           row names are left as they are). The top-k sum is the caller's, as in
+                           vLLM's fused MoE (out.sum(1)); at prefill this form spares the L2 the
+                           atomics (docs/peers/moe_a4w4.md).
 
     a:        [T*topk, K/2] packed e2m1 (uint8 or float4_e2m1fn_x2; even k in the low nibble),
               row = token*topk + slot.       a_scale: [T*topk, K/32] e8m0 (uint8 or float8_e8m0fnu).
@@ -146,7 +157,8 @@ def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     sorted_token_ids [P] int32 ((slot << 24) | token; token >= T is padding),
     sorted_expert_ids [ceil(P / block_m)] int32, num_valid_ids [1 or 2] int32 (rows below
     num_valid_ids[0] are live), sorted_weights [P] f32: the layout of mxgemm.routing.moe_sorting.
-    out:      [T, N] bf16, accumulated in place (zero it for a plain product) and returned.
+    out:      [T, N] bf16, accumulated in place (zero it for a plain product), or [T, topk, N] bf16,
+              written; returned.
     K % 256 == 0 (D_INTER), N % 256 == 0 (D_HIDDEN).
     block_m:  16, 32, 64 or 128, the routing's block size (inferred from the layout when None). On
               the timing model 16 suits decode (at most 16 routed rows per expert), 64 / 128 prefill.

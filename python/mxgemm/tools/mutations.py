@@ -159,6 +159,13 @@ CATALOGUE = (
         (A4W4_FLY, "t = b.add(b.c(r * 256), b.add(b.mul(wave, b.c(64)), lane))",
          "t = b.add(b.mul(wave, b.c(64)), lane)"),),
         "BM 64 / 128: every DMA round copies round 0's activation rows"),
+    Mutation("a4w4-hip-route-rows-at-token-row", ("moe_gemm2_a4w4",), (
+        (A4W4_HIP, "ROUTE_ROWS ? (uint32_t)rows[mt].arow : (uint32_t)rows[mt].token",
+         "ROUTE_ROWS ? (uint32_t)rows[mt].token : (uint32_t)rows[mt].token"),),
+        "a row per route: every route of a token stored into row token, not token * topk + slot"),
+    Mutation("a4w4-flydsl-route-rows-n-tiles-swapped", ("moe_gemm2_a4w4_flydsl",), (
+        (A4W4_FLY, "b.gep(orow, b.c(2 * ntile * 16, b.i64))", "b.gep(orow, b.c(2 * (ntile ^ 1) * 16, b.i64))"),),
+        "a row per route: neighbouring n-tiles stored into each other's columns"),
     # ---- MXFP8 dequant (HIP and FlyDSL)
     Mutation("dequant-hip-drop-scale", ("mxfp8_dequant",), (
         (DEQUANT_HIP, "v.x = e8m0_apply(decode_e4m3(bits & 0xFFu), e);", "v.x = decode_e4m3(bits & 0xFFu);"),),

@@ -1,7 +1,9 @@
 """a4w4 MXFP4 MoE down-projection (gemm2) on the Kimi-K2.5 MoE (E 385, top-9, hidden 7168, inter 512).
 
-Ours: ``mxgemm.moe_gemm2_a4w4``, timed twice, forced to each kernel (``language="hip"`` and
-``"flydsl"``, the bit-identical FlyDSL port); the row's ``ours_*`` keys are the faster one's.
+Ours: ``mxgemm.moe_gemm2_a4w4`` with the peer's output, a bf16 row per (token, slot) (``out``
+``[T, topk, N]``), timed twice, forced to each kernel (``language="hip"`` and ``"flydsl"``, the
+bit-identical FlyDSL port); the row's ``ours_*`` keys are the faster one's. The HIP kernel is timed
+a third time summing the top-k into ``out [T, N]`` with its atomics (``hip_atomic_us``).
 The peer is the Triton fused-MoE GEMM of vLLM's ``fused_moe_kernel`` design as AMD's aiter ships
 it for MXFP4 x MXFP4 (``_fused_moe_kernel_mxfp4``, ``tl.dot_scaled`` e2m1 x e2m1): a tile of
 BLOCK_M sorted (token, slot) rows x BLOCK_N columns of one expert, the whole K loop, the top-k
@@ -186,26 +188,38 @@ def operands(tokens, topk, experts, N, K, seed=0) -> dict:
     return dict(a=a, a_scale=sa, w=w, w_scale=sw, ids=ids, weights=weights, srt=srt, block_m=bm)
 
 
-def ours(x, language: str) -> tuple:
-    """(arguments, keywords) of the public op's call on ``x``, forced to ``language``."""
+def ours(x, language: str, route_rows: bool = True) -> tuple:
+    """(arguments, keywords) of the public op's call on ``x``, forced to ``language``: out a row per
+    route ([T, topk, N], the peer's output), or the top-k summed by atomics ([T, N])."""
     s = x["srt"]
-    out = torch.zeros(x["ids"].shape[0], x["w"].shape[1], dtype=torch.bfloat16)
+    out = torch.zeros(*x["ids"].shape, x["w"].shape[1], dtype=torch.bfloat16)
+    out = out if route_rows else out[:, 0].contiguous()
     return ((x["a"], x["a_scale"], x["w"], x["w_scale"], s.sorted_token_ids, s.sorted_expert_ids, s.num_valid_ids,
              s.sorted_weights, out), dict(language=language, validate=False))
 
 
-def time_mine(x, language: str, machine="mi355x") -> tuple:
+def time_mine(x, language: str, machine="mi355x", route_rows: bool = True) -> tuple:
     """time_ours of our call on XCD 0's workgroups (ROUNDS rounds, or its whole share)."""
     import mxgemm
-    args, kw = ours(x, language)
+    args, kw = ours(x, language, route_rows)
     return time_ours(lambda: mxgemm.moe_gemm2_a4w4(*args, **kw), machine, ROUNDS, xcd0=True)
 
 
 def check_same_product(mine, theirs, topk: int) -> None:
-    """Ours [T, N] (top-k bf16 atomic adds, each rounding its running sum: at most 2^-9 of it,
-    so topk 2^-9 of the addends' absolute sum in all) against the peer's bf16 addends [T * topk, N]
-    summed in fp64. A missing, doubled or wrong addend is off by about an addend, 1 / topk of
-    that sum on average."""
+    """Ours against the peer's bf16 addends [T * topk, N]. Ours [T, topk, N], a row per route: each
+    addend within one bf16 ulp of the peer's (2^-7 of the larger; the two fp32 sums differ in order
+    only). Ours [T, N] (top-k bf16 atomic adds, each rounding its running sum: at most 2^-9 of it,
+    so topk 2^-9 of the addends' absolute sum in all): against the addends summed in fp64. A
+    missing, doubled or wrong addend is off by about an addend, 1 / topk of that sum on average."""
+    if mine.dim() == 3:
+        mine, theirs = mine.double().reshape(theirs.shape), theirs.double()
+        bound = 2.0 ** -7 * torch.maximum(mine.abs(), theirs.abs())
+        bad = (mine - theirs).abs() > bound
+        if bool(bad.any()):
+            i = int(bad.flatten().nonzero()[0])
+            raise AssertionError(f"ours and the peer differ: route row {i // mine.shape[1]}, column "
+                                 f"{i % mine.shape[1]}: {float(mine.flatten()[i])} vs {float(theirs.flatten()[i])}")
+        return
     addends = theirs.double().reshape(mine.shape[0], topk, -1)
     bound = topk * 2.0 ** -9 * addends.abs().sum(1) + 1e-30
     err = (mine.double() - addends.sum(1)).abs()
@@ -235,21 +249,22 @@ def check_token0(x) -> None:
     rows, _, _, _ = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
     peer_blocks = sorted({p // blocks["BM"] for p in (rows < topk).nonzero().flatten().tolist()})
     theirs, _ = run_peer(x, tiles=[(m, n) for m in peer_blocks for n in range(CHECK_COLUMNS // blocks["BN"])])
-    check_same_product(mine[:1, :CHECK_COLUMNS], theirs[:topk, :CHECK_COLUMNS], topk)
+    check_same_product(mine[:1, :, :CHECK_COLUMNS], theirs[:topk, :CHECK_COLUMNS], topk)
 
 
 def run(cell, machine="mi355x") -> dict:
-    """Both of ours and the peer on one cell: the products compared on token 0 first, then timed
-    (rounds-sampled)."""
+    """Both of ours and the peer on one cell, a row per route each: the products compared on
+    token 0 first, then timed (rounds-sampled); and the HIP kernel summing by atomics."""
     x = operands(cell["tokens"], cell["topk"], cell["experts"], cell["N"], cell["K"])
     check_token0(x)
     timed = {lang: time_mine(x, lang, machine) for lang in KERNELS}
+    atomic = time_mine(x, "hip", machine, route_rows=False)
     _, tp = run_peer(x, machine)
     best = min(timed, key=lambda lang: timed[lang][1])
     _, us, _, t = timed[best]
     return dict(ours_us=us, peer_us=tp["us"], ours_kernel=KERNELS[best], ours_limiter=t["limiter"],
                 peer_limiter=tp["limiter"], sampled=t["sampled"] or tp["sampled"],
-                **{f"{lang}_us": timed[lang][1] for lang in KERNELS},
+                **{f"{lang}_us": timed[lang][1] for lang in KERNELS}, hip_atomic_us=atomic[1],
                 **{f"{lang}_hottest": hottest(timed[lang][3]) for lang in KERNELS}, peer_hottest=hottest(tp))
 
 
