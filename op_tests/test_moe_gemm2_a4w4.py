@@ -8,9 +8,10 @@ experts hit per µs:
 
     python op_tests/test_moe_gemm2_a4w4.py                        # DeepSeek-V3-like TP8 shape
     python op_tests/test_moe_gemm2_a4w4.py -M 1 16 128 -N 7168 -K 256 -E 256 --topk 8
+    python op_tests/test_moe_gemm2_a4w4.py --route-rows     # out [M, topk, N], a row per route
 
-Without a GPU it runs one small case on the emulator (both backends, bit-exact parity and
-the reference check) so the script cannot rot:
+Without a GPU it runs one small case on the emulator (both backends, both outputs, bit-exact
+parity and the reference check) so the script cannot rot:
 
     python op_tests/test_moe_gemm2_a4w4.py --emulator
 """
@@ -38,18 +39,25 @@ def make_inputs(M, N, K, E, topk, block_m, device, seed=0):
             s.sorted_weights.to(device))
 
 
-def run(inputs, M, N, backend, block_m):
-    out = torch.zeros(M, N, dtype=torch.bfloat16, device=inputs[0].device)
+def new_out(M, N, topk, route_rows, device):
+    """[M, N] summed by atomics, or [M, topk, N], a row per route."""
+    return torch.zeros(*((M, topk, N) if route_rows else (M, N)), dtype=torch.bfloat16, device=device)
+
+
+def run(inputs, M, N, topk, backend, block_m, route_rows):
+    out = new_out(M, N, topk, route_rows, inputs[0].device)
     mxgemm.moe_gemm2_a4w4(*inputs, out, block_m=block_m, language=backend)
     return out
 
 
-def check(inputs, M, N, topk, block_m):
+def check(inputs, M, N, topk, block_m, route_rows):
     """Both backends vs the reference (similarity) and vs each other. Bit-identical is required on
-    the emulator (same workgroup order); on hardware atomic arrival order may differ run to run."""
+    the emulator (same workgroup order); on hardware atomic arrival order may differ run to run
+    (a row per route has no order to differ in)."""
     cpu = [x.cpu() for x in inputs]
-    ref = reference.moe_gemm2_a4w4_ref(cpu[0], cpu[1], cpu[2], cpu[3], cpu[4], cpu[7], cpu[5], cpu[6], block_m, topk)
-    outs = {b: run(inputs, M, N, b, block_m).cpu() for b in ("hip", "flydsl")}
+    ref = reference.moe_gemm2_a4w4_ref(cpu[0], cpu[1], cpu[2], cpu[3], cpu[4], cpu[7], cpu[5], cpu[6], block_m, topk,
+                                       route_rows=route_rows)
+    outs = {b: run(inputs, M, N, topk, b, block_m, route_rows).cpu() for b in ("hip", "flydsl")}
     for b, o in outs.items():
         d = metrics.calc_diff(o.float(), ref.float())
         print(f"  {b:<7} vs reference: calc_diff={d:.2e} max_ulp={int(metrics.bf16_ulp_distance(o, ref).max())}")
@@ -59,9 +67,9 @@ def check(inputs, M, N, topk, block_m):
     return outs, ref, same
 
 
-def time_graph(inputs, M, N, backend, block_m, iters=100) -> float:
+def time_graph(inputs, M, N, topk, backend, block_m, route_rows, iters=100) -> float:
     """Median µs per call from CUDA-graph replays of `iters` back-to-back launches."""
-    out = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
+    out = new_out(M, N, topk, route_rows, "cuda")
     call = lambda: mxgemm.moe_gemm2_a4w4(*inputs, out, block_m=block_m, language=backend)  # noqa: E731
     for _ in range(3):
         call()
@@ -85,11 +93,11 @@ def hardware(args):
     print(f"{'M':>6}{'HIP us':>10}{'FlyDSL us':>11}{'ratio':>8}{'W TB/s (HIP)':>14}")
     for M in args.M:
         inputs = make_inputs(M, args.N, args.K, args.E, args.topk, args.block_m, "cuda")
-        out = torch.zeros(M, args.N, dtype=torch.bfloat16, device="cuda")
+        out = new_out(M, args.N, args.topk, args.route_rows, "cuda")
         print(f"M={M}: {mxgemm.explain('moe_gemm2_a4w4', *inputs, out, block_m=args.block_m)}")
-        check(inputs, M, args.N, args.topk, args.block_m)
-        hip = time_graph(inputs, M, args.N, "hip", args.block_m)
-        fly = time_graph(inputs, M, args.N, "flydsl", args.block_m)
+        check(inputs, M, args.N, args.topk, args.block_m, args.route_rows)
+        hip = time_graph(inputs, M, args.N, args.topk, "hip", args.block_m, args.route_rows)
+        fly = time_graph(inputs, M, args.N, args.topk, "flydsl", args.block_m, args.route_rows)
         experts_hit = int(torch.unique(inputs[5][inputs[5] >= 0]).numel())
         w_bytes = experts_hit * args.N * args.K // 2
         print(f"{M:>6}{hip:>10.2f}{fly:>11.2f}{fly / hip:>8.3f}{w_bytes / hip / 1e6:>14.2f}")
@@ -98,12 +106,14 @@ def hardware(args):
 def emulator(args):
     M, N, K, E, topk, bm = 8, 256, 512, 6, 3, args.block_m
     inputs = make_inputs(M, N, K, E, topk, bm, "cpu")
-    t0 = time.perf_counter()
-    outs, ref, same = check(inputs, M, N, topk, bm)
-    print(f"emulator case M={M} N={N} K={K} E={E} topk={topk} BM={bm}: {time.perf_counter() - t0:.1f} s")
-    assert same, "HIP and FlyDSL must be bit-identical on the emulator (same workgroup order)"
-    # Workgroups in order add each token's contributions in the reference's order: bit-exact.
-    metrics.assert_bitwise_equal(outs["hip"], ref, "hip vs reference on the emulator")
+    for route_rows in (False, True):
+        t0 = time.perf_counter()
+        outs, ref, same = check(inputs, M, N, topk, bm, route_rows)
+        print(f"emulator case M={M} N={N} K={K} E={E} topk={topk} BM={bm} route_rows={route_rows}: "
+              f"{time.perf_counter() - t0:.1f} s")
+        assert same, "HIP and FlyDSL must be bit-identical on the emulator (same workgroup order)"
+        # Workgroups in order add each token's contributions in the reference's order: bit-exact.
+        metrics.assert_bitwise_equal(outs["hip"], ref, "hip vs reference on the emulator")
 
 
 def main():
@@ -114,6 +124,7 @@ def main():
     p.add_argument("-E", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--block-m", type=int, default=32, choices=(16, 32))
+    p.add_argument("--route-rows", action="store_true", help="out [M, topk, N], a row per route (no atomics)")
     p.add_argument("--emulator", action="store_true", help="run the small emulator case (no GPU needed)")
     args = p.parse_args()
     if args.emulator or toolchain.gpu_arch() != "gfx950":

@@ -53,9 +53,10 @@ REDUNDANT = (
     ("moe_gemm2_a4w4", None, "s_waitcnt lgkmcnt(0)", "global_load_dword",
      "epilog entry: the kernarg s_load before the K loop is retired by the loop's or the tail's "
      "lgkmcnt(0) on every path (K >= 256)"),
-    ("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", "global_atomic_pk_add_bf16",
-     "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
-     "runs whenever the second does (a block's real rows precede its padding)"),
+    *(("moe_gemm2_a4w4_flydsl", None, "s_waitcnt lgkmcnt(0)", out_op,
+       "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
+       "runs whenever the second does (a block's real rows precede its padding)")
+      for out_op in ("global_atomic_pk_add_bf16", "global_store_dwordx2")),   # summed / a row per route
     ("moe_gemm2_a4w4_flydsl", tuple(registry.variant_id(v) for v in registry.get("moe_gemm2_a4w4_flydsl").variants
                                   if v["BM"] == 16), "s_waitcnt vmcnt(14)", "global_atomic_pk_add_bf16",
      "epilog: the wait for a top-k weight the prologue loaded (BM 16); every K step's barrier waits for "

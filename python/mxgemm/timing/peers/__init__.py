@@ -112,8 +112,10 @@ def vs_peers(names, machine="mi355x", out=print) -> list:
             r = dict(family=name, cell=cell["label"], **fam.run(cell, machine))
             r["ratio"] = r["peer_us"] / r["ours_us"]
             rows.append(r)
+            extra = " ".join(f"{k}={v:.2f}" for k, v in r.items()
+                             if k.endswith("_us") and k not in ("ours_us", "peer_us"))   # the family's own columns
             out(f"{name:10s} {cell['label'][:40]:40s} {r['ours_us']:9.2f} {r['peer_us']:9.2f} {r['ratio']:9.2f}  "
-                f"{r['ours_kernel']}  ({time.time() - t0:.0f} s)")
+                f"{r['ours_kernel']}  ({time.time() - t0:.0f} s) {extra}")
     out("")
     out("| family | cell | ours (us) | peer (us) | peer / ours | our kernel | limiter ours / peer |")
     out("|---|---|---|---|---|---|---|")

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from ... import routing
+from ... import quant, routing
 from ...specs.base import Inputs
 from ...specs.moe_a4w4 import KERNELS, KIMI_K25
 from . import compile_as_launched, launch_triton, time_ours
@@ -53,10 +53,9 @@ def peer_config(tokens: int) -> tuple:
 
 
 def block_m(tokens: int, topk: int, experts: int) -> int:
-    """Our routing block: 16 while the routed rows average at most 16 per expert (decode), 64 while
-    at most 64, else 128 (docs/peers/moe_a4w4.md: the prefill cells' whole-share times)."""
-    rows = tokens * topk
-    return 16 if rows <= 16 * experts else 64 if rows <= 64 * experts else 128
+    """Our routing block: 16 while the routed rows average at most 16 per expert (decode), else 64
+    (docs/peers/moe_a4w4.md § "A row per route": BM 32 / 64 / 128 at T 1024 and 4096)."""
+    return 16 if tokens * topk <= 16 * experts else 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,15 +204,19 @@ def time_mine(x, language: str, machine="mi355x", route_rows: bool = True) -> tu
     return time_ours(lambda: mxgemm.moe_gemm2_a4w4(*args, **kw), machine, ROUNDS, xcd0=True)
 
 
-def check_same_product(mine, theirs, topk: int) -> None:
-    """Ours against the peer's bf16 addends [T * topk, N]. Ours [T, topk, N], a row per route: each
-    addend within one bf16 ulp of the peer's (2^-7 of the larger; the two fp32 sums differ in order
-    only). Ours [T, N] (top-k bf16 atomic adds, each rounding its running sum: at most 2^-9 of it,
-    so topk 2^-9 of the addends' absolute sum in all): against the addends summed in fp64. A
-    missing, doubled or wrong addend is off by about an addend, 1 / topk of that sum on average."""
+def check_same_product(mine, theirs, topk: int, terms=None) -> None:
+    """Ours against the peer's bf16 addends [T * topk, N].
+
+    Ours [T, topk, N], a row per route: each addend apart from the peer's by at most the two bf16
+    roundings (2^-8 of each value) plus the two fp32 sums' difference, at most 2^-20 of ``terms``
+    ([T * topk, N], the absolute sum of the addend's products: each side adds four 128-product
+    chunks at K 512, each rounding at most 2^-24 of that). Ours [T, N] (top-k bf16 atomic adds,
+    each rounding its running sum: at most 2^-9 of it, so topk 2^-9 of the addends' absolute sum
+    in all): against the addends summed in fp64. A missing, doubled or wrong addend is off by
+    about an addend, 1 / topk of that sum on average."""
     if mine.dim() == 3:
         mine, theirs = mine.double().reshape(theirs.shape), theirs.double()
-        bound = 2.0 ** -7 * torch.maximum(mine.abs(), theirs.abs())
+        bound = 2.0 ** -8 * (mine.abs() + theirs.abs()) + (0 if terms is None else 2.0 ** -20 * terms)
         bad = (mine - theirs).abs() > bound
         if bool(bad.any()):
             i = int(bad.flatten().nonzero()[0])
@@ -249,7 +252,11 @@ def check_token0(x) -> None:
     rows, _, _, _ = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
     peer_blocks = sorted({p // blocks["BM"] for p in (rows < topk).nonzero().flatten().tolist()})
     theirs, _ = run_peer(x, tiles=[(m, n) for m in peer_blocks for n in range(CHECK_COLUMNS // blocks["BN"])])
-    check_same_product(mine[:1, :, :CHECK_COLUMNS], theirs[:topk, :CHECK_COLUMNS], topk)
+    e = x["ids"][0]       # the products' absolute sums of token 0's addends
+    a = quant.dequantize_mx(x["a"][:topk], x["a_scale"][:topk], "e2m1").double().abs()
+    w = quant.dequantize_mx(x["w"][e, :CHECK_COLUMNS], x["w_scale"][e, :CHECK_COLUMNS], "e2m1").double().abs()
+    terms = x["weights"][0].double()[:, None] * torch.einsum("snk,sk->sn", w, a)
+    check_same_product(mine[:1, :, :CHECK_COLUMNS], theirs[:topk, :CHECK_COLUMNS], topk, terms)
 
 
 def run(cell, machine="mi355x") -> dict:
