@@ -57,10 +57,11 @@ REDUNDANT = (
        "second m-tile's epilog: the out-pointer s_load is retired in the first m-tile's epilog, which "
        "runs whenever the second does (a block's real rows precede its padding)")
       for out_op in ("global_atomic_pk_add_bf16", "global_store_dwordx2")),   # summed / a row per route
-    ("moe_gemm2_a4w4_flydsl", tuple(registry.variant_id(v) for v in registry.get("moe_gemm2_a4w4_flydsl").variants
-                                  if v["BM"] == 16), "s_waitcnt vmcnt(14)", "global_atomic_pk_add_bf16",
-     "epilog: the wait for a top-k weight the prologue loaded (BM 16); every K step's barrier waits for "
-     "vmcnt(0) first and the loop runs at least one step (K >= 256), so that load is retired"),
+    *(("moe_gemm2_a4w4_flydsl", tuple(registry.variant_id(v) for v in registry.get("moe_gemm2_a4w4_flydsl").variants
+                                    if v["BM"] == 16), "s_waitcnt vmcnt(14)", out_op,
+       "epilog: the wait for a top-k weight the prologue loaded (BM 16); every K step's barrier waits for "
+       "vmcnt(0) first and the loop runs at least one step (K >= 256), so that load is retired")
+      for out_op in ("global_atomic_pk_add_bf16", "global_store_dwordx2")),
     ("train_grouped_gemm", tuple(registry.variant_id(v) for v in registry.get("train_grouped_gemm").variants
                                if v["BM"] == 64 and v["LAYOUT"] != "TN"), "s_waitcnt lgkmcnt(0)", None,
      "barrier of the K loop's last step (the remainder after the 2-unrolled body): its ds_writes are the "
