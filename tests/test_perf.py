@@ -31,7 +31,7 @@ HAND = [
      2 * 12 * 16 * 512, 3 * 512 + 3 * 16 + 4 * 16 * (512 + 16) + 2 * 12 * 16, (1, 4, 1), 4 * 2 * 4 * 1),
     # a4w4: 2 tokens x top-2 of 2 experts, fp4 rows of 512 bytes + 32 scales; out read + written;
     # grid: ceil((2 * 2 + 2 * 16 - 2) / 16) = 3 blocks; two 256-wide K steps per loop iteration
-    ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256, K=1024),
+    ("moe_gemm2_a4w4", {"BM": 16, "NT": 0, "ROUTE_ROWS": 0}, dict(tokens=2, topk=2, experts=2, N=256, K=1024),
      2 * 4 * 256 * 1024, 4 * (512 + 32) + 2 * 256 * (512 + 32) + 2 * 2 * 2 * 256, (1, 3, 1), 2 * 4 * 2),
     # DeepGEMM masked, fp32 scales: sfa 32 rows x 4 blocks, sfb 1 x 4 blocks (4 bytes each)
     ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32, K=512),
@@ -80,8 +80,8 @@ LOOPS = [
      (512, 1024)),
     ("smallm_mxfp8_moe_grouped_gemm", {"BLOCK_N": 64, "M_CHUNK": 16}, dict(tokens=3, topk=2, experts=4, N=64), "K",
      (512, 1024)),
-    ("moe_gemm2_a4w4", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
-    ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
+    ("moe_gemm2_a4w4", {"BM": 16, "NT": 0, "ROUTE_ROWS": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
+    ("moe_gemm2_a4w4_flydsl", {"BM": 16, "NT": 0, "ROUTE_ROWS": 0}, dict(tokens=2, topk=2, experts=2, N=256), "K", (1024, 2048)),
     # 32 x 32 runs three K blocks of 128 per iteration: K in whole iterations
     ("blockscale_grouped_gemm", {"BM": 32, "BN": 32, "MASKED": 1, "UE8M0": 0, "OUT": "bf16"}, dict(groups=1, m=32, N=32), "K",
      (384, 768)),

@@ -161,7 +161,8 @@ def moe_gemm2_a4w4(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
               written; returned.
     K % 256 == 0 (D_INTER), N % 256 == 0 (D_HIDDEN).
     block_m:  16, 32, 64 or 128, the routing's block size (inferred from the layout when None). On
-              the timing model 16 suits decode (at most 16 routed rows per expert), 64 / 128 prefill.
+              the timing model 16 suits decode (at most 16 routed rows per expert), 64 prefill
+              (docs/peers/moe_a4w4.md).
     nt:       non-temporal weight loads (None: on when experts average <= one block of rows).
     language: the kernel: "hip" (reference kernel), "flydsl" (its bit-identical port) or "auto"
               (hip); backend: its deprecated alias (a DeprecationWarning).
