@@ -77,12 +77,6 @@ REDUNDANT = (
      "the C tile is written. Past a tail step, that step's barrier wait (vmcnt(2)) retired it; past the "
      "loop, the load precedes the one the vmcnt(3) above waits for. Only a tile with no K step (a "
      "contiguous padding tile; a masked tile has K >= 1 block) needs it"),
-    ("blockscale_grouped_gemm", tuple(f"BM32_BN32_MASKED1_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
-     "s_waitcnt vmcnt(2)", "ds_write_b64",
-     "epilogue entry, masked 32 x 32 with sfa windows: it retires an sfa window load into registers the "
-     "epilogue reuses. Past a tail step, that step's barrier wait (vmcnt(2)) retired it; past the loop, the "
-     "loop's last step waits for its sfb load (vmcnt(2)), issued after the window. Only a tile with no K "
-     "step (a contiguous padding tile; a masked tile has K >= 1 block) needs it"),
     *(("blockscale_grouped_gemm", _WINDOW_32,
        "s_waitcnt lgkmcnt(0)", mem,
        "right after a step's ds_bpermute, 32 x 32 with sfa windows: the compiler pairs the step's promotion "
@@ -93,14 +87,8 @@ REDUNDANT = (
        "a remainder step's barrier wait, 32 x 32 with sfa windows: the step before ends with the compiler's "
        "vmcnt(2) for its sfb load (read by its promotion v_pk_mul), and no vector-memory op is issued between "
        "the two (the branch between them ends the basic block)") for mem in ("buffer_load_dwordx4", "global_load_dword")),
-    ("blockscale_grouped_gemm", ("BM64_BN128_MASKED1_OUTbf16_SFA_KMAJOR1_UE8M00",), "s_waitcnt vmcnt(6)",
-     "ds_write_b64",
-     "epilogue entry, masked 64 x 128 with sfa windows: the registers written before the next wait are "
-     "loaded only by the sfa windows, which the vmcnt(7) above retires on the one path that leaves them "
-     "outstanding (out of the loop with no remainder step: the windows, the sfb load and 6 DMAs); every "
-     "remainder step's barrier waits for vmcnt(0), and a masked tile runs at least one K step"),
-    ("blockscale_grouped_gemm", ("BM64_BN128_MASKED1_OUTbf16_SFA_KMAJOR1_UE8M00",), "s_waitcnt vmcnt(4)",
-     "ds_write_b64", _WINDOW_EPILOGUE),
+    ("blockscale_grouped_gemm", tuple(f"BM64_BN128_MASKED{m}_OUTbf16_SFA_KMAJOR1_UE8M00" for m in (0, 1)),
+     "s_waitcnt vmcnt(4)", "ds_write_b64", _WINDOW_EPILOGUE),
     *(("blockscale_grouped_gemm", tuple(f"BM128_BN128_MASKED0_OUT{o}_SFA_KMAJOR1_UE8M00" for o in ("bf16", "f16")),
        f"s_waitcnt vmcnt({n})", "ds_write_b64", _WINDOW_EPILOGUE) for n in (5, 2)),
     ("mx_gemm", tuple(f"A_FMTe2m1_BM64_BN64_B_FMTe2m1_NUM_BUFFERS2_OUT{o}_SPLITK0" for o in ("bf16", "f16")),
