@@ -29,6 +29,7 @@ Kernel argument ABI (same order and types as the HIP kernel; no hidden arguments
   sorted_weights                global pointer (f32)
   out                           global pointer (bf16)
   tokens, topk, experts, n, k   int32
+  blocks                        int32: the grid's y size (the routing's block count)
 
 Launch: grid = (n / 256, num_blocks, 1), block = (256, 1, 1). Variant keys: BM (16, 32, 64, 128), NT (0, 1),
 ROUTE_ROWS (0: out [T, N] by atomics; 1: out [T*topk, N], one row per route).
@@ -52,6 +53,7 @@ BLOCK_MS = (16, 32, 64, 128)
 # follow the K loop's); larger blocks read them in the epilog, as HIP, whose wait for each
 # m-tile's weight spaces the atomics out (docs/peers/moe_a4w4.md).
 WEIGHTS_FIRST = (16,)
+XCDS = 8                  # MI355X deals workgroup ids to its 8 XCDs (each with its own L2) in turn
 
 
 def dma_rounds(bm):
@@ -79,13 +81,29 @@ def _sorted_row(b, sorted_token_ids, idx, num_valid, tokens, topk):
     return arow, token, safe
 
 
+def _xcd_tile(b, x, y, columns, grid_rows):
+    """(column block, row block) of grid workgroup (x, y): the HIP kernel's xcd_tile (each XCD a
+    contiguous column-major run of every chunk of 8 row blocks)."""
+    first = arith.subi(y, arith.remui(y, b.c(XCDS)))
+    left = arith.subi(grid_rows, first)
+    rows = b.sel(b.cmp("slt", left, b.c(XCDS)), left, b.c(XCDS))
+    count = b.mul(rows, columns)
+    dealt = arith.subi(count, arith.remui(count, b.c(XCDS)))
+    w = b.add(b.mul(arith.subi(y, first), columns), x)
+    q = b.sel(b.cmp("slt", w, dealt),
+              b.add(b.mul(arith.remui(w, b.c(XCDS)), arith.divui(dealt, b.c(XCDS))), arith.divui(w, b.c(XCDS))), w)
+    return arith.divui(q, rows), b.add(first, arith.remui(q, rows))
+
+
 def _body(bm, nt, route_rows, a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
-          sorted_weights, out, tokens, topk, experts, n, k, lds_base):
+          sorted_weights, out, tokens, topk, experts, n, k, blocks, lds_base):
     b = _B()
     m_tiles = bm // 16
     dma_waves = bm * ROW_BYTES // (dma_rounds(bm) * 64 * 16)
     aux_w = 2 if nt else 0
-    block_m = fx.block_idx.y.ir_value()
+    column, block_m = fx.block_idx.x.ir_value(), fx.block_idx.y.ir_value()
+    if route_rows and bm > 16:    # the HIP kernel's kXcdOrder
+        column, block_m = _xcd_tile(b, column, block_m, arith.divui(n, b.c(BLOCK_N)), blocks)
     m0 = b.mul(block_m, b.c(bm))
     num_valid = b.gload(b.i32, num_valid_ids, b.c(0), 4)
     expert = b.gload(b.i32, sorted_expert_ids, b.mul(block_m, b.c(4)), 4)
@@ -94,19 +112,19 @@ def _body(bm, nt, route_rows, a, a_scale, w, w_scale, sorted_token_ids, sorted_e
     if_run = scf.IfOp(run, [], has_else=False)
     with ir.InsertionPoint(if_run.then_block):
         _workgroup(b, bm, m_tiles, dma_waves, aux_w, route_rows, a, a_scale, w, w_scale, sorted_token_ids,
-                   sorted_weights, out, tokens, topk, n, k, lds_base, m0, num_valid, expert)
+                   sorted_weights, out, tokens, topk, n, k, lds_base, column, m0, num_valid, expert)
         scf.YieldOp([])
 
 
 def _workgroup(b, bm, m_tiles, dma_waves, aux_w, route_rows, a, a_scale, w, w_scale, sorted_token_ids,
-               sorted_weights, out, tokens, topk, n, k, lds_base, m0, num_valid, expert):
+               sorted_weights, out, tokens, topk, n, k, lds_base, column, m0, num_valid, expert):
     v4bf16 = ir.VectorType.get([4], b.bf16)
     tid = fx.thread_idx.x.ir_value()
     lane = arith.remui(tid, b.c(64))
     wave = rocdl.readfirstlane(b.i32, arith.divui(tid, b.c(64)))  # uniform: scalar selects
     g = arith.divui(lane, b.c(16))
     r16 = arith.remui(lane, b.c(16))
-    n_wave = b.add(b.mul(fx.block_idx.x.ir_value(), b.c(BLOCK_N)), b.mul(wave, b.c(WAVE_N)))
+    n_wave = b.add(b.mul(column, b.c(BLOCK_N)), b.mul(wave, b.c(WAVE_N)))
     k_bytes = arith.divui(k, b.c(2))
     k_scales = arith.divui(k, b.c(32))
     k_steps = arith.divsi(k, b.c(BLOCK_K))
@@ -267,12 +285,13 @@ def build(symbol: str, bm: int = 32, nt: int = 0, route_rows: int = 0):
     def moe_gemm2_a4w4_kernel(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
                               sorted_token_ids: fx.Pointer, sorted_expert_ids: fx.Pointer,
                               num_valid_ids: fx.Pointer, sorted_weights: fx.Pointer, out: fx.Pointer,
-                              tokens: fx.Int32, topk: fx.Int32, experts: fx.Int32, n: fx.Int32, k: fx.Int32):
+                              tokens: fx.Int32, topk: fx.Int32, experts: fx.Int32, n: fx.Int32, k: fx.Int32,
+                              blocks: fx.Int32):
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
         _body(bm, nt, route_rows,
               *[fx.to_llvm_ptr(p) for p in (a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids,
                                             num_valid_ids, sorted_weights, out)],
-              *[v.ir_value() for v in (tokens, topk, experts, n, k)], fx.to_llvm_ptr(lds.buf.ptr))
+              *[v.ir_value() for v in (tokens, topk, experts, n, k, blocks)], fx.to_llvm_ptr(lds.buf.ptr))
 
     @flyc.jit
     def moe_gemm2_a4w4(a: fx.Pointer, a_scale: fx.Pointer, w: fx.Pointer, w_scale: fx.Pointer,
@@ -281,7 +300,7 @@ def build(symbol: str, bm: int = 32, nt: int = 0, route_rows: int = 0):
                        experts: fx.Int32, n: fx.Int32, k: fx.Int32, num_blocks: fx.Int32,
                        stream: fx.Stream = fx.Stream(None)):
         moe_gemm2_a4w4_kernel(a, a_scale, w, w_scale, sorted_token_ids, sorted_expert_ids, num_valid_ids,
-                              sorted_weights, out, tokens, topk, experts, n, k).launch(
+                              sorted_weights, out, tokens, topk, experts, n, k, num_blocks).launch(
             grid=(n // BLOCK_N, num_blocks, 1), block=(THREADS, 1, 1), stream=stream)
 
     return moe_gemm2_a4w4

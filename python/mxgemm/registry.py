@@ -177,7 +177,7 @@ register(Kernel(
 # 256-wide steps.
 _MOE_GEMM2_A4W4 = dict(
     args=("a", "a_scale", "w", "w_scale", "sorted_token_ids", "sorted_expert_ids", "num_valid_ids",
-          "sorted_weights", "out", "tokens", "topk", "experts", "N", "K"),
+          "sorted_weights", "out", "tokens", "topk", "experts", "N", "K", "blocks"),
     grid=("N", "blocks"), tile=lambda v: {"N": 256}, k_align=256, n_align=256,
     variants=variant_grid(BM=(16, 32, 64, 128), NT=(0, 1), ROUTE_ROWS=(0, 1)))
 register(Kernel(
