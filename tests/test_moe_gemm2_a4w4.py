@@ -160,6 +160,23 @@ def test_route_rows_any_order_touch_only_routed_rows(backend):
                                      f"{backend} route rows summed")
 
 
+@pytest.mark.parametrize("bm", [32, 64])
+@pytest.mark.parametrize("backend", ["hip", "flydsl"])
+def test_route_rows_xcd_order_covers_a_grid_cut_at_the_live_blocks(backend, bm):
+    """Above 16-row blocks a row per route runs its tiles in XCD order, a permutation of each chunk
+    of 8 row blocks. moe_sorting's buffers end in dead blocks; cut at the live ones (as a caller
+    sizing the grid to the routing may), the last chunk is partial and live: every tile still runs
+    once."""
+    c = make_case(tokens=48 if bm == 32 else 96, topk=4, experts=12, k=256, block_m=bm, seed=5)
+    n = int(c["num_valid_ids"][0])
+    c.update(sorted_token_ids=c["sorted_token_ids"][:n].contiguous(), sorted_weights=c["sorted_weights"][:n].contiguous(),
+             sorted_expert_ids=c["sorted_expert_ids"][:n // bm].contiguous())
+    blocks = c["sorted_expert_ids"].numel()
+    assert blocks > 8 and blocks % 8      # a full chunk and a partial one
+    out = run(c, backend, 0, route_rows=1)
+    metrics.assert_bitwise_equal(out, reference_out(c, 1), f"{backend} BM {bm}, {blocks} blocks")
+
+
 def test_explain_names_kernel_variant_and_why():
     c = make_case(tokens=4, topk=2, experts=4, block_m=16)
     plan = mxgemm.explain("moe_gemm2_a4w4", *op_args(c, new_out(c)))

@@ -167,8 +167,8 @@ CATALOGUE = (
         (A4W4_FLY, "b.gep(orow, b.c(2 * ntile * 16, b.i64))", "b.gep(orow, b.c(2 * (ntile ^ 1) * 16, b.i64))"),),
         "a row per route: neighbouring n-tiles stored into each other's columns"),
     Mutation("a4w4-hip-xcd-order-not-a-permutation", ("moe_gemm2_a4w4",), (
-        (A4W4_HIP, "return Tile{q / rows, first + q % rows};", "return Tile{q % columns, first + q / columns};"),),
-        "XCD tile order: row-major decode of a column-major order (tiles run twice, others never)"),
+        (A4W4_HIP, "return Tile{q / rows, first + q % rows};", "return Tile{q / rows, first};"),),
+        "XCD tile order: every tile of a chunk on its first row block (the others never run)"),
     Mutation("a4w4-flydsl-xcd-order-partial-chunk-as-full", ("moe_gemm2_a4w4_flydsl",), (
         (A4W4_FLY, "rows = b.sel(b.cmp(\"slt\", left, b.c(XCDS)), left, b.c(XCDS))", "rows = b.c(XCDS)"),),
         "XCD tile order: the grid's last, partial chunk of row blocks taken as 8 rows"),

@@ -243,10 +243,14 @@ def check_token0(x) -> None:
     from ... import launcher
     topk = x["ids"].shape[1]
     tok, _ = routing.decode_sorted_id(x["srt"].sorted_token_ids)
-    ours_blocks = sorted({p // x["block_m"] for p in (tok == 0).nonzero().flatten().tolist()})
+    # the row-per-route form's XCD tile order permutes each chunk of 8 row blocks over all columns:
+    # run the chunks that hold token 0's blocks
+    chunks = sorted({p // x["block_m"] // 8 * 8 for p in (tok == 0).nonzero().flatten().tolist()})
+    grid_rows, columns = x["srt"].sorted_expert_ids.numel(), x["w"].shape[1] // 256
     import mxgemm
     args, kw = ours(x, "hip")
-    with launcher.emulator_settings(race_check=False, workgroups=[(0, b, 0) for b in ours_blocks]):
+    wgs = [(c, y, 0) for first in chunks for y in range(first, min(first + 8, grid_rows)) for c in range(columns)]
+    with launcher.emulator_settings(race_check=False, workgroups=wgs):
         mine = mxgemm.moe_gemm2_a4w4(*args, **kw)
     blocks, _, _ = peer_config(x["ids"].shape[0])
     rows, _, _, _ = peer_routing(x["ids"], x["weights"], x["w"].shape[0], blocks["BM"])
