@@ -166,8 +166,8 @@ def test_route_rows_xcd_order_covers_a_grid_cut_at_the_live_blocks(backend, bm):
     """Above 16-row blocks a row per route runs its tiles in XCD order, a permutation of each chunk
     of 8 row blocks. moe_sorting's buffers end in dead blocks; cut at the live ones (as a caller
     sizing the grid to the routing may), the last chunk is partial and live: every tile still runs
-    once."""
-    c = make_case(tokens=48 if bm == 32 else 96, topk=4, experts=12, k=256, block_m=bm, seed=5)
+    once. Three column blocks: with one the order is the grid's."""
+    c = make_case(tokens=48 if bm == 32 else 96, topk=4, experts=12, n=768, k=256, block_m=bm, seed=5)
     n = int(c["num_valid_ids"][0])
     c.update(sorted_token_ids=c["sorted_token_ids"][:n].contiguous(), sorted_weights=c["sorted_weights"][:n].contiguous(),
              sorted_expert_ids=c["sorted_expert_ids"][:n // bm].contiguous())
