@@ -191,8 +191,8 @@ def ours(x, language: str, route_rows: bool = True) -> tuple:
     """(arguments, keywords) of the public op's call on ``x``, forced to ``language``: out a row per
     route ([T, topk, N], the peer's output), or the top-k summed by atomics ([T, N])."""
     s = x["srt"]
-    out = torch.zeros(*x["ids"].shape, x["w"].shape[1], dtype=torch.bfloat16)
-    out = out if route_rows else out[:, 0].contiguous()
+    T, topk = x["ids"].shape
+    out = torch.zeros(*((T, topk) if route_rows else (T,)), x["w"].shape[1], dtype=torch.bfloat16)
     return ((x["a"], x["a_scale"], x["w"], x["w_scale"], s.sorted_token_ids, s.sorted_expert_ids, s.num_valid_ids,
              s.sorted_weights, out), dict(language=language, validate=False))
 
