@@ -91,6 +91,7 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
 from ir_builder import (
     INVALID_OFFSET,
+    XCDS,
     Builder,
     Int,
     flatten,
@@ -106,7 +107,6 @@ FP4_BLOCK = 32                    # K of one FP4 weight scale (and of one lane's
 E8M0_ONE = 127                    # hardware scale byte for 1.0
 TILES = (32, 64, 128)             # allowed BM and BN
 M_ALIGN = 128                     # psum layout: each group starts at the previous end aligned to this
-XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
 BAND = 4                          # contiguous layouts: row tiles whose tiles one XCD takes together
 FMT_CODE = {"e4m3": 0, "e2m1": 4}  # the scaled MFMA's cbsz / blgp operand format
 A_FMTS = ("e4m3", "bf16")

@@ -11,6 +11,7 @@ BUFFER_FLAGS = 0x00027000         # dword3 of a raw gfx9 buffer V#
 WAIT_VMCNT0 = 0x0F70              # s_waitcnt vmcnt(0), expcnt/lgkmcnt untouched
 WAIT_LGKMCNT0 = 0xC07F            # s_waitcnt lgkmcnt(0), vmcnt/expcnt untouched
 REBASED_RECORDS = 0x7FFFFFFF      # a resource rebased to its tile: every valid voffset is below 2^31
+XCDS = 8                          # MI355X: workgroups are dealt to its 8 XCDs (each with its own L2) in turn
 
 
 class Int(ir.Value):

@@ -38,7 +38,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, rocdl, scf
-from ir_builder import INVALID_OFFSET, k_loop, pipelined_step
+from ir_builder import INVALID_OFFSET, XCDS, k_loop, pipelined_step
 from ir_builder import Builder as _B
 
 THREADS = 256
@@ -53,7 +53,6 @@ BLOCK_MS = (16, 32, 64, 128)
 # follow the K loop's); larger blocks read them in the epilog, as HIP, whose wait for each
 # m-tile's weight spaces the atomics out (docs/peers/moe_a4w4.md).
 WEIGHTS_FIRST = (16,)
-XCDS = 8                  # MI355X deals workgroup ids to its 8 XCDs (each with its own L2) in turn
 
 
 def dma_rounds(bm):
